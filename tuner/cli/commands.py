@@ -1,0 +1,3 @@
+"""Imports every command module so that each registers on the app.
+Add one line here per new command module."""
+from __future__ import annotations

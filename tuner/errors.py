@@ -1,0 +1,83 @@
+"""One root for every error the user can cause or meet.
+
+Each message is written for the person at the keyboard: what was wrong, where
+(``file:line`` for bad input), and what to do. The CLI prints ``str(error)`` on one
+line and exits with ``error.exit_code``; the traceback appears only with ``--debug``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TunerError(Exception):
+    """Root of all tuner errors. ``str(err)`` is a complete one-line message."""
+
+    exit_code = 1
+
+
+class InputError(TunerError):
+    """Bad input: a malformed trace row, a bad search space, an unknown flag value.
+
+    ``InputError("negative length", path="t.csv", line=7, hint="use --skip-bad")``
+    reads ``t.csv:7: negative length (use --skip-bad)``.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        line: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.hint = hint
+        where = ""
+        if self.path is not None:
+            where = f"{self.path}:{line}: " if line is not None else f"{self.path}: "
+        text = f"{where}{message}"
+        if hint:
+            text += f" ({hint})"
+        super().__init__(text)
+
+
+class ConfigRejected(TunerError):
+    """vLLM refuses (or would refuse) to start with this configuration.
+
+    ``kind`` is a short machine-readable cause the search learns from:
+    ``oom``, ``no_kv_memory``, ``max_model_len``, ``dtype``, ``quantization``,
+    ``tensor_parallel``, ``block_size``, ``batch_tokens``, ``bad_flag``,
+    ``layout``, ``timeout``, ``crash``. ``message`` carries vLLM's own wording.
+    ``estimated_max_model_len`` is set for ``max_model_len`` refusals.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        estimated_max_model_len: int | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.message = message
+        self.estimated_max_model_len = estimated_max_model_len
+        self.log_path = log_path
+        text = f"vLLM would not start ({kind}): {message}"
+        if log_path:
+            text += f" [log: {log_path}]"
+        super().__init__(text)
+
+
+class BackendError(TunerError):
+    """A server could not be reached, died mid-run, or misbehaved."""
+
+
+class NoFeasibleConfig(TunerError):
+    """The study finished without any configuration meeting the target."""
+
+    exit_code = 3

@@ -1,0 +1,84 @@
+"""What one run measures, per request and in aggregate, with ``vllm bench serve``'s
+definitions: TTFT is send → first content chunk; TPOT = (E2E − TTFT)/(output − 1),
+excluding the first token, only for outputs longer than one token; ITL is the gap
+between content chunks; throughput divides by the run's duration (first send to
+last completion).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True, eq=False)
+class RunResult:
+    """Per-request columns (numpy arrays, one row per request offered) and run facts.
+
+    ``error`` holds ``None`` for a good request or a short kind (``http_503``,
+    ``timeout``, ``disconnect``, ``not_sent`` for requests a stopped run never sent).
+    ``ttft_s``/``e2e_s`` are NaN for failed requests. ``itl_s`` is every inter-token gap
+    of every request, flattened (may be ``None`` when not recorded). ``server`` holds
+    server-side readings (``kv_cache_usage_max``, ``num_preemptions``,
+    ``prefix_cache_hit_rate``, ``num_gpu_blocks``, ...).
+    """
+
+    send_s: np.ndarray
+    ttft_s: np.ndarray
+    e2e_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    error: list[str | None]
+    duration_s: float
+    queue_s: np.ndarray | None = None
+    cached_tokens: np.ndarray | None = None
+    itl_s: np.ndarray | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+    stopped_early: bool = False
+    load_label: str = ""
+
+    def __len__(self) -> int:
+        return len(self.send_s)
+
+    @property
+    def ok(self) -> np.ndarray:
+        return np.array([e is None for e in self.error], dtype=bool)
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Per request; NaN where output ≤ 1 token or the request failed."""
+        out = self.output_tokens.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = (self.e2e_s - self.ttft_s) / (out - 1.0)
+        tpot[(out <= 1) | ~self.ok] = np.nan
+        return tpot
+
+    def summary(self) -> dict[str, float]:
+        """Flat dict of aggregates: ``ttft_mean_s``, ``ttft_p95_s``, ..., ``tokens_per_s``."""
+        ok = self.ok
+        n_ok = int(ok.sum())
+        dur = self.duration_s if self.duration_s > 0 else float("nan")
+        out: dict[str, float] = {
+            "requests": float(len(self)),
+            "completed": float(n_ok),
+            "error_rate": float(1 - n_ok / len(self)) if len(self) else 0.0,
+            "duration_s": float(self.duration_s),
+            "requests_per_s": n_ok / dur,
+            "output_tokens_per_s": float(self.output_tokens[ok].sum()) / dur,
+            "tokens_per_s": float(self.output_tokens[ok].sum() + self.prompt_tokens[ok].sum()) / dur,
+        }
+        columns = {"ttft": self.ttft_s[ok], "tpot": self.tpot_s[ok], "e2e": self.e2e_s[ok]}
+        if self.itl_s is not None:
+            columns["itl"] = self.itl_s
+        if self.queue_s is not None:
+            columns["queue"] = self.queue_s[ok]
+        for name, values in columns.items():
+            values = values[~np.isnan(values)]
+            out[f"{name}_mean_s"] = float(values.mean()) if len(values) else math.nan
+            for p in PERCENTILES:
+                out[f"{name}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else math.nan
+        return out
