@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install (from Debian's packages, if missing) and start a throwaway PostgreSQL server on
+# 127.0.0.1:5432 with a superuser tuner/tuner, for the multi-worker study tests.
+set -euo pipefail
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+fi
+bin=$(dirname "$(ls /usr/lib/postgresql/*/bin/postgres | sort -V | tail -n1)")
+data=/tmp/tuner-ci-pg
+if "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+  echo "postgres: already running in $data"; exit 0
+fi
+rm -rf "$data"; mkdir -p "$data"; chown postgres:postgres "$data"
+run_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
+run_pg "'$bin/initdb' -D '$data' -U postgres -A trust >/dev/null"
+run_pg "'$bin/pg_ctl' -D '$data' -l '$data/log' -o \"-c listen_addresses=127.0.0.1 -p 5432 -c max_connections=200 -k /tmp\" -w start >/dev/null"
+psql -h 127.0.0.1 -U postgres -d postgres -qc "DO \$\$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname='tuner') THEN CREATE ROLE tuner LOGIN SUPERUSER PASSWORD 'tuner'; END IF; END\$\$;"
+echo "postgres: started on 127.0.0.1:5432 (data in $data)"
