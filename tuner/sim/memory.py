@@ -1,0 +1,473 @@
+"""vLLM's startup memory decision, reproduced: how many KV-cache blocks it allocates,
+or which error it refuses to start with.
+
+V1 (``v1/worker/gpu_worker.py::determine_available_memory``, ``v1/core/kv_cache_utils.py``)::
+
+    budget     = ceil(total_memory * gpu_memory_utilization)      # fraction of TOTAL memory
+    available  = budget - weights - peak activations of a profile run
+                        - non-torch memory - CUDA-graph estimate (unless eager; since 0.21)
+    num_blocks = available // page_bytes                          # one null block among them
+    tokens     = num_blocks / cdiv(max_model_len, block) * max_model_len
+
+The few numbers that cannot be derived from shapes (activation bytes, non-torch memory,
+CUDA-graph memory) are fitted to real vLLM 0.26.0 logs on an H200 and kept together in
+:data:`EMPIRICAL`; ``docs/simulator-memory.md`` shows the arithmetic.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import ConfigRejected, InputError
+from tuner.sim.hardware import GPU, GiB, get_gpu
+from tuner.sim.model import ModelSpec, load_model
+
+MiB = 1 << 20
+
+#: Empirical constants, fitted to vLLM 0.26.0 on one H200 (Qwen2.5-7B shape, bf16, TP 1,
+#: /work/shared/tools/h200-vllm/README.md): "Model loading took 14.29 GiB"; gmu 0.9,
+#: max-model-len 4096 -> "GPU KV cache size: 2,064,240 tokens", "Graph capturing ... took
+#: 0.54 GiB"; gmu 0.12, max-model-len 32768 -> "available KV cache memory (1.14 GiB) ...
+#: estimated maximum model length is 21408". Both runs imply 15.63 GiB outside the KV cache
+#: with torch's total of 139.80 GiB; see docs/simulator-memory.md for the split.
+EMPIRICAL = {
+    # Transient peak of the profile forward pass, per batched token per hidden unit (bytes):
+    # what is left of the 15.63 GiB after weights, sampler logits, graphs and non-torch.
+    "activation_bytes_per_token_per_hidden": 5.0,
+    # The dummy sampler run holds [max_num_seqs, vocab] fp32 logits (gpu_model_runner.py
+    # _dummy_sampler_run); counted at 4 bytes per logit, once.
+    "sampler_bytes_per_logit": 4,
+    # Memory outside torch's allocator that grows during profiling (cuBLAS/cuDNN workspaces,
+    # persistent runner buffers); an estimate, not measured separately.
+    "non_torch_bytes": 200 * MiB,
+    # Extra for NCCL and custom all-reduce buffers when TP > 1 (unmeasured estimate).
+    "non_torch_tp_bytes": 400 * MiB,
+    # CUDA-graph estimate per decoder layer per captured batch size: 0.54 GiB / (28 layers x
+    # 51 sizes) on the H200 anchor (capture sizes 1,2,4,8..248 step 8, 256..512 step 16).
+    "cudagraph_bytes_per_layer_per_size": 0.54 * GiB / (28 * 51),
+    # V0 (vLLM < 0.8) measured non-KV memory as total - free after profiling, so the CUDA
+    # context of the process counted against the budget (about 0.3-0.5 GiB on V100/A100).
+    "cuda_context_bytes": 400 * MiB,
+}
+
+#: ``get_min_capability`` of vLLM's quantisation methods (model_executor/layers/quantization/,
+#: read from vLLM 0.33.0; see vllm-facts.md section 4).
+MIN_CAPABILITY = {
+    "fp8": 75,
+    "awq": 75,
+    "awq_marlin": 80,
+    "gptq": 60,
+    "gptq_marlin": 80,
+    "compressed-tensors": 70,
+    "bitsandbytes": 70,
+}
+
+#: Version where gpu_memory_utilization's default became 0.92. vllm-facts.md reads 0.92 in
+#: 0.33.0 and 0.9 in older releases; the first release with 0.92 is NOT verified. We assume it
+#: arrived with the CUDA-graph memory estimate (0.21.0), which took graphs out of the KV share.
+GMU_092_SINCE = (0, 21, 0)
+#: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 is the default "since v0.21.0" (vLLM's log).
+CUDAGRAPH_ESTIMATE_SINCE = (0, 21, 0)
+#: V1 engine became the default in 0.8.0; older lines are V0 (different defaults and messages).
+V1_SINCE = (0, 8, 0)
+#: max_num_seqs 1024 on >= 70 GiB non-A100 GPUs (get_batch_defaults); first release not verified.
+SEQS_1024_SINCE = (0, 10, 0)
+
+_DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``"0.26.0"`` -> ``(0, 26, 0)``; suffixes like ``rc1``/``.post1``/``+cu128`` are ignored."""
+    match = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(text))
+    if not match:
+        raise InputError(f"vLLM version {text!r} is not like 0.26.0")
+    parts = [int(g or 0) for g in match.groups()]
+    return tuple(parts)  # type: ignore[return-value]
+
+
+def fmt_gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """What vLLM decides at startup for one engine (one replica; figures per TP rank)."""
+
+    gpu: GPU
+    model: ModelSpec
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    kv_cache_dtype_bytes: int
+    budget_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    cudagraph_bytes: int
+    kv_bytes: int
+    page_bytes: int
+    num_gpu_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    # Beyond the contract:
+    dtype: str = "bfloat16"
+    quantization: str | None = None
+    vllm_version: str = ""
+    replicas: int = 1
+    attention_backend: str = ""
+    error: ConfigRejected | None = None   # set only by plan_memory(..., strict=False)
+
+    def __post_init__(self) -> None:
+        if self.error is None and self.num_gpu_blocks < 1:
+            raise InputError("a MemoryPlan without error needs at least one KV block")
+
+    @property
+    def v1(self) -> bool:
+        return parse_version(self.vllm_version) >= V1_SINCE if self.vllm_version else True
+
+    def log_lines(self) -> list[str]:
+        """The startup lines vLLM logs, in vLLM's wording (V1)."""
+        lines = [f"Model loading took {fmt_gib(self.weight_bytes)} memory"]
+        if self.error is not None:
+            return lines + [self.error.message]
+        lines.append(f"Available KV cache memory: {fmt_gib(self.kv_bytes)}")
+        if not self.v1:
+            return lines + [
+                f"# GPU blocks: {self.num_gpu_blocks}, # CPU blocks: 0",
+                f"Maximum concurrency for {self.max_model_len} tokens per request: "
+                f"{self.max_concurrency:.2f}x",
+            ]
+        lines.append(
+            f"GPU KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for "
+            f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
+        )
+        if not self.enforce_eager and self.cudagraph_bytes:
+            lines.append(f"Graph capturing finished, took {fmt_gib(self.cudagraph_bytes)}")
+        return lines
+
+    def summary(self) -> dict:
+        """Plain numbers for JSON output and notebooks."""
+        return {
+            "gpu": self.gpu.name,
+            "model": self.model.name,
+            "vllm_version": self.vllm_version,
+            "dtype": self.dtype,
+            "quantization": self.quantization,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "replicas": self.replicas,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.block_size,
+            "enforce_eager": self.enforce_eager,
+            "kv_cache_dtype_bytes": self.kv_cache_dtype_bytes,
+            "total_memory_bytes": self.gpu.memory_bytes,
+            "budget_bytes": self.budget_bytes,
+            "weight_bytes": self.weight_bytes,
+            "activation_bytes": self.activation_bytes,
+            "non_torch_bytes": self.non_torch_bytes,
+            "cudagraph_bytes": self.cudagraph_bytes,
+            "kv_bytes": self.kv_bytes,
+            "page_bytes": self.page_bytes,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "max_concurrency": self.max_concurrency,
+            "error": None if self.error is None else self.error.message,
+            "error_kind": None if self.error is None else self.error.kind,
+            "estimated_max_model_len": None
+            if self.error is None
+            else self.error.estimated_max_model_len,
+        }
+
+
+# ----------------------------------------------------------------------------- defaults
+def default_gpu_memory_utilization(version: tuple[int, int, int]) -> float:
+    return 0.92 if version >= GMU_092_SINCE else 0.9
+
+
+def default_batch_limits(
+    gpu: GPU, version: tuple[int, int, int], max_model_len: int
+) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) when the flags are unset, for ``vllm serve``.
+
+    V1: ``engine/arg_utils.py::get_batch_defaults`` (vllm-facts.md section 2): >= 70 GiB and
+    not A100 -> 8192 tokens / 1024 seqs, otherwise 2048 / 256; the token budget is capped at
+    max_num_seqs * max_model_len. V0 (< 0.8, unverified): 256 seqs; chunked prefill on only
+    when max_model_len > 32768 (budget 512), otherwise the budget is max(max_model_len, 2048).
+    """
+    if version < V1_SINCE:
+        seqs = 256
+        tokens = 512 if max_model_len > 32768 else max(max_model_len, 2048)
+        return seqs, tokens
+    big = gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower()
+    tokens = 8192 if big else 2048
+    seqs = 1024 if big and version >= SEQS_1024_SINCE else 256
+    return seqs, min(tokens, seqs * max_model_len)
+
+
+def resolve_dtype(deployment: Deployment, model: ModelSpec, gpu: GPU, quant: str | None) -> str:
+    """The dtype vLLM runs in, or ConfigRejected('dtype') for bf16 below CC 8.0
+    (``platforms/cuda.py``; ``config/model.py::_resolve_auto_dtype``)."""
+    want = deployment.dtype
+    if want in ("bfloat16",):
+        if not gpu.bf16:
+            raise ConfigRejected(
+                "dtype",
+                "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+                f"Your {gpu.torch_name} GPU has compute capability "
+                f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}. You can use float16 "
+                "instead by explicitly setting the `dtype` flag in CLI, for example: --dtype=half.",
+            )
+        return "bfloat16"
+    if want in ("float16", "half"):
+        return "float16"
+    if want == "float32":
+        return "float32"
+    # auto: the checkpoint's dtype; bf16 (or fp32) falls back to fp16 where bf16 is missing;
+    # AWQ/GPTQ kernels run in fp16.
+    if quant in ("awq", "gptq"):
+        return "float16"
+    native = model.torch_dtype
+    if native in ("bfloat16", "float32"):
+        return "bfloat16" if gpu.bf16 else "float16"
+    return "float16"
+
+
+def attention_backend(gpu: GPU, version: tuple[int, int, int]) -> str:
+    if version < V1_SINCE:
+        return "FLASH_ATTN" if gpu.cc >= 80 else "XFORMERS"
+    return "FLASH_ATTN" if gpu.cc >= 80 else "TRITON_ATTN"
+
+
+def check_block_size(block_size: int, backend: str) -> None:
+    """V1's FLASH_ATTN and TRITON_ATTN take any multiple of 16 (vllm-facts.md section 2);
+    V0's CLI offered 8/16/32 (plus 64/128 on some backends). The wording is ours: vLLM
+    rejects these during backend selection with backend-specific text."""
+    if backend == "XFORMERS":
+        if block_size not in (8, 16, 32):
+            raise ConfigRejected(
+                "block_size",
+                f"Block size {block_size} is not supported by the XFORMERS attention backend "
+                "(choose 8, 16 or 32).",
+            )
+        return
+    if block_size % 16:
+        raise ConfigRejected(
+            "block_size",
+            f"Block size {block_size} is not supported by the {backend} attention backend "
+            "(it needs a multiple of 16).",
+        )
+
+
+def _cudagraph_sizes(max_num_seqs: int) -> int:
+    """How many batch sizes vLLM captures: 1, 2, 4, 8..248 by 8, 256.. by 16, up to
+    ``min(2 * max_num_seqs, 512)`` (config/vllm.py)."""
+    cap = min(2 * max_num_seqs, 512)
+    sizes = [s for s in (1, 2, 4) if s <= cap]
+    sizes += [s for s in range(8, 256, 8) if s <= cap]
+    sizes += [s for s in range(256, cap + 1, 16)]
+    return len(sizes)
+
+
+def _estimate_max_model_len(available: int, block_size: int, page_bytes: int, limit: int) -> int:
+    """vLLM's ``estimate_max_model_len``: binary search for the longest length whose blocks
+    fit the memory left after the null block."""
+    memory = available - page_bytes
+    lo, hi, best = 1, limit, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if math.ceil(mid / block_size) * page_bytes <= memory:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+# ----------------------------------------------------------------------------- planner
+def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = True) -> MemoryPlan:
+    """vLLM's startup decision for ``config`` on ``deployment``.
+
+    Resolves ``None`` knobs to the vLLM version's defaults. Raises
+    :class:`~tuner.errors.ConfigRejected` with vLLM's own message where vLLM refuses to
+    start. With ``strict=False`` the memory refusals (no memory for the cache, max-model-len
+    does not fit) come back in ``plan.error`` with the rest of the plan filled in, so a
+    what-if can show the arithmetic; other refusals still raise.
+    """
+    gpu = get_gpu(deployment.gpu)
+    model = load_model(deployment.model)
+    version = parse_version(deployment.vllm_version)
+    tp, replicas = config.tensor_parallel_size, config.replicas
+
+    if tp * replicas > deployment.gpu_count:
+        raise ConfigRejected(
+            "layout",
+            f"tensor_parallel_size {tp} x {replicas} replicas needs {tp * replicas} GPUs but the "
+            f"deployment has {deployment.gpu_count}.",
+        )
+    if model.num_heads % tp:
+        raise ConfigRejected(
+            "tensor_parallel",
+            f"Total number of attention heads ({model.num_heads}) must be divisible by tensor "
+            f"parallel size ({tp}).",
+        )
+
+    quant = model.resolve_quantization(deployment.quantization)
+    asked = (deployment.quantization or "").replace("_marlin", "")
+    if asked and model.quantization and asked != model.quantization.replace("_marlin", ""):
+        raise ConfigRejected(
+            "quantization",
+            f"Quantization method specified in the model config ({model.quantization}) does not "
+            f"match the quantization method specified in the `quantization` argument "
+            f"({deployment.quantization}).",
+        )
+    if quant is not None:
+        # vLLM upgrades awq/gptq checkpoints to their Marlin kernels where the GPU allows.
+        if quant in ("awq", "gptq") and not deployment.quantization and gpu.cc >= 80:
+            quant = f"{quant}_marlin"
+        need = MIN_CAPABILITY.get(quant)
+        if need is not None and gpu.cc < need:
+            raise ConfigRejected(
+                "quantization",
+                f"The quantization method {quant} is not supported for the current GPU. "
+                f"Minimum capability: {need}. Current capability: {gpu.cc}.",
+            )
+    dtype = resolve_dtype(deployment, model, gpu, quant.replace("_marlin", "") if quant else None)
+    dtype_bytes = 4 if dtype == "float32" else 2
+
+    derived_len = model.max_position_embeddings
+    max_model_len = config.max_model_len or derived_len
+    if max_model_len > derived_len:
+        raise ConfigRejected(
+            "max_model_len",
+            f"User-specified max_model_len ({max_model_len}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={derived_len} or model_max_length=None in "
+            "model's config.json). To allow overriding this maximum, set the env var "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
+        )
+
+    backend = attention_backend(gpu, version)
+    block_size = config.block_size or 16
+    check_block_size(block_size, backend)
+
+    gmu = config.gpu_memory_utilization or default_gpu_memory_utilization(version)
+    default_seqs, default_tokens = default_batch_limits(gpu, version, max_model_len)
+    max_num_seqs = config.max_num_seqs or default_seqs
+    if config.max_num_batched_tokens is not None:
+        max_num_batched_tokens = config.max_num_batched_tokens
+    elif config.max_num_seqs is not None and version >= V1_SINCE:
+        max_num_batched_tokens = min(default_tokens, max_num_seqs * max_model_len)
+    else:
+        max_num_batched_tokens = default_tokens
+    if max_num_batched_tokens < max_num_seqs:
+        raise ConfigRejected(
+            "batch_tokens",
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal "
+            f"to max_num_seqs ({max_num_seqs}).",
+        )
+    if version < V1_SINCE and max_model_len <= 32768 and max_num_batched_tokens < max_model_len:
+        raise ConfigRejected(
+            "batch_tokens",
+            f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
+            f"({max_model_len}). This effectively limits the maximum sequence length to "
+            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+            "max_num_batched_tokens or decrease max_model_len.",
+        )
+
+    kv_dtype_bytes = 1 if config.kv_cache_dtype.startswith("fp8") else dtype_bytes
+
+    # ---- memory arithmetic (per TP rank)
+    weights = model.weight_bytes_per_rank(quant, tp)
+    if dtype_bytes == 4 and quant is None:
+        weights *= 2
+    budget = math.ceil(gpu.memory_bytes * gmu)
+    hidden = model.hidden_size
+    activations = int(
+        max_num_batched_tokens * hidden * EMPIRICAL["activation_bytes_per_token_per_hidden"]
+        + max_num_seqs * model.vocab_size * EMPIRICAL["sampler_bytes_per_logit"]
+    )
+    non_torch = EMPIRICAL["non_torch_bytes"] + (EMPIRICAL["non_torch_tp_bytes"] if tp > 1 else 0)
+    if version < V1_SINCE:
+        non_torch += EMPIRICAL["cuda_context_bytes"]
+    graphs = 0
+    if not config.enforce_eager and version >= CUDAGRAPH_ESTIMATE_SINCE:
+        graphs = int(
+            EMPIRICAL["cudagraph_bytes_per_layer_per_size"]
+            * model.num_layers
+            * _cudagraph_sizes(max_num_seqs)
+        )
+    kv_bytes = budget - weights - activations - non_torch - graphs
+    page_bytes = block_size * model.kv_bytes_per_token(tp, kv_dtype_bytes)
+
+    def plan(num_blocks: int, error: ConfigRejected | None) -> MemoryPlan:
+        per_req = math.ceil(max_model_len / block_size)
+        concurrency = num_blocks / per_req if num_blocks > 0 else 0.0
+        return MemoryPlan(
+            gpu=gpu, model=model, tensor_parallel_size=tp, gpu_memory_utilization=gmu,
+            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enforce_eager=config.enforce_eager, kv_cache_dtype_bytes=kv_dtype_bytes,
+            budget_bytes=budget, weight_bytes=weights, activation_bytes=activations,
+            non_torch_bytes=non_torch, cudagraph_bytes=graphs, kv_bytes=kv_bytes,
+            page_bytes=page_bytes, num_gpu_blocks=max(0, num_blocks),
+            kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
+            dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
+            replicas=replicas, attention_backend=backend, error=error,
+        )
+
+    def refuse(err: ConfigRejected) -> MemoryPlan:
+        if strict:
+            raise err
+        return plan(max(0, kv_bytes // page_bytes), err)
+
+    if weights > gpu.memory_bytes:
+        raise ConfigRejected(
+            "oom",
+            f"CUDA out of memory while loading the model: {fmt_gib(weights)} of weights per GPU "
+            f"exceed the {fmt_gib(gpu.memory_bytes)} the {gpu.name} has.",
+        )
+    if kv_bytes <= 0:
+        if version < V1_SINCE:
+            msg = ("No available memory for the cache blocks. Try increasing "
+                   "`gpu_memory_utilization` when initializing the engine.")
+        else:
+            msg = ("No available memory for the cache blocks. Try increasing "
+                   "`gpu_memory_utilization` when initializing the engine (this flag also "
+                   "controls CPU memory reservation on the CPU backend, despite its name). "
+                   + _DOCS)
+        return refuse(ConfigRejected("no_kv_memory", msg))
+
+    num_blocks = kv_bytes // page_bytes
+    needed = math.ceil(max_model_len / block_size) * page_bytes
+    if version < V1_SINCE:
+        capacity = num_blocks * block_size
+        if max_model_len > capacity:
+            return refuse(ConfigRejected(
+                "max_model_len",
+                f"The model's max seq len ({max_model_len}) is larger than the maximum number of "
+                f"tokens that can be stored in KV cache ({capacity}). Try increasing "
+                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+                "engine.",
+                estimated_max_model_len=capacity,
+            ))
+    elif needed > kv_bytes:
+        estimate = _estimate_max_model_len(kv_bytes, block_size, page_bytes, max_model_len)
+        return refuse(ConfigRejected(
+            "max_model_len",
+            f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({fmt_gib(needed)} KV cache is needed, which is larger than the available KV cache "
+            f"memory ({fmt_gib(kv_bytes)}). Based on the available memory, the estimated maximum "
+            f"model length is {estimate}. Try increasing `gpu_memory_utilization` (which also "
+            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
+            f"initializing the engine. {_DOCS}",
+            estimated_max_model_len=estimate,
+        ))
+    return plan(num_blocks, None)
