@@ -1,3 +1,4 @@
 """Imports every command module so that each registers on the app.
 Add one line here per new command module."""
 from __future__ import annotations
+from tuner.cli import search  # noqa: F401,E402  tuner search, tuner studies

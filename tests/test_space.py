@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import textwrap
+
+import optuna
+import pytest
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import InputError
+from tuner.space import list_spaces, load_space, parse_layout, parse_seconds, parse_space
+
+GOOD = textwrap.dedent(
+    """\
+    name: tiny
+    deployment:
+      model: qwen2.5-7b
+      gpu: V100-32GB-SXM2
+      gpus: 8
+    workload:
+      target_ttft_s: 500ms
+      requests: 50
+    parameters:
+      gpu_memory_utilization: {low: 0.8, high: 0.9, step: 0.05}
+      max_num_seqs: {low: 16, high: 256, log: true}
+      block_size: 16
+      kv_cache_dtype: {choices: [auto, fp8]}
+    layouts: [tp1x8, tp2x4]
+    """
+)
+
+
+def _error(text: str) -> InputError:
+    with pytest.raises(InputError) as info:
+        parse_space(text, path="my.yaml")
+    return info.value
+
+
+def test_parse_reads_ranges_choices_fixed_and_workload():
+    space = parse_space(GOOD, path="my.yaml")
+    assert space.name == "tiny"
+    assert space.deployment.gpu_count == 8
+    assert space.workload.target_ttft_s == pytest.approx(0.5)
+    assert dict(space.fixed) == {"block_size": 16}
+    assert {p.name for p in space.params} == {"gpu_memory_utilization", "max_num_seqs", "kv_cache_dtype"}
+    assert space.layouts == ((1, 8), (2, 4))
+
+
+def test_suggested_configs_stay_inside_the_space():
+    space = parse_space(GOOD, path="my.yaml").bind(Deployment(gpu_count=8), num_heads=28)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen_layouts = set()
+    for _ in range(30):
+        trial = study.ask()
+        config = space.suggest(trial)
+        assert isinstance(config, ServeConfig)
+        assert 0.8 <= config.gpu_memory_utilization <= 0.9
+        assert 16 <= config.max_num_seqs <= 256
+        assert config.block_size == 16
+        assert config.gpus_needed <= 8
+        seen_layouts.add((config.tensor_parallel_size, config.replicas))
+        # the config maps back onto the same trial params
+        assert space.params_of(config) == trial.params
+        assert space.config_from_params(trial.params) == config
+        study.tell(trial, 1.0)
+    assert seen_layouts == {(1, 8), (2, 4)}
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("parameters:\n  max_num_seqz: 8\n", 2, "max_num_seqz"),
+        ("parameters:\n  max_num_seqs: {low: 64, high: 8}\n", 2, "below high"),
+        ("parameters:\n  max_num_seqs: [8, 16]\n", 2, "choices"),
+        ("parameters:\n  kv_cache_dtype: {choices: [auto, int3]}\n", 2, "kv_cache_dtype"),
+        ("parameters:\n  gpu_memory_utilization: {low: 0.5, high: 1.5}\n", 2, "gpu_memory_utilization"),
+        ("parameters:\n  enforce_eager: {low: 0, high: 1}\n", 2, "choices"),
+        ("workload:\n  target_ttft_s: soon\n", 2, "soon"),
+        ("workload:\n  load: burst\n", 1, "burst"),
+        ("layouts: [tp2x4, 2x4]\n", 1, "2x4"),
+        ("name: x\nfoo: 1\n", 2, "foo"),
+        ("deployment:\n  gpus: 0\n", 1, "gpu_count"),
+        ("parameters: {max_num_seqs: {low: 1, high: 4\n", None, "YAML"),
+    ],
+)
+def test_validation_names_file_line_and_key(text, line, words):
+    err = _error(text)
+    assert err.path == "my.yaml"
+    if line is not None:
+        assert err.line == line
+    assert words in str(err)
+    assert str(err).startswith("my.yaml:")
+
+
+def test_bad_yaml_reports_its_line():
+    err = _error("name: x\nparameters:\n  max_num_seqs: {low: 1, high: 4\n")
+    assert err.line is not None and err.line >= 3
+
+
+def test_layout_must_fit_the_gpus():
+    space = parse_space("layouts: [tp2x4, tp4x4]\n", path="my.yaml")
+    with pytest.raises(InputError) as info:
+        space.bind(Deployment(gpu_count=8), num_heads=32)
+    assert "tp4x4" in str(info.value) and "16 GPUs" in str(info.value)
+    assert info.value.line == 1 and info.value.path == "my.yaml"
+
+
+def test_layout_tp_must_divide_the_heads():
+    space = parse_space("layouts: [tp1x8, tp8x1]\n", path="my.yaml")
+    with pytest.raises(InputError, match="does not divide the 28 attention heads"):
+        space.bind(Deployment(gpu_count=8), num_heads=28)
+
+
+def test_auto_layouts_fill_the_gpus_with_dividing_tp():
+    space = parse_space("layouts: auto\n", path="my.yaml")
+    bound = space.bind(Deployment(gpu_count=8), num_heads=28)
+    assert bound.layouts == ((1, 8), (2, 4), (4, 2))  # 28 heads: TP 8 does not divide them
+    assert space.bind(Deployment(gpu_count=1), num_heads=28).layouts == ((1, 1),)
+
+
+def test_grid_is_the_discretised_space():
+    space = parse_space(GOOD, path="my.yaml").bind(Deployment(gpu_count=8), num_heads=28)
+    grid = space.grid(points=4)
+    assert grid["gpu_memory_utilization"] == [0.8, 0.85, 0.9]
+    seqs = grid["max_num_seqs"]
+    assert seqs[0] == 16 and seqs[-1] == 256 and len(seqs) == 4 and seqs == sorted(seqs)
+    assert grid["layout"] == ["tp1x8", "tp2x4"]
+    assert "block_size" not in grid  # fixed knobs are not searched
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5s", 5.0), ("500ms", 0.5), ("5", 5.0), (2, 2.0), ("1.5 s", 1.5), ("2m", 120.0)])
+def test_parse_seconds(text, seconds):
+    assert parse_seconds(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "-1s", "fast", "5h", True])
+def test_parse_seconds_rejects(text):
+    with pytest.raises(InputError):
+        parse_seconds(text)
+
+
+def test_parse_layout():
+    assert parse_layout("tp2x4") == (2, 4)
+    with pytest.raises(InputError, match="tp<TP>x<replicas>"):
+        parse_layout("tp0x4")
+
+
+def test_shipped_spaces_parse():
+    names = {p.stem for p in list_spaces()}
+    assert {"default", "article-000-v100-16gb", "article-004-8xv100-32gb"} <= names
+    for name in names:
+        space = load_space(name)
+        assert space.params, name
+        assert space.workload.target_ttft_s > 0
+
+
+def test_unknown_space_lists_the_shipped_ones():
+    with pytest.raises(InputError, match="article-004-8xv100-32gb"):
+        load_space("no-such-space")

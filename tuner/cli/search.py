@@ -1,0 +1,290 @@
+"""``tuner search`` (run or resume a study) and ``tuner studies`` (list / show them)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from typing import Any
+
+import typer
+
+from tuner.cli import app
+from tuner.errors import InputError, NoFeasibleConfig
+
+studies_app = typer.Typer(
+    help="List the studies in studies/ (or --storage), or show one: its best feasible trial and trial counts.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(studies_app, name="studies")
+
+
+def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
+    """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
+    s = text.strip()
+    if re.fullmatch(r"\d+", s):
+        n = int(s)
+        if n < 1:
+            raise InputError(f"--gpus must be >= 1, got {text!r}")
+        return n, ()
+    ids: list[int] = []
+    for part in s.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise InputError(f"cannot read --gpus {text!r}", hint="write a count (8) or device ids (0-7, 0,2,4)")
+        ids += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    if len(set(ids)) != len(ids):
+        raise InputError(f"--gpus {text!r} names a device twice")
+    return len(ids), tuple(ids)
+
+
+class _Progress:
+    """Rich progress on stderr: trial n/budget, best so far, current phase."""
+
+    def __init__(self, budget: int, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.budget = budget
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("best {task.fields[best]}"), TextColumn("[dim]{task.fields[phase]}"),
+            TimeElapsedColumn(), console=Console(stderr=True), transient=False, disable=not enabled,
+        )
+        self.task = self.progress.add_task("search", total=budget, best="-", phase="")
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    # SearchObserver hooks
+    def on_start(self, name: str, finished: int, budget: int) -> None:
+        self.progress.update(self.task, completed=min(finished, budget), phase=f"study {name}")
+
+    def on_phase(self, text: str) -> None:
+        self.progress.update(self.task, phase=text)
+
+    def on_trial(self, trial: Any, best: Any, finished: int) -> None:
+        text = "-" if best is None else f"{best.value:,.0f} tok/s (#{best.number})"
+        self.progress.update(self.task, completed=min(finished, self.budget), best=text, phase="")
+
+
+@app.command("search")
+def search_cmd(
+    space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
+    backend: str = typer.Option("sim", "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
+    model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),
+    quantization: str | None = typer.Option(None, "--quantization", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
+    trace: str | None = typer.Option(None, "--trace", help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
+    target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
+    load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
+    budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Stop starting new trials after this many seconds of wall time."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage (SQLAlchemy URL). Default: sqlite:///studies/<study>.db."),
+    study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
+    sampler: str = typer.Option("tpe", "--sampler", help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of the load's randomness."),
+    output: str = typer.Option("text", "--output", help="text: a table and the vllm serve command; json: one JSON object on stdout."),
+    warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
+    vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
+) -> None:
+    """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
+
+    Each trial samples a configuration from the search space, pre-checks it with the
+    simulator's memory planner (refusals cost nothing), starts it, and searches the
+    highest load whose P95 TTFT meets the target; its throughput there is the score.
+    Every trial is stored in the study (Optuna); re-running resumes it. Exit codes:
+    0 a feasible configuration was found, 2 bad input, 3 none met the target.
+    """
+    from tuner.search import (
+        SAMPLERS,
+        build_workload,
+        get_backend_by_name,
+        num_heads,
+        run_search,
+        serve_command,
+        warm_start_configs,
+    )
+    from tuner.space import load_space, parse_seconds
+    from tuner.study import closest_miss, miss_explanation, trial_config
+
+    if output not in ("text", "json"):
+        raise InputError(f"--output {output!r} is not text or json")
+    if backend not in ("sim", "vllm", "endpoint"):
+        raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
+    if sampler.lower() not in SAMPLERS:
+        raise InputError(f"--sampler {sampler!r} is unknown", hint=f"use one of {', '.join(SAMPLERS)}")
+    if warm_start not in (None, "sim"):
+        raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
+    if budget < 1:
+        raise InputError(f"--budget must be >= 1, got {budget}")
+    sp = load_space(space)
+    dep = sp.deployment
+    changes: dict[str, Any] = {}
+    if model:
+        changes["model"] = model
+    if quantization:
+        changes["quantization"] = None if quantization.lower() == "none" else quantization
+    if gpu:
+        from tuner.sim.hardware import get_gpu
+
+        changes["gpu"] = get_gpu(gpu).name
+    if gpus:
+        changes["gpu_count"], changes["gpu_ids"] = parse_gpus(gpus)
+    if changes:
+        dep = dataclasses.replace(dep, **changes)
+    wl_changes: dict[str, Any] = {}
+    if target_ttft:
+        wl_changes["target_ttft_s"] = parse_seconds(target_ttft, what="--target-ttft")
+    if trace:
+        wl_changes["trace"] = trace
+    if load:
+        wl_changes["load"] = load
+    if wl_changes:
+        sp = sp.with_workload(**wl_changes)
+    sp = sp.bind(dep, num_heads(dep))
+    options = {k: v for k, v in (("vllm_cmd", vllm_cmd), ("endpoint", endpoint)) if v}
+    backend_obj = get_backend_by_name(backend, **options)
+    workload = build_workload(sp.workload, dep)
+    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress:
+        enqueue = []
+        if warm_start == "sim" and backend != "sim":
+            progress.on_phase("warm start: simulator study")
+            enqueue = warm_start_configs(sp, workload, budget=40, seed=seed)
+        outcome = run_search(
+            sp, backend=backend_obj, workload=workload, budget=budget, timeout_s=timeout,
+            storage=storage, study=study, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
+        )
+    best = outcome.best
+    report: dict[str, Any] = {
+        "study": outcome.name, "storage": outcome.storage or f"sqlite:///studies/{outcome.name}.db",
+        "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
+        "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
+        "target_ttft_s": sp.workload.target_ttft_s, "backend": backend_obj.name,
+        "deployment": dep.to_dict(), "best": None,
+    }
+    if best is not None:
+        config = trial_config(best)
+        report["best"] = {
+            "trial": best.number, "tokens_per_s": best.value,
+            "output_tokens_per_s": best.user_attrs.get("output_tokens_per_s"),
+            "ttft_p95_s": (best.user_attrs.get("summary") or {}).get("ttft_p95_s"),
+            "load": best.user_attrs.get("chosen_load"), "config": config.to_dict(),
+            "command": serve_command(dep, config),
+        }
+    else:
+        miss = closest_miss(outcome.study)
+        report["closest_miss"] = None if miss is None else miss_explanation(miss)
+    if output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    if best is None:
+        raise NoFeasibleConfig(
+            f"no configuration met P95 TTFT <= {sp.workload.target_ttft_s:g} s in {outcome.finished} trials; "
+            + (report.get("closest_miss") or "no trial ran"),
+        )
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(
+        f"study [bold]{report['study']}[/] ({report['storage']}): {report['finished_trials']} finished trials, "
+        f"{report['new_trials']} new in {report['wall_s']:.1f} s"
+    )
+    best = report["best"]
+    if best is None:
+        return
+    table = Table(title=f"best feasible trial #{best['trial']}", show_header=True)
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("throughput (in+out)", f"{best['tokens_per_s']:,.0f} tok/s")
+    if best.get("output_tokens_per_s") is not None:
+        table.add_row("output throughput", f"{best['output_tokens_per_s']:,.0f} tok/s")
+    if best.get("ttft_p95_s") is not None:
+        table.add_row("P95 TTFT", f"{best['ttft_p95_s']:.3f} s (target {report['target_ttft_s']:g} s)")
+    table.add_row("at load", str(best.get("load")))
+    for key, value in best["config"].items():
+        table.add_row(key, "default" if value is None else str(value))
+    console.print(table)
+    console.print("vllm serve command:", style="bold")
+    print(best["command"])
+
+
+@studies_app.callback()
+def studies_list(
+    ctx: typer.Context,
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL to list. Default: every studies/*.db."),
+) -> None:
+    """List studies: name, finished and feasible trials, best throughput."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.study import list_studies
+
+    rows = list_studies(storage)
+    table = Table(title="studies")
+    for col in ("study", "finished", "feasible", "best tok/s", "best trial", "storage"):
+        table.add_column(col)
+    for s in rows:
+        table.add_row(s.name, str(s.finished), str(s.feasible),
+                      "-" if s.best_value is None else f"{s.best_value:,.0f}",
+                      "-" if s.best_trial is None else str(s.best_trial), s.storage)
+    Console().print(table if rows else "no studies yet: run tuner search")
+
+
+@studies_app.command("show")
+def studies_show(
+    name: str = typer.Argument(..., help="Study name (see tuner studies)."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
+    output: str = typer.Option("text", "--output", help="text or json."),
+) -> None:
+    """Show one study: its settings, trial counts and best feasible trial with its vllm serve command."""
+    from optuna.trial import TrialState
+
+    from tuner.config import Deployment
+    from tuner.search import serve_command
+    from tuner.study import best_feasible_trial, closest_miss, load_study_by_name, miss_explanation, trial_config
+
+    st = load_study_by_name(name, storage)
+    trials = st.get_trials(deepcopy=False)
+    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
+    best = best_feasible_trial(st)
+    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": {k: v for k, v in counts.items() if v}}
+    if best is not None:
+        dep_data = dict(st.user_attrs.get("deployment") or {})
+        dep_data["gpu_ids"] = tuple(dep_data.get("gpu_ids") or ())
+        dep = Deployment(**dep_data) if dep_data else Deployment()
+        info["best"] = {"trial": best.number, "tokens_per_s": best.value,
+                        "summary": best.user_attrs.get("summary"), "config": best.user_attrs.get("config"),
+                        "command": serve_command(dep, trial_config(best))}
+    else:
+        miss = closest_miss(st)
+        info["closest_miss"] = None if miss is None else miss_explanation(miss)
+    if output == "json":
+        print(json.dumps(info, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.pretty import Pretty
+
+    console = Console()
+    console.print(f"[bold]{name}[/]  trials: " + ", ".join(f"{k} {v}" for k, v in info["trials"].items()))
+    console.print(Pretty(info["attrs"]))
+    if best is None:
+        console.print(f"no feasible trial; {info.get('closest_miss')}")
+        return
+    console.print(f"best feasible trial #{best.number}: {best.value:,.0f} tok/s")
+    console.print(Pretty(info["best"]["config"]))
+    print(info["best"]["command"])

@@ -1,0 +1,545 @@
+"""The search: an Optuna study whose objective is a configuration's *goodput* — the
+token throughput (prompt + output tokens/s) at the highest load whose P95 TTFT meets
+the target.
+
+Per trial (:func:`evaluate_config`):
+
+1. **Pre-check.** ``backend.precheck`` (the simulator's memory planner, for every
+   backend) — a configuration vLLM would refuse is recorded as infeasible with vLLM's
+   reason and costs no launch.
+2. **Start** the deployment (a refused start is recorded the same way).
+3. **Goodput search** over the load (closed-loop users, a Poisson rate, or the trace's
+   rate multiplier), at most ``max_replays`` replays: the first at the most load the
+   configuration can hold (max-num-seqs x replicas, capped by its KV cache and the
+   workload size); on a miss, the next load is interpolated from the P95 TTFT measured,
+   then bisected. A replay stops early once more than 5% of all its requests have already
+   exceeded the target (P95 cannot recover); that load point fails. If every load point
+   fails, the trial is infeasible, with the evidence stored.
+
+The P95 TTFT constraint goes to the sampler through ``constraints_func``
+(:func:`tuner.study.constraint_of`), so it learns the feasible region. Infeasible
+configurations are COMPLETE trials with value 0 and a positive constraint; a backend
+crash marks only that trial FAIL and the study goes on.
+
+Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
+``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
+load point), ``server`` (server readings), ``loads`` (every load point tried),
+``infeasible_reason``, ``gpu_s`` (startup + replay seconds; simulated for the
+simulator), ``run`` (workload fingerprint, backend, vLLM version, hardware, seed,
+sampler, log paths, plan facts).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import ConfigRejected, InputError, TunerError
+from tuner.load import Concurrency, Load, Poisson, TraceReplay
+from tuner.study import (
+    constraint_of,
+    count_finished,
+    finished_states,
+    open_study,
+    study_name,
+    top_feasible_trials,
+)
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.backends.base import Backend, RunControl
+    from tuner.result import RunResult
+    from tuner.space import SearchSpace, WorkloadSpec
+    from tuner.traffic.workload import Workload
+
+SAMPLERS = ("tpe", "gp", "random", "grid")
+#: A load point whose replay has more than this share of all requests over the target fails.
+EARLY_STOP_SHARE = 0.05
+#: Share of failed requests a load point tolerates.
+MAX_ERROR_RATE = 0.01
+
+
+# -- progress --------------------------------------------------------------------------
+class SearchObserver:
+    """Progress hooks; the default does nothing (headless)."""
+
+    def on_start(self, name: str, finished: int, budget: int) -> None: ...
+
+    def on_phase(self, text: str) -> None: ...
+
+    def on_trial(self, trial: FrozenTrial, best: FrozenTrial | None, finished: int) -> None: ...
+
+
+# -- one configuration -----------------------------------------------------------------
+@dataclass(slots=True)
+class Evaluation:
+    """What one configuration scored. ``value`` is tokens/s at the chosen load (0 when
+    infeasible); ``constraint`` is P95 TTFT / target − 1 at that load (> 0 infeasible)."""
+
+    feasible: bool
+    value: float
+    constraint: float
+    attrs: dict[str, Any] = field(default_factory=dict)
+    gpu_s: float = 0.0
+
+
+def slo_stop_hook(target_ttft_s: float, total: int, share: float = EARLY_STOP_SHARE) -> Callable[[RunControl], bool]:
+    """Stop hook: True once more than ``share`` of ``total`` requests had TTFT over the
+    target — P95 is then over the target whatever the rest do."""
+    allowed = math.floor(share * total)
+    seen = 0
+    over = 0
+
+    def stop(control: RunControl) -> bool:
+        nonlocal seen, over
+        ttfts = control.ttft_s
+        for t in ttfts[seen:]:
+            if t > target_ttft_s:
+                over += 1
+        seen = len(ttfts)
+        return over > allowed
+
+    return stop
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf → None, numpy scalars → Python."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+@dataclass(slots=True)
+class _Point:
+    level: float
+    load: Load
+    result: RunResult
+    summary: dict[str, float]
+    passed: bool
+
+    @property
+    def p95(self) -> float:
+        p = self.summary.get("ttft_p95_s", math.nan)
+        return math.inf if self.result.stopped_early or not math.isfinite(p) else p
+
+
+def load_for(kind: str, level: float, workload: Workload, seed: int = 0) -> Load:
+    """The load at ``level`` on the axis ``kind``: users, requests/s, or trace multiplier."""
+    if kind == "concurrency":
+        return Concurrency(max(1, int(round(level))))
+    if kind == "rate":
+        return Poisson(rate=level, seed=seed)
+    return TraceReplay(multiplier=level)
+
+
+def max_users(facts: dict[str, Any], info: dict[str, Any], config: ServeConfig, workload: Workload) -> int:
+    """The most closed-loop users a configuration can usefully hold: max-num-seqs per
+    replica x replicas, capped by what the KV cache holds for this workload's mean request
+    (prompt + half its output in flight) and by a third of the workload (so that a replay
+    has a steady state, not one burst)."""
+    replicas = config.replicas
+    seqs = facts.get("max_num_seqs") or info.get("max_num_seqs") or config.max_num_seqs or 256
+    users = int(seqs) * replicas
+    kv_tokens = info.get("kv_cache_tokens") or facts.get("kv_cache_tokens")
+    if kv_tokens and len(workload):
+        mean_tokens = float(workload.prompt_tokens.mean() + workload.output_tokens.mean() / 2)
+        users = min(users, max(1, int(kv_tokens * replicas / max(mean_tokens, 1.0))))
+    return max(1, min(users, max(1, len(workload) // 3)))
+
+
+def evaluate_config(
+    backend: Backend,
+    deployment: Deployment,
+    config: ServeConfig,
+    workload: Workload,
+    target_ttft_s: float,
+    *,
+    load_kind: str = "concurrency",
+    max_replays: int = 4,
+    precheck: bool = True,
+    early_stop: bool = True,
+    seed: int = 0,
+    phase: Callable[[str], None] | None = None,
+) -> Evaluation:
+    """Score one configuration (see the module docstring). Raises only for backend
+    crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results."""
+    say = phase or (lambda text: None)
+    attrs: dict[str, Any] = {"config": config.to_dict(), "target_ttft_s": target_ttft_s}
+    facts: dict[str, Any] = {}
+    try:
+        if precheck:
+            say("pre-check")
+            facts = dict(backend.precheck(deployment, config) or {})
+            attrs["plan"] = _clean(facts)
+        say("starting")
+        instance = backend.start(deployment, config)
+    except ConfigRejected as err:
+        return _rejected(attrs, err, launched=not precheck or bool(facts))
+    info = dict(getattr(instance, "info", {}) or {})
+    startup_s = float(info.get("startup_s") or 0.0)
+    attrs["startup_s"] = startup_s
+    attrs["log_paths"] = _clean(info.get("log_paths") or [])
+    attrs["vllm_version"] = info.get("vllm_version") or deployment.vllm_version
+    points: list[_Point] = []
+    try:
+        with instance:
+            points = _goodput_search(
+                instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
+                early_stop=early_stop, seed=seed, say=say,
+                top=max_users(facts, info, config, workload),
+            )
+    except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
+        return _rejected(attrs, err, launched=True, gpu_s=startup_s)
+    replay_s = sum(p.result.duration_s for p in points)
+    gpu_s = startup_s + replay_s
+    attrs["gpu_s"] = gpu_s
+    attrs["loads"] = [
+        _clean({"load": p.load.label, "level": p.level, "p95_ttft_s": p.summary.get("ttft_p95_s"),
+                "tokens_per_s": p.summary.get("tokens_per_s"), "error_rate": p.summary.get("error_rate"),
+                "duration_s": p.result.duration_s, "stopped_early": p.result.stopped_early,
+                "passed": p.passed})
+        for p in points
+    ]
+    passed = [p for p in points if p.passed]
+    lowest = min(points, key=lambda p: p.level)
+    attrs["p95_ttft_at_lowest_load_s"] = _clean(lowest.summary.get("ttft_p95_s"))
+    attrs["lowest_load"] = lowest.load.label
+    if not passed:
+        over = lowest.p95 if math.isfinite(lowest.p95) else 2 * target_ttft_s
+        attrs.update(
+            feasible=False,
+            constraint=over / target_ttft_s - 1.0,
+            infeasible_reason=(
+                f"P95 TTFT {lowest.summary.get('ttft_p95_s', math.nan):.3g} s over the {target_ttft_s:g} s "
+                f"target even at {lowest.load.label}"
+                + (" (replay stopped early: >5% of requests already over)" if lowest.result.stopped_early else "")
+            ),
+            summary=_clean(lowest.summary), server=_clean(lowest.result.server),
+            tokens_per_s=0.0, output_tokens_per_s=0.0,
+        )
+        return Evaluation(False, 0.0, attrs["constraint"], attrs, gpu_s)
+    best = max(passed, key=lambda p: p.level)
+    s = best.summary
+    attrs.update(
+        feasible=True,
+        constraint=s["ttft_p95_s"] / target_ttft_s - 1.0,
+        summary=_clean(s), server=_clean(best.result.server),
+        tokens_per_s=float(s["tokens_per_s"]), output_tokens_per_s=float(s["output_tokens_per_s"]),
+        error_rate=float(s["error_rate"]), chosen_load=best.load.label,
+    )
+    return Evaluation(True, float(s["tokens_per_s"]), attrs["constraint"], attrs, gpu_s)
+
+
+def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
+    attrs.update(
+        feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
+        infeasible_reason=f"{err.kind}: {err.message}", rejected_kind=err.kind,
+        rejected_at="start" if launched else "pre-check", gpu_s=gpu_s,
+    )
+    if err.log_path:
+        attrs["log_paths"] = [err.log_path]
+    return Evaluation(False, 0.0, 1.0, attrs, gpu_s)
+
+
+def _goodput_search(
+    instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
+    early_stop: bool, seed: int, say: Callable[[str], None], top: int,
+) -> list[_Point]:
+    points: list[_Point] = []
+
+    def run(level: float, kind: str) -> _Point:
+        load = load_for(kind, level, workload, seed)
+        say(f"replay {len(points) + 1}/{max_replays} at {load.label}")
+        stop = slo_stop_hook(target, len(workload)) if early_stop else None
+        result = instance.run(workload, load, stop=stop)
+        summary = result.summary()
+        p95 = summary.get("ttft_p95_s", math.nan)
+        ok = (kind == load_kind and not result.stopped_early and math.isfinite(p95) and p95 <= target
+              and summary.get("error_rate", 0.0) <= MAX_ERROR_RATE)
+        point = _Point(level if kind == load_kind else math.inf, load, result, summary, ok)
+        points.append(point)
+        return point
+
+    hi_level: float = float(top)
+    floor_level = 1.0
+    if load_kind != "concurrency":
+        # Calibrate the open-loop axis with one closed-loop run at the most users: its
+        # request rate is what the configuration serves flat out.
+        sat = run(top, "concurrency")
+        rate = sat.summary.get("requests_per_s") or 0.0
+        if not rate > 0:
+            return points
+        base = 1.0 if load_kind == "rate" else max(len(workload) / max(workload.span_s, 1e-9), 1e-9)
+        hi_level = 0.95 * rate / base
+        floor_level = hi_level / 64
+        max_replays -= 1
+    first = run(hi_level, load_kind)
+    if first.passed:
+        return points
+    good: _Point | None = None
+    bad = first
+    for _ in range(max_replays - 1):
+        if good is None:
+            if bad.level <= floor_level:
+                break
+            ratio = target / bad.p95 if math.isfinite(bad.p95) and bad.p95 > 0 else 0.25
+            level = bad.level * min(max(ratio * 0.9, 0.1), 0.7)
+        else:
+            # linear interpolation of P95 TTFT between the passing and the failing load
+            if math.isfinite(bad.p95) and bad.p95 > good.p95:
+                level = good.level + (target - good.p95) * (bad.level - good.level) / (bad.p95 - good.p95)
+            else:
+                level = (good.level + bad.level) / 2
+            level = min(max(level, good.level + 0.25 * (bad.level - good.level)),
+                        good.level + 0.75 * (bad.level - good.level))
+        if load_kind == "concurrency":
+            level = float(max(1, round(level)))
+            if good is not None and level in (good.level, bad.level):
+                break
+        level = max(level, floor_level)
+        point = run(level, load_kind)
+        if point.passed:
+            good = point
+        else:
+            bad = point
+    return points
+
+
+# -- the study ---------------------------------------------------------------------------
+def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
+    """TPE with constraints (default), GP with constraints, random, or grid over the
+    space's discretised version."""
+    import optuna
+
+    name = name.lower()
+    if name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, constraints_func=constraint_of, multivariate=True, group=True,
+            n_startup_trials=8, warn_independent_sampling=False,
+        )
+    if name == "gp":
+        try:
+            import torch  # noqa: F401  (GPSampler's dependency)
+        except ImportError as err:
+            raise InputError("the GP sampler needs PyTorch", hint="pip install torch, or use --sampler tpe") from err
+        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraint_of)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        if space is None:
+            raise InputError("the grid sampler needs a search space")
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    raise InputError(f"unknown sampler {name!r}", hint=f"use one of {', '.join(SAMPLERS)}")
+
+
+def get_backend_by_name(name: str, **options: Any) -> Backend:
+    """``sim`` (default), ``vllm`` or ``endpoint``; imported lazily."""
+    try:
+        from tuner.backends import get_backend  # type: ignore[attr-defined]
+    except ImportError:
+        get_backend = None
+    if get_backend is not None:
+        return get_backend(name, **options)
+    if name == "sim":
+        from tuner.backends.sim import SimBackend
+
+        return SimBackend()
+    raise InputError(f"backend {name!r} is not available in this build", hint="use --backend sim")
+
+
+def build_workload(spec: WorkloadSpec, deployment: Deployment | None = None) -> Workload:
+    """The study's workload: the trace when given, else the built-in synthetic mix."""
+    if spec.trace:
+        from tuner.traffic import load_trace  # type: ignore[attr-defined]
+
+        return load_trace(spec.trace)
+    from tuner.traffic.synth import default_workload
+
+    return default_workload(n=spec.requests, rate=spec.rate, seed=spec.seed)
+
+
+def num_heads(deployment: Deployment) -> int:
+    from tuner.sim.model import load_model
+
+    return load_model(deployment.model).num_heads
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    study: optuna.Study
+    name: str
+    storage: str | None
+    best: FrozenTrial | None
+    finished: int
+    new_trials: int
+    wall_s: float
+    gpu_s: float  # startup + replay seconds of this session's trials
+
+
+def run_search(
+    space: SearchSpace,
+    *,
+    backend: Backend | str = "sim",
+    workload: Workload | None = None,
+    budget: int = 40,
+    timeout_s: float | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    sampler: str = "tpe",
+    seed: int = 0,
+    enqueue: Sequence[ServeConfig] = (),
+    precheck: bool = True,
+    early_stop: bool = True,
+    max_replays: int = 4,
+    observer: SearchObserver | None = None,
+) -> SearchOutcome:
+    """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
+    or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
+    ``precheck`` is always the simulator's memory planner when the backend has one."""
+    import optuna
+
+    if budget < 1:
+        raise InputError(f"--budget must be >= 1, got {budget}")
+    obs = observer or SearchObserver()
+    t0 = time.perf_counter()
+    deployment = space.deployment
+    backend_obj = get_backend_by_name(backend) if isinstance(backend, str) else backend
+    if workload is None:
+        obs.on_phase("building workload")
+        workload = build_workload(space.workload, deployment)
+    fingerprint = workload.fingerprint()
+    name = study or study_name(deployment, fingerprint, space.name)
+    target = space.workload.target_ttft_s
+    the_sampler = make_sampler(sampler, seed=seed, space=space)
+    st = open_study(name, storage, sampler=the_sampler)
+    _stamp_study(st, space, deployment, fingerprint, backend_obj.name, sampler, seed, target)
+    finished = count_finished(st)
+    obs.on_start(name, finished, budget)
+    waiting = {tuple(sorted(t.params.items())) for t in st.get_trials(deepcopy=False)}
+    for config in enqueue:
+        params = space.params_of(config)
+        if tuple(sorted(params.items())) not in waiting:
+            st.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
+    run_facts = _clean({
+        "workload_fingerprint": fingerprint, "workload_source": workload.source,
+        "workload_requests": len(workload), "backend": backend_obj.name,
+        "hardware": deployment.to_dict(), "seed": seed, "sampler": sampler, "space": space.name,
+        "load_kind": space.workload.load,
+    })
+    session_gpu_s = 0.0
+
+    def objective(trial: optuna.Trial) -> float:
+        nonlocal session_gpu_s
+        config = space.suggest(trial)
+        try:
+            ev = evaluate_config(
+                backend_obj, deployment, config, workload, target,
+                load_kind=space.workload.load, max_replays=max_replays,
+                precheck=precheck, early_stop=early_stop, seed=seed + trial.number, phase=obs.on_phase,
+            )
+        except Exception as err:  # a crash fails this trial only; the study goes on
+            trial.set_user_attr("config", config.to_dict())
+            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:2000])
+            trial.set_user_attr("run", run_facts)
+            raise
+        session_gpu_s += ev.gpu_s
+        attrs = dict(ev.attrs)
+        run = dict(run_facts)
+        for key in ("vllm_version", "log_paths", "startup_s", "plan"):
+            if key in attrs:
+                run[key] = attrs.pop(key)
+        attrs["run"] = run
+        for key, value in attrs.items():
+            trial.set_user_attr(key, _clean(value))
+        return ev.value
+
+    def after(st_: optuna.Study, trial: FrozenTrial) -> None:
+        from tuner.study import best_feasible_trial
+
+        obs.on_trial(trial, best_feasible_trial(st_), count_finished(st_))
+
+    remaining = budget - finished
+    if remaining > 0:
+        st.optimize(
+            objective, n_trials=remaining, timeout=timeout_s, catch=(Exception,),
+            callbacks=[optuna.study.MaxTrialsCallback(budget, states=finished_states()), after],
+            gc_after_trial=False, show_progress_bar=False,
+        )
+    from tuner.study import best_feasible_trial
+
+    total = count_finished(st)
+    return SearchOutcome(st, name, storage, best_feasible_trial(st), total, total - finished,
+                         time.perf_counter() - t0, session_gpu_s)
+
+
+def _stamp_study(st: optuna.Study, space: SearchSpace, deployment: Deployment, fingerprint: str,
+                 backend: str, sampler: str, seed: int, target: float) -> None:
+    if st.user_attrs.get("space"):
+        return
+    st.set_user_attr("space", space.name)
+    st.set_user_attr("space_path", space.path)
+    st.set_user_attr("deployment", deployment.to_dict())
+    st.set_user_attr("workload_fingerprint", fingerprint)
+    st.set_user_attr("backend", backend)
+    st.set_user_attr("sampler", sampler)
+    st.set_user_attr("seed", seed)
+    st.set_user_attr("target_ttft_s", target)
+    st.set_user_attr("load_kind", space.workload.load)
+
+
+def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
+                       seed: int = 0, storage: str | None = None, observer: SearchObserver | None = None,
+                       ) -> list[ServeConfig]:
+    """Run (or reuse) a simulator study of the same space and workload and return its
+    ``k`` best feasible configurations, to enqueue as the first real trials."""
+    from tuner.study import trial_config
+
+    outcome = run_search(space, backend="sim", workload=workload, budget=budget, seed=seed,
+                         storage=storage, observer=observer)
+    return [trial_config(t) for t in top_feasible_trials(outcome.study, k)]
+
+
+# -- the command line to copy -------------------------------------------------------------
+def serve_command(deployment: Deployment, config: ServeConfig) -> str:
+    """The ``vllm serve`` command line of ``config`` for the deployment's vLLM version
+    (flags from :func:`tuner.backends.vllm_args.render_flags`, without host and port).
+    Replicas become ``--data-parallel-size`` (independent engine replicas behind one API
+    server; max-num-seqs applies per replica there too)."""
+    import shlex
+
+    from tuner.backends.vllm_args import render_flags
+
+    flags = render_flags(deployment, config, deployment.vllm_version, host="0.0.0.0", port=8000)
+    argv = ["vllm", "serve", deployment.model]
+    skip = False
+    for flag in flags:
+        if skip or flag in ("--host", "--port"):
+            skip = not skip
+            continue
+        argv.append(flag)
+    if config.replicas > 1:
+        argv += ["--data-parallel-size", str(config.replicas)]
+    return shlex.join(argv)
+
+
+__all__ = [
+    "Evaluation", "SearchObserver", "SearchOutcome", "TunerError", "build_workload",
+    "evaluate_config", "make_sampler", "run_search", "serve_command", "slo_stop_hook",
+    "warm_start_configs",
+]

@@ -1,0 +1,188 @@
+"""Studies are Optuna's: this module names them, finds their storage, and reads the
+trials the search wrote (see ``tuner.search`` for what each trial stores).
+
+Storage defaults to ``sqlite:///studies/<name>.db`` (one file per study, relative to the
+working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
+``tuner search`` workers share one study). Every trial keeps its results in
+``trial.user_attrs``; ``feasible`` says whether the configuration met the TTFT target and
+``constraint`` is Optuna's constraint value (<= 0 feasible).
+
+Budget: ``--budget N`` counts the study's *finished* trials, whatever their state
+(COMPLETE, PRUNED, FAIL); infeasible configurations are COMPLETE trials with a
+violated constraint. Trials left RUNNING by a killed process are not counted.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import ServeConfig
+from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.config import Deployment
+
+STUDIES_DIR = Path("studies")
+
+
+def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default") -> str:
+    """``1xH100-SXM.qwen2.5-7b.default.3f9a1c2b``: deployment label, space, workload
+    fingerprint (first 8 hex digits). Safe as a file name."""
+    raw = f"{deployment.label()}.{space_name}.{workload_fingerprint[:8]}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
+
+
+def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
+    """``sqlite:///studies/<name>.db``; creates the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / name}.db"
+
+
+def _storage(storage: str | None, name: str) -> str:
+    return storage or default_storage(name)
+
+
+def finished_states() -> tuple[Any, ...]:
+    from optuna.trial import TrialState
+
+    return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def count_finished(study: optuna.Study) -> int:
+    """Trials that count against ``--budget``."""
+    return len(study.get_trials(deepcopy=False, states=finished_states()))
+
+
+def open_study(name: str, storage: str | None = None, *, sampler: Any = None) -> optuna.Study:
+    """Create the study, or load it when it exists (resume)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.create_study(
+            study_name=name, storage=_storage(storage, name), sampler=sampler,
+            direction="maximize", load_if_exists=True,
+        )
+    except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
+        raise InputError(f"cannot open study storage {storage!r}: {err}",
+                         hint="give an SQLAlchemy URL such as sqlite:///studies/x.db") from err
+    except Exception as err:
+        if type(err).__module__.startswith("sqlalchemy"):
+            raise InputError(f"cannot open study storage {storage!r}: {err}",
+                             hint="check the URL, the server and the credentials") from err
+        raise
+
+
+def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
+    """An existing study; ``InputError`` listing the known ones when absent."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if storage is None:
+        path = STUDIES_DIR / f"{name}.db"
+        if not path.is_file():
+            known = ", ".join(s.name for s in list_studies()) or "none"
+            raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
+    try:
+        return optuna.load_study(study_name=name, storage=_storage(storage, name))
+    except KeyError as err:
+        known = ", ".join(optuna.get_all_study_names(storage)) if storage else ""
+        raise InputError(f"no study {name!r} in {storage}", hint=f"known studies: {known or 'none'}") from err
+
+
+@dataclass(frozen=True, slots=True)
+class StudySummary:
+    name: str
+    storage: str
+    finished: int
+    feasible: int
+    best_value: float | None
+    best_trial: int | None
+
+
+def summarize(study: optuna.Study, storage: str) -> StudySummary:
+    trials = study.get_trials(deepcopy=False, states=finished_states())
+    best = best_feasible_trial(study)
+    return StudySummary(
+        name=study.study_name, storage=storage, finished=len(trials),
+        feasible=sum(1 for t in trials if is_feasible(t)),
+        best_value=None if best is None else best.value,
+        best_trial=None if best is None else best.number,
+    )
+
+
+def list_studies(storage: str | None = None) -> list[StudySummary]:
+    """Every study in ``studies/*.db`` (or in ``storage``)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    urls = [storage] if storage else [f"sqlite:///{p}" for p in sorted(STUDIES_DIR.glob("*.db"))]
+    out = []
+    for url in urls:
+        for name in optuna.get_all_study_names(url):
+            out.append(summarize(optuna.load_study(study_name=name, storage=url), url))
+    return out
+
+
+def is_feasible(trial: FrozenTrial) -> bool:
+    from optuna.trial import TrialState
+
+    return trial.state == TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
+
+
+def constraint_of(trial: FrozenTrial) -> list[float]:
+    """Optuna ``constraints_func``: P95 TTFT overshoot (<= 0 means the target holds)."""
+    value = trial.user_attrs.get("constraint")
+    return [1.0 if value is None or not math.isfinite(value) else float(value)]
+
+
+def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The feasible trial with the most throughput (ties: the earlier trial)."""
+    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
+    return max(feasible, key=lambda t: (t.value, -t.number), default=None)
+
+
+def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
+    return sorted(feasible, key=lambda t: (-t.value, t.number))[:k]
+
+
+def closest_miss(study: optuna.Study) -> FrozenTrial | None:
+    """The trial that missed the target by the least: smallest P95 TTFT overshoot among
+    the trials that ran; else the first config the planner rejected."""
+    from optuna.trial import TrialState
+
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if not is_feasible(t)]
+    measured = [t for t in done if t.user_attrs.get("p95_ttft_at_lowest_load_s") is not None]
+    if measured:
+        return min(measured, key=lambda t: (t.user_attrs["p95_ttft_at_lowest_load_s"], t.number))
+    return done[0] if done else None
+
+
+def miss_explanation(trial: FrozenTrial) -> str:
+    """One line: why this trial was infeasible, and by how much it missed."""
+    attrs = trial.user_attrs
+    target = attrs.get("target_ttft_s")
+    p95 = attrs.get("p95_ttft_at_lowest_load_s")
+    if p95 is not None and target:
+        load = attrs.get("lowest_load", "the lowest load")
+        return (
+            f"trial {trial.number} came closest: P95 TTFT {p95:.3g} s at {load} vs the {target:.3g} s "
+            f"target ({p95 - target:+.3g} s, {p95 / target - 1:+.0%})"
+        )
+    return f"trial {trial.number}: {attrs.get('infeasible_reason', 'no measurement')}"
+
+
+def trial_config(trial: FrozenTrial) -> ServeConfig:
+    """The :class:`ServeConfig` a trial ran."""
+    data = trial.user_attrs.get("config")
+    if data is None:
+        raise InputError(f"trial {trial.number} stores no config (not written by tuner search?)")
+    return ServeConfig.from_dict(dict(data))
