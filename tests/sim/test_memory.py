@@ -1,0 +1,182 @@
+"""The memory planner against real vLLM 0.26.0 logs on an H200, vLLM's own refusal
+messages, invariants, and the seed-000 article's arithmetic."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import ConfigRejected
+from tuner.sim.hardware import GiB
+from tuner.sim.memory import plan_memory
+
+H200_7B = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0", dtype="bfloat16")
+
+
+def rejected(deployment, config) -> ConfigRejected:
+    with pytest.raises(ConfigRejected) as err:
+        plan_memory(deployment, config)
+    return err.value
+
+
+# --------------------------------------------------------------- real H200 anchors
+def test_h200_kv_cache_size_matches_vllm_026_log():
+    # vLLM 0.26.0 printed "GPU KV cache size: 2,064,240 tokens" (gmu 0.9, max-model-len 4096,
+    # CUDA graphs on) and "Model loading took 14.29 GiB".
+    plan = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096))
+    assert plan.kv_cache_tokens == pytest.approx(2_064_240, rel=0.03)
+    assert plan.weight_bytes / GiB == pytest.approx(14.29, rel=0.03)
+    assert plan.cudagraph_bytes / GiB == pytest.approx(0.54, rel=0.03)
+    line = next(s for s in plan.log_lines() if s.startswith("GPU KV cache size"))
+    assert re.fullmatch(r"GPU KV cache size: [\d,]+ tokens, Maximum concurrency for 4,096 tokens "
+                        r"per request: [\d.]+x", line)
+
+
+def test_h200_max_model_len_refusal_matches_vllm_026_log():
+    # gmu 0.12, max-model-len 32768: "(1.75 GiB KV cache is needed, which is larger than the
+    # available KV cache memory (1.14 GiB). ... the estimated maximum model length is 21408."
+    err = rejected(H200_7B, ServeConfig(gpu_memory_utilization=0.12, max_model_len=32768))
+    assert err.kind == "max_model_len"
+    assert err.message.startswith(
+        "To serve at least one request with the model's max seq len (32768), (1.75 GiB KV cache "
+        "is needed, which is larger than the available KV cache memory (")
+    available = float(re.search(r"available KV cache memory \(([\d.]+) GiB\)", err.message)[1])
+    assert available == pytest.approx(1.14, rel=0.03)
+    assert err.estimated_max_model_len == pytest.approx(21408, rel=0.03)
+    assert f"estimated maximum model length is {err.estimated_max_model_len}." in err.message
+
+
+# --------------------------------------------------------------- invariants
+def test_more_memory_utilization_gives_more_blocks():
+    blocks = [plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=g)).num_gpu_blocks
+              for g in (0.3, 0.5, 0.7, 0.9, 0.95)]
+    assert blocks == sorted(blocks) and len(set(blocks)) == len(blocks)
+
+
+def test_eager_frees_graph_memory_and_fp8_kv_doubles_blocks():
+    base = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9))
+    eager = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9, enforce_eager=True))
+    fp8 = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9, kv_cache_dtype="fp8"))
+    assert eager.cudagraph_bytes == 0 and eager.num_gpu_blocks > base.num_gpu_blocks
+    assert fp8.page_bytes * 2 == base.page_bytes
+    assert fp8.num_gpu_blocks in (2 * base.num_gpu_blocks, 2 * base.num_gpu_blocks + 1)
+
+
+def test_tp_beyond_kv_heads_replicates_kv_heads():
+    d = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=8)  # 4 KV heads
+    p4 = plan_memory(d, ServeConfig(tensor_parallel_size=4))
+    p2 = plan_memory(d, ServeConfig(tensor_parallel_size=2))
+    assert p4.page_bytes * 2 == p2.page_bytes
+    d14 = Deployment(model="qwen2.5-14b", gpu="H100-SXM", gpu_count=8)  # 8 KV heads, 40 heads
+    p8 = plan_memory(d14, ServeConfig(tensor_parallel_size=8))
+    assert p8.page_bytes == 16 * 2 * 48 * 1 * 128 * 2  # one head per rank, 48 layers, K and V
+
+
+def test_concurrency_is_blocks_over_blocks_per_request():
+    plan = plan_memory(H200_7B, ServeConfig(max_model_len=5000, block_size=32))
+    per_request = -(-5000 // 32)
+    assert plan.max_concurrency * per_request == pytest.approx(plan.num_gpu_blocks)
+    assert plan.kv_cache_tokens <= plan.num_gpu_blocks * 32
+
+
+def test_defaults_follow_the_vllm_version_and_gpu():
+    new = plan_memory(H200_7B, ServeConfig())
+    assert (new.gpu_memory_utilization, new.max_num_seqs, new.max_num_batched_tokens) == (0.92, 1024, 8192)
+    assert new.max_model_len == 32768 and new.block_size == 16
+    a100 = plan_memory(Deployment(model="qwen2.5-7b", gpu="A100-80GB"), ServeConfig())
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    old = plan_memory(Deployment(model="qwen2.5-7b", gpu="A100-80GB", vllm_version="0.6.3"),
+                      ServeConfig(max_model_len=8192))
+    assert old.gpu_memory_utilization == 0.9 and old.max_num_seqs == 256
+    assert old.cudagraph_bytes == 0  # graphs were not subtracted before 0.21
+
+
+# --------------------------------------------------------------- refusals in vLLM's words
+def test_no_memory_for_cache_blocks():
+    err = rejected(Deployment(model="llama-3.1-8b", gpu="L4"), ServeConfig(gpu_memory_utilization=0.6))
+    assert err.kind == "no_kv_memory"
+    assert err.message.startswith("No available memory for the cache blocks. Try increasing "
+                                  "`gpu_memory_utilization` when initializing the engine")
+
+
+def test_tp_must_divide_attention_heads():
+    d = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=8)  # 28 heads
+    err = rejected(d, ServeConfig(tensor_parallel_size=8))
+    assert err.kind == "tensor_parallel"
+    assert err.message == ("Total number of attention heads (28) must be divisible by tensor "
+                           "parallel size (8).")
+
+
+def test_layout_needs_enough_gpus():
+    d = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=4)
+    assert rejected(d, ServeConfig(tensor_parallel_size=2, replicas=3)).kind == "layout"
+
+
+def test_batch_tokens_below_max_num_seqs():
+    err = rejected(H200_7B, ServeConfig(max_num_seqs=512, max_num_batched_tokens=256))
+    assert err.kind == "batch_tokens"
+    assert err.message == ("max_num_batched_tokens (256) must be greater than or equal to "
+                           "max_num_seqs (512).")
+
+
+def test_block_size_the_backend_rejects():
+    assert rejected(H200_7B, ServeConfig(block_size=8)).kind == "block_size"
+    assert plan_memory(H200_7B, ServeConfig(block_size=48)).block_size == 48
+
+
+def test_bf16_on_volta_is_refused_and_auto_falls_back_to_fp16():
+    d = Deployment(model="qwen2.5-7b", gpu="V100-32GB-SXM2", dtype="bfloat16")
+    err = rejected(d, ServeConfig(max_model_len=4096))
+    assert err.kind == "dtype"
+    assert err.message == (
+        "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. Your Tesla "
+        "V100-SXM2-32GB GPU has compute capability 7.0. You can use float16 instead by explicitly "
+        "setting the `dtype` flag in CLI, for example: --dtype=half.")
+    auto = plan_memory(Deployment(model="qwen2.5-7b", gpu="V100-32GB-SXM2"), ServeConfig(max_model_len=4096))
+    assert auto.dtype == "float16"
+
+
+def test_quantization_below_minimum_capability():
+    d = Deployment(model="qwen2.5-7b-awq", gpu="V100-32GB-SXM2")
+    err = rejected(d, ServeConfig(max_model_len=4096))
+    assert err.kind == "quantization"
+    assert err.message == ("The quantization method awq is not supported for the current GPU. "
+                           "Minimum capability: 75. Current capability: 70.")
+    # T4 (7.5) runs AWQ; Ampere and newer get the Marlin kernel.
+    assert plan_memory(Deployment(model="qwen2.5-7b-awq", gpu="T4"),
+                       ServeConfig(max_model_len=4096)).quantization == "awq"
+    assert plan_memory(Deployment(model="qwen2.5-7b-awq", gpu="A10"),
+                       ServeConfig(max_model_len=4096)).quantization == "awq_marlin"
+
+
+# --------------------------------------------------------------- seed 000 (V100-16GB, ~27B AWQ)
+SEED000 = ServeConfig(gpu_memory_utilization=0.92, max_model_len=8192, enforce_eager=True)
+
+
+def test_seed000_awq_on_v100_is_refused_by_vllm():
+    # The article serves "Qwen2.5-27B-Instruct-AWQ" (no such model; gemma-2-27b is the real
+    # ~27B) with --quantization awq on a V100. vLLM's AWQ needs compute capability 7.5.
+    d = Deployment(model="gemma-2-27b-awq", gpu="V100-16GB-PCIE", vllm_version="0.6.3",
+                   quantization="awq")
+    assert rejected(d, SEED000).kind == "quantization"
+    bf16 = Deployment(model="gemma-2-27b", gpu="V100-16GB-PCIE", vllm_version="0.6.3", dtype="bfloat16")
+    assert rejected(bf16, SEED000).kind == "dtype"
+
+
+def test_seed000_arithmetic_leaves_no_room_for_8k_sequences():
+    # GPTQ (min capability 6.0) loads on a V100: the same 4-bit weights, so the same arithmetic.
+    d = Deployment(model="gemma-2-27b-gptq", gpu="V100-16GB-PCIE", vllm_version="0.6.3")
+    plan = plan_memory(d, SEED000, strict=False)
+    weights_gb = plan.weight_bytes / 1e9
+    assert 14.5 <= weights_gb <= 16.5            # article: ~14.5 GB; int4 + fp16 embeddings: ~15.9
+    overhead = plan.activation_bytes + plan.non_torch_bytes
+    assert 0.6e9 <= overhead <= 1.5e9            # article: "~0.8-1 GB CUDA context and kernels"
+    # 16 GB x 0.85 = 13.6 GB < 14.5 GB: the article's own 0.85 setting cannot hold its weights.
+    assert 16 * 0.85 < 14.5
+    # One 8k sequence of a 46-layer, 16-KV-head model needs 3.1 GB of fp16 KV, more than the
+    # whole 1-1.5 GB the article says is left: "a handful of 8k sequences" cannot fit.
+    one_8k = 8192 * plan.model.kv_bytes_per_token(1, 2)
+    assert one_8k > 3e9
+    assert plan.error is not None and plan.error.kind == "no_kv_memory"
+    assert plan.kv_bytes < one_8k
