@@ -2,3 +2,4 @@
 Add one line here per new command module."""
 from __future__ import annotations
 from tuner.cli import search  # noqa: F401,E402  tuner search, tuner studies
+from tuner.cli import trace  # noqa: F401,E402  tuner trace stats / convert
