@@ -1,0 +1,220 @@
+"""``tuner estimate``: a what-if on the simulator, without a study. Prints vLLM's startup
+memory plan for one configuration (or vLLM's refusal) and, with --concurrency or --rate,
+a load table from the simulated engine."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from tuner.cli import app
+from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+from tuner.errors import ConfigRejected, InputError
+from tuner.load import Concurrency, Load, Poisson
+from tuner.sim.hardware import GiB
+from tuner.sim.memory import MemoryPlan, plan_memory
+from tuner.traffic.workload import Request, Workload
+
+LOAD_KEYS = ("ttft_mean_s", "ttft_p95_s", "tpot_mean_s", "tokens_per_s", "output_tokens_per_s",
+             "requests_per_s")
+
+
+def parse_list(text: str | None, kind: type, option: str) -> list:
+    """``"5,10,20"`` -> ``[5, 10, 20]``; InputError naming the option otherwise."""
+    if not text:
+        return []
+    try:
+        values = [kind(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(f"{option} takes a comma-separated list of numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise InputError(f"{option} values must be > 0, got {text!r}")
+    return values
+
+
+def build_workload(trace: str | None, input_len: int | None, output_len: int | None,
+                   num_requests: int, seed: int = 0) -> Workload:
+    """--trace FILE, else fixed lengths (as ``vllm bench serve --dataset-name random`` with
+    range ratio 0), else the built-in mix of article 004."""
+    if trace:
+        from tuner.traffic import load_trace
+
+        return load_trace(trace)
+    if input_len is None and output_len is None:
+        try:
+            from tuner.traffic.synth import default_workload
+        except ImportError:  # the traffic package is optional for the planner
+            input_len, output_len = 1024, 128
+        else:
+            return default_workload(seed=seed, n=num_requests)
+    rows = [Request(0.0, input_len or 1024, output_len or 128)] * num_requests
+    return Workload.from_requests(rows, source=f"fixed {input_len or 1024}/{output_len or 128} tokens")
+
+
+def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
+              loads: list[Load], router: str = "round_robin") -> list[dict[str, Any]]:
+    """One simulated run per load; rows with the ``vllm bench`` aggregates."""
+    from tuner.sim.engine import simulate  # the engine module arrives separately
+
+    rows = []
+    for load in loads:
+        result = simulate(deployment, config, workload, load, router=router)
+        summary = result.summary()
+        row: dict[str, Any] = (
+            {"concurrency": load.users} if isinstance(load, Concurrency) else {"rate": load.rate}
+        )
+        row.update({k: float(summary.get(k, float("nan"))) for k in LOAD_KEYS})
+        rows.append(row)
+    return rows
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:8.2f} GiB"
+
+
+def render_plan(plan: MemoryPlan) -> list[str]:
+    m, g = plan.model, plan.gpu
+    quant = plan.quantization or "none"
+    lines = [
+        f"{plan.replicas} x TP{plan.tensor_parallel_size} of {m.name} ({m.param_count() / 1e9:.1f}B "
+        f"params, {plan.dtype}, quantization {quant}) on {g.name} "
+        f"(CC {g.compute_capability[0]}.{g.compute_capability[1]}, {g.memory_gib:.2f} GiB), "
+        f"vLLM {plan.vllm_version}",
+        f"knobs: gpu-memory-utilization {plan.gpu_memory_utilization:g}, max-model-len "
+        f"{plan.max_model_len}, max-num-seqs {plan.max_num_seqs}, max-num-batched-tokens "
+        f"{plan.max_num_batched_tokens}, block-size {plan.block_size}, "
+        f"{'eager' if plan.enforce_eager else 'CUDA graphs'}, KV {plan.kv_cache_dtype_bytes} B/elem",
+        "memory per GPU:",
+        f"  total (as torch reports)   {_gib(g.memory_bytes)}",
+        f"  budget (x utilization)     {_gib(plan.budget_bytes)}",
+        f"  - weights                  {_gib(plan.weight_bytes)}",
+        f"  - profile activations      {_gib(plan.activation_bytes)}",
+        f"  - non-torch{' + CUDA context' if not plan.v1 else ''}{' ' * (16 if plan.v1 else 1)}"
+        f"{_gib(plan.non_torch_bytes)}",
+        f"  - CUDA graphs              {_gib(plan.cudagraph_bytes)}",
+        f"  = KV cache                 {_gib(plan.kv_bytes)}",
+        f"  block: {plan.block_size} tokens x {plan.page_bytes // plan.block_size:,} B/token = "
+        f"{plan.page_bytes / 2**20:.2f} MiB; blocks: {plan.num_gpu_blocks:,}",
+    ]
+    if plan.error is None:
+        lines.append(
+            f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens, Maximum concurrency for "
+            f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x"
+        )
+    else:
+        lines.append(f"vLLM refuses to start ({plan.error.kind}): {plan.error.message}")
+    return lines
+
+
+def render_loads(rows: list[dict[str, Any]]) -> list[str]:
+    key = "concurrency" if "concurrency" in rows[0] else "rate"
+    head = (f"{key:>11} {'TTFT mean':>10} {'TTFT p95':>10} {'TPOT mean':>10} "
+            f"{'tok/s in+out':>13} {'out tok/s':>10} {'req/s':>8}")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r[key]:>11g} {r['ttft_mean_s'] * 1e3:>8.0f}ms {r['ttft_p95_s'] * 1e3:>8.0f}ms "
+            f"{r['tpot_mean_s'] * 1e3:>8.1f}ms {r['tokens_per_s']:>13.0f} "
+            f"{r['output_tokens_per_s']:>10.0f} {r['requests_per_s']:>8.2f}"
+        )
+    return lines
+
+
+@app.command("estimate")
+def estimate_cmd(
+    gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
+                            "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs in the machine. Default: tp x replicas. "
+                             "vLLM cannot start if tp x replicas exceeds it."),
+    model: str = typer.Option("qwen2.5-7b", "--model", help="Preset (qwen2.5-7b, llama-3.1-70b, "
+                              "gemma-2-27b-awq, ...) or a folder with a Hugging Face config.json."),
+    quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... "
+                                     "Default: whatever the checkpoint's config.json says."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, float16/half, bfloat16. bfloat16 "
+                              "needs compute capability 8.0 (vLLM refuses it on V100/T4)."),
+    vllm_version: str = typer.Option(DEFAULT_VLLM_VERSION, "--vllm-version", help="vLLM release "
+                                     "whose defaults and messages to follow (e.g. 0.6.3, 0.26.0)."),
+    tp: int = typer.Option(1, "--tp", "--tensor-parallel-size", help="Tensor-parallel size: GPUs "
+                           "per replica; must divide the attention heads."),
+    replicas: int = typer.Option(1, "--replicas", help="Independent engines (data parallel)."),
+    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization", help="Fraction "
+        "of TOTAL GPU memory vLLM may use. Default: the version's (0.92 now, 0.9 in older lines)."),
+    max_model_len: int = typer.Option(None, "--max-model-len", help="Longest prompt+output. "
+                                      "Default: the model's max_position_embeddings."),
+    max_num_seqs: int = typer.Option(None, "--max-num-seqs", help="Most requests running at once "
+                                     "per replica. Default by GPU memory (256, or 1024 on H100/H200)."),
+    block_size: int = typer.Option(None, "--block-size", help="KV-cache block, tokens (16 default; "
+                                   "V1 backends need a multiple of 16)."),
+    max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens", help="Token budget "
+        "per step, shared by decodes and prefill chunks. Default by GPU memory (2048 or 8192)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager/--no-enforce-eager", help="No CUDA "
+        "graphs: more KV memory, slower decode steps."),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (model dtype) or fp8 "
+                                       "(half the KV bytes, twice the blocks)."),
+    prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                        help="Reuse KV of shared prompt prefixes (vLLM's default: on)."),
+    concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
+                                    "comma-separated users in flight, e.g. 5,10,20."),
+    rate: str = typer.Option(None, "--rate", help="Open-loop load table: comma-separated Poisson "
+                             "request rates in req/s, e.g. 1,2,4."),
+    trace: str = typer.Option(None, "--trace", help="Request log to replay (any format `tuner trace "
+                              "stats` reads). Default: the built-in 40/40/20 mix of article 004."),
+    input_len: int = typer.Option(None, "--input-len", help="Fixed prompt tokens (like vllm bench "
+                                  "--dataset-name random); replaces the built-in mix."),
+    output_len: int = typer.Option(None, "--output-len", help="Fixed output tokens per request."),
+    num_requests: int = typer.Option(1000, "--num-requests", "-n", help="Requests per load level "
+                                     "(built-in mix or fixed lengths)."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+) -> None:
+    """What would vLLM do with this GPU, model and flags? Prints the startup memory plan
+    (weights, activations, CUDA graphs, KV bytes, blocks, "GPU KV cache size", max
+    concurrency) or vLLM's refusal in vLLM's words (exit 1), and with --concurrency or
+    --rate a simulated load table. Example: tuner estimate --gpu V100-16GB --model
+    gemma-2-27b-gptq --max-model-len 8192 --enforce-eager --vllm-version 0.6.3"""
+    if output not in ("table", "json"):
+        raise InputError(f"--output must be table or json, got {output!r}")
+    deployment = Deployment(
+        model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
+        dtype=dtype, quantization=quantization,
+    )
+    config = ServeConfig(
+        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
+        enforce_eager=enforce_eager, kv_cache_dtype=kv_cache_dtype, tensor_parallel_size=tp,
+        replicas=replicas,
+    )
+    users = parse_list(concurrency, int, "--concurrency")
+    rates = parse_list(rate, float, "--rate")
+    plan: MemoryPlan | None = None
+    error: ConfigRejected | None = None
+    try:
+        plan = plan_memory(deployment, config, strict=False)
+        error = plan.error
+    except ConfigRejected as err:
+        error = err
+    rows: list[dict[str, Any]] = []
+    if error is None and (users or rates):
+        workload = build_workload(trace, input_len, output_len, num_requests)
+        loads: list[Load] = [Concurrency(u) for u in users] + [Poisson(r) for r in rates]
+        rows = run_loads(deployment, config, workload, loads)
+
+    if output == "json":
+        memory = plan.summary() if plan is not None else {
+            "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
+        memory["error"] = None if error is None else error.message
+        memory["error_kind"] = None if error is None else error.kind
+        typer.echo(json.dumps({"memory": memory, "load": rows}, indent=2))
+    else:
+        if plan is not None:
+            typer.echo("\n".join(render_plan(plan)))
+        if plan is None or plan.error is None:
+            if error is not None:
+                typer.echo(f"vLLM refuses to start ({error.kind}): {error.message}")
+        if rows:
+            typer.echo("")
+            typer.echo("\n".join(render_loads(rows)))
+    if error is not None:
+        sys.exit(1)
