@@ -1,0 +1,61 @@
+"""The virtual-time engine: vLLM bench definitions, loads, replicas, stop hook, anchors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tuner.config import Deployment, ServeConfig
+from tuner.load import Concurrency, Poisson, TraceReplay
+from tuner.sim.engine import simulate
+from tuner.traffic.workload import Workload
+
+H200 = Deployment(model="qwen2.5-7b", gpu="H200")
+H200_CFG = ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096)
+
+
+def fixed(n: int, prompt: int, out: int, arrival: np.ndarray | None = None) -> Workload:
+    arr = np.zeros(n) if arrival is None else arrival
+    return Workload(arrival_s=arr, prompt_tokens=np.full(n, prompt), output_tokens=np.full(n, out))
+
+
+@pytest.mark.parametrize("eager,tpot_ms", [(False, 4.76), (True, 17.8)])
+def test_h200_decode_tpot_anchor(eager: bool, tpot_ms: float) -> None:
+    # vLLM 0.26.0, one H200, Qwen2.5-7B bf16, concurrency 1 (../shared/tools/h200-vllm/README.md)
+    res = simulate(H200, H200_CFG.replace(enforce_eager=eager), fixed(3, 512, 256), Concurrency(1))
+    tpot = np.nanmean(res.tpot_s) * 1e3
+    assert tpot == pytest.approx(tpot_ms, rel=0.03)
+
+
+def test_closed_loop_keeps_users_in_flight_and_orders_sends() -> None:
+    res = simulate(H200, H200_CFG, fixed(12, 300, 50), Concurrency(3))
+    assert all(e is None for e in res.error)
+    # sends happen in workload order, the first three at once
+    assert np.all(np.diff(res.send_s) >= 0)
+    assert np.count_nonzero(res.send_s == 0.0) == 3
+    # each later send coincides with some completion
+    done = res.send_s + res.e2e_s
+    for t in res.send_s[3:]:
+        assert np.isclose(done, t).any()
+
+
+def test_open_loop_sends_at_arrival_times_and_ttft_le_e2e() -> None:
+    w = fixed(50, 800, 40, arrival=np.arange(50) * 0.05)
+    res = simulate(H200, H200_CFG, w, TraceReplay(1.0))
+    assert np.allclose(res.send_s, w.arrival_s)
+    assert np.all(res.ttft_s <= res.e2e_s)
+    assert np.all(res.queue_s >= 0)
+    assert res.duration_s == pytest.approx(np.max(res.send_s + res.e2e_s))
+
+
+def test_stop_hook_marks_unsent() -> None:
+    res = simulate(H200, H200_CFG, fixed(20, 200, 30), Concurrency(2), stop=lambda c: c.finished >= 4)
+    assert res.stopped_early
+    assert sum(e is None for e in res.error) == 4
+    assert "not_sent" in res.error
+    assert np.isnan(res.ttft_s[[e is not None for e in res.error]]).all()
+
+
+def test_prompt_longer_than_max_model_len_is_refused_per_request() -> None:
+    w = Workload(arrival_s=np.zeros(2), prompt_tokens=np.array([5000, 100]), output_tokens=np.array([10, 10]))
+    res = simulate(H200, H200_CFG, w, Poisson(rate=10))
+    assert res.error == ["http_400", None]

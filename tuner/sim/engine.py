@@ -1,0 +1,242 @@
+"""The virtual-time engine: R replicas of :class:`EngineCore` behind a router, fed by
+an open-loop or closed-loop load, measured the way ``vllm bench serve`` measures.
+
+One event heap, ordered by (time, sequence number), holds request sends and replica step
+ends. A replica plans its next step (or run of decode steps, see
+:mod:`tuner.sim.scheduler`) when it becomes free and lets it run up to the first step
+boundary at or after the next event in the heap; a request that arrives during a step is
+seen at the next step's start, as in vLLM's engine loop.
+
+Definitions (``vllm bench serve``): TTFT = first token time − send time; E2E = last token
+time − send; TPOT = (E2E − TTFT)/(output − 1) (``RunResult.tpot_s``); queue time = first
+scheduled − send; ITL = gaps between a request's tokens; duration = first send → last
+completion.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tuner.backends.base import RunControl, StopHook
+from tuner.errors import ConfigRejected, InputError
+from tuner.load import Concurrency, arrival_times
+from tuner.result import RunResult
+from tuner.sim.calibration import Calibration, load_calibration
+from tuner.sim.scheduler import EngineCore, StepOutput  # noqa: F401  (EngineCore is part of this module's API)
+
+if TYPE_CHECKING:
+    from tuner.config import Deployment, ServeConfig
+    from tuner.load import Load
+    from tuner.sim.memory import MemoryPlan
+    from tuner.traffic.workload import Workload
+
+ROUTERS = ("round_robin", "least_outstanding")
+
+_SEND, _KICK, _END = 0, 1, 2
+
+
+def simulate(deployment: Deployment, config: ServeConfig, workload: Workload, load: Load, *,
+             router: str = "round_robin", stop: StopHook | None = None,
+             record_itl: bool = False, profile: Calibration | None = None,
+             fast: bool = True) -> RunResult:
+    """Replay ``workload`` under ``load`` against the simulated deployment, in virtual time.
+    Raises :class:`ConfigRejected` where vLLM would refuse to start."""
+    from tuner.sim.memory import plan_memory
+
+    if config.gpus_needed > deployment.gpu_count:
+        raise ConfigRejected(
+            "layout",
+            f"tensor_parallel_size {config.tensor_parallel_size} x replicas {config.replicas} "
+            f"needs {config.gpus_needed} GPUs; the deployment has {deployment.gpu_count}",
+        )
+    plan = plan_memory(deployment, config)
+    calib = profile if profile is not None else load_calibration(plan.gpu, deployment.calibration)
+    return run_plan(plan, workload, load, replicas=config.replicas, router=router, stop=stop,
+                    record_itl=record_itl, profile=calib, fast=fast)
+
+
+def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int = 1,
+             router: str = "round_robin", stop: StopHook | None = None,
+             record_itl: bool = False, profile: Calibration | None = None,
+             fast: bool = True) -> RunResult:
+    """:func:`simulate` for an already computed memory plan (one plan per replica)."""
+    if router not in ROUTERS:
+        raise InputError(f"unknown router {router!r}", hint=f"use one of {', '.join(ROUTERS)}")
+    n = len(workload)
+    cores = [EngineCore(plan, profile, fast=fast, record_itl=record_itl) for _ in range(replicas)]
+    maps: list[list[int]] = [[] for _ in range(replicas)]
+    where = np.full(n, -1, dtype=np.int64)
+    local = np.full(n, -1, dtype=np.int64)
+    send = np.full(n, np.nan)
+    delivered = np.zeros(n, dtype=bool)
+    error: list[str | None] = [None] * n
+    prompts = workload.prompt_tokens
+    outs = workload.output_tokens
+    too_long = prompts >= plan.max_model_len
+    hash_ids = workload.hash_ids
+    bt = workload.block_tokens
+
+    times = arrival_times(load, workload.arrival_s)
+    closed = times is None
+    heap: list[tuple[float, int, int, int]] = []
+    seq = 0
+    if closed:
+        users = min(int(load.users), n) if isinstance(load, Concurrency) else n
+        for j in range(users):
+            heap.append((0.0, seq, _SEND, j))
+            seq += 1
+        next_send = users
+    else:
+        if n:
+            heap.append((float(times[0]), seq, _SEND, 0))
+            seq += 1
+        next_send = 1
+    busy = [False] * replicas
+    kicked = [False] * replicas
+    pending: list[np.ndarray | None] = [None] * replicas
+    outstanding = np.zeros(replicas, dtype=np.int64)
+    rr = 0
+    control = RunControl(total=n)
+    t0 = 0.0
+    t_last_done = 0.0
+    stopped = False
+
+    def finish_one(j: int, t: float, ttft: float) -> bool:
+        """Book a finished request; returns True when the stop hook ends the run."""
+        nonlocal seq, next_send, t_last_done
+        delivered[j] = True
+        t_last_done = max(t_last_done, t)
+        control.finished += 1
+        control.elapsed_s = t - t0
+        if not math.isnan(ttft):
+            control.ttft_s.append(ttft)
+        if closed and next_send < n:
+            heapq.heappush(heap, (t, seq, _SEND, next_send))
+            seq += 1
+            next_send += 1
+        return bool(stop is not None and stop(control))
+
+    while heap:
+        t, _, kind, arg = heapq.heappop(heap)
+        if kind == _SEND:
+            j = arg
+            send[j] = t
+            control.sent += 1
+            if not closed and next_send < n:
+                heapq.heappush(heap, (float(times[next_send]), seq, _SEND, next_send))
+                seq += 1
+                next_send += 1
+            if too_long[j]:
+                # vLLM answers 400: "This model's maximum context length is ..."
+                error[j] = "http_400"
+                if finish_one(j, t, math.nan):
+                    stopped = True
+                    break
+                continue
+            if router == "round_robin":
+                r = rr % replicas
+                rr += 1
+            else:
+                r = int(np.argmin(outstanding))
+            core = cores[r]
+            if not busy[r] and not core.has_work():
+                core.now = max(core.now, t)
+            local[j] = core.add_request(str(j), int(prompts[j]), int(outs[j]),
+                                        tuple(hash_ids[j]) if hash_ids is not None else (), bt)
+            maps[r].append(j)
+            where[j] = r
+            outstanding[r] += 1
+            if not busy[r] and not kicked[r]:
+                kicked[r] = True
+                heapq.heappush(heap, (t, seq, _KICK, r))
+                seq += 1
+        elif kind == _KICK:
+            r = arg
+            kicked[r] = False
+            if busy[r] or not cores[r].has_work():
+                continue
+            core = cores[r]
+            core.now = max(core.now, t)
+            horizon = heap[0][0] - core.now if heap else math.inf
+            adv = core.advance(horizon)
+            busy[r] = True
+            pending[r] = adv.finished
+            heapq.heappush(heap, (adv.end_s, seq, _END, r))
+            seq += 1
+        else:  # _END
+            r = arg
+            busy[r] = False
+            core = cores[r]
+            fin = pending[r]
+            pending[r] = None
+            m = maps[r]
+            for loc in fin:
+                j = m[int(loc)]
+                outstanding[r] -= 1
+                if loc in core.rejected:
+                    error[j] = "kv_cache_too_small"
+                if finish_one(j, t, core.t_first[loc] - send[j]):
+                    stopped = True
+                    break
+            if stopped:
+                break
+            if core.has_work() and not kicked[r]:
+                kicked[r] = True
+                heapq.heappush(heap, (t, seq, _KICK, r))
+                seq += 1
+
+    # -- per-request records ----------------------------------------------------------------
+    ttft = np.full(n, np.nan)
+    e2e = np.full(n, np.nan)
+    queue = np.full(n, np.nan)
+    cached = np.zeros(n, dtype=np.int64)
+    out_tok = outs.astype(np.int64).copy()
+    for r, core in enumerate(cores):
+        js = np.asarray(maps[r], dtype=np.int64)
+        if not len(js):
+            continue
+        loc = local[js]
+        ttft[js] = core.t_first[loc] - send[js]
+        e2e[js] = core.t_done[loc] - send[js]
+        queue[js] = core.t_sched[loc] - send[js]
+        cached[js] = core.cached[loc]
+        out_tok[js] = core.max_out[loc]
+    for j in range(n):
+        if error[j] is not None:
+            continue
+        if math.isnan(send[j]):
+            error[j] = "not_sent"
+        elif not delivered[j]:
+            error[j] = "aborted"
+    ok = np.array([e is None for e in error], dtype=bool)
+    ttft[~ok] = np.nan
+    e2e[~ok] = np.nan
+    sent = ~np.isnan(send)
+    t_first_send = float(send[sent].min()) if sent.any() else 0.0
+    duration = max(0.0, t_last_done - t_first_send)
+    itl = None
+    if record_itl:
+        chunks = [c for core in cores for c in core.itl_chunks]
+        itl = np.concatenate(chunks) if chunks else np.zeros(0)
+    queries = sum(c.prefix_queries for c in cores)
+    hits = sum(c.prefix_hits for c in cores)
+    server = {
+        "kv_cache_usage_max": max(c.usage_max for c in cores),
+        "num_preemptions": sum(c.num_preemptions for c in cores),
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "prefix_cache_hits": hits,
+        "prefix_cache_queries": queries,
+        "num_gpu_blocks": int(plan.num_gpu_blocks),
+        "kv_cache_tokens": int(plan.kv_cache_tokens),
+        "replicas": replicas,
+        "engine_steps": sum(c.steps for c in cores),
+    }
+    return RunResult(
+        send_s=send, ttft_s=ttft, e2e_s=e2e, prompt_tokens=prompts.astype(np.int64).copy(),
+        output_tokens=out_tok, error=error, duration_s=duration, queue_s=queue,
+        cached_tokens=cached, itl_s=itl, server=server, stopped_early=stopped,
+        load_label=getattr(load, "label", ""),
+    )
