@@ -1,0 +1,85 @@
+"""`tuner estimate`: exit codes, the JSON keys other tools read, and the seed-000 story."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tuner.cli import main
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", *args])
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exit_info.value.code or 0, out.out, out.err
+
+
+def test_plan_is_printed_with_vllms_log_line(capsys):
+    code, out, _ = run(capsys, "--gpu", "H200", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                       "--gpu-memory-utilization", "0.9")
+    assert code == 0
+    assert "GPU KV cache size:" in out and "Maximum concurrency for 4,096 tokens per request" in out
+    assert "weights" in out and "CUDA graphs" in out
+
+
+def test_json_memory_keys(capsys):
+    code, out, _ = run(capsys, "--gpu", "h100", "--model", "llama-3.1-8b", "--max-model-len", "8192",
+                       "--output", "json")
+    data = json.loads(out)
+    assert code == 0 and data["load"] == []
+    memory = data["memory"]
+    assert memory["error"] is None
+    assert memory["num_gpu_blocks"] > 0 and memory["kv_cache_tokens"] > 0
+    assert memory["max_concurrency"] == pytest.approx(memory["num_gpu_blocks"] / (8192 / 16))
+
+
+def test_refusal_prints_vllms_message_and_exits_1(capsys):
+    code, out, _ = run(capsys, "--gpu", "V100-16GB-PCIE", "--model", "gemma-2-27b", "--dtype",
+                       "bfloat16", "--max-model-len", "8192", "-o", "json")
+    assert code == 1
+    memory = json.loads(out)["memory"]
+    assert memory["error"].startswith("Bfloat16 is only supported on GPUs with compute capability")
+    assert memory["error_kind"] == "dtype"
+
+
+def test_seed000_shows_the_arithmetic_with_the_refusal(capsys):
+    code, out, _ = run(capsys, "--gpu", "v100-16gb", "--model", "gemma-2-27b-gptq", "--max-model-len",
+                       "8192", "--gpu-memory-utilization", "0.92", "--enforce-eager",
+                       "--vllm-version", "0.6.3", "-o", "json")
+    memory = json.loads(out)["memory"]
+    assert code == 1 and memory["error_kind"] == "no_kv_memory"
+    assert memory["weight_bytes"] > memory["budget_bytes"] * 0.95
+    assert memory["kv_bytes"] < 0
+
+
+def test_bad_input_exits_2(capsys):
+    code, _, err = run(capsys, "--gpu", "B999")
+    assert code == 2 and "unknown GPU" in err
+    code, _, err = run(capsys, "--concurrency", "5,x")
+    assert code == 2 and "--concurrency" in err
+
+
+def test_load_table_json_keys(capsys):
+    pytest.importorskip("tuner.sim.engine")
+    code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                       "--concurrency", "1,8", "--input-len", "512", "--output-len", "64",
+                       "--num-requests", "40", "-o", "json")
+    rows = json.loads(out)["load"]
+    assert code == 0 and [r["concurrency"] for r in rows] == [1, 8]
+    for row in rows:
+        assert set(row) >= {"ttft_mean_s", "ttft_p95_s", "tpot_mean_s", "tokens_per_s",
+                            "output_tokens_per_s", "requests_per_s"}
+        assert row["tokens_per_s"] == pytest.approx(row["requests_per_s"] * (512 + 64), rel=0.01)
+    # More users in flight: more throughput, no faster first token.
+    assert rows[1]["tokens_per_s"] > rows[0]["tokens_per_s"]
+    assert rows[1]["ttft_mean_s"] >= rows[0]["ttft_mean_s"]
+
+
+def test_rate_table(capsys):
+    pytest.importorskip("tuner.sim.engine")
+    code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                       "--rate", "2", "--num-requests", "30", "--input-len", "256",
+                       "--output-len", "32")
+    assert code == 0 and "rate" in out and "TTFT p95" in out
