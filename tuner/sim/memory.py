@@ -88,7 +88,8 @@ def parse_version(text: str) -> tuple[int, int, int]:
 
 
 def fmt_gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
+    """vLLM's ``format_gib``: GiB rounded to 2 decimals ("1.75 GiB", "3.0 GiB")."""
+    return f"{round(n / GiB, 2)} GiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,9 +279,9 @@ def _cudagraph_sizes(max_num_seqs: int) -> int:
 
 
 def _estimate_max_model_len(available: int, block_size: int, page_bytes: int, limit: int) -> int:
-    """vLLM's ``estimate_max_model_len``: binary search for the longest length whose blocks
-    fit the memory left after the null block."""
-    memory = available - page_bytes
+    """vLLM's ``estimate_max_model_len`` (v1/core/kv_cache_utils.py): binary search for the
+    longest length whose blocks fit the available memory; 0 when not even one token fits."""
+    memory = available
     lo, hi, best = 1, limit, 0
     while lo <= hi:
         mid = (lo + hi) // 2
@@ -464,8 +465,10 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             "max_model_len",
             f"To serve at least one request with the model's max seq len ({max_model_len}), "
             f"({fmt_gib(needed)} KV cache is needed, which is larger than the available KV cache "
-            f"memory ({fmt_gib(kv_bytes)}). Based on the available memory, the estimated maximum "
-            f"model length is {estimate}. Try increasing `gpu_memory_utilization` (which also "
+            f"memory ({fmt_gib(kv_bytes)}). "
+            + (f"Based on the available memory, the estimated maximum model length is {estimate}. "
+               if estimate > 0 else "")
+            + "Try increasing `gpu_memory_utilization` (which also "
             "controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
             f"initializing the engine. {_DOCS}",
             estimated_max_model_len=estimate,
