@@ -59,7 +59,11 @@ def _norm(name: str) -> str:
     return "".join(name.lower().split()).replace("_", "")
 
 
-def read_csv(path: str, bad: BadRows) -> Table:
+def read_csv(path: str, bad: BadRows, *, date_column: str | None = None) -> Table:
+    """Read a CSV. ``date_column`` (if its first value is not a number) is parsed as
+    ISO 8601 date-times by the C reader itself, ten times faster than parsing strings
+    afterwards; a column with unparseable values comes back as strings and
+    :func:`times` finds the bad row."""
     data = read_bytes(path)
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
@@ -68,9 +72,11 @@ def read_csv(path: str, bad: BadRows) -> Table:
     if not body.strip():
         raise InputError("empty file: no header and no rows", path=path)
     if b'"' not in body and b"\r" not in body and b"\x00" not in body:
+        dates = _date_column(body, date_column)
         try:
             frame = pd.read_csv(
-                io.BytesIO(body), skip_blank_lines=False, encoding_errors="replace", low_memory=False
+                io.BytesIO(body), skip_blank_lines=False, encoding_errors="replace", low_memory=False,
+                parse_dates=dates, date_format="ISO8601" if dates else None,
             )
         except pd.errors.ParserError:
             pass  # ragged rows: the csv module below names the line
@@ -83,6 +89,25 @@ def read_csv(path: str, bad: BadRows) -> Table:
                 frame, lines = frame[~blank].reset_index(drop=True), lines[~blank]
             return Table(frame, lines, header_line)
     return _read_csv_slow(path, body.decode("utf-8", errors="replace"), header_line, bad)
+
+
+def _date_column(body: bytes, name: str | None) -> list[str] | None:
+    if name is None:
+        return None
+    head = body[:4096].decode("utf-8", errors="replace").splitlines()
+    header = head[0].split(",")
+    norm = [_norm(h) for h in header]
+    if _norm(name) not in norm or len(head) < 2:
+        return None
+    k = norm.index(_norm(name))
+    cells = head[1].split(",")
+    if k >= len(cells):
+        return None
+    try:
+        float(cells[k])
+        return None
+    except ValueError:
+        return [header[k]] if header.count(header[k]) == 1 else None
 
 
 def _read_csv_slow(path: str, text: str, header_line: int, bad: BadRows) -> Table:
@@ -129,34 +154,69 @@ def numeric(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         v = s.to_numpy(dtype=np.float64, na_value=np.nan)
         missing = np.isnan(v)
         return v, missing, ~np.isfinite(v) & ~missing
-    obj = s.astype(object)
-    scalar = obj.map(lambda x: x if isinstance(x, (int, float, str)) and not isinstance(x, bool) else "?")
-    text = scalar.astype(str).str.strip()
-    missing = (obj.isna() | text.eq("") | text.str.lower().isin(("nan", "none", "null"))).to_numpy()
-    v = pd.to_numeric(scalar.where(~missing, None), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    return v, missing, (~np.isfinite(v) | (np.abs(v) > 1e18)) & ~missing
+    if s.dtype == object:  # values from JSON may be lists, dicts, booleans: not numbers
+        s = s.map(lambda x: x if x is None or (isinstance(x, (int, float, str)) and not isinstance(x, bool))
+                  else "?")
+    missing = s.isna().to_numpy()
+    v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = (np.isnan(v) & ~missing) | np.isinf(v) | (np.abs(np.nan_to_num(v)) > 1e18)
+    if bad.any():  # blanks and padded numbers are not errors: look again at just those rows
+        idx = np.flatnonzero(bad)
+        text = s.iloc[idx].astype(str).str.strip()
+        blank = text.eq("") | text.str.lower().isin(("nan", "none", "null"))
+        missing[idx[blank.to_numpy()]] = True
+        again = pd.to_numeric(text.where(~blank, None), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        v[idx] = again
+        bad = (np.isnan(v) & ~missing) | np.isinf(v) | (np.abs(np.nan_to_num(v)) > 1e18)
+    return v, missing, bad
 
 
 def times(s: pd.Series, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(seconds, missing, unparseable)``: numbers in ``unit`` (``auto`` = seconds) or
     date-times (``datetime``, or ``auto`` when most values are not numbers)."""
+    if pd.api.types.is_datetime64_any_dtype(s):
+        missing = s.isna().to_numpy()
+        secs = np.full(len(s), np.nan)
+        if (~missing).any():
+            secs = (s - s[~missing].min()).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
+        return secs, missing, np.zeros(len(s), dtype=bool)
     if unit != "datetime":
-        v, missing, bad = numeric(s)
-        numeric_col = pd.api.types.is_numeric_dtype(s)
-        if unit != "auto" or numeric_col or bad.sum() * 2 <= (~missing).sum():
+        if unit != "auto" or pd.api.types.is_numeric_dtype(s) or _mostly_numbers(s):
+            v, missing, bad = numeric(s)
             return v * TIME_UNITS.get(unit, 1.0), missing, bad
-    obj = s.astype(object)
-    text = obj.map(lambda x: x if isinstance(x, str) else ("" if x is None else str(x))).str.strip()
-    missing = (obj.isna() | text.eq("")).to_numpy()
-    try:
-        dt = pd.to_datetime(text, format="ISO8601", errors="coerce", utc=True)
-    except (ValueError, TypeError, OverflowError):
-        dt = pd.to_datetime(text, format="mixed", errors="coerce", utc=True)
-    ok = dt.notna()
+    if s.dtype == object:
+        s = s.map(lambda x: x if x is None or isinstance(x, str) else str(x))
+    missing = s.isna().to_numpy()
+    dt = _datetimes(s)
+    failed = dt.isna().to_numpy() & ~missing
+    if failed.any():  # padded or blank values: retry those rows stripped
+        idx = np.flatnonzero(failed)
+        text = s.iloc[idx].astype(str).str.strip()
+        blank = text.eq("").to_numpy()
+        missing[idx[blank]] = True
+        dt.iloc[idx] = _datetimes(text.where(~blank, None))
+    ok = dt.notna().to_numpy()
     secs = np.full(len(s), np.nan)
     if ok.any():
         secs = (dt - dt[ok].min()).dt.total_seconds().to_numpy(dtype=np.float64, na_value=np.nan)
     return secs, missing, np.isnan(secs) & ~missing
+
+
+def _mostly_numbers(s: pd.Series) -> bool:
+    head = s.dropna().head(200)
+    if head.dtype == object:
+        head = head.map(lambda x: x if isinstance(x, (int, float, str)) and not isinstance(x, bool) else "?")
+    return bool(pd.to_numeric(head, errors="coerce").notna().mean() > 0.5) if len(head) else True
+
+
+def _datetimes(s: pd.Series) -> pd.Series:
+    try:
+        return pd.to_datetime(s, format="ISO8601", errors="coerce", utc=True)
+    except (ValueError, TypeError, OverflowError):
+        try:
+            return pd.to_datetime(s, format="mixed", errors="coerce", utc=True)
+        except (ValueError, TypeError, OverflowError):
+            return pd.Series(pd.NaT, index=s.index, dtype="datetime64[ns, UTC]")
 
 
 def _raw(s: pd.Series, i: int) -> str:

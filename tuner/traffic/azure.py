@@ -14,7 +14,7 @@ from tuner.traffic.workload import Workload
 
 def read(path: str, *, skip_bad: bool = False, **_: object) -> Workload:
     bad = BadRows(path, skip_bad)
-    table = read_csv(path, bad)
+    table = read_csv(path, bad, date_column="TIMESTAMP")
     return to_workload(
         path, table, bad,
         arrival="TIMESTAMP", prompt="ContextTokens", output="GeneratedTokens",

@@ -45,7 +45,8 @@ def read(path: str, *, skip_bad: bool = False, mapping: dict[str, str] | None = 
     if text_head.startswith("{"):
         table = _jsonl_table(path, m, bad)
     else:
-        table = read_csv(path, bad)
+        unit = m.get("time_unit", "auto")
+        table = read_csv(path, bad, date_column=m.get("arrival") if unit in ("auto", "datetime") else None)
     return to_workload(
         path, table, bad,
         arrival=m.get("arrival"), prompt=m["prompt_tokens"], output=m["output_tokens"],
