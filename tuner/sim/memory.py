@@ -199,8 +199,9 @@ def default_batch_limits(
 ) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) when the flags are unset, for ``vllm serve``.
 
-    V1: ``engine/arg_utils.py::get_batch_defaults`` (vllm-facts.md section 2): >= 70 GiB and
-    not A100 -> 8192 tokens / 1024 seqs, otherwise 2048 / 256; the token budget is capped at
+    V1: ``engine/arg_utils.py::get_batch_defaults`` (vllm-facts.md section 2, and the same
+    table read in v0.27.1's source): >= 70 GiB and not A100 -> 8192 tokens / 1024 seqs
+    (PR #17885 excluded A100), otherwise 2048 / 256; the token budget is capped at
     max_num_seqs * max_model_len. V0 (< 0.8, unverified): 256 seqs; chunked prefill on only
     when max_model_len > 32768 (budget 512), otherwise the budget is max(max_model_len, 2048).
     """
@@ -361,6 +362,10 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     gmu = config.gpu_memory_utilization or default_gpu_memory_utilization(version)
     default_seqs, default_tokens = default_batch_limits(gpu, version, max_model_len)
     max_num_seqs = config.max_num_seqs or default_seqs
+    if config.max_num_seqs is None and config.max_num_batched_tokens is not None:
+        # The default path never produces max_num_seqs > max_num_batched_tokens
+        # (engine/arg_utils.py clamps the defaulted value).
+        max_num_seqs = min(max_num_seqs, config.max_num_batched_tokens)
     if config.max_num_batched_tokens is not None:
         max_num_batched_tokens = config.max_num_batched_tokens
     elif config.max_num_seqs is not None and version >= V1_SINCE:
