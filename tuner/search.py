@@ -16,8 +16,9 @@ Per trial (:func:`evaluate_config`):
    exceeded the target (P95 cannot recover); that load point fails. If every load point
    fails, the trial is infeasible, with the evidence stored.
 
-The P95 TTFT constraint goes to the sampler through ``constraints_func``
-(:func:`tuner.study.constraint_of`), so it learns the feasible region. Infeasible
+The P95 TTFT constraint goes to the sampler as an Optuna constraint
+(``trial.set_constraint``, which replaced ``constraints_func`` in Optuna 5.0; TPE and GP
+both read it), so it learns the feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
 crash marks only that trial FAIL and the study goes on.
 
@@ -40,7 +41,6 @@ from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError, TunerError
 from tuner.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.study import (
-    constraint_of,
     count_finished,
     finished_states,
     open_study,
@@ -58,6 +58,10 @@ if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
+#: Random trials before TPE/GP model the space.
+N_STARTUP_TRIALS = 8
+#: Name of the trial constraint: P95 TTFT / target - 1 (<= 0 feasible; 1.0 for refusals).
+CONSTRAINT = "p95_ttft_over_target"
 #: A load point whose replay has more than this share of all requests over the target fails.
 EARLY_STOP_SHARE = 0.05
 #: Share of failed requests a load point tolerates.
@@ -329,16 +333,13 @@ def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = Non
 
     name = name.lower()
     if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, constraints_func=constraint_of, multivariate=True, group=True,
-            n_startup_trials=8, warn_independent_sampling=False,
-        )
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS)
     if name == "gp":
         try:
             import torch  # noqa: F401  (GPSampler's dependency)
         except ImportError as err:
             raise InputError("the GP sampler needs PyTorch", hint="pip install torch, or use --sampler tpe") from err
-        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraint_of)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -465,6 +466,7 @@ def run_search(
             if key in attrs:
                 run[key] = attrs.pop(key)
         attrs["run"] = run
+        trial.set_constraint(CONSTRAINT, ev.constraint)
         for key, value in attrs.items():
             trial.set_user_attr(key, _clean(value))
         return ev.value

@@ -5,7 +5,7 @@ Storage defaults to ``sqlite:///studies/<name>.db`` (one file per study, relativ
 working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
 ``tuner search`` workers share one study). Every trial keeps its results in
 ``trial.user_attrs``; ``feasible`` says whether the configuration met the TTFT target and
-``constraint`` is Optuna's constraint value (<= 0 feasible).
+``constraint`` repeats Optuna's constraint value (<= 0 feasible).
 
 Budget: ``--budget N`` counts the study's *finished* trials, whatever their state
 (COMPLETE, PRUNED, FAIL); infeasible configurations are COMPLETE trials with a
@@ -13,8 +13,8 @@ violated constraint. Trials left RUNNING by a killed process are not counted.
 """
 from __future__ import annotations
 
-import math
 import re
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,8 +45,26 @@ def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
     return f"sqlite:///{folder / name}.db"
 
 
-def _storage(storage: str | None, name: str) -> str:
-    return storage or default_storage(name)
+class _WalSqlite(sqlite3.Connection):
+    """SQLite connection in WAL mode with ``synchronous=NORMAL``: a commit no longer
+    waits for an fsync (18 ms each on this machine's disk, ~15 per trial), and a crash of
+    the process still loses nothing committed (only a power cut can drop the last few
+    transactions; https://www.sqlite.org/wal.html). Readers and other writers still work."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.execute("PRAGMA journal_mode=WAL")
+        self.execute("PRAGMA synchronous=NORMAL")
+
+
+def _storage(storage: str | None, name: str) -> Any:
+    """An Optuna storage for the URL (the default SQLite file when ``None``)."""
+    import optuna
+
+    url = storage or default_storage(name)
+    if url.startswith("sqlite:///"):
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
+    return url
 
 
 def finished_states() -> tuple[Any, ...]:
@@ -135,12 +153,6 @@ def is_feasible(trial: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
     return trial.state == TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
-
-
-def constraint_of(trial: FrozenTrial) -> list[float]:
-    """Optuna ``constraints_func``: P95 TTFT overshoot (<= 0 means the target holds)."""
-    value = trial.user_attrs.get("constraint")
-    return [1.0 if value is None or not math.isfinite(value) else float(value)]
 
 
 def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:

@@ -1,0 +1,273 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.backends.base import RunControl
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import BackendError, ConfigRejected
+from tuner.load import Concurrency, Poisson
+from tuner.result import RunResult
+from tuner.search import evaluate_config, make_sampler, run_search, serve_command, slo_stop_hook
+from tuner.space import parse_space
+from tuner.study import best_feasible_trial, closest_miss, trial_config
+from tuner.traffic.workload import Workload
+
+
+def small_workload(n: int = 60) -> Workload:
+    rng = np.random.default_rng(0)
+    return Workload(
+        arrival_s=np.arange(n) * 0.1,
+        prompt_tokens=rng.integers(50, 300, n),
+        output_tokens=rng.integers(20, 200, n),
+        source="test",
+    )
+
+
+class FakeInstance:
+    """Analytic server: P95 TTFT = ``ttft_per_user`` x users (x 1/rate-capacity for open
+    loop), throughput grows with users until max_num_seqs x replicas."""
+
+    def __init__(self, config: ServeConfig, ttft_per_user: float, crash: bool = False) -> None:
+        self.config = config
+        self.ttft_per_user = ttft_per_user
+        self.crash = crash
+        self.info = {"startup_s": 30.0, "kv_cache_tokens": 10**6, "vllm_version": "0.0-fake", "log_paths": ["/tmp/fake.log"]}
+        self.runs: list[str] = []
+        self.closed = 0
+
+    def run(self, workload, load, *, stop=None) -> RunResult:
+        if self.crash:
+            raise BackendError("fake server died")
+        self.runs.append(load.label)
+        cap = self.config.max_num_seqs * self.config.replicas
+        users = load.users if isinstance(load, Concurrency) else load.rate * 2.0
+        n = len(workload)
+        ttft = np.full(n, self.ttft_per_user * users / self.config.replicas)
+        ttft *= np.linspace(0.5, 1.05, n)  # P95 ≈ the nominal value
+        control = RunControl(total=n)
+        errors: list[str | None] = [None] * n
+        stopped = False
+        for i in range(n):
+            control.finished += 1
+            control.ttft_s.append(float(ttft[i]))
+            if stop is not None and stop(control):
+                stopped = True
+                errors[i + 1:] = ["not_sent"] * (n - i - 1)
+                ttft[i + 1:] = np.nan
+                break
+        tokens = float((workload.prompt_tokens + workload.output_tokens).sum())
+        tps = 100.0 * min(users, cap)
+        done = (i + 1) / n
+        return RunResult(
+            send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 1.0,
+            prompt_tokens=workload.prompt_tokens, output_tokens=workload.output_tokens,
+            error=errors, duration_s=tokens / tps * done, server={"num_preemptions": 0},
+            stopped_early=stopped, load_label=load.label,
+        )
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class FakeBackend:
+    """Rejects gpu_memory_utilization > 0.9 (as an OOM) and crashes on enforce_eager."""
+
+    name = "fake"
+
+    def __init__(self, ttft_per_user: float = 0.01) -> None:
+        self.ttft_per_user = ttft_per_user
+        self.started: list[ServeConfig] = []
+        self.instances: list[FakeInstance] = []
+
+    def precheck(self, deployment, config):
+        if (config.gpu_memory_utilization or 0.9) > 0.9:
+            raise ConfigRejected("oom", "CUDA out of memory (fake)")
+        return {"max_num_seqs": config.max_num_seqs, "kv_cache_tokens": 10**6}
+
+    def start(self, deployment, config):
+        self.started.append(config)
+        inst = FakeInstance(config, self.ttft_per_user, crash=config.enforce_eager)
+        self.instances.append(inst)
+        return inst
+
+
+SPACE = """\
+name: fake
+deployment: {model: qwen2.5-7b, gpu: H100-SXM, gpus: 2}
+workload: {target_ttft_s: 1s, requests: 60}
+parameters:
+  gpu_memory_utilization: {choices: [0.8, 0.9, 0.95]}
+  max_num_seqs: {choices: [16, 64, 256]}
+  enforce_eager: false
+layouts: [tp1x2, tp2x1]
+"""
+
+
+def fake_space(text: str = SPACE):
+    return parse_space(text, path="fake.yaml").bind(Deployment(gpu_count=2), num_heads=28)
+
+
+def test_stop_hook_fires_once_p95_is_lost():
+    stop = slo_stop_hook(1.0, total=100)  # 5 of 100 may exceed the target
+    control = RunControl(total=100)
+    control.ttft_s += [2.0] * 5 + [0.1] * 50
+    assert not stop(control)
+    control.ttft_s.append(1.5)
+    assert stop(control)
+
+
+def test_goodput_finds_the_highest_load_meeting_the_target():
+    backend = FakeBackend(ttft_per_user=0.01)  # P95 ≈ 0.0105 s x users → ~95 users meet 1 s
+    config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
+    ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0)
+    assert ev.feasible
+    assert len(ev.attrs["loads"]) <= 4
+    passed = [p for p in ev.attrs["loads"] if p["passed"]]
+    failed = [p for p in ev.attrs["loads"] if not p["passed"]]
+    chosen = max(p["level"] for p in passed)
+    assert all(p["p95_ttft_s"] <= 1.0 for p in passed)
+    assert all(p["level"] > chosen for p in failed)
+    assert 60 <= chosen <= 95  # within the few replays allowed, close to the edge
+    assert ev.value == pytest.approx(100.0 * chosen, rel=0.01)
+    assert ev.attrs["summary"]["ttft_p95_s"] <= 1.0
+    assert ev.constraint <= 0
+    assert ev.gpu_s == pytest.approx(30.0 + sum(p["duration_s"] for p in ev.attrs["loads"]))
+    assert backend.instances[0].closed == 1
+
+
+def test_open_loop_rate_axis():
+    backend = FakeBackend(ttft_per_user=0.01)
+    config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
+    ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0, load_kind="rate")
+    assert ev.feasible
+    assert ev.attrs["chosen_load"].endswith("req/s")
+
+
+def test_rejected_config_costs_no_launch_and_records_the_reason():
+    backend = FakeBackend()
+    ev = evaluate_config(backend, Deployment(), ServeConfig(gpu_memory_utilization=0.95), small_workload(), 1.0)
+    assert not ev.feasible and ev.constraint > 0 and ev.value == 0.0
+    assert backend.started == []
+    assert ev.gpu_s == 0.0
+    assert ev.attrs["infeasible_reason"].startswith("oom:")
+    assert ev.attrs["rejected_at"] == "pre-check"
+
+
+def test_slo_lost_even_at_the_lowest_load_is_infeasible_with_evidence():
+    backend = FakeBackend(ttft_per_user=5.0)  # one user already takes 5 s to first token
+    ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=64), small_workload(), 1.0)
+    assert not ev.feasible and ev.constraint > 0
+    assert "even at 1 users" in ev.attrs["infeasible_reason"]
+    assert ev.attrs["lowest_load"] == "1 users"
+    assert any(p["stopped_early"] for p in ev.attrs["loads"])
+    assert len(ev.attrs["loads"]) <= 4
+
+
+def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    backend = FakeBackend()
+    first = run_search(fake_space(), backend=backend, workload=small_workload(), budget=5, storage=storage, seed=3)
+    assert first.finished == 5 and first.new_trials == 5
+    second = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
+    assert second.name == first.name
+    assert second.finished == 8 and second.new_trials == 3
+    again = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
+    assert again.new_trials == 0
+    study = optuna.load_study(study_name=first.name, storage=storage)
+    assert len(study.trials) == 8
+
+
+def test_trials_store_results_and_infeasible_reasons(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    out = run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=12,
+                     storage=storage, sampler="random", seed=0)
+    trials = optuna.load_study(study_name=out.name, storage=storage).trials
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    rejected = [t for t in trials if t.user_attrs["config"]["gpu_memory_utilization"] == 0.95]
+    ran = [t for t in trials if t.user_attrs["config"]["gpu_memory_utilization"] != 0.95]
+    assert rejected and ran
+    for t in rejected:
+        assert t.user_attrs["feasible"] is False and t.value == 0.0
+        assert "oom" in t.user_attrs["infeasible_reason"]
+    for t in ran:
+        attrs = t.user_attrs
+        assert {"ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p95_s", "e2e_p99_s", "error_rate"} <= set(attrs["summary"])
+        assert attrs["loads"] and attrs["server"] == {"num_preemptions": 0}
+        run = attrs["run"]
+        assert run["backend"] == "fake" and run["vllm_version"] == "0.0-fake"
+        assert run["workload_fingerprint"] == small_workload().fingerprint()
+        assert run["hardware"]["gpu_count"] == 2 and run["seed"] == 0 and run["sampler"] == "random"
+        assert run["log_paths"] == ["/tmp/fake.log"]
+        assert attrs["gpu_s"] > 30.0
+        assert trial_config(t) == fake_space().config_from_params(t.params)
+    best = best_feasible_trial(out.study)
+    assert best is not None and best.value == max(t.value for t in trials)
+    assert out.best.number == best.number
+
+
+def test_a_crashing_trial_fails_alone(tmp_path):
+    text = SPACE.replace("enforce_eager: false", "enforce_eager: {choices: [false, true]}")
+    out = run_search(fake_space(text), backend=FakeBackend(), workload=small_workload(), budget=10,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=1)
+    states = [t.state for t in out.study.trials]
+    assert out.finished == 10 and TrialState.FAIL in states and TrialState.COMPLETE in states
+    failed = [t for t in out.study.trials if t.state == TrialState.FAIL]
+    assert all("fake server died" in t.user_attrs["error"] for t in failed)
+
+
+def test_no_feasible_config_names_the_closest_miss(tmp_path):
+    out = run_search(fake_space(), backend=FakeBackend(ttft_per_user=3.0), workload=small_workload(), budget=4,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0)
+    assert out.best is None
+    miss = closest_miss(out.study)
+    assert miss is not None and miss.user_attrs["p95_ttft_at_lowest_load_s"] > 1.0
+
+
+def test_grid_sampler_covers_the_discretised_space(tmp_path):
+    space = fake_space()
+    out = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=100,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="grid")
+    assert out.finished == 3 * 3 * 2  # the grid ends the study when exhausted
+    assert {tuple(sorted(t.params.items())) for t in out.study.trials} == {
+        tuple(sorted(p.items())) for p in _product(space.grid())
+    }
+
+
+def _product(grid):
+    import itertools
+
+    keys = sorted(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def test_enqueued_configs_run_first(tmp_path):
+    space = fake_space()
+    first = ServeConfig(gpu_memory_utilization=0.8, max_num_seqs=256, tensor_parallel_size=2, replicas=1)
+    out = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=3,
+                     storage=f"sqlite:///{tmp_path}/s.db", enqueue=[first])
+    assert trial_config(out.study.trials[0]) == first
+
+
+def test_unknown_sampler_is_bad_input():
+    with pytest.raises(Exception, match="unknown sampler"):
+        make_sampler("annealing", seed=0)
+
+
+def test_serve_command_is_copyable():
+    cmd = serve_command(Deployment(model="qwen2.5-7b", dtype="float16"),
+                        ServeConfig(max_num_seqs=128, tensor_parallel_size=2, replicas=4, enable_prefix_caching=False))
+    assert cmd.startswith("vllm serve qwen2.5-7b ")
+    assert "--max-num-seqs 128" in cmd and "--tensor-parallel-size 2" in cmd
+    assert "--data-parallel-size 4" in cmd and "--no-enable-prefix-caching" in cmd
+    assert "--host" not in cmd and not math.isnan(len(cmd))
