@@ -440,7 +440,8 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             f"CUDA out of memory while loading the model: {fmt_gib(weights)} of weights per GPU "
             f"exceed the {fmt_gib(gpu.memory_bytes)} the {gpu.name} has.",
         )
-    if kv_bytes <= 0:
+    # V0 checked the block count (worker.py::raise_if_cache_size_invalid), V1 the bytes.
+    if kv_bytes <= 0 or (version < V1_SINCE and kv_bytes < page_bytes):
         if version < V1_SINCE:
             msg = ("No available memory for the cache blocks. Try increasing "
                    "`gpu_memory_utilization` when initializing the engine.")
