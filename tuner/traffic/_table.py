@@ -157,8 +157,8 @@ def numeric(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if s.dtype == object:  # values from JSON may be lists, dicts, booleans: not numbers
         s = s.map(lambda x: x if x is None or (isinstance(x, (int, float, str)) and not isinstance(x, bool))
                   else "?")
-    missing = s.isna().to_numpy()
-    v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    missing = s.isna().to_numpy().copy()
+    v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan).copy()
     bad = (np.isnan(v) & ~missing) | np.isinf(v) | (np.abs(np.nan_to_num(v)) > 1e18)
     if bad.any():  # blanks and padded numbers are not errors: look again at just those rows
         idx = np.flatnonzero(bad)
@@ -186,8 +186,8 @@ def times(s: pd.Series, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return v * TIME_UNITS.get(unit, 1.0), missing, bad
     if s.dtype == object:
         s = s.map(lambda x: x if x is None or isinstance(x, str) else str(x))
-    missing = s.isna().to_numpy()
-    dt = _datetimes(s)
+    missing = s.isna().to_numpy().copy()
+    dt = _datetimes(s).copy()
     failed = dt.isna().to_numpy() & ~missing
     if failed.any():  # padded or blank values: retry those rows stripped
         idx = np.flatnonzero(failed)
@@ -221,7 +221,12 @@ def _datetimes(s: pd.Series) -> pd.Series:
 
 def _raw(s: pd.Series, i: int) -> str:
     value = s.iloc[i]
-    text = repr(value.item() if hasattr(value, "item") else value)
+    if isinstance(value, pd.Timestamp):
+        return str(value)
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -95,6 +95,10 @@ def read(path: str, *, skip_bad: bool = False, **_: object) -> Workload:
         rows.add(t, p, o, session=session, turn=turn, hash_ids=tuple(ids))
     if header is None:
         raise InputError("empty file: no header and no rows", path=path)
+    count = header.get("count")
+    if isinstance(count, int) and not bad.skipped and count != len(rows.t):
+        raise InputError(f"the header says {count} requests but the file holds {len(rows.t)}", path=path,
+                         hint="the file was cut short or edited; convert the source trace again")
     columns = header.get("columns", [])
     block = header.get("block_tokens", 512)
     notes = header.get("notes", [])
