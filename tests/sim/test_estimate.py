@@ -83,3 +83,18 @@ def test_rate_table(capsys):
                        "--rate", "2", "--num-requests", "30", "--input-len", "256",
                        "--output-len", "32")
     assert code == 0 and "rate" in out and "TTFT p95" in out
+
+
+def test_trace_replay_uses_the_first_rows(capsys):
+    pytest.importorskip("tuner.sim.engine")
+    from pathlib import Path
+
+    trace = (Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+             / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv")
+    if not trace.exists():
+        pytest.skip(f"real trace not present at {trace}")
+    code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--trace", str(trace),
+                       "-n", "200", "--rate", "2", "-o", "json")
+    rows = json.loads(out)["load"]
+    assert code == 0 and rows[0]["rate"] == 2.0
+    assert 1.0 < rows[0]["requests_per_s"] < 3.0

@@ -35,13 +35,16 @@ def parse_list(text: str | None, kind: type, option: str) -> list:
 
 
 def build_workload(trace: str | None, input_len: int | None, output_len: int | None,
-                   num_requests: int, seed: int = 0) -> Workload:
-    """--trace FILE, else fixed lengths (as ``vllm bench serve --dataset-name random`` with
-    range ratio 0), else the built-in mix of article 004."""
+                   num_requests: int | None, seed: int = 0) -> Workload:
+    """--trace FILE (its first ``num_requests`` rows when given), else fixed lengths (as
+    ``vllm bench serve --dataset-name random`` with range ratio 0), else the built-in mix of
+    article 004; ``num_requests`` defaults to 1000 for the last two."""
     if trace:
         from tuner.traffic import load_trace
 
-        return load_trace(trace)
+        workload = load_trace(trace)
+        return workload.take(slice(0, num_requests)) if num_requests else workload
+    num_requests = num_requests or 1000
     if input_len is None and output_len is None:
         try:
             from tuner.traffic.synth import default_workload
@@ -164,8 +167,9 @@ def estimate_cmd(
     input_len: int = typer.Option(None, "--input-len", help="Fixed prompt tokens (like vllm bench "
                                   "--dataset-name random); replaces the built-in mix."),
     output_len: int = typer.Option(None, "--output-len", help="Fixed output tokens per request."),
-    num_requests: int = typer.Option(1000, "--num-requests", "-n", help="Requests per load level "
-                                     "(built-in mix or fixed lengths)."),
+    num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per load level: "
+                                     "1000 of the built-in mix or fixed lengths by default; with "
+                                     "--trace, its first N rows (default: all)."),
     output: str = typer.Option("table", "--output", "-o", help="table or json."),
 ) -> None:
     """What would vLLM do with this GPU, model and flags? Prints the startup memory plan
