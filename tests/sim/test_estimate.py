@@ -89,7 +89,7 @@ def test_trace_replay_uses_the_first_rows(capsys):
     pytest.importorskip("tuner.sim.engine")
     from pathlib import Path
 
-    trace = (Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+    trace = (Path(__file__).resolve().parents[2].parent / "shared" / "traces"
              / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv")
     if not trace.exists():
         pytest.skip(f"real trace not present at {trace}")
