@@ -77,6 +77,11 @@ def _gib(n: int) -> str:
     return f"{n / GiB:8.2f} GiB"
 
 
+def decode_ceiling(plan: MemoryPlan) -> float:
+    """Upper bound on single-stream decode: every step reads all weights of one rank over HBM."""
+    return plan.gpu.hbm_bandwidth / plan.weight_bytes
+
+
 def render_plan(plan: MemoryPlan) -> list[str]:
     m, g = plan.model, plan.gpu
     quant = plan.quantization or "none"
@@ -101,6 +106,10 @@ def render_plan(plan: MemoryPlan) -> list[str]:
         f"  block: {plan.block_size} tokens x {plan.page_bytes // plan.block_size:,} B/token = "
         f"{plan.page_bytes / 2**20:.2f} MiB; blocks: {plan.num_gpu_blocks:,}",
     ]
+    lines.append(
+        f"decode ceiling (one stream): {g.hbm_bandwidth / 1e9:.0f} GB/s / "
+        f"{plan.weight_bytes / 1e9:.2f} GB of weights per GPU = {decode_ceiling(plan):.0f} tok/s"
+    )
     if plan.error is None:
         lines.append(
             f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens, Maximum concurrency for "
@@ -206,7 +215,7 @@ def estimate_cmd(
         rows = run_loads(deployment, config, workload, loads)
 
     if output == "json":
-        memory = plan.summary() if plan is not None else {
+        memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {
             "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
         memory["error"] = None if error is None else error.message
         memory["error_kind"] = None if error is None else error.kind
