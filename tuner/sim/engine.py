@@ -67,17 +67,15 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
         raise InputError(f"unknown router {router!r}", hint=f"use one of {', '.join(ROUTERS)}")
     n = len(workload)
     cores = [EngineCore(plan, profile, fast=fast, record_itl=record_itl) for _ in range(replicas)]
-    maps: list[list[int]] = [[] for _ in range(replicas)]
+    for core in cores:   # every replica knows every request; request j is column j everywhere
+        core.load(workload.prompt_tokens, workload.output_tokens, workload.hash_ids, workload.block_tokens)
     where = np.full(n, -1, dtype=np.int64)
-    local = np.full(n, -1, dtype=np.int64)
     send = np.full(n, np.nan)
     delivered = np.zeros(n, dtype=bool)
     error: list[str | None] = [None] * n
     prompts = workload.prompt_tokens
     outs = workload.output_tokens
     too_long = prompts >= plan.max_model_len
-    hash_ids = workload.hash_ids
-    bt = workload.block_tokens
 
     times = arrival_times(load, workload.arrival_s)
     closed = times is None
@@ -144,9 +142,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             if not busy[r] and not core.has_work():
                 core.now = max(core.now, t)
-            local[j] = core.add_request(str(j), int(prompts[j]), int(outs[j]),
-                                        tuple(hash_ids[j]) if hash_ids is not None else (), bt)
-            maps[r].append(j)
+            core.enqueue(j)
             where[j] = r
             outstanding[r] += 1
             if not busy[r] and not kicked[r]:
@@ -172,13 +168,12 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             fin = pending[r]
             pending[r] = None
-            m = maps[r]
-            for loc in fin:
-                j = m[int(loc)]
+            t_first = core.t_first
+            for j in fin.tolist():
                 outstanding[r] -= 1
-                if loc in core.rejected:
+                if core.rejected and j in core.rejected:
                     error[j] = "kv_cache_too_small"
-                if finish_one(j, t, core.t_first[loc] - send[j]):
+                if finish_one(j, t, t_first[j] - send[j]):
                     stopped = True
                     break
             if stopped:
@@ -195,10 +190,10 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     cached = np.zeros(n, dtype=np.int64)
     out_tok = outs.astype(np.int64).copy()
     for r, core in enumerate(cores):
-        js = np.asarray(maps[r], dtype=np.int64)
+        js = np.flatnonzero(where == r)
         if not len(js):
             continue
-        loc = local[js]
+        loc = js
         ttft[js] = core.t_first[loc] - send[js]
         e2e[js] = core.t_done[loc] - send[js]
         queue[js] = core.t_sched[loc] - send[js]

@@ -85,8 +85,12 @@ class Advance:
 
 
 class EngineCore:
-    """One replica. Requests are numbered in order of :meth:`add_request`; times are the
-    core's virtual clock (``now``, seconds), which the caller may move forward while idle."""
+    """One replica. Requests are numbered in order of :meth:`add_request` (or :meth:`load`);
+    times are the core's virtual clock (``now``, seconds), which the caller may move
+    forward while the core is idle."""
+
+    # rows of the running-batch matrix ``R`` (one column per running request, in order)
+    IDX, COMP, NTOK, S, P, PUB = range(6)
 
     def __init__(self, plan: MemoryPlan, profile: Calibration | None = None, *,
                  fast: bool = True, record_itl: bool = False) -> None:
@@ -102,7 +106,8 @@ class EngineCore:
         self.fast = fast
         self.record_itl = record_itl
         self.now = 0.0
-        # per request (index j), grown on demand
+        self._last_start = 0.0
+        # per request (index j)
         self._cap = 0
         self._n = 0
         self.ids: list[str] = []
@@ -110,24 +115,19 @@ class EngineCore:
         self.prompt = _EMPTY.copy()
         self.max_out = _EMPTY.copy()
         self.out = _EMPTY.copy()
+        self.cached = _EMPTY.copy()     # prefix-hit tokens at first admission
         self.t_sched = np.zeros(0)      # first time scheduled (NaN until then)
         self.t_first = np.zeros(0)      # first token
         self.t_done = np.zeros(0)       # finished
         self.t_last = np.zeros(0)       # last token (for ITL)
-        self.cached = _EMPTY.copy()     # prefix-hit tokens at first admission
-        self.units: list[list[tuple[object, int]] | None] = []   # shared units per request
-        self.refs: list[list[tuple[object, int]]] = []            # units it references now
-        self.pending: list[list[tuple[object, int]]] = []         # units to cache after prefill
-        self.own_start: list[int] = []
+        self._hash: dict[int, tuple[tuple[int, ...], int]] = {}    # j -> (hash_ids, block_tokens)
+        self._units: dict[int, list[tuple[object, int]]] = {}      # j -> shared units (lazy)
+        self.refs: dict[int, list[tuple[object, int]]] = {}        # units j references now
+        self.pending: dict[int, list[tuple[object, int]]] = {}     # units to cache after prefill
+        self.own_start: dict[int, int] = {}                        # preempted j -> first own block
         self.aborted: set[int] = set()
-        self.rejected: list[int] = []                  # never fit in the KV pool
-        # running batch, in order (parallel arrays)
-        self.r_idx = _EMPTY.copy()
-        self.r_comp = _EMPTY.copy()
-        self.r_ntok = _EMPTY.copy()
-        self.r_S = _EMPTY.copy()        # blocks in referenced shared units
-        self.r_p = _EMPTY.copy()        # private blocks
-        self.r_pub = np.zeros(0, dtype=bool)
+        self.rejected: list[int] = []                              # never fit in the KV pool
+        self.R = np.zeros((6, 0), dtype=_I)
         self.waiting: deque[int] = deque()
         self._blocked: tuple[int, int, int] | None = None   # (head, free, pool version) that did not fit
         self._pool_version = 0
@@ -143,8 +143,10 @@ class EngineCore:
         self.step_log: list[tuple[int, int, int]] | None = None   # (tokens, seqs, preempted), tests
 
     # -- requests -------------------------------------------------------------------------
-    def _grow(self) -> None:
-        cap = max(16, 2 * self._cap)
+    def _ensure(self, cap: int) -> None:
+        if cap <= self._cap:
+            return
+        cap = max(cap, 16, 2 * self._cap)
         for name in ("prompt", "max_out", "out", "cached"):
             a = getattr(self, name)
             b = np.zeros(cap, dtype=_I)
@@ -157,28 +159,48 @@ class EngineCore:
             setattr(self, name, b)
         self._cap = cap
 
+    def load(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+             hash_ids: list[tuple[int, ...]] | None = None, block_tokens: int = 512) -> int:
+        """Register requests in bulk (not yet queued; see :meth:`enqueue`). Returns the index
+        of the first. Output is clamped to ``max_model_len - prompt`` as vLLM clamps
+        ``max_tokens``; the caller refuses prompts of ``max_model_len`` tokens or more."""
+        base = self._n
+        m = len(prompt_tokens)
+        self._ensure(base + m)
+        p = np.asarray(prompt_tokens, dtype=_I)
+        self.prompt[base: base + m] = p
+        self.max_out[base: base + m] = np.maximum(
+            1, np.minimum(np.asarray(output_tokens, dtype=_I), self.max_model_len - p))
+        if self.caching and hash_ids is not None:
+            for i, h in enumerate(hash_ids):
+                if len(h):
+                    self._hash[base + i] = (tuple(h), block_tokens)
+        self._n = base + m
+        return base
+
+    def enqueue(self, j: int) -> None:
+        """Request ``j`` (from :meth:`load`) arrives: it joins WAITING."""
+        self.waiting.append(j)
+
     def add_request(self, req_id: str, prompt_tokens: int, output_tokens: int,
                     hash_ids: tuple[int, ...] = (), block_tokens: int = 512) -> int:
-        """Queue a request (WAITING). Output is clamped to ``max_model_len - prompt``, as
-        vLLM clamps ``max_tokens``; the caller rejects prompts of ``max_model_len`` or more.
-        Returns the request's index."""
-        j = self._n
-        if j >= self._cap:
-            self._grow()
-        self._n += 1
+        """Queue one request (WAITING). Returns its index."""
+        j = self.load(np.array([prompt_tokens]), np.array([output_tokens]),
+                      [tuple(hash_ids)], block_tokens)
+        while len(self.ids) < j:
+            self.ids.append(str(len(self.ids)))
         self.ids.append(req_id)
         self._index[req_id] = j
-        p = int(prompt_tokens)
-        self.prompt[j] = p
-        self.max_out[j] = max(1, min(int(output_tokens), self.max_model_len - p))
-        units = (shared_units(tuple(hash_ids), block_tokens, p, self.bs)
-                 if (self.caching and hash_ids) else None)
-        self.units.append(units)
-        self.refs.append([])
-        self.pending.append([])
-        self.own_start.append(-1)
-        self.waiting.append(j)
+        self.enqueue(j)
         return j
+
+    def _units_of(self, j: int) -> list[tuple[object, int]]:
+        u = self._units.get(j)
+        if u is None:
+            h = self._hash.get(j)
+            u = shared_units(h[0], h[1], int(self.prompt[j]), self.bs) if h else []
+            self._units[j] = u
+        return u
 
     def abort(self, req_id: str) -> None:
         """Drop a request (client went away): its blocks are freed."""
@@ -189,22 +211,22 @@ class EngineCore:
         if j in self.waiting:
             self.waiting.remove(j)
             return
-        pos = np.flatnonzero(self.r_idx == j)
+        pos = np.flatnonzero(self.R[self.IDX] == j)
         if len(pos):
             i = int(pos[0])
             self._free_running(i, keep_own=False)
-            self._drop_rows(np.array([i]))
+            self.R = np.delete(self.R, i, axis=1)
 
     def has_work(self) -> bool:
-        return bool(len(self.r_idx) or self.waiting)
+        return bool(self.R.shape[1] or self.waiting)
 
     @property
     def num_running(self) -> int:
-        return len(self.r_idx)
+        return self.R.shape[1]
 
     def stats(self) -> dict:
         return {
-            "num_running": len(self.r_idx),
+            "num_running": self.R.shape[1],
             "num_waiting": len(self.waiting),
             "kv_cache_usage": self.pool.usage(),
             "num_preemptions": self.num_preemptions,
@@ -216,41 +238,34 @@ class EngineCore:
 
     def blocks_in_use(self) -> int:
         """Blocks referenced by running requests (shared units counted once)."""
-        return int(self.r_p.sum()) + self.pool.shared_referenced
+        return int(self.R[self.P].sum()) + self.pool.shared_referenced
 
     # -- block bookkeeping ---------------------------------------------------------------
     def _free_running(self, i: int, keep_own: bool) -> None:
-        """Release the blocks of running row ``i`` (preemption keeps its own unit cached)."""
-        j = int(self.r_idx[i])
-        comp = int(self.r_comp[i])
-        S = int(self.r_S[i])
-        p = int(self.r_p[i])
+        """Release the blocks of running column ``i`` (preemption keeps its own unit cached)."""
+        R = self.R
+        j = int(R[self.IDX, i])
+        comp = int(R[self.COMP, i])
+        S = int(R[self.S, i])
+        p = int(R[self.P, i])
         own = 0
         own_key = None
         if keep_own and self.caching:
             own = min(max(0, comp // self.bs - S), p)
             own_key = ("own", j)
             self.own_start[j] = S
-        self.pool.release(self.refs[j], own_key, own, p - own)
-        self.refs[j] = []
-        self.pending[j] = []
+        self.pool.release(self.refs.pop(j, ()), own_key, own, p - own)
+        self.pending.pop(j, None)
         self._pool_version += 1
-
-    def _drop_rows(self, rows: np.ndarray) -> None:
-        keep = np.ones(len(self.r_idx), dtype=bool)
-        keep[rows] = False
-        self.r_idx = self.r_idx[keep]
-        self.r_comp = self.r_comp[keep]
-        self.r_ntok = self.r_ntok[keep]
-        self.r_S = self.r_S[keep]
-        self.r_p = self.r_p[keep]
-        self.r_pub = self.r_pub[keep]
 
     def _fits(self, j: int) -> tuple[bool, object, int]:
         """Whether WAITING request ``j`` may be admitted now (whole prompt in free blocks)."""
         ntok = int(self.prompt[j] + self.out[j])
-        own_key = ("own", j) if self.own_start[j] >= 0 else None
-        plan = self.pool.lookup(self.units[j] or [], own_key, self.own_start[j], (ntok - 1) // self.bs)
+        own_start = self.own_start.get(j, -1)
+        if not self.caching or (own_start < 0 and j not in self._hash):
+            return -(-ntok // self.bs) <= self.pool.free, None, ntok
+        own_key = ("own", j) if own_start >= 0 else None
+        plan = self.pool.lookup(self._units_of(j), own_key, own_start, (ntok - 1) // self.bs)
         need = -(-ntok // self.bs) - plan.hit_blocks + plan.touched_free
         return need <= self.pool.free, plan, ntok
 
@@ -260,11 +275,12 @@ class EngineCore:
         before = self.out[: self._n].copy()
         adv = self.advance(math.inf, allow_fast=False)
         gained = self.out[: self._n] - before
-        new_tokens = {self.ids[j]: int(gained[j]) for j in np.flatnonzero(gained)}
+        ids = self.ids
+        new_tokens = {ids[j]: int(gained[j]) for j in np.flatnonzero(gained)}
         return StepOutput(
             duration_s=adv.end_s - self._last_start,
             new_tokens=new_tokens,
-            finished=[self.ids[j] for j in adv.finished],
+            finished=[ids[j] for j in adv.finished],
             num_preempted=adv.num_preempted,
         )
 
@@ -283,36 +299,37 @@ class EngineCore:
         if not self.waiting or n_running >= self.max_seqs or self.budget - n_running <= 0:
             return True
         head = self.waiting[0]
-        key = (head, self.pool.free, self._pool_version)
-        if self._blocked is not None and self._blocked[0] == head and self._blocked[2] == self._pool_version \
-                and self.pool.free <= self._blocked[1]:
+        b = self._blocked
+        if b is not None and b[0] == head and b[2] == self._pool_version and self.pool.free <= b[1]:
             return True
-        ok, _, _ = self._fits(head)
+        ok = self._fits(head)[0]
         if not ok:
-            self._blocked = key
+            self._blocked = (head, self.pool.free, self._pool_version)
         return not ok
 
     def _try_decode_run(self, horizon_s: float) -> Advance | None:
-        n = len(self.r_idx)
+        R = self.R
+        n = R.shape[1]
         if n == 0 or n > self.budget:
             return None
-        comp, ntok = self.r_comp, self.r_ntok
-        if not np.array_equal(ntok - comp, np.ones(n, dtype=_I)):
+        comp = R[self.COMP]
+        ntok = R[self.NTOK]
+        if int((ntok - comp).max()) != 1:
             return None
         if not self._admission_blocked(n):
             return None
-        idx = self.r_idx
+        idx = R[self.IDX]
         remaining = self.max_out[idx] - self.out[idx]
-        kmax = int(remaining.min())
-        held = self.r_S + self.r_p
+        k_fin = int(remaining.min())
+        kmax = k_fin
+        held = R[self.S] + R[self.P]
         bs = self.bs
         free = self.pool.free
 
         def need(k: int) -> np.ndarray:
             return np.maximum(-(-(comp + k) // bs) - held, 0)
 
-        total = int(need(kmax).sum())
-        if total > free:
+        if int(need(kmax).sum()) > free:
             lo, hi = 0, kmax        # need(lo) fits, need(hi) does not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
@@ -327,20 +344,18 @@ class EngineCore:
         cum = np.cumsum(durs)
         k = kmax
         if horizon_s < cum[-1]:
-            k = int(np.searchsorted(cum, horizon_s, side="left")) + 1
-            k = min(k, kmax)
+            k = min(int(np.searchsorted(cum, horizon_s, side="left")) + 1, kmax)
         newb = need(k)
         self.pool.allocate(int(newb.sum()))
-        self.r_p = self.r_p + newb
-        self.r_comp = comp + k
-        self.r_ntok = ntok + k
+        R[self.P] += newb
+        R[self.COMP] += k
+        R[self.NTOK] += k
         self.out[idx] += k
         self.generation_tokens += n * k
         start = self.now
         end = start + float(cum[k - 1])
         if self.record_itl:
-            first_gap = start + durs[0] - self.t_last[idx]
-            self.itl_chunks.append(first_gap)
+            self.itl_chunks.append(start + durs[0] - self.t_last[idx])
             if k > 1:
                 self.itl_chunks.append(np.repeat(durs[1:k], n))
         self.t_last[idx] = end
@@ -351,123 +366,172 @@ class EngineCore:
         u = self.pool.usage()
         if u > self.usage_max:
             self.usage_max = u
-        if k == kmax and k == int(remaining.min()):
-            fin_rows = np.flatnonzero(self.out[idx] >= self.max_out[idx])
-            return Advance(end, k, self._finish(fin_rows, end))
+        if k == k_fin:
+            fin_cols = np.flatnonzero(remaining == k)
+            return Advance(end, k, self._finish(fin_cols, end))
         return Advance(end, k, _EMPTY)
 
-    def _finish(self, rows: np.ndarray, t: float) -> np.ndarray:
-        if len(rows) == 0:
+    def _finish(self, cols: np.ndarray, t: float) -> np.ndarray:
+        """Retire finished running columns: their blocks go back uncached (private content
+        of a finished request can never hit again), shared units lose a reference."""
+        if len(cols) == 0:
             return _EMPTY
-        js = self.r_idx[rows].copy()
+        R = self.R
+        js = R[self.IDX, cols]
         self.t_done[js] = t
-        for i in rows:
-            self._free_running(int(i), keep_own=False)
-        self._drop_rows(rows)
+        self.pool.release_plain(int(R[self.P, cols].sum()))
+        if self.refs:
+            for j in js.tolist():
+                units = self.refs.pop(j, None)
+                if units:
+                    self.pool.release(units, None, 0, 0)
+                self.pending.pop(j, None)
+        self._pool_version += 1
+        keep = np.ones(R.shape[1], dtype=bool)
+        keep[cols] = False
+        self.R = R.compress(keep, axis=1)
         return js
 
-    def _schedule_running_with_preemption(self, need: np.ndarray) -> tuple[np.ndarray, int]:
-        """vLLM's running loop when blocks run out: preempt the last running request."""
-        bs = self.bs
-        budget = self.budget
-        sched = np.zeros(len(self.r_idx), dtype=_I)
+    def _schedule_running_with_preemption(self, sched: np.ndarray, newb: np.ndarray) -> tuple[np.ndarray, int]:
+        """vLLM's running loop when blocks run out: requests take their blocks in order;
+        when one does not fit, the LAST running request is preempted (repeatedly) until it
+        does, or until it is itself the one preempted. The runs between preemptions are
+        allocated with one cumulative sum each."""
+        R = self.R
+        P = self.P
+        pool = self.pool
+        n = R.shape[1]
         preempted = 0
         i = 0
-        n = len(self.r_idx)
-        while i < n and budget > 0:
-            s = int(min(need[i], budget))
-            nb = max(0, -(-(int(self.r_comp[i]) + s) // bs) - int(self.r_S[i] + self.r_p[i]))
-            scheduled = True
-            while nb > self.pool.free:
+        while i < n:
+            cum = np.cumsum(newb[i:n])
+            fit = int(np.searchsorted(cum, pool.free, side="right"))
+            if fit:
+                pool.allocate(int(cum[fit - 1]))
+                R[P, i: i + fit] += newb[i: i + fit]
+                i += fit
+            if i >= n:
+                break
+            need_i = int(newb[i])
+            while need_i > pool.free:
                 last = n - 1
                 self._free_running(last, keep_own=True)
-                j = int(self.r_idx[last])
-                self.r_comp[last] = 0
-                self.waiting.appendleft(j)
-                self._drop_rows(np.array([last]))
-                need = need[:last]
-                sched = sched[:last]
+                self.waiting.appendleft(int(R[self.IDX, last]))
                 n -= 1
                 preempted += 1
                 if last == i:
-                    scheduled = False
                     break
-            if not scheduled:
+            if i >= n:
                 break
-            self.pool.allocate(nb)
-            self.r_p[i] += nb
-            sched[i] = s
-            budget -= s
+            pool.allocate(need_i)
+            R[P, i] += need_i
             i += 1
-        return sched, preempted
+        self.R = R[:, :n]
+        return sched[:n], preempted
+
+    def _admit(self, left: int, start: float) -> list[tuple[int, ...]]:
+        """Admit WAITING requests FCFS while they fit; returns their new columns."""
+        bs = self.bs
+        pool = self.pool
+        new_cols: list[tuple[int, ...]] = []
+        n_run = self.R.shape[1]
+        waiting = self.waiting
+        prompt, out = self.prompt, self.out
+        simple = not self.caching
+        free = pool.free        # blocks not yet handed out by this loop
+        owed = 0                # blocks taken by simple admissions, allocated in one go
+        while waiting and n_run < self.max_seqs and left > 0:
+            j = waiting[0]
+            if simple or (j not in self._hash and j not in self.own_start):
+                ntok = int(prompt[j] + out[j])
+                if -(-ntok // bs) > free:
+                    break
+                waiting.popleft()
+                s = ntok if ntok < left else left
+                nb = -(-s // bs)
+                free -= nb
+                owed += nb
+                hit = 0
+                new_cols.append((j, 0, ntok, 0, nb, 0, s))
+            else:
+                if owed:
+                    pool.allocate(owed)
+                    owed = 0
+                ok, plan, ntok = self._fits(j)
+                if not ok:
+                    break
+                waiting.popleft()
+                own_start = self.own_start.pop(j, -1)
+                own_key = ("own", j) if own_start >= 0 else None
+                pool.acquire(plan, own_key)
+                if own_key is not None and not plan.own_blocks:
+                    pool.forget(own_key)
+                hit = plan.hit_blocks * bs
+                s = min(ntok - hit, left)
+                nb = -(-(hit + s) // bs) - plan.hit_blocks
+                pool.allocate(nb)
+                if plan.units:
+                    self.refs[j] = list(plan.units)
+                units = self._units_of(j)
+                pend = units[len(plan.units):]
+                if pend:
+                    self.pending[j] = pend
+                new_cols.append((j, hit, ntok, plan.shared_blocks, plan.own_blocks + nb,
+                                 1 if pend else 0, s))
+                free = pool.free
+            if math.isnan(self.t_sched[j]):
+                self.t_sched[j] = start
+                self.cached[j] = hit
+                self.prompt_tokens_total += int(prompt[j])
+            self.prefix_queries += ntok
+            self.prefix_hits += hit
+            left -= s
+            n_run += 1
+        if owed:
+            pool.allocate(owed)
+        return new_cols
 
     def _step(self) -> Advance:
         bs = self.bs
         start = self.now
-        n = len(self.r_idx)
+        R = self.R
+        n = R.shape[1]
         preempted = 0
         if n:
-            need = self.r_ntok - self.r_comp
-            cs = np.cumsum(need)
-            sched = np.minimum(need, np.maximum(self.budget - (cs - need), 0))
-            newb = np.maximum(-(-(self.r_comp + sched) // bs) - (self.r_S + self.r_p), 0)
+            comp = R[self.COMP]
+            need = R[self.NTOK] - comp
+            total = int(need.sum())
+            if total <= self.budget:
+                sched = need
+            else:
+                cs = np.cumsum(need)
+                sched = np.minimum(need, np.maximum(self.budget - (cs - need), 0))
+                total = int(sched.sum())
+            newb = np.maximum(-(-(comp + sched) // bs) - R[self.S] - R[self.P], 0)
             tot = int(newb.sum())
             if tot <= self.pool.free:
                 self.pool.allocate(tot)
-                self.r_p = self.r_p + newb
+                R[self.P] += newb
             else:
-                sched, preempted = self._schedule_running_with_preemption(need)
+                sched, preempted = self._schedule_running_with_preemption(sched, newb)
+                total = int(sched.sum())
                 self.num_preemptions += preempted
                 self._pool_version += 1
+                R = self.R
         else:
             sched = _EMPTY
-        left = self.budget - int(sched.sum())
-        # admission
+            total = 0
         if not preempted and self.waiting:
-            new_rows = []
-            n_run = len(self.r_idx)
-            while self.waiting and n_run < self.max_seqs and left > 0:
-                j = self.waiting[0]
-                ok, plan, ntok = self._fits(j)
-                if not ok:
-                    break
-                self.waiting.popleft()
-                own_key = ("own", j) if self.own_start[j] >= 0 else None
-                self.pool.acquire(plan, own_key)
-                if own_key is not None and not plan.own_blocks:
-                    self.pool.forget(own_key)
-                self.own_start[j] = -1
-                hit = plan.hit_blocks * bs
-                s = min(ntok - hit, left)
-                nb = -(-(hit + s) // bs) - plan.hit_blocks
-                self.pool.allocate(nb)
-                self.refs[j] = list(plan.units)
-                units = self.units[j]
-                self.pending[j] = units[len(plan.units):] if units else []
-                first = math.isnan(self.t_sched[j])
-                if first:
-                    self.t_sched[j] = start
-                    self.cached[j] = hit
-                    self.prompt_tokens_total += int(self.prompt[j])
-                self.prefix_queries += ntok
-                self.prefix_hits += hit
-                new_rows.append((j, hit, ntok, plan.shared_blocks, plan.own_blocks + nb,
-                                 bool(self.pending[j]), s))
-                left -= s
-                n_run += 1
-            if new_rows:
-                cols = list(zip(*new_rows))
-                self.r_idx = np.concatenate([self.r_idx, np.array(cols[0], dtype=_I)])
-                self.r_comp = np.concatenate([self.r_comp, np.array(cols[1], dtype=_I)])
-                self.r_ntok = np.concatenate([self.r_ntok, np.array(cols[2], dtype=_I)])
-                self.r_S = np.concatenate([self.r_S, np.array(cols[3], dtype=_I)])
-                self.r_p = np.concatenate([self.r_p, np.array(cols[4], dtype=_I)])
-                self.r_pub = np.concatenate([self.r_pub, np.array(cols[5], dtype=bool)])
-                sched = np.concatenate([sched, np.array(cols[6], dtype=_I)])
+            new_cols = self._admit(self.budget - total, start)
+            if new_cols:
+                cols = np.array(new_cols, dtype=_I).T
+                R = self.R = np.concatenate([R, cols[:6]], axis=1)
+                sched = np.concatenate([sched, cols[6]])
+                total += int(cols[6].sum())
                 self._pool_version += 1
-        T = int(sched.sum())
+        T = total
         if T == 0:
-            if not len(self.r_idx) and not preempted and self.waiting:
+            if not R.shape[1] and not preempted and self.waiting:
                 # the head can never fit (prompt larger than the whole KV pool): vLLM would
                 # hang; the simulator fails the request instead.
                 j = self.waiting.popleft()
@@ -475,56 +539,57 @@ class EngineCore:
                 self.rejected.append(j)
                 return Advance(start, 0, np.array([j], dtype=_I), 0)
             # nothing ran (everything preempted this step); charge the fixed overhead
-            dur = self.timer.fixed
-            self.now = start + dur
+            self.now = start + self.timer.fixed
             self.steps += 1
             if self.step_log is not None:
                 self.step_log.append((0, 0, preempted))
             return Advance(self.now, 1, _EMPTY, preempted)
-        active = sched > 0
-        comp = self.r_comp
-        n_seqs = int(active.sum())
-        decode_only = T == n_seqs and bool((self.r_ntok[active] - comp[active] == 1).all())
-        ctx = float((comp + sched)[active].sum())
-        attn = float((sched * (comp + (sched + 1) / 2.0)).sum())
+        comp = R[self.COMP]
+        ntok = R[self.NTOK]
+        n = R.shape[1]
+        n_seqs = n if T >= n and sched.min() > 0 else int(np.count_nonzero(sched))
+        decode_only = T == n_seqs and n_seqs == n and int((ntok - comp).max()) == 1
+        new_comp = comp + sched
+        ctx = float(new_comp[sched > 0].sum()) if n_seqs < n else float(new_comp.sum())
+        attn = float((sched * (comp + new_comp + 1)).sum()) * 0.5
         dur = self.timer.step(T, n_seqs, decode_only, ctx, attn)
         end = start + dur
         self.now = end
         self.steps += 1
         if self.step_log is not None:
             self.step_log.append((T, n_seqs, preempted))
-        self.r_comp = comp + sched
-        emitted = active & (self.r_comp == self.r_ntok)
-        rows = np.flatnonzero(emitted)
+        R[self.COMP] = new_comp
+        cols = np.flatnonzero(new_comp == ntok)   # a request emits a token when all its tokens are computed
         finished = _EMPTY
-        if len(rows):
-            js = self.r_idx[rows]
+        if len(cols):
+            js = R[self.IDX, cols]
             self.out[js] += 1
-            self.r_ntok[rows] += 1
-            self.generation_tokens += len(rows)
-            first = np.isnan(self.t_first[js])
+            R[self.NTOK, cols] += 1
+            self.generation_tokens += len(cols)
+            tf = self.t_first[js]
+            first = np.isnan(tf)
             if first.any():
                 self.t_first[js[first]] = end
             if self.record_itl:
                 gaps = end - self.t_last[js]
-                self.itl_chunks.append(gaps[~np.isnan(gaps)])
+                self.itl_chunks.append(gaps[~first])
             self.t_last[js] = end
-            # cache the shared units of prompts whose prefill just ended
-            pub = rows[self.r_pub[rows]]
-            for i in pub:
-                j = int(self.r_idx[i])
-                units = self.pending[j]
-                _, moved, dup = self.pool.publish(units)
-                self.refs[j].extend(units)
-                self.pending[j] = []
-                self.r_S[i] += moved + dup
-                self.r_p[i] -= moved + dup
-                self.r_pub[i] = False
-            if len(pub):
-                self._pool_version += 1
-            fin = rows[self.out[js] >= self.max_out[js]]
-            if len(fin):
-                finished = self._finish(fin, end)
+            if self.pending:
+                # cache the shared units of prompts whose prefill just ended
+                pub = cols[R[self.PUB, cols] > 0]
+                for i in pub.tolist():
+                    j = int(R[self.IDX, i])
+                    units = self.pending.pop(j)
+                    _, moved, dup = self.pool.publish(units)
+                    self.refs.setdefault(j, []).extend(units)
+                    R[self.S, i] += moved + dup
+                    R[self.P, i] -= moved + dup
+                    R[self.PUB, i] = 0
+                if len(pub):
+                    self._pool_version += 1
+            done = self.out[js] >= self.max_out[js]
+            if done.any():
+                finished = self._finish(cols[done], end)
         u = self.pool.usage()
         if u > self.usage_max:
             self.usage_max = u
