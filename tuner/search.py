@@ -155,8 +155,8 @@ def load_for(kind: str, level: float, workload: Workload, seed: int = 0) -> Load
 def max_users(facts: dict[str, Any], info: dict[str, Any], config: ServeConfig, workload: Workload) -> int:
     """The most closed-loop users a configuration can usefully hold: max-num-seqs per
     replica x replicas, capped by what the KV cache holds for this workload's mean request
-    (prompt + half its output in flight) and by a third of the workload (so that a replay
-    has a steady state, not one burst)."""
+    (prompt + half its output in flight) and by half the workload (so that a replay
+    is more than one burst)."""
     replicas = config.replicas
     seqs = facts.get("max_num_seqs") or info.get("max_num_seqs") or config.max_num_seqs or 256
     users = int(seqs) * replicas
@@ -164,7 +164,7 @@ def max_users(facts: dict[str, Any], info: dict[str, Any], config: ServeConfig, 
     if kv_tokens and len(workload):
         mean_tokens = float(workload.prompt_tokens.mean() + workload.output_tokens.mean() / 2)
         users = min(users, max(1, int(kv_tokens * replicas / max(mean_tokens, 1.0))))
-    return max(1, min(users, max(1, len(workload) // 3)))
+    return max(1, min(users, max(1, len(workload) // 2)))
 
 
 def evaluate_config(
@@ -370,9 +370,11 @@ def build_workload(spec: WorkloadSpec, deployment: Deployment | None = None) -> 
         from tuner.traffic import load_trace  # type: ignore[attr-defined]
 
         return load_trace(spec.trace)
-    from tuner.traffic.synth import default_workload
+    from tuner.traffic.synth import article_mix, default_workload
 
-    return default_workload(n=spec.requests, rate=spec.rate, seed=spec.seed)
+    if spec.load == "trace":  # the trace axis compresses logged times: give it Poisson arrivals
+        return article_mix(spec.requests, rate=spec.rate, seed=spec.seed)
+    return default_workload(seed=spec.seed, n=spec.requests)
 
 
 def num_heads(deployment: Deployment) -> int:
