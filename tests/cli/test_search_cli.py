@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from tuner.cli import main
+from tuner.cli.search import parse_gpus
+from tuner.errors import InputError
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["search", "--budget", "2", "--output", "json"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    assert report["finished_trials"] == 2 and report["best"] is not None
+    assert report["best"]["command"].startswith("vllm serve qwen2.5-7b")
+    assert report["best"]["ttft_p95_s"] <= report["target_ttft_s"]
+    db = tmp_path / "studies" / f"{report['study']}.db"
+    assert db.is_file()
+    study = optuna.load_study(study_name=report["study"], storage=f"sqlite:///{db}")
+    assert len(study.trials) == 2
+    # the same job again tops the same study up
+    code, out, _ = run_cli(["search", "--budget", "3", "--output", "json"], capsys)
+    again = json.loads(out)
+    assert code == 0 and again["study"] == report["study"]
+    assert again["finished_trials"] == 3 and again["new_trials"] == 1
+    code, out, _ = run_cli(["studies"], capsys)
+    assert code == 0 and report["study"][:10] in out
+    code, out, _ = run_cli(["studies", "show", report["study"], "--output", "json"], capsys)
+    assert code == 0 and json.loads(out)["best"]["command"].startswith("vllm serve")
+
+
+def test_text_output_prints_the_table_and_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["search", "--budget", "1", "--storage", f"sqlite:///{tmp_path}/x.db",
+                            "--study", "mine", "--target-ttft", "3s"], capsys)
+    assert code == 0
+    assert "best feasible trial" in out and "vllm serve qwen2.5-7b" in out
+    assert optuna.load_study(study_name="mine", storage=f"sqlite:///{tmp_path}/x.db").user_attrs["target_ttft_s"] == 3.0
+
+
+def test_no_feasible_config_exits_3_with_the_closest_miss(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "2", "--target-ttft", "1ms", "--output", "json"], capsys)
+    assert code == 3
+    assert json.loads(out)["best"] is None
+    assert "no configuration met P95 TTFT <= 0.001 s" in err
+    assert "came closest" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--target-ttft", "soon"], "soon"),
+        (["--gpus", "3-1"], "--gpus"),
+        (["--sampler", "annealing"], "annealing"),
+        (["--backend", "cloud"], "cloud"),
+        (["--space", "no-such-space"], "no-such-space"),
+        (["--budget", "0"], "budget"),
+        (["--gpu", "B9000"], "B9000"),
+    ],
+)
+def test_bad_input_exits_2(tmp_path, monkeypatch, capsys, args, words):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["search", *args], capsys)
+    assert code == 2
+    assert words in err and err.startswith("tuner: ")
+
+
+def test_bad_space_file_names_file_and_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "mine.yaml"
+    space.write_text("name: mine\nparameters:\n  max_num_seqs: {low: 64, high: 8}\n")
+    code, _, err = run_cli(["search", "--space", str(space)], capsys)
+    assert code == 2
+    assert f"{space}:3: parameters.max_num_seqs" in err
+
+
+def test_layout_that_does_not_fit_is_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["search", "--space", "article-004-8xv100-32gb", "--gpus", "4"], capsys)
+    assert code == 2
+    assert "tp1x8 needs 8 GPUs" in err and "article-004-8xv100-32gb.yaml:" in err
+
+
+def test_parse_gpus():
+    assert parse_gpus("8") == (8, ())
+    assert parse_gpus("0-3") == (4, (0, 1, 2, 3))
+    assert parse_gpus("0,2-3") == (3, (0, 2, 3))
+    for bad in ("0", "a", "1,1", "3-1"):
+        with pytest.raises(InputError):
+            parse_gpus(bad)
+
+
+def test_every_option_has_help():
+    import typer.main
+
+    from tuner.cli import app
+
+    main_group = typer.main.get_command(app)
+    for name in ("search", "studies"):
+        command = main_group.commands[name]
+        assert command.help
+        for param in command.params:
+            assert getattr(param, "help", None), f"{name} {param.name} has no help"
