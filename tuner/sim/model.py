@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -290,6 +291,13 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def _read(path: Path, name: str) -> ModelSpec:
+    """Parse once per file version: searches call this for every trial."""
+    return _read_cached(str(path), name, path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=256)
+def _read_cached(path_text: str, name: str, _mtime: int) -> ModelSpec:
+    path = Path(path_text)
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
