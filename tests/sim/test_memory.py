@@ -181,3 +181,13 @@ def test_seed000_arithmetic_leaves_no_room_for_8k_sequences():
     assert one_8k > 3e9
     assert plan.error is not None and plan.error.kind == "no_kv_memory"
     assert plan.kv_bytes < one_8k
+
+
+def test_pre_ampere_gpus_ran_v0_until_0_10_2():
+    d = lambda v: Deployment(model="qwen2.5-7b", gpu="V100-32GB-SXM2", vllm_version=v)  # noqa: E731
+    old, new = (plan_memory(d(v), ServeConfig(max_model_len=4096)) for v in ("0.9.2", "0.26.0"))
+    assert old.engine == "V0" and new.engine == "V1" and new.attention_backend == "TRITON_ATTN"
+    assert any("float16" in n for n in new.notes)  # the bf16 checkpoint is cast on a V100
+    h100 = plan_memory(Deployment(model="qwen2.5-7b", gpu="H100-SXM", vllm_version="0.9.2"),
+                       ServeConfig(max_model_len=4096))
+    assert h100.engine == "V1" and h100.attention_backend == "FLASH_ATTN"

@@ -93,7 +93,8 @@ def render_plan(plan: MemoryPlan) -> list[str]:
         f"knobs: gpu-memory-utilization {plan.gpu_memory_utilization:g}, max-model-len "
         f"{plan.max_model_len}, max-num-seqs {plan.max_num_seqs}, max-num-batched-tokens "
         f"{plan.max_num_batched_tokens}, block-size {plan.block_size}, "
-        f"{'eager' if plan.enforce_eager else 'CUDA graphs'}, KV {plan.kv_cache_dtype_bytes} B/elem",
+        f"{'eager' if plan.enforce_eager else 'CUDA graphs'}, KV {plan.kv_cache_dtype_bytes} B/elem, "
+        f"{plan.engine} engine, {plan.attention_backend}",
         "memory per GPU:",
         f"  total (as torch reports)   {_gib(g.memory_bytes)}",
         f"  budget (x utilization)     {_gib(plan.budget_bytes)}",
@@ -110,6 +111,7 @@ def render_plan(plan: MemoryPlan) -> list[str]:
         f"decode ceiling (one stream): {g.hbm_bandwidth / 1e9:.0f} GB/s / "
         f"{plan.weight_bytes / 1e9:.2f} GB of weights per GPU = {decode_ceiling(plan):.0f} tok/s"
     )
+    lines += [f"note: {n}" for n in plan.notes]
     if plan.error is None:
         lines.append(
             f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens, Maximum concurrency for "

@@ -72,6 +72,9 @@ GMU_092_SINCE = (0, 21, 0)
 CUDAGRAPH_ESTIMATE_SINCE = (0, 21, 0)
 #: V1 engine became the default in 0.8.0; older lines are V0 (different defaults and messages).
 V1_SINCE = (0, 8, 0)
+#: V1 first ran on compute capability < 8.0 in 0.10.2 (PRs #23614, #24022); before that vLLM
+#: fell back to V0 on V100/T4 (vllm-facts.md section 4).
+V1_PRE_AMPERE_SINCE = (0, 10, 2)
 #: max_num_seqs 1024 on >= 70 GiB non-A100 GPUs (get_batch_defaults); first release not verified.
 SEQS_1024_SINCE = (0, 10, 0)
 
@@ -123,6 +126,8 @@ class MemoryPlan:
     vllm_version: str = ""
     replicas: int = 1
     attention_backend: str = ""
+    engine: str = "V1"                    # "V0" for vLLM < 0.8, or < 0.10.2 below CC 8.0
+    notes: tuple[str, ...] = ()           # warnings vLLM would log, and our approximations
     error: ConfigRejected | None = None   # set only by plan_memory(..., strict=False)
 
     def __post_init__(self) -> None:
@@ -131,7 +136,7 @@ class MemoryPlan:
 
     @property
     def v1(self) -> bool:
-        return parse_version(self.vllm_version) >= V1_SINCE if self.vllm_version else True
+        return self.engine == "V1"
 
     def log_lines(self) -> list[str]:
         """The startup lines vLLM logs, in vLLM's wording (V1)."""
@@ -181,6 +186,9 @@ class MemoryPlan:
             "num_gpu_blocks": self.num_gpu_blocks,
             "kv_cache_tokens": self.kv_cache_tokens,
             "max_concurrency": self.max_concurrency,
+            "engine": self.engine,
+            "attention_backend": self.attention_backend,
+            "notes": list(self.notes),
             "error": None if self.error is None else self.error.message,
             "error_kind": None if self.error is None else self.error.kind,
             "estimated_max_model_len": None
@@ -194,6 +202,10 @@ def default_gpu_memory_utilization(version: tuple[int, int, int]) -> float:
     return 0.92 if version >= GMU_092_SINCE else 0.9
 
 
+def uses_v1_engine(gpu: GPU, version: tuple[int, int, int]) -> bool:
+    return version >= V1_SINCE and (gpu.cc >= 80 or version >= V1_PRE_AMPERE_SINCE)
+
+
 def default_batch_limits(
     gpu: GPU, version: tuple[int, int, int], max_model_len: int
 ) -> tuple[int, int]:
@@ -205,7 +217,7 @@ def default_batch_limits(
     max_num_seqs * max_model_len. V0 (< 0.8, unverified): 256 seqs; chunked prefill on only
     when max_model_len > 32768 (budget 512), otherwise the budget is max(max_model_len, 2048).
     """
-    if version < V1_SINCE:
+    if not uses_v1_engine(gpu, version):
         seqs = 256
         tokens = 512 if max_model_len > 32768 else max(max_model_len, 2048)
         return seqs, tokens
@@ -244,7 +256,7 @@ def resolve_dtype(deployment: Deployment, model: ModelSpec, gpu: GPU, quant: str
 
 
 def attention_backend(gpu: GPU, version: tuple[int, int, int]) -> str:
-    if version < V1_SINCE:
+    if not uses_v1_engine(gpu, version):
         return "FLASH_ATTN" if gpu.cc >= 80 else "XFORMERS"
     return "FLASH_ATTN" if gpu.cc >= 80 else "TRITON_ATTN"
 
@@ -355,7 +367,23 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
         )
 
+    v1 = uses_v1_engine(gpu, version)
     backend = attention_backend(gpu, version)
+    notes: list[str] = []
+    if deployment.dtype == "auto" and model.torch_dtype == "bfloat16" and dtype == "float16" \
+            and not gpu.bf16:
+        notes.append(f"{gpu.name} has no bfloat16 (compute capability "
+                     f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}): vLLM casts the "
+                     "bfloat16 checkpoint to float16")
+    if version >= V1_SINCE and not v1:
+        notes.append(f"vLLM {deployment.vllm_version} runs the V0 engine below compute "
+                     "capability 8.0 (V1 supports it from 0.10.2)")
+    if gpu.cc < 75 and version >= (0, 11, 0):
+        notes.append("vLLM's recent official wheels (CUDA >= 12.8) ship no sm_70 kernels; a V100 "
+                     "needs a build against CUDA < 12.8 (first release affected not pinned down)")
+    if model.sliding_window and model.model_type.startswith(("gemma2", "gemma3", "mistral")):
+        notes.append(f"sliding-window layers (window {model.sliding_window}) are planned as full "
+                     "attention: V1's hybrid allocator would hold more tokens")
     block_size = config.block_size or 16
     check_block_size(block_size, backend)
 
@@ -368,7 +396,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
         max_num_seqs = min(max_num_seqs, config.max_num_batched_tokens)
     if config.max_num_batched_tokens is not None:
         max_num_batched_tokens = config.max_num_batched_tokens
-    elif config.max_num_seqs is not None and version >= V1_SINCE:
+    elif config.max_num_seqs is not None and v1:
         max_num_batched_tokens = min(default_tokens, max_num_seqs * max_model_len)
     else:
         max_num_batched_tokens = default_tokens
@@ -378,7 +406,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal "
             f"to max_num_seqs ({max_num_seqs}).",
         )
-    if version < V1_SINCE and max_model_len <= 32768 and max_num_batched_tokens < max_model_len:
+    if not v1 and max_model_len <= 32768 and max_num_batched_tokens < max_model_len:
         raise ConfigRejected(
             "batch_tokens",
             f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
@@ -400,7 +428,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
         + max_num_seqs * model.vocab_size * EMPIRICAL["sampler_bytes_per_logit"]
     )
     non_torch = EMPIRICAL["non_torch_bytes"] + (EMPIRICAL["non_torch_tp_bytes"] if tp > 1 else 0)
-    if version < V1_SINCE:
+    if not v1:
         non_torch += EMPIRICAL["cuda_context_bytes"]
     graphs = 0
     if not config.enforce_eager and version >= CUDAGRAPH_ESTIMATE_SINCE:
@@ -426,7 +454,8 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             page_bytes=page_bytes, num_gpu_blocks=max(0, num_blocks),
             kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
             dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
-            replicas=replicas, attention_backend=backend, error=error,
+            replicas=replicas, attention_backend=backend, engine="V1" if v1 else "V0",
+            notes=tuple(notes), error=error,
         )
 
     def refuse(err: ConfigRejected) -> MemoryPlan:
@@ -441,8 +470,8 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             f"exceed the {fmt_gib(gpu.memory_bytes)} the {gpu.name} has.",
         )
     # V0 checked the block count (worker.py::raise_if_cache_size_invalid), V1 the bytes.
-    if kv_bytes <= 0 or (version < V1_SINCE and kv_bytes < page_bytes):
-        if version < V1_SINCE:
+    if kv_bytes <= 0 or (not v1 and kv_bytes < page_bytes):
+        if not v1:
             msg = ("No available memory for the cache blocks. Try increasing "
                    "`gpu_memory_utilization` when initializing the engine.")
         else:
@@ -454,7 +483,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
 
     num_blocks = kv_bytes // page_bytes
     needed = math.ceil(max_model_len / block_size) * page_bytes
-    if version < V1_SINCE:
+    if not v1:
         capacity = num_blocks * block_size
         if max_model_len > capacity:
             return refuse(ConfigRejected(
