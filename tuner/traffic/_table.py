@@ -52,7 +52,9 @@ class Table:
 
     @property
     def header(self) -> str:
-        return ", ".join(str(c) for c in self.frame.columns)
+        text = ", ".join(str(c) for c in self.frame.columns)
+        text = text.replace("\r", "\\r").replace("\n", "\\n")
+        return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _norm(name: str) -> str:
