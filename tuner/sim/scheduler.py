@@ -140,7 +140,7 @@ class EngineCore:
         self.steps = 0
         self.usage_max = 0.0
         self.itl_chunks: list[np.ndarray] = []
-        self.step_log: list[tuple[int, int, int]] | None = None   # (tokens, seqs, preempted), tests
+        self.step_log: list[tuple[int, int, int, int]] | None = None   # (tokens, seqs, preempted, admitted)
 
     # -- requests -------------------------------------------------------------------------
     def _ensure(self, cap: int) -> None:
@@ -314,7 +314,7 @@ class EngineCore:
             return None
         comp = R[self.COMP]
         ntok = R[self.NTOK]
-        if int((ntok - comp).max()) != 1:
+        if int((ntok - comp).max()) != 1 or (self.pending and R[self.PUB].any()):
             return None
         if not self._admission_blocked(n):
             return None
@@ -354,15 +354,19 @@ class EngineCore:
         self.generation_tokens += n * k
         start = self.now
         end = start + float(cum[k - 1])
+        first = np.isnan(self.t_first[idx])    # a prompt whose last token is computed now
+        if first.any():
+            self.t_first[idx[first]] = start + durs[0]
         if self.record_itl:
-            self.itl_chunks.append(start + durs[0] - self.t_last[idx])
+            gaps = start + durs[0] - self.t_last[idx]
+            self.itl_chunks.append(gaps[~first])
             if k > 1:
                 self.itl_chunks.append(np.repeat(durs[1:k], n))
         self.t_last[idx] = end
         self.now = end
         self.steps += k
         if self.step_log is not None:
-            self.step_log.extend([(n, n, 0)] * k)
+            self.step_log.extend([(n, n, 0, 0)] * k)
         u = self.pool.usage()
         if u > self.usage_max:
             self.usage_max = u
@@ -521,8 +525,10 @@ class EngineCore:
         else:
             sched = _EMPTY
             total = 0
+        admitted = 0
         if not preempted and self.waiting:
             new_cols = self._admit(self.budget - total, start)
+            admitted = len(new_cols)
             if new_cols:
                 cols = np.array(new_cols, dtype=_I).T
                 R = self.R = np.concatenate([R, cols[:6]], axis=1)
@@ -542,7 +548,7 @@ class EngineCore:
             self.now = start + self.timer.fixed
             self.steps += 1
             if self.step_log is not None:
-                self.step_log.append((0, 0, preempted))
+                self.step_log.append((0, 0, preempted, 0))
             return Advance(self.now, 1, _EMPTY, preempted)
         comp = R[self.COMP]
         ntok = R[self.NTOK]
@@ -557,7 +563,7 @@ class EngineCore:
         self.now = end
         self.steps += 1
         if self.step_log is not None:
-            self.step_log.append((T, n_seqs, preempted))
+            self.step_log.append((T, n_seqs, preempted, admitted))
         R[self.COMP] = new_comp
         cols = np.flatnonzero(new_comp == ntok)   # a request emits a token when all its tokens are computed
         finished = _EMPTY

@@ -1,0 +1,91 @@
+"""Step time: a hand-computed roofline, launch modes, TP all-reduce, the run formula."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tuner.sim.calibration import Calibration, load_calibration
+from tuner.sim.hardware import get_gpu
+from tuner.sim.steptime import StepTimer
+
+CAL = Calibration(
+    gpu_class="test", hbm_efficiency=0.5, flops_efficiency=0.5, step_overhead_s=0.001,
+    per_seq_overhead_s=0.0, launch_per_layer_s={"graph": 0.0, "piecewise": 0.0001, "compiled": 0.0002,
+                                                "eager": 0.001},
+    allreduce_latency_s=0.00001, link_efficiency=0.5,
+)
+
+
+class Model:
+    num_layers = 10
+    num_heads = 8
+    head_dim = 100
+    hidden_size = 800
+
+    def kv_bytes_per_token(self, tp: int, kv_bytes: int) -> int:
+        return 100_000 // tp
+
+    def active_param_count(self) -> int:
+        return 1_000_000_000
+
+
+def plan(tp: int = 1, eager: bool = False, max_num_seqs: int = 256) -> SimpleNamespace:
+    gpu = SimpleNamespace(hbm_bandwidth=1e12, fp16_flops=1e14, link_bandwidth=1e11)
+    return SimpleNamespace(gpu=gpu, model=Model(), tensor_parallel_size=tp, enforce_eager=eager,
+                           max_num_seqs=max_num_seqs, weight_bytes=2_000_000_000 // tp,
+                           kv_cache_dtype_bytes=2)
+
+
+def test_hand_computed_mixed_batch() -> None:
+    # One 1000-token prefill from scratch plus 10 decodes at 999 computed tokens each.
+    # bytes: 2e9 weights + 1e5 x (1000 + 10 x 1000) KV = 3.1e9 B at 5e11 B/s -> 6.2 ms
+    # FLOPs: 2 x 1e9 x 1010 = 2.02e12, attention 4 x 10 x 8 x 100 = 32,000 per pair x
+    #        (1000 x 500.5 + 10 x 1000) = 510,500 pairs -> 1.6336e10; total 2.036336e12 at
+    #        5e13 FLOP/s -> 40.72672 ms (compute bound)
+    # launch: 1010 tokens > capture size 512 -> "compiled", 10 x 0.2 ms = 2 ms (hidden)
+    # + 1 ms fixed overhead = 41.72672 ms
+    t = StepTimer(plan(), CAL)
+    assert t.mode(1010, 11, False) == "compiled"
+    dur = t.step(1010, 11, False, ctx_tokens=1000 + 10 * 1000, attn_pairs=1000 * 500.5 + 10 * 1000)
+    assert dur == pytest.approx(0.04172672, rel=1e-9)
+
+
+def test_launch_modes_follow_cuda_graph_rules() -> None:
+    t = StepTimer(plan(max_num_seqs=4), CAL)          # capture size min(2 x 4, 512) = 8
+    assert t.mode(8, 8, True) == "graph"
+    assert t.mode(9, 9, True) == "compiled"            # beyond the capture size: no graph at all
+    assert t.mode(6, 3, False) == "piecewise"
+    assert t.mode(100, 3, False) == "compiled"
+    assert StepTimer(plan(eager=True), CAL).mode(1, 1, True) == "eager"
+    small = dict(num_tokens=1, num_seqs=1, decode_only=True, ctx_tokens=100, attn_pairs=100)
+    eager = StepTimer(plan(eager=True), CAL).step(**small)
+    graph = StepTimer(plan(), CAL).step(**small)
+    # eager: 10 layers x 1 ms of launches hides the 4 ms weight read
+    assert eager == pytest.approx(0.010 + 0.001) and graph < eager
+
+
+def test_tensor_parallel_adds_all_reduce_but_splits_weights() -> None:
+    one = StepTimer(plan(tp=1), CAL)
+    two = StepTimer(plan(tp=2), CAL)
+    d1 = one.step(1, 1, True, 100, 100)
+    d2 = two.step(1, 1, True, 100, 100)
+    # 20 all-reduces x (10 us + 2 x 1/2 x 800 x 2 B / 5e10 B/s)
+    ar = 20 * (1e-5 + 800 * 2 / 5e10)
+    assert d2 == pytest.approx((d1 - 0.001) / 2 + 0.001 + ar, rel=1e-6)
+
+
+def test_decode_run_equals_repeated_steps() -> None:
+    t = StepTimer(plan(), CAL)
+    n, ctx0, k = 37, 37 * 500, 200
+    run = t.decode_run(n, ctx0, k)
+    one_by_one = [t.step(n, n, True, ctx0 + n * (s + 1), ctx0 + n * (s + 1)) for s in range(k)]
+    np.testing.assert_allclose(run, one_by_one, rtol=1e-12)
+
+
+def test_shipped_tables_name_their_sources() -> None:
+    for gpu in ("H200", "H100-SXM", "V100-32GB-SXM2", "A100-80GB", "T4", "L4"):
+        cal = load_calibration(get_gpu(gpu))
+        for key in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "launch_per_layer_s"):
+            assert cal.sources.get(key), (gpu, key)
