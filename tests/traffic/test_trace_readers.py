@@ -295,3 +295,22 @@ def test_whole_file_errors(tmp_path):
         load_trace(write(tmp_path, "y.csv", AZURE_GOOD), format="parquet")
     with pytest.raises(InputError, match="no requests in the file"):
         load_trace(write(tmp_path, "h.csv", AZURE_HEAD))
+
+
+def test_tokenizer_folder_without_tokenizer_libraries_falls_back_to_labelled_estimate(tmp_path):
+    try:
+        import tokenizers  # noqa: F401
+        pytest.skip("tokenizers is installed: counts would be exact")
+    except ImportError:
+        pass
+    try:
+        import transformers  # noqa: F401
+        pytest.skip("transformers is installed: counts would be exact")
+    except ImportError:
+        pass
+    folder = tmp_path / "model"
+    folder.mkdir()
+    p = write(tmp_path, "v.jsonl", jsonl([{"prompt": "abcd" * 4, "output_tokens": 1}]))
+    w = load_trace(p, tokenizer=str(folder))
+    assert w.estimated_tokens and w.prompt_tokens.tolist() == [4]
+    assert any("token counts estimated" in n for n in w.notes)

@@ -119,3 +119,14 @@ def test_stats_on_skip_bad_reports_skips(tmp_path, capsys):
     assert s["count"] == 19365
     assert s["notes"] == ["skipped 1 bad rows: 1 negative length (first at line 11)"]
     assert trace_stats(load_trace(bad, skip_bad=True))["count"] == 19365
+
+
+def test_convert_shapes_on_the_way(tmp_path, capsys):
+    out = tmp_path / "s.jsonl"
+    assert run("trace", "convert", str(need(AZURE)), str(out), "--start", "60", "--end", "1860",
+               "--sample", "500", "--multiplier", "2", "--max-model-len", "4096") == 0
+    printed = capsys.readouterr().out
+    w = load_trace(out)
+    assert len(w) == 500 and w.span_s < 900.0
+    assert "truncated" in printed and np.all(w.prompt_tokens + w.output_tokens <= 4096)
+    assert [n.split()[0] for n in w.notes] == ["window", "sampled", "rate", "truncated"]
