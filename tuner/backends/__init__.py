@@ -3,6 +3,27 @@ load against it. One module each: ``sim`` (embedded simulator), ``vllm`` (real
 processes), ``endpoint`` (a server someone else runs). :func:`get_backend` picks one."""
 from __future__ import annotations
 
-from tuner.backends.base import Backend, Instance, RunControl
+from typing import Any
 
-__all__ = ["Backend", "Instance", "RunControl"]
+from tuner.backends.base import Backend, Instance, RunControl
+from tuner.errors import InputError
+
+BACKENDS = ("sim", "vllm", "endpoint")
+
+
+def get_backend(name: str, **options: Any) -> Backend:
+    """``get_backend("sim")``, ``get_backend("vllm", vllm_cmd=..., log_dir=...)``,
+    ``get_backend("endpoint", urls=[...])``; options go to the backend's constructor."""
+    match name:
+        case "sim":
+            from tuner.backends.sim import SimBackend as cls
+        case "vllm":
+            from tuner.backends.vllm import VllmBackend as cls
+        case "endpoint":
+            from tuner.backends.endpoint import EndpointBackend as cls
+        case _:
+            raise InputError(f"unknown backend {name!r}", hint=f"use one of {', '.join(BACKENDS)}")
+    return cls(**options)
+
+
+__all__ = ["BACKENDS", "Backend", "Instance", "RunControl", "get_backend"]

@@ -1,0 +1,101 @@
+"""The ``endpoint`` backend: replay against servers someone else runs.
+
+Nothing is started or stopped; one trial is one load against the given URLs (one per
+replica). ``start`` only checks that every URL answers ``/v1/models`` and reads what
+``/metrics`` tells about the KV cache; the ServeConfig is not applied (the operator owns
+the server's flags), so a study with this backend sweeps loads, not configurations.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.backends.base import StopHook
+from tuner.backends.vllm import _http
+from tuner.errors import BackendError, InputError
+
+if TYPE_CHECKING:
+    from tuner.config import Deployment, ServeConfig
+    from tuner.load import Load
+    from tuner.result import RunResult
+    from tuner.traffic.workload import Workload
+
+
+class EndpointInstance:
+    def __init__(self, backend: EndpointBackend, info: dict[str, Any]) -> None:
+        self.backend = backend
+        self.info = info
+
+    def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
+        from tuner.replay.client import replay
+
+        result = replay(self.backend.urls, workload, load, model=self.info.get("model_name"), stop=stop,
+                        **self.backend.replay_options)
+        if "num_gpu_blocks" in self.info:
+            result.server.setdefault("num_gpu_blocks", self.info["num_gpu_blocks"])
+        return result
+
+    def close(self) -> None:
+        """Nothing to stop: the servers belong to someone else."""
+
+    def __enter__(self) -> EndpointInstance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EndpointBackend:
+    """``EndpointBackend(urls, model=None, router="round_robin", timeout_s=600, api="completions",
+    metrics=True)``; ``urls`` are base URLs (``http://host:8000``), one per replica."""
+
+    name = "endpoint"
+
+    def __init__(
+        self,
+        urls: list[str] | tuple[str, ...] | str,
+        *,
+        model: str | None = None,
+        router: str = "round_robin",
+        timeout_s: float = 600.0,
+        api: str = "completions",
+        metrics: bool = True,
+    ) -> None:
+        from tuner.replay.client import _normalise
+
+        self.urls = _normalise(urls)
+        if not self.urls:
+            raise InputError("the endpoint backend needs at least one URL", hint="pass --endpoint http://host:8000")
+        self.model = model
+        self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
+
+    def precheck(self, deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
+        return {}
+
+    def start(self, deployment: Deployment, config: ServeConfig) -> EndpointInstance:
+        from tuner.replay.metrics import parse_prometheus, snapshot
+
+        import json
+
+        model = self.model
+        info: dict[str, Any] = {"startup_s": 0.0, "endpoints": list(self.urls), "argv": [], "log_paths": []}
+        for url in self.urls:
+            try:
+                status, body = _http(f"{url}/v1/models", timeout=10.0)
+                card = json.loads(body)["data"][0] if status == 200 else None
+            except (OSError, ValueError, KeyError, IndexError):
+                card = None
+            if card is None:
+                raise BackendError(f"{url}/v1/models did not answer; is the server up and is the URL right?")
+            model = model or str(card["id"])
+            if card.get("max_model_len"):
+                info.setdefault("max_model_len", int(card["max_model_len"]))
+            try:
+                status, body = _http(f"{url}/metrics", timeout=10.0)
+            except OSError:
+                continue
+            if status == 200:
+                snap = snapshot(parse_prometheus(body.decode("utf-8", "replace")))
+                if "num_gpu_blocks" in snap:
+                    info["num_gpu_blocks"] = int(snap["num_gpu_blocks"])
+        info["model_name"] = model
+        return EndpointInstance(self, info)

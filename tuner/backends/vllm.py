@@ -1,0 +1,413 @@
+"""The ``vllm`` backend: start real ``vllm serve`` processes for a trial, replay the load
+against them, stop them, and leave nothing behind.
+
+vLLM is never imported here: each replica is a separate process (its own session and
+process group, so a crash cannot take the study down and teardown reaches every worker
+it spawned), started from ``vllm_cmd`` (default ``vllm serve``; e.g. ``"docker run --rm
+--gpus all -p ... vllm/vllm-openai"`` or ``"python -m tuner sim-serve"``) split with
+:func:`shlex.split`, then the model, then flags rendered for the vLLM version
+(:mod:`tuner.backends.vllm_args`). A ``{model}`` placeholder in ``vllm_cmd`` puts the
+model there instead of right after the command.
+
+Replica ``k`` gets GPUs ``devices[k*TP:(k+1)*TP]`` as ``CUDA_VISIBLE_DEVICES``, a free
+port, and a log at ``<log_dir>/<trial>-r<k>.log``. Start = spawn all, wait for
+``/health`` (``startup_timeout_s``), one tiny warm-up completion, read the startup facts
+from the log and ``/metrics``. A failed start raises :class:`ConfigRejected` with the cause
+classified from exit code and log. Stop = SIGTERM to each process group, SIGKILL after
+``stop_grace_s``; only groups this backend created are signalled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.backends.base import StopHook
+from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
+from tuner.errors import BackendError, ConfigRejected, InputError
+
+if TYPE_CHECKING:
+    from tuner.config import Deployment, ServeConfig
+    from tuner.load import Load
+    from tuner.result import RunResult
+    from tuner.traffic.workload import Workload
+
+DEFAULT_CMD = "vllm serve"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (bound then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _http(url: str, *, data: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    body = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
+    """The vLLM version the command would run, or None when it cannot be told.
+
+    For ``vllm ...`` the Python beside the ``vllm`` executable is asked
+    (``python -c "import vllm; print(vllm.__version__)"``); for ``python -m vllm...``
+    that Python is asked. Containers and wrappers cannot be asked: pass the version."""
+    argv = shlex.split(vllm_cmd)
+    if not argv:
+        return None
+    python: str | None = None
+    if Path(argv[0]).name == "vllm":
+        exe = shutil.which(argv[0])
+        if exe:
+            sibling = Path(exe).with_name("python")
+            python = str(sibling) if sibling.exists() else sys.executable
+    elif Path(argv[0]).name.startswith("python") and len(argv) > 2 and argv[1] == "-m" and argv[2].startswith("vllm"):
+        python = argv[0]
+    if python is None:
+        return None
+    try:
+        out = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                             text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[-1].strip() if out.returncode == 0 and lines else None
+
+
+class _Replica:
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, argv: list[str], gpus: str) -> None:
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session=True: the child leads its own group
+        self.url = url
+        self.log_path = log_path
+        self.argv = argv
+        self.gpus = gpus
+
+    def log_text(self, limit: int = 2_000_000) -> str:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - limit))
+                return fh.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # The group exists; if only our unreaped leader is left, it is a zombie.
+        if self.proc.poll() is not None:
+            return _group_has_live_members(self.pgid)
+        return True
+
+    def stop(self, grace_s: float) -> None:
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            if not self.group_alive():
+                break
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                self.proc.poll()
+                if not self.group_alive():
+                    break
+                time.sleep(0.05)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """True if a non-zombie process is in group ``pgid`` (Linux /proc)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read().decode()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+class VllmInstance:
+    """Running replicas of one trial; ``run`` replays a load, ``close`` stops them."""
+
+    def __init__(self, backend: VllmBackend, replicas: list[_Replica], info: dict[str, Any]) -> None:
+        self.backend = backend
+        self.replicas = replicas
+        self.info = info
+        self.closed = False
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+    @property
+    def pgids(self) -> list[int]:
+        return [r.pgid for r in self.replicas]
+
+    def dead_replicas(self) -> list[_Replica]:
+        return [r for r in self.replicas if r.proc.poll() is not None]
+
+    def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
+        """Replay ``load`` against the replicas. Raises BackendError if a replica died
+        before or during the run (the log path and vLLM's last line are in the message)."""
+        from tuner.replay.client import replay
+
+        if self.closed:
+            raise BackendError("this vLLM instance is closed; start a new one")
+        self._raise_if_dead("before the run")
+        result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop,
+                        **self.backend.replay_options)
+        self._raise_if_dead("during the run")
+        result.server.update({k: self.info[k] for k in ("kv_cache_tokens", "num_gpu_blocks") if k in self.info})
+        return result
+
+    def _raise_if_dead(self, when: str) -> None:
+        dead = self.dead_replicas()
+        if dead:
+            r = dead[0]
+            cause = classify_failure(r.proc.returncode, r.log_text(), log_path=str(r.log_path))
+            raise BackendError(
+                f"vLLM replica at {r.url} exited {when} (code {r.proc.returncode}): {cause.message} "
+                f"[log: {r.log_path}]"
+            )
+
+    def close(self) -> None:
+        """Stop every replica (SIGTERM, then SIGKILL after the grace period). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for r in self.replicas:
+            r.stop(self.backend.stop_grace_s)
+
+    def __enter__(self) -> VllmInstance:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # last resort; close() is the contract
+        if not getattr(self, "closed", True):
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+class VllmBackend:
+    """Starts ``vllm serve`` replicas per trial. Constructor arguments:
+
+    * ``vllm_cmd``: command before the model (default ``vllm serve``), split with shlex.
+    * ``vllm_version``: skips detection; else :func:`detect_version`, else the
+      deployment's ``vllm_version``.
+    * ``log_dir``: where ``<trial>-r<k>.log`` go (``studies/<study>/logs``).
+    * ``host``: address replicas bind and the client uses (default 127.0.0.1).
+    * ``startup_timeout_s``: time for ``/health`` to answer (model load + graphs).
+    * ``stop_grace_s``: SIGTERM → SIGKILL grace.
+    * ``extra_args``: flags appended to every replica (e.g. ``["--trust-remote-code"]``).
+    * ``env``: extra environment variables for the replicas.
+    * ``router``, ``timeout_s``, ``api``, ``metrics``: passed to :func:`tuner.replay.replay`.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        *,
+        vllm_cmd: str | None = None,
+        vllm_version: str | None = None,
+        log_dir: str | Path = "studies/default/logs",
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 1800.0,
+        stop_grace_s: float = 30.0,
+        extra_args: list[str] | tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        router: str = "round_robin",
+        timeout_s: float = 600.0,
+        api: str = "completions",
+        metrics: bool = True,
+    ) -> None:
+        self.vllm_cmd = vllm_cmd or DEFAULT_CMD
+        if not shlex.split(self.vllm_cmd):
+            raise InputError("--vllm-cmd is empty", hint='e.g. "vllm serve" or "python -m tuner sim-serve"')
+        self.vllm_version = vllm_version
+        self.log_dir = Path(log_dir)
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
+        self._detected: str | None = None
+        self._trial_counter = 0
+
+    # -- facts ---------------------------------------------------------------------------
+    def version(self, deployment: Deployment) -> str:
+        if self.vllm_version:
+            return self.vllm_version
+        if self._detected is None:
+            self._detected = detect_version(self.vllm_cmd) or ""
+        return self._detected or deployment.vllm_version
+
+    def layout(self, deployment: Deployment, config: ServeConfig) -> list[str]:
+        """``CUDA_VISIBLE_DEVICES`` per replica; ConfigRejected ``layout`` if the GPUs do not suffice."""
+        devices = list(deployment.devices)
+        tp, n = config.tensor_parallel_size, config.replicas
+        if tp * n > len(devices):
+            raise ConfigRejected(
+                "layout",
+                f"{n} replica(s) x tensor-parallel {tp} needs {tp * n} GPUs, "
+                f"{len(devices)} given ({','.join(map(str, devices))})",
+            )
+        return [",".join(str(d) for d in devices[k * tp:(k + 1) * tp]) for k in range(n)]
+
+    def precheck(self, deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
+        """Checks the GPU layout only (the real server decides the rest at start)."""
+        self.layout(deployment, config)
+        return {}
+
+    def argv(self, deployment: Deployment, config: ServeConfig, *, port: int, version: str) -> list[str]:
+        cmd = shlex.split(self.vllm_cmd)
+        if any("{model}" in part for part in cmd):
+            head = [part.replace("{model}", deployment.model) for part in cmd]
+        else:
+            head = cmd + [deployment.model]
+        flags = render_flags(deployment, config, version, host=self.host, port=port)
+        if any("sim-serve" in part or part == "tuner.sim.server" for part in cmd):
+            # the simulated server also needs the GPU type and the version it follows
+            flags += ["--gpu", deployment.gpu, "--vllm-version", version]
+        return head + flags + self.extra_args
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self, deployment: Deployment, config: ServeConfig, *, trial: str | None = None) -> VllmInstance:
+        """Start ``config.replicas`` replicas and wait until all answer; ConfigRejected if not."""
+        gpu_sets = self.layout(deployment, config)
+        version = self.version(deployment)
+        self._trial_counter += 1
+        trial = trial or f"trial{self._trial_counter:04d}-{os.getpid()}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        t_start = time.monotonic()
+        replicas: list[_Replica] = []
+        try:
+            for k, gpus in enumerate(gpu_sets):
+                port = free_port(self.host)
+                argv = self.argv(deployment, config, port=port, version=version)
+                log_path = self.log_dir / f"{trial}-r{k}.log"
+                env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
+                with open(log_path, "wb") as log:
+                    log.write(f"# tuner: {shlex.join(argv)}\n# CUDA_VISIBLE_DEVICES={gpus}\n".encode())
+                    log.flush()
+                    try:
+                        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                env=env, start_new_session=True)
+                    except OSError as err:
+                        raise BackendError(f"cannot run {argv[0]!r}: {err} (check --vllm-cmd)") from err
+                replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus))
+            for r in replicas:
+                self._wait_healthy(r, t_start)
+            model_name = self._model_name(replicas[0])
+            for r in replicas:
+                self._warm_up(r, model_name)
+        except BaseException:
+            for r in replicas:
+                r.stop(self.stop_grace_s)
+            raise
+        startup_s = time.monotonic() - t_start
+        facts = parse_startup(replicas[0].log_text())
+        facts.update(self._metrics_facts(replicas[0]))
+        info: dict[str, Any] = {
+            **facts,
+            "startup_s": startup_s,
+            "vllm_version": version,
+            "model_name": model_name,
+            "argv": [r.argv for r in replicas],
+            "log_paths": [str(r.log_path) for r in replicas],
+            "endpoints": [r.url for r in replicas],
+            "cuda_visible_devices": gpu_sets,
+        }
+        return VllmInstance(self, replicas, info)
+
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    def _wait_healthy(self, r: _Replica, t_start: float) -> None:
+        while True:
+            code = r.proc.poll()
+            if code is not None:
+                raise classify_failure(code, r.log_text(), log_path=str(r.log_path))
+            try:
+                status, _ = _http(f"{r.url}/health", timeout=2.0)
+                if status == 200:
+                    return
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() - t_start > self.startup_timeout_s:
+                r.stop(self.stop_grace_s)
+                err = classify_failure(None, r.log_text(), log_path=str(r.log_path))
+                if err.kind == "timeout":
+                    err = ConfigRejected("timeout", f"no healthy server after {self.startup_timeout_s:g} s; "
+                                         + err.message, log_path=str(r.log_path))
+                raise err
+            time.sleep(0.2)
+
+    def _model_name(self, r: _Replica) -> str:
+        try:
+            status, body = _http(f"{r.url}/v1/models", timeout=30.0)
+            return str(json.loads(body)["data"][0]["id"])
+        except (OSError, ValueError, KeyError, IndexError) as err:
+            raise BackendError(f"{r.url}/v1/models did not name a model ({err}) [log: {r.log_path}]") from err
+
+    def _warm_up(self, r: _Replica, model: str) -> None:
+        """One tiny completion, so the first measured request does not pay for lazy init."""
+        try:
+            status, body = _http(f"{r.url}/v1/completions", data={
+                "model": model, "prompt": [1000, 1001, 1002, 1003], "max_tokens": 2, "ignore_eos": True},
+                timeout=300.0)
+        except OSError as err:
+            status, body = -1, str(err).encode()
+        if status != 200:
+            code = r.proc.poll()
+            if code is not None:
+                raise classify_failure(code, r.log_text(), log_path=str(r.log_path))
+            raise BackendError(f"warm-up request to {r.url} failed ({status}): {body[:300]!r} [log: {r.log_path}]")
+
+    def _metrics_facts(self, r: _Replica) -> dict[str, Any]:
+        from tuner.replay.metrics import parse_prometheus, snapshot
+
+        try:
+            status, body = _http(f"{r.url}/metrics", timeout=10.0)
+        except OSError:
+            return {}
+        if status != 200:
+            return {}
+        snap = snapshot(parse_prometheus(body.decode("utf-8", "replace")))
+        return {"num_gpu_blocks": int(snap["num_gpu_blocks"])} if "num_gpu_blocks" in snap else {}

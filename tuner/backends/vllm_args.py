@@ -1,0 +1,173 @@
+"""``vllm serve`` command lines per vLLM version, and what a failed start means.
+
+Flag facts (checked against vLLM's ``engine/arg_utils.py`` history):
+
+* ``--disable-log-requests`` exists up to the 0.10 line; 0.10.2 added
+  ``--enable-log-requests`` (off by default, vllm PR #21739) and 0.12 removed the old
+  flag (PR #29402), after which argparse rejects it. We pass it only before 0.10.
+* Prefix caching: the 0.6 line has a plain ``--enable-prefix-caching`` switch (off by
+  default, no way to spell "off"); from 0.7 it is a BooleanOptionalAction ("Use
+  ``--no-enable-prefix-caching`` to disable explicitly") and V1 turns it on by default.
+* ``--tensor-parallel-size``/``-tp``, ``--kv-cache-dtype``, ``--block-size``,
+  ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len``,
+  ``--gpu-memory-utilization``, ``--enforce-eager``, ``--dtype``, ``--quantization``
+  exist in every line the tuner supports (0.6 onwards).
+
+Failure messages are vLLM's own (shared/reference/vllm-facts.md sections 1, 2, 4).
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import ConfigRejected, InputError
+
+if TYPE_CHECKING:
+    from tuner.config import Deployment, ServeConfig
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """``"0.6.3.post1"`` → ``(0, 6, 3)``; ``"0.11.0rc2+cu128"`` → ``(0, 11, 0)``."""
+    parts = []
+    for piece in str(text).strip().lstrip("v").split("."):
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        parts.append(int(m.group()))
+        if len(parts) == 3:
+            break
+    if not parts:
+        raise InputError(f"cannot read vLLM version {text!r}", hint="write it like 0.6.3 or 0.11.0")
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def render_flags(
+    deployment: Deployment, config: ServeConfig, version: str, *, host: str, port: int
+) -> list[str]:
+    """The ``vllm serve`` flags (after the model) for one replica of ``config``.
+
+    ``None`` knobs are left out so vLLM picks its own default for its version."""
+    v = parse_version(version)
+    flags = ["--host", host, "--port", str(port)]
+    for flag, value in (
+        ("--gpu-memory-utilization", config.gpu_memory_utilization),
+        ("--max-num-seqs", config.max_num_seqs),
+        ("--max-model-len", config.max_model_len),
+        ("--block-size", config.block_size),
+        ("--max-num-batched-tokens", config.max_num_batched_tokens),
+    ):
+        if value is not None:
+            flags += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if v >= (0, 7):
+        flags.append("--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching")
+    elif config.enable_prefix_caching:
+        flags.append("--enable-prefix-caching")
+    if config.enforce_eager:
+        flags.append("--enforce-eager")
+    if config.kv_cache_dtype != "auto":
+        flags += ["--kv-cache-dtype", config.kv_cache_dtype]
+    if config.tensor_parallel_size > 1:
+        flags += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if deployment.dtype != "auto":
+        flags += ["--dtype", deployment.dtype]
+    if deployment.quantization:
+        flags += ["--quantization", deployment.quantization]
+    if v < (0, 10):
+        flags.append("--disable-log-requests")  # request logging was on by default then
+    return flags
+
+
+# -- startup facts from the log ----------------------------------------------------------
+
+_NUM = r"([\d,]+(?:\.\d+)?)"
+_FACTS = {
+    "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
+    "max_concurrency": re.compile(r"Maximum concurrency for [\d,]+ tokens per request: ([\d,.]+)x"),
+    "model_load_gib": re.compile(r"Model loading took ([\d.]+) ?GiB"),
+    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs?"),
+    "graph_capture_gib": re.compile(r"Graph capturing finished(?: in [\d.]+ secs?)?, took ([\d.-]+) GiB"),
+    "available_kv_gib": re.compile(r"Available KV cache memory: ([\d.-]+) GiB"),
+    # Older lines (V0 0.6): "# GPU blocks: 27000, # CPU blocks: 2048"
+    "num_gpu_blocks": re.compile(r"# (?:GPU|cuda) blocks: ([\d,]+)"),
+}
+
+
+def parse_startup(log_text: str) -> dict[str, Any]:
+    """Startup facts vLLM logs: ``kv_cache_tokens``, ``max_concurrency``,
+    ``model_load_gib``, ``graph_capture_s``/``_gib``, ``available_kv_gib``,
+    ``num_gpu_blocks`` (0.6 line only). The last occurrence wins (one per rank)."""
+    facts: dict[str, Any] = {}
+    for key, rx in _FACTS.items():
+        found = rx.findall(log_text)
+        if found:
+            value = found[-1].replace(",", "")
+            facts[key] = int(value) if key in ("kv_cache_tokens", "num_gpu_blocks") else float(value)
+    return facts
+
+
+# -- why a start failed --------------------------------------------------------------------
+
+_MAXLEN_EST = re.compile(r"estimated maximum model length is (\d+)")
+_MAXLEN_OLD = re.compile(r"maximum number of tokens that can be stored in KV cache \((\d+)\)")
+_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("block_size", re.compile(r"argument --block-size: invalid|[Bb]lock[ _]size .*(not supported|must be|invalid)"
+                              r"|Invalid block[ _]size|unsupported block[ _]size", re.I)),
+    ("bad_flag", re.compile(r"unrecognized arguments|argument --[\w-]+: (invalid|expected)")),
+    ("max_model_len", re.compile(r"estimated maximum model length is|larger than the maximum number of "
+                                 r"tokens that can be stored in KV cache|max seq len \(\d+\)")),
+    ("no_kv_memory", re.compile(r"No available memory for the cache blocks")),
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory|is less than desired GPU "
+                       r"memory utilization", re.I)),
+    ("dtype", re.compile(r"Bfloat16 is only supported|dtype .* is not supported|does not support .*dtype",
+                         re.I)),
+    ("quantization", re.compile(r"quantization method .* is not supported|Unknown quantization method"
+                                r"|Cannot find the config file for \w+", re.I)),
+    ("tensor_parallel", re.compile(r"must be divisible by tensor parallel size|not divisible by "
+                                   r"tensor[_ ]parallel|tensor_parallel_size .* exceeds|"
+                                   r"greater than the number of available GPUs", re.I)),
+    ("batch_tokens", re.compile(r"max_num_batched_tokens \(\d+\) (must be greater|is smaller)")),
+]
+_EXC_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|AssertionError|torch\.OutOfMemoryError): (.+)$")
+
+
+def _vllm_line(lines: list[str], rx: re.Pattern[str] | None) -> str:
+    """vLLM's own line: the last exception line matching ``rx`` (prefix stripped)."""
+    for line in reversed(lines):
+        if rx is not None and not rx.search(line):
+            continue
+        m = _EXC_LINE.match(line.strip())
+        if m:
+            return m.group(1).strip()
+    for line in reversed(lines):
+        if rx is None or rx.search(line):
+            # strip "ERROR 11-30 00:24:29 [core.py:123] " style prefixes
+            return re.sub(r"^\(?[\w:-]*\)?\s*(ERROR|WARNING|INFO|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*", "",
+                          line.strip()) or line.strip()
+    return ""
+
+
+def classify_failure(
+    exit_code: int | None, log_text: str, *, log_path: str | None = None
+) -> ConfigRejected:
+    """Turn a dead (or hung) start into ConfigRejected with a kind the search learns from
+    and vLLM's own line as the message. ``exit_code`` None means it never became healthy
+    in time (``timeout``)."""
+    lines = [ln for ln in log_text.splitlines() if ln.strip()]
+    tail = "\n".join(lines[-400:])
+    for kind, rx in _PATTERNS:
+        if rx.search(tail):
+            message = _vllm_line(lines[-400:], rx)
+            est = None
+            if kind == "max_model_len":
+                m = _MAXLEN_EST.search(tail) or _MAXLEN_OLD.search(tail)
+                est = int(m.group(1)) if m else None
+            return ConfigRejected(kind, message, estimated_max_model_len=est, log_path=log_path)
+    if exit_code is None:
+        return ConfigRejected("timeout", "server did not answer /health in time; last line: "
+                              + (lines[-1].strip() if lines else "(empty log)"), log_path=log_path)
+    message = _vllm_line(lines[-400:], None) or (lines[-1].strip() if lines else "(empty log)")
+    if exit_code < 0:
+        message = f"killed by signal {-exit_code}; {message}"
+    else:
+        message = f"exit code {exit_code}; {message}"
+    return ConfigRejected("crash", message, log_path=log_path)

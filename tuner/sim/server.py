@@ -1,0 +1,447 @@
+"""``tuner sim-serve``: the simulated vLLM engine behind an OpenAI-compatible HTTP server,
+in real time.
+
+It accepts ``vllm serve``'s flag names for the knobs the tuner sets, refuses to start
+exactly where the memory planner (:func:`tuner.sim.memory.plan_memory`) refuses (vLLM's
+message on stderr, exit 1), logs vLLM's startup lines, and serves ``/health``,
+``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (streaming SSE in vLLM's
+format, with the ``include_usage`` chunk; non-streaming too), ``/metrics`` with vLLM's
+metric names, ``/version``, and ``/debug/timings`` (the server's own per-request TTFT and
+E2E, keyed by the ``X-Request-Id`` header; used to check the client's measurements).
+
+An asyncio task steps the engine and sleeps each step's simulated duration (divided by
+``--speed``), then hands each request the tokens that step produced: one SSE chunk per
+request per step, as vLLM sends. The engine is anything with
+:class:`tuner.sim.engine.EngineCore`'s methods (tests pass a stand-in).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+TIMINGS_KEPT = 200_000
+
+
+@dataclass(slots=True)
+class _Live:
+    """A request in flight: tokens the engine produced but the handler has not yet written."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    pending: int = 0
+    finished: bool = False
+
+
+def _block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:
+    """Chained hashes of the prompt's full blocks, as vLLM's prefix cache keys them
+    (``v1/core/kv_cache_utils.py::hash_block_tokens``: parent hash + the block's ids)."""
+    out, parent = [], 0
+    for start in range(0, len(ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(ids[start:start + block_size])))
+        out.append(parent)
+    return tuple(out)
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    # vLLM's ErrorResponse shape (entrypoints/openai/protocol.py).
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status=status
+    )
+
+
+class SimServer:
+    """HTTP front of one engine replica."""
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        model_name: str,
+        max_model_len: int,
+        block_size: int = 16,
+        num_gpu_blocks: int | None = None,
+        speed: float = 1.0,
+        vllm_version: str = "sim",
+        tokens_per_word: float = 1.0,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.num_gpu_blocks = num_gpu_blocks
+        self.speed = speed
+        self.vllm_version = vllm_version
+        self.tokens_per_word = tokens_per_word
+        self.live: dict[str, _Live] = {}
+        self.timings: OrderedDict[str, dict[str, float]] = OrderedDict()
+        self.request_success = 0
+        self.steps = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._model_json = json.dumps(model_name)
+
+    # -- engine loop -----------------------------------------------------------------
+    async def _run_engine(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._wake is not None
+        while True:
+            if not self.engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            start = loop.time()
+            out = self.engine.step()
+            self.steps += 1
+            delay = start + max(out.duration_s, 0.0) / self.speed - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif not out.new_tokens and not out.finished:
+                await asyncio.sleep(0.001)  # nothing could be scheduled: do not spin
+            else:
+                await asyncio.sleep(0)
+            for rid, k in out.new_tokens.items():
+                live = self.live.get(rid)
+                if live is not None and k:
+                    live.pending += k
+                    live.event.set()
+            for rid in out.finished:
+                live = self.live.get(rid)
+                if live is not None:
+                    live.finished = True
+                    live.event.set()
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run_engine())
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/debug/timings", self.debug_timings)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    # -- simple endpoints --------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.vllm_version})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "vllm", "root": self.model_name, "parent": None,
+                "max_model_len": self.max_model_len, "permission": []}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def debug_timings(self, request: web.Request) -> web.Response:
+        return web.json_response(dict(self.timings))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        s = self.engine.stats()
+        lab = f'engine="0",model_name={self._model_json}'
+        rows = [
+            ("vllm:num_requests_running", "gauge", s.get("num_running", 0)),
+            ("vllm:num_requests_waiting", "gauge", s.get("num_waiting", 0)),
+            ("vllm:kv_cache_usage_perc", "gauge", s.get("kv_cache_usage", 0.0)),
+            ("vllm:num_preemptions_total", "counter", s.get("num_preemptions", 0)),
+            ("vllm:prefix_cache_queries_total", "counter", s.get("prefix_cache_queries", 0)),
+            ("vllm:prefix_cache_hits_total", "counter", s.get("prefix_cache_hits", 0)),
+            ("vllm:prompt_tokens_total", "counter", s.get("prompt_tokens", 0)),
+            ("vllm:generation_tokens_total", "counter", s.get("generation_tokens", 0)),
+            ("vllm:request_success_total", "counter", self.request_success),
+        ]
+        lines = []
+        for name, kind, value in rows:
+            lines += [f"# HELP {name} (tuner sim-serve)", f"# TYPE {name} {kind}",
+                      f"{name}{{{lab}}} {float(value)}"]
+        if self.num_gpu_blocks is not None:
+            lines += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+                      "# TYPE vllm:cache_config_info gauge",
+                      f'vllm:cache_config_info{{block_size="{self.block_size}",'
+                      f'engine="0",num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0']
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    # -- generation --------------------------------------------------------------------
+    def _words(self, text: str) -> int:
+        return max(1, round(len(text.split()) * self.tokens_per_word))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrival = time.perf_counter()
+        try:
+            body = await request.json()
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+                prompt = prompt[0]  # batched prompts: the simulator serves the first
+            if isinstance(prompt, str):
+                ids: list[int] = []
+                n_prompt = self._words(prompt)
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                ids = prompt
+                n_prompt = len(ids)
+            else:
+                return _error(400, "prompt must be a string or a non-empty list of token ids")
+        except (ValueError, AttributeError):
+            return _error(400, "request body is not valid JSON")
+        return await self._generate(request, body, arrival, ids, n_prompt, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        arrival = time.perf_counter()
+        try:
+            body = await request.json()
+            text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        except (ValueError, AttributeError):
+            return _error(400, "request body is not valid JSON with messages")
+        return await self._generate(request, body, arrival, [], self._words(text), chat=True)
+
+    async def _generate(self, request, body, arrival, ids, n_prompt, *, chat: bool):
+        if body.get("model") not in (None, self.model_name):
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        limit = self.max_model_len
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (
+            limit - n_prompt if chat else 16)
+        if n_prompt + int(max_tokens) > limit:
+            if n_prompt >= limit:
+                # vLLM's wording (entrypoints/openai/serving_engine.py::_validate_input).
+                return _error(400, (
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{n_prompt + int(max_tokens)} tokens ({n_prompt} in the messages, "
+                    f"{int(max_tokens)} in the completion). Please reduce the length of the "
+                    "messages or completion."))
+            max_tokens = limit - n_prompt  # vLLM clamps max_tokens to the room left
+        max_tokens = int(max_tokens)
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        if rid in self.live:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"
+        hashes = _block_hashes(ids, self.block_size) if ids else ()
+        live = _Live()
+        self.live[rid] = live
+        self.engine.add_request(rid, n_prompt, max_tokens, hashes, self.block_size)
+        assert self._wake is not None
+        self._wake.set()
+        stream = bool(body.get("stream"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        timing = {"arrival": arrival, "prompt_tokens": n_prompt, "output_tokens": 0}
+        emitted = 0
+        first = last = None
+        cid = ("chatcmpl-" if chat else "cmpl-") + rid
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = (f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
+                f'"model":{self._model_json},"choices":[')
+        resp: web.StreamResponse | None = None
+        try:
+            if stream:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                   "Cache-Control": "no-cache"})
+                await resp.prepare(request)
+            while True:
+                await live.event.wait()
+                live.event.clear()
+                k, live.pending = live.pending, 0
+                if k:
+                    emitted += k
+                    done = live.finished and emitted >= max_tokens
+                    if stream:
+                        text = " tok" * k
+                        reason = '"length"' if done else "null"
+                        if chat:
+                            role = "" if first is not None else (
+                                head + '{"index":0,"delta":{"role":"assistant","content":""},'
+                                '"logprobs":null,"finish_reason":null}]}\n\n')
+                            chunk = (role + head + f'{{"index":0,"delta":{{"content":"{text}"}},'
+                                     f'"logprobs":null,"finish_reason":{reason}}}]}}\n\n')
+                        else:
+                            chunk = (head + f'{{"index":0,"text":"{text}","logprobs":null,'
+                                     f'"finish_reason":{reason},"stop_reason":null}}]}}\n\n')
+                        await resp.write(chunk.encode())
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    last = now
+                if live.finished:
+                    break
+            if emitted == 0:
+                # the engine dropped it (prompt larger than the whole KV cache; vLLM would hang)
+                message = (f"prompt of {n_prompt} tokens does not fit in the KV cache "
+                           f"({self.num_gpu_blocks} blocks of {self.block_size} tokens)")
+                if not stream:
+                    return _error(500, message, "InternalServerError")
+                err = json.dumps({"error": {"message": message, "type": "InternalServerError",
+                                            "param": None, "code": 500}})
+                await resp.write(f"data: {err}\n\ndata: [DONE]\n\n".encode())
+                await resp.write_eof()
+                return resp
+            usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + emitted,
+                     "completion_tokens": emitted}
+            self.request_success += 1
+            if stream:
+                tail = ""
+                if include_usage:
+                    tail = (f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
+                            f'"model":{self._model_json},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n')
+                await resp.write((tail + "data: [DONE]\n\n").encode())
+                await resp.write_eof()
+                return resp
+            text = " tok" * emitted
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                          "logprobs": None, "finish_reason": "length"}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                          "stop_reason": None}
+            return web.json_response({"id": cid, "object": "chat.completion" if chat else "text_completion",
+                                      "created": created, "model": self.model_name,
+                                      "choices": [choice], "usage": usage})
+        except (ConnectionError, asyncio.CancelledError):
+            if not live.finished:
+                self.engine.abort(rid)
+            raise
+        finally:
+            self.live.pop(rid, None)
+            if first is not None:
+                timing.update(first=first, last=last, ttft_s=first - arrival, e2e_s=last - arrival,
+                              output_tokens=emitted)
+            self.timings[rid] = timing
+            while len(self.timings) > TIMINGS_KEPT:
+                self.timings.popitem(last=False)
+
+
+# -- command line ----------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """``vllm serve``'s flag names for the knobs the tuner sets, plus the simulator's own."""
+    p = argparse.ArgumentParser(
+        prog="tuner sim-serve",
+        description="Serve the simulated vLLM engine over HTTP in real time, with vllm serve's "
+                    "flags, endpoints, log lines and metric names. Binds 127.0.0.1 by default.",
+    )
+    p.add_argument("model", help="Model preset (e.g. qwen2.5-7b) or folder holding config.json.")
+    p.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1).")
+    p.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
+    p.add_argument("--served-model-name", default=None,
+                   help="Model name clients use (default: the MODEL argument).")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="Fraction of total GPU memory vLLM may use (vLLM's default if unset).")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="Most requests running at once.")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="Longest prompt+output in tokens (default: the model's).")
+    p.add_argument("--block-size", type=int, default=None, help="Tokens per KV cache block.")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="Token budget of one engine step (chunked prefill).")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="Reuse KV blocks of shared prompt prefixes (on by default since vLLM 0.7).")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="No CUDA graphs: no graph memory, slower small decode steps.")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), help="KV cache element type.")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="GPUs one replica is split over.")
+    p.add_argument("--dtype", default="auto", help="Weight/activation dtype (auto, half, bfloat16, ...).")
+    p.add_argument("--quantization", "-q", default=None, help="Weight quantization method.")
+    p.add_argument("--load-format", default=None, help="Accepted and ignored (nothing is loaded).")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="Accepted for vLLM < 0.12 command lines; the simulator never logs requests.")
+    p.add_argument("--gpu", default="H100-SXM", help="[sim] GPU catalog name to simulate.")
+    p.add_argument("--vllm-version", default=None,
+                   help="[sim] vLLM version whose defaults and messages to follow.")
+    p.add_argument("--calibration", default=None, help="[sim] Calibration profile YAML for step times.")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="[sim] Run this many times faster than real time (tests use 10-100).")
+    p.add_argument("--startup-delay-s", type=float, default=0.0,
+                   help="[sim] Sleep this long before serving, like a model load.")
+    return p
+
+
+def _log(line: str, stream=sys.stdout) -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"INFO {stamp} [sim-serve] {line}", file=stream, flush=True)
+
+
+def build_server(args: argparse.Namespace) -> SimServer:
+    """Plan memory and build the engine for parsed flags; raises ConfigRejected/InputError."""
+    from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+    from tuner.sim.engine import EngineCore
+    from tuner.sim.memory import plan_memory
+
+    version = args.vllm_version or DEFAULT_VLLM_VERSION
+    prefix = args.enable_prefix_caching
+    if prefix is None:
+        from tuner.backends.vllm_args import parse_version
+
+        prefix = parse_version(version) >= (0, 7)  # V0 (0.6 line) left it off by default
+    deployment = Deployment(model=args.model, gpu=args.gpu, gpu_count=args.tensor_parallel_size,
+                            vllm_version=version, dtype=args.dtype, quantization=args.quantization,
+                            calibration=args.calibration)
+    config = ServeConfig(
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=prefix,
+        enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    plan = plan_memory(deployment, config)
+    for line in plan.log_lines():
+        _log(line)
+    profile = None
+    if args.calibration:
+        from tuner.sim.calibration import load_calibration
+
+        profile = load_calibration(plan.gpu, args.calibration)
+    engine = EngineCore(plan, profile)
+    return SimServer(engine, model_name=args.served_model_name or args.model,
+                     max_model_len=plan.max_model_len, block_size=plan.block_size,
+                     num_gpu_blocks=plan.num_gpu_blocks, speed=args.speed, vllm_version=version)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``tuner sim-serve`` and ``python -m tuner.sim.server``."""
+    from tuner.errors import ConfigRejected, TunerError
+
+    args = build_parser().parse_args(argv)  # bad flags: argparse's message, exit 2, like vLLM
+    if not args.speed > 0:
+        print("tuner sim-serve: --speed must be > 0", file=sys.stderr)
+        return 2
+    try:
+        server = build_server(args)
+    except ConfigRejected as err:
+        # vLLM dies with the exception's message as the last line of its traceback.
+        print(f"ERROR {time.strftime('%m-%d %H:%M:%S')} [sim-serve] EngineCore failed to start.",
+              file=sys.stderr, flush=True)
+        print(f"ValueError: {err.message}", file=sys.stderr, flush=True)
+        return 1
+    except TunerError as err:
+        print(f"tuner sim-serve: {err}", file=sys.stderr, flush=True)
+        return getattr(err, "exit_code", 1) or 1
+    if args.startup_delay_s > 0:
+        time.sleep(args.startup_delay_s)
+    _log(f"Starting vLLM API server 0 on http://{args.host}:{args.port}")
+    web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None,
+                shutdown_timeout=2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
