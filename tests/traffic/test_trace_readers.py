@@ -170,18 +170,31 @@ def conversation(cid: str, turns: list[tuple[str, str]]) -> dict:
 
 def test_sharegpt_turns_share_their_conversation_prefix(tmp_path):
     long = "word " * 200  # ~250 estimated tokens: several 16-token blocks
-    data = [conversation("c1", [(long, long), ("and then?", "done")]), conversation("c2", [(long, "ok")])]
+    data = [conversation("c1", [(long, long), ("and then?", "done")]), conversation("c2", [(long, "ok")]),
+            conversation("c3", [("something else " * 50, "x")])]
     p = write(tmp_path, "s.json", json.dumps(data, indent=1))
     assert sniff(str(p)) == "sharegpt"
     w = load_trace(p)
     assert w.estimated_tokens
-    assert list(w.session) == ["c1", "c1", "c2"] and w.turn.tolist() == [0, 1, 0]
-    t0, t1, other = (w.hash_ids[i] for i in range(3))
+    assert list(w.session) == ["c1", "c1", "c2", "c3"] and w.turn.tolist() == [0, 1, 0, 0]
+    t0, t1, same_opening, other = (w.hash_ids[i] for i in range(4))
     full0 = w.prompt_tokens[0] // w.block_tokens
     assert t1[:full0] == t0[:full0]  # turn 2 re-sends turn 1's prompt: same leading blocks
+    assert len(set(t1[full0 + 1:]) & set(t0)) == 0
     assert w.prompt_tokens[1] > w.prompt_tokens[0] + w.output_tokens[0]
-    assert not set(other) & set(t0)  # another conversation shares nothing
+    assert same_opening == t0  # c2's first prompt is c1's first prompt
+    assert not set(other) & set(t0)  # a conversation that opens differently shares nothing
     assert len(t0) == -(-w.prompt_tokens[0] // w.block_tokens)
+
+
+def test_openai_log_shared_system_prompt_is_prefix_reuse(tmp_path):
+    system = {"role": "system", "content": "You are a helpful assistant. " * 20}
+    rows = [{"timestamp": i, "request": {"messages": [system, {"role": "user", "content": f"question {i}" * 30}],
+                                         "max_tokens": 10}} for i in range(3)]
+    w = load_trace(write(tmp_path, "o.jsonl", jsonl(rows)))
+    sys_blocks = (5 + 150) // w.block_tokens  # the system message's full blocks (600 chars / 4 + framing)
+    assert w.hash_ids[0][:sys_blocks] == w.hash_ids[1][:sys_blocks] == w.hash_ids[2][:sys_blocks]
+    assert w.hash_ids[0][sys_blocks + 1:] != w.hash_ids[1][sys_blocks + 1:]
 
 
 def test_sharegpt_bad_record_has_its_line(tmp_path):

@@ -29,6 +29,7 @@ from tuner.errors import InputError
 CJK_CHARS_PER_TOKEN = 1.4
 OTHER_CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD = 5
+MESSAGE_HEAD = 3  # <|im_start|>, role, newline: the part of the framing before the text
 REPLY_PRIMER = 3
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
@@ -86,17 +87,20 @@ class TokenCounter:
             return estimate_tokens(text)
         return int(self._encode(text))
 
-    def messages(self, messages: list[Any]) -> int | None:
-        """Tokens of a chat prompt (contents plus ChatML framing); None if malformed."""
-        total = REPLY_PRIMER
+    def messages(self, messages: list[Any]) -> tuple[list[tuple[str, str]], list[int]] | None:
+        """``(role, text)`` pairs of a chat prompt and each one's tokens with its ChatML
+        framing (the prompt is their sum plus ``REPLY_PRIMER``); None if malformed."""
+        pairs, counts = [], []
         for m in messages:
             if not isinstance(m, dict):
                 return None
             text = content_text(m.get("content"))
-            if text is None:
+            role = m.get("role", "user")
+            if text is None or not isinstance(role, str):
                 return None
-            total += MESSAGE_OVERHEAD + self.count(text)
-        return total
+            pairs.append((role, text))
+            counts.append(MESSAGE_OVERHEAD + self.count(text))
+        return pairs, counts
 
 
 def content_text(content: Any) -> str | None:

@@ -9,7 +9,9 @@ write them:
 Token counts come from ``usage`` when logged (exact). Without it the prompt is counted
 from the messages (or ``prompt``) text and the output from the response text, else
 ``max_tokens``; such counts are estimates unless a tokenizer folder is given, and the
-workload is marked ``estimated_tokens``. Timestamps are epoch seconds (ms/us/ns are
+workload is marked ``estimated_tokens``. Prompts get prefix block ids from their messages
+(:mod:`tuner.traffic._prefix`), so a shared system prompt or a re-sent conversation
+shows as prefix reuse. Timestamps are epoch seconds (ms/us/ns are
 recognised by magnitude) or ISO 8601; rows must be in time order.
 """
 from __future__ import annotations
@@ -31,10 +33,13 @@ from tuner.traffic._rows import (
     to_length,
     to_number,
 )
-from tuner.traffic._text import TokenCounter, content_text
+from tuner.traffic._prefix import chat_block_ids
+from tuner.traffic._text import MESSAGE_HEAD, REPLY_PRIMER, TokenCounter, content_text
 from tuner.traffic.workload import Workload
 
 TIME_KEYS = ("timestamp", "time", "created", "start_time", "request.created", "response.created")
+TOKEN_IDS = "token-ids"
+BLOCK_TOKENS = 16  # vLLM's default --block-size
 SESSION_KEYS = ("session_id", "conversation_id", "session", "request.user", "body.user", "user")
 
 
@@ -55,9 +60,10 @@ def read(path: str, *, skip_bad: bool = False, tokenizer: str | None = None, **_
             usage = dig(response, "usage") if isinstance(response, dict) else None
             usage = usage if isinstance(usage, dict) else obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
             p = to_length(usage.get("prompt_tokens"), "usage.prompt_tokens", line, bad, required=False)
+            layout = _prompt_layout(body, counter, line, bad, required=p is None)
             if p is None:
-                p = _prompt_tokens(body, counter, line, bad)
-                estimated |= counter.estimated
+                p = sum(layout[1]) + layout[2]
+                estimated |= counter.estimated and layout[0][0][0] != TOKEN_IDS
             o = to_length(usage.get("completion_tokens"), "usage.completion_tokens", line, bad, required=False)
             if o is None:
                 o, est = _output_tokens(body, response, counter, line, bad)
@@ -71,9 +77,13 @@ def read(path: str, *, skip_bad: bool = False, tokenizer: str | None = None, **_
         if session is not None:
             turn = turns.get(session, 0)
             turns[session] = turn + 1
-        rows.add(t, p, o, session=session, turn=turn)
+        ids: tuple[int, ...] = ()
+        if layout is not None:
+            pairs, counts, primer, head = layout
+            ids = chat_block_ids(pairs, counts, p, BLOCK_TOKENS, head=head, primer=primer, unique=line)
+        rows.add(t, p, o, session=session, turn=turn, hash_ids=ids)
     notes = (counter.note,) if counter.note and estimated else ()
-    return rows.workload(path, bad, estimated=estimated, notes=notes)
+    return rows.workload(path, bad, estimated=estimated, notes=notes, block_tokens=BLOCK_TOKENS)
 
 
 def _time(obj: dict[str, Any], line: int, bad: BadRows) -> float:
@@ -99,21 +109,26 @@ def _time(obj: dict[str, Any], line: int, bad: BadRows) -> float:
     raise bad.row(line, MISSING, "no timestamp (looked for " + ", ".join(TIME_KEYS) + ")")
 
 
-def _prompt_tokens(body: dict[str, Any], counter: TokenCounter, line: int, bad: BadRows) -> int:
+def _prompt_layout(body: dict[str, Any], counter: TokenCounter, line: int, bad: BadRows, *,
+                   required: bool) -> tuple[list[tuple[str, str]], list[int], int, int] | None:
+    """``(messages, tokens per message, reply primer, header tokens)`` of the prompt, for
+    its token count and prefix blocks; None when the row has no prompt text."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        n = counter.messages(messages)
-        if n is None:
+        layout = counter.messages(messages)
+        if layout is None:
             raise bad.row(line, BAD_VALUE, "messages must be objects with role and text content")
-        return n
+        return layout[0], layout[1], REPLY_PRIMER, MESSAGE_HEAD
     prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+        prompt = "".join(prompt)
     if isinstance(prompt, str):
-        return counter.count(prompt)
+        return [("prompt", prompt)], [counter.count(prompt)], 0, 0
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
-        return len(prompt)  # token ids: an exact count
-    if isinstance(prompt, list) and all(isinstance(x, str) for x in prompt):
-        return sum(counter.count(x) for x in prompt)
-    raise bad.row(line, MISSING, "no usage.prompt_tokens and no messages or prompt to count")
+        return [(TOKEN_IDS, repr(prompt))], [len(prompt)], 0, 0  # token ids: an exact count
+    if required:
+        raise bad.row(line, MISSING, "no usage.prompt_tokens and no messages or prompt to count")
+    return None
 
 
 def _output_tokens(body: dict[str, Any], response: Any, counter: TokenCounter, line: int,

@@ -12,6 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from tuner.errors import InputError
+from tuner.traffic._prefix import mix as _mix
 from tuner.traffic.stats import trace_stats
 from tuner.traffic.workload import Workload
 
@@ -150,21 +151,6 @@ def truncate(w: Workload, max_model_len: int, *, drop: bool = False) -> tuple[Wo
 
 
 # -- prompt token ids -----------------------------------------------------------------------
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (Steele, Lea, Flood, "Fast splittable pseudorandom number
-    generators", OOPSLA 2014), vectorised: a bijection of uint64 with good avalanche."""
-    with np.errstate(over="ignore"):
-        z = x + _GOLD
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
 def prompt_token_ids(
     w: Workload, i: int, *, vocab_size: int, low: int = 0, seed: int = 0,
 ) -> list[int]:

@@ -5,18 +5,17 @@
 
 Every user message answered by an assistant message becomes one request of the
 conversation's session: its prompt is the whole conversation so far (chat framing
-included, see :mod:`tuner.traffic._text`), its output the reply. Turns of one
-conversation share their prefix: each turn's prompt extends the previous turn's prompt
-and reply, so its leading blocks reuse the previous turn's block ids (16-token blocks,
-vLLM's default ``--block-size``). There are no arrival times: all requests are at t=0,
+included, see :mod:`tuner.traffic._text`), its output the reply. Prompts get prefix
+block ids (16-token blocks, vLLM's default ``--block-size``) from their messages
+(:mod:`tuner.traffic._prefix`): each turn re-sends the earlier turns, so its leading
+blocks reuse theirs, and conversations that open alike share their opening blocks. There are no arrival times: all requests are at t=0,
 in conversation order, for closed-loop replay or a rate chosen at run time.
 """
 from __future__ import annotations
 
-import math
-
 from tuner.traffic._rows import BAD_VALUE, MISSING, BadRows, Collected, SkipRow, iter_records, read_text
-from tuner.traffic._text import MESSAGE_OVERHEAD, REPLY_PRIMER, TokenCounter, content_text
+from tuner.traffic._prefix import chat_block_ids
+from tuner.traffic._text import MESSAGE_HEAD, MESSAGE_OVERHEAD, REPLY_PRIMER, TokenCounter, content_text
 from tuner.traffic.workload import Workload
 
 BLOCK_TOKENS = 16
@@ -27,32 +26,25 @@ def read(path: str, *, skip_bad: bool = False, tokenizer: str | None = None, **_
     bad = BadRows(path, skip_bad)
     counter = TokenCounter(tokenizer)
     rows = Collected()
-    next_id = 0
     for index, (line, obj) in enumerate(iter_records(read_text(path), bad)):
         try:
             turns = _messages(obj, line, bad)
         except SkipRow:
             continue
         session = str(obj.get("id", f"#{index}"))
-        context = 0
-        prompt: int | None = None
-        history: list[int] = []  # block ids of the conversation's full blocks so far
+        pairs: list[tuple[str, str]] = []
+        counts: list[int] = []
         turn = 0
         for role, text in turns:
             tokens = counter.count(text)
-            if role in ASSISTANT:
-                if prompt is not None:
-                    n_blocks = math.ceil(prompt / BLOCK_TOKENS)
-                    fresh = list(range(next_id, next_id + n_blocks - len(history)))
-                    next_id += len(fresh)
-                    ids = history[:n_blocks] + fresh
-                    rows.add(0.0, prompt, tokens, session=session, turn=turn, hash_ids=tuple(ids))
-                    history = ids[: prompt // BLOCK_TOKENS]
-                    turn += 1
-                prompt = None
-            context += MESSAGE_OVERHEAD + tokens
-            if role not in ASSISTANT:
-                prompt = context + REPLY_PRIMER
+            if role in ASSISTANT and pairs and pairs[-1][0] not in ASSISTANT:
+                prompt = sum(counts) + REPLY_PRIMER
+                ids = chat_block_ids(pairs, counts, prompt, BLOCK_TOKENS, head=MESSAGE_HEAD,
+                                     primer=REPLY_PRIMER, unique=line)
+                rows.add(0.0, prompt, tokens, session=session, turn=turn, hash_ids=ids)
+                turn += 1
+            pairs.append(("assistant" if role in ASSISTANT else role, text))
+            counts.append(MESSAGE_OVERHEAD + tokens)
     notes = (counter.note,) if counter.note else ()
     return rows.workload(path, bad, block_tokens=BLOCK_TOKENS, estimated=counter.estimated, notes=notes)
 
