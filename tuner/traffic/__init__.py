@@ -1,6 +1,6 @@
 """Traffic: read request logs, synthesise workloads, shape the offered load.
 
-``load_trace(path)`` picks a reader by the file's extension and first line (or
+``load_trace(path)`` picks a reader by the file's first line (or
 ``format=``); each format is one module with a ``read(path, *, skip_bad, ...)``
 function, listed in :data:`READERS`. Adding a format touches that module and this dict.
 """
@@ -54,7 +54,7 @@ def load_trace(
 
 
 def sniff(path: str) -> str:
-    """The format name of ``path``, from its extension and first line."""
+    """The format name of ``path``, from its first line (JSON keys or CSV header)."""
     head = read_bytes(path)[:65536].decode("utf-8-sig", errors="replace")
     body = head.lstrip()
     if not body:
