@@ -5,3 +5,4 @@ from tuner.cli import search  # noqa: F401,E402  tuner search, tuner studies
 from tuner.cli import trace  # noqa: F401,E402  tuner trace stats / convert
 from tuner.cli import estimate  # noqa: F401,E402  tuner estimate
 from tuner.cli import serve  # noqa: F401,E402  tuner sim-serve
+from tuner.cli import plan  # noqa: F401,E402  tuner plan

@@ -1,0 +1,206 @@
+"""``tuner plan``: how much traffic a configuration holds at a P95 TTFT target (a thin
+shell over :func:`tuner.plan.plan_capacity`)."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+from tuner.cli import app
+from tuner.errors import InputError
+
+_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
+          "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
+          "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype", "prefix_caching")
+
+
+def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
+    from tuner.cli.search import parse_gpus
+    from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+    from tuner.sim.hardware import get_gpu
+
+    tp, replicas = v["tp"] or 1, v["replicas"] or 1
+    count, ids = parse_gpus(v["gpus"]) if v["gpus"] else (tp * replicas, ())
+    deployment = Deployment(
+        model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpu_count=count, gpu_ids=ids,
+        vllm_version=v["vllm_version"] or DEFAULT_VLLM_VERSION, dtype=v["dtype"] or "auto",
+        quantization=None if (v["quantization"] or "none").lower() == "none" else v["quantization"],
+    )
+    config = ServeConfig(
+        gpu_memory_utilization=v["gpu_memory_utilization"], max_num_seqs=v["max_num_seqs"],
+        max_model_len=v["max_model_len"], block_size=v["block_size"],
+        max_num_batched_tokens=v["max_num_batched_tokens"],
+        enable_prefix_caching=True if v["prefix_caching"] is None else v["prefix_caching"],
+        enforce_eager=bool(v["enforce_eager"]), kv_cache_dtype=v["kv_cache_dtype"] or "auto",
+        tensor_parallel_size=tp, replicas=replicas,
+    )
+    return deployment, config
+
+
+@app.command("plan")
+def plan_cmd(
+    target_ttft: str = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 "
+                                    "(seconds). Default: the study's target (5s for a config given here)."),
+    study: str = typer.Option(None, "--study", help="Study to plan from (see tuner studies). Default: the newest "
+                              "in studies/ (or in --storage)."),
+    storage: str = typer.Option(None, "--storage", help="Optuna storage URL of the study. Default: "
+                                "sqlite:///studies/<study>.db."),
+    trial: int = typer.Option(None, "--trial", help="Trial number to plan. Default: the study's best feasible trial."),
+    gpu: str = typer.Option(None, "--gpu", help="Plan a configuration given here instead of a study: GPU from the "
+                            "catalog (as in tuner estimate; default H100-SXM)."),
+    gpus: str = typer.Option(None, "--gpus", help="GPUs in the machine: a count (8) or device ids (0-7). "
+                             "Default: tp x replicas."),
+    model: str = typer.Option(None, "--model", help="Model preset or folder with config.json (default qwen2.5-7b)."),
+    quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... or none."),
+    dtype: str = typer.Option(None, "--dtype", help="auto, float16/half, bfloat16 (V100/T4 need float16)."),
+    vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM release whose behaviour to follow."),
+    tp: int = typer.Option(None, "--tp", "--tensor-parallel-size", help="GPUs per replica (must divide the heads)."),
+    replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
+    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization", help="Fraction of total GPU "
+                                                 "memory vLLM may use."),
+    max_model_len: int = typer.Option(None, "--max-model-len", help="Longest prompt+output in tokens."),
+    max_num_seqs: int = typer.Option(None, "--max-num-seqs", help="Most requests running at once per replica."),
+    block_size: int = typer.Option(None, "--block-size", help="KV-cache block, tokens."),
+    max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens", help="Token budget per step."),
+    enforce_eager: bool = typer.Option(None, "--enforce-eager/--no-enforce-eager", help="No CUDA graphs."),
+    kv_cache_dtype: str = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
+    prefix_caching: bool = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                        help="Reuse KV of shared prompt prefixes (vLLM's default: on)."),
+    trace: str = typer.Option(None, "--trace", help="Request log to replay (any format tuner trace reads). Default: "
+                              "the study's workload, else the built-in 40/40/20 mix of article 004."),
+    num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: of the built-in mix "
+                                     "(default max(study's, 1000)), or the first N rows of --trace."),
+    backend: str = typer.Option("sim", "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
+                                "(or tuner sim-serve) once and replay over HTTP; endpoint: a running server."),
+    vllm_cmd: str = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. "
+                                 "'vllm serve' or 'python -m tuner sim-serve --speed 20'."),
+    endpoint: str = typer.Option(None, "--endpoint", help="Base URL(s) of a running server, comma-separated "
+                                 "(endpoint backend)."),
+    time_scale: float = typer.Option(None, "--time-scale", help="Multiply measured times by this (a server "
+                                     "running N times faster than real time). Default: sim-serve's --speed."),
+    concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop users to sweep, comma-"
+                                    "separated. Default: the article's 5,10,20,50,80,120,160, extended x1.5 "
+                                    "until the target breaks."),
+    rates: str = typer.Option(None, "--rates", help="Sweep open-loop Poisson rates (req/s) instead, e.g. 2,4,8,16."),
+    tokens_per_conversation: float = typer.Option(None, "--tokens-per-conversation", help="Tokens (in+out) of "
+        "one conversation, as the article's 300. Default: requests per conversation from the trace's session ids, "
+        "else the workload's mean tokens per request."),
+    demand: str = typer.Option(None, "--demand", help="Traffic to serve: 1200/min, 20/s, 72000/h conversations "
+                               "(write 20req/s for requests); gives the replicas needed."),
+    headroom: str = typer.Option("20%", "--headroom", help="Spare capacity on top of --demand: 20% provisions "
+                                 "1.2x the demand."),
+    gpu_hour_cost: float = typer.Option(None, "--gpu-hour-cost", help="Price of one GPU-hour; gives cost per "
+                                        "hour and per million tokens."),
+    repeats: int = typer.Option(1, "--repeats", help="Repeat the sweep with other seeds; figures get min-max ranges."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the workload sample and open-loop arrivals."),
+    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    out: str = typer.Option(None, "--out", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
+                            "(studies/plans/ for a config given here)."),
+    files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
+) -> None:
+    """How much traffic does this configuration hold at a P95 TTFT target?
+
+    Sweeps the load on the study's best feasible configuration (or --trial, or a
+    configuration given with tuner estimate's flags), finds the largest load meeting the
+    target by monotone interpolation, verifies it with one more run, and reports max
+    concurrency, requests/s, tokens/s, conversations/min, replicas for --demand, cost.
+    Example: tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 --model llama-2-7b
+    --dtype float16 --tp 8 --max-model-len 4096 --max-num-seqs 128 --tokens-per-conversation 300.
+    Exit codes: 0 ok, 2 bad input or no study, 3 no feasible trial / even the lowest load misses.
+    """
+    from tuner.capacity import parse_demand, parse_fraction
+    from tuner.cli.estimate import parse_list
+    from tuner.plan import plan_capacity, write_plan_files
+
+    if output not in ("table", "json"):
+        raise InputError(f"--output must be table or json, got {output!r}")
+    if backend not in ("sim", "vllm", "endpoint"):
+        raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
+    values = locals()
+    given = [k for k in _KNOBS if values[k] is not None]
+    deployment = config = None
+    if given:
+        if study or trial is not None:
+            raise InputError(f"--{given[0].replace('_', '-')} describes a configuration; --study/--trial pick one "
+                             "from a study", hint="give one or the other")
+        deployment, config = _config_from_flags(values)
+        target_ttft = target_ttft or "5s"
+    elif target_ttft is None:
+        from tuner.plan import newest_study
+        from tuner.study import load_study_by_name
+
+        st = load_study_by_name(study or newest_study(storage=storage), storage)
+        study = st.study_name
+        target_ttft = st.user_attrs.get("target_ttft_s") or "5s"
+    levels = parse_list(concurrency, int, "--concurrency") or None
+    rate_list = parse_list(rates, float, "--rates") or None
+    workload = None
+    if trace:
+        from tuner.cli.estimate import build_workload
+
+        workload = build_workload(trace, None, None, num_requests)
+    options: dict[str, Any] = {}
+    if backend == "vllm" and vllm_cmd:
+        options["vllm_cmd"] = vllm_cmd
+    if backend == "endpoint":
+        if not endpoint:
+            raise InputError("the endpoint backend needs --endpoint http://host:8000")
+        options["urls"] = [u for u in endpoint.split(",") if u]
+    say = _progress(output == "table" and sys.stderr.isatty())
+    est = plan_capacity(
+        target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
+        workload=workload, num_requests=num_requests, backend=backend, backend_options=options,
+        levels=levels, rates=rate_list, tokens_per_conversation=tokens_per_conversation,
+        demand=None if demand is None else parse_demand(demand), headroom=parse_fraction(headroom),
+        gpu_hour_cost=gpu_hour_cost, repeats=repeats, seed=seed, time_scale=time_scale, store=store,
+        progress=say,
+    )
+    paths = write_plan_files(est, out) if files else None
+    if output == "json":
+        data = est.to_dict()
+        data["files"] = None if paths is None else [str(p) for p in paths]
+        print(json.dumps(data, indent=2))
+        return
+    _print(est, paths)
+
+
+def _progress(enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    return lambda text: console.print(f"[dim]{text}[/]")
+
+
+def _print(est: Any, paths: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.plan import summary_rows, sweep_rows
+
+    console = Console()
+    where = f"study {est.study} trial {est.trial}" if est.study else "configuration given on the command line"
+    axis = "users" if est.load_kind == "concurrency" else "req/s in"
+    table = Table(title=f"load sweep ({where}, backend {est.backend})")
+    for col in (axis, "TTFT avg", "TTFT p95", "E2E avg", "tok/s", "out tok/s", "req/s", "run"):
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    for p in sweep_rows(est):
+        style = "green" if p.ttft_p95_s <= est.target_ttft_s else "red"
+        table.add_row(f"{p.level:g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
+                      f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}", f"{p.output_tokens_per_s:,.0f}",
+                      f"{p.requests_per_s:.2f}", p.role)
+    console.print(table)
+    summary = Table(title="capacity", show_header=False)
+    summary.add_column("")
+    summary.add_column("", justify="right")
+    for label, value in summary_rows(est):
+        summary.add_row(label, value)
+    console.print(summary)
+    for note in est.notes:
+        console.print(f"note: {note}")
+    if paths:
+        console.print(f"wrote {paths[0]} and {paths[1]}")
