@@ -118,3 +118,32 @@ def test_platform_detected_from_the_interpreter_behind_the_command(tmp_path):
     with pytest.raises(InputError):
         vllm_cpu.resolve_platform("tpu", ["vllm"])
 
+
+
+def test_backend_on_cpu_refused_start_gives_block_size_env_and_cleans_our_dist_file(tmp_path):
+    """The vLLM backend with platform="cpu", against a stand-in server that replays the
+    recorded refusal: vLLM's own line comes back as ConfigRejected("block_size"), the
+    replica saw the CPU environment, and the rendezvous file its log names is removed."""
+    from tuner.backends.vllm import VllmBackend
+    from tuner.config import Deployment
+
+    dist = tmp_path / "vllm_dist_00c0ffee"
+    fake = tmp_path / "fake_vllm.py"
+    fake.write_text(
+        "import os, sys, pathlib\n"
+        f"pathlib.Path({str(dist)!r}).write_text('rendezvous')\n"
+        "print('env', os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('VLLM_CPU_KVCACHE_SPACE'))\n"
+        f"print('(Worker pid=1) INFO [parallel_state.py:1906] distributed_init_method=file://{dist} backend=gloo')\n"
+        f"sys.stdout.write(open({str(DATA / 'vllm_cpu_0.32.0_block_size_16.log')!r}).read())\n"
+        "sys.exit(1)\n"
+    )
+    backend = VllmBackend(vllm_cmd=f"{sys.executable} {fake}", platform="cpu",
+                          cpu=vllm_cpu.CpuPlatform(kv_memory_gib=8), log_dir=tmp_path / "logs",
+                          vllm_version="0.32.0", stop_grace_s=5)
+    with pytest.raises(ConfigRejected) as info:
+        backend.start(Deployment(model=str(tmp_path)), ServeConfig(block_size=16, gpu_memory_utilization=0.5))
+    assert info.value.kind == "block_size"
+    assert info.value.message == "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
+    log = Path(info.value.log_path).read_text()
+    assert "env None 4\n" in log  # no GPU selection; 0.5 x 8 GiB of KV
+    assert not dist.exists()

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.backends.base import StopHook
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
+from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
 from tuner.errors import BackendError, ConfigRejected, InputError
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ class _Replica:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        if not self.group_alive():
+            remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
 
 
 def _group_has_live_members(pgid: int) -> bool:
@@ -236,6 +239,11 @@ class VllmBackend:
     * ``extra_args``: flags appended to every replica (e.g. ``["--trust-remote-code"]``).
     * ``env``: extra environment variables for the replicas.
     * ``router``, ``timeout_s``, ``api``, ``metrics``: passed to :func:`tuner.replay.replay`.
+    * ``platform``: ``cuda``, ``cpu`` (the vllm-cpu build: no ``CUDA_VISIBLE_DEVICES``, KV
+      size through ``VLLM_CPU_KVCACHE_SPACE``; see :mod:`tuner.backends.vllm_cpu`) or
+      ``auto`` (``cpu`` when the command's Python has vllm-cpu installed).
+    * ``cpu``: the :class:`~tuner.backends.vllm_cpu.CpuPlatform` (host GiB for the KV cache
+      at utilisation 1; default ``$TUNER_CPU_KV_GIB`` or 4).
     """
 
     name = "vllm"
@@ -255,6 +263,8 @@ class VllmBackend:
         timeout_s: float = 600.0,
         api: str = "completions",
         metrics: bool = True,
+        platform: str = "auto",
+        cpu: CpuPlatform | None = None,
     ) -> None:
         self.vllm_cmd = vllm_cmd or DEFAULT_CMD
         if not shlex.split(self.vllm_cmd):
@@ -269,6 +279,14 @@ class VllmBackend:
         self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
         self._detected: str | None = None
         self._trial_counter = 0
+        self._platform = platform
+        self.cpu = cpu or CpuPlatform(kv_memory_gib=float(os.environ.get("TUNER_CPU_KV_GIB", "4")))
+
+    def platform(self) -> str:
+        """``cuda`` or ``cpu`` (resolved once, see the class docstring)."""
+        if self._platform == "auto":
+            self._platform = resolve_platform("auto", shlex.split(self.vllm_cmd))
+        return self._platform
 
     # -- facts ---------------------------------------------------------------------------
     def version(self, deployment: Deployment) -> str:
@@ -323,8 +341,12 @@ class VllmBackend:
                 argv = self.argv(deployment, config, port=port, version=version)
                 log_path = self.log_dir / f"{trial}-r{k}.log"
                 env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
+                where = f"CUDA_VISIBLE_DEVICES={gpus}"
+                if self.platform() == "cpu":
+                    env = self.cpu.env(config, env)
+                    where = f"cpu: VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}"
                 with open(log_path, "wb") as log:
-                    log.write(f"# tuner: {shlex.join(argv)}\n# CUDA_VISIBLE_DEVICES={gpus}\n".encode())
+                    log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
                     log.flush()
                     try:
                         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -353,6 +375,7 @@ class VllmBackend:
             "log_paths": [str(r.log_path) for r in replicas],
             "endpoints": [r.url for r in replicas],
             "cuda_visible_devices": gpu_sets,
+            "platform": self.platform(),
         }
         return VllmInstance(self, replicas, info)
 

