@@ -209,7 +209,7 @@ def test_trials_store_results_and_infeasible_reasons(tmp_path):
         assert run["workload_fingerprint"] == small_workload().fingerprint()
         assert run["hardware"]["gpu_count"] == 2 and run["seed"] == 0 and run["sampler"] == "random"
         assert run["log_paths"] == ["/tmp/fake.log"]
-        assert attrs["gpu_s"] > 30.0
+        assert attrs["gpu_s"] > 30.0 or attrs["repeat_of"] < t.number  # a repeat costs nothing
         assert trial_config(t) == fake_space().config_from_params(t.params)
     best = best_feasible_trial(out.study)
     assert best is not None and best.value == max(t.value for t in trials)
@@ -271,3 +271,18 @@ def test_serve_command_is_copyable():
     assert "--max-num-seqs 128" in cmd and "--tensor-parallel-size 2" in cmd
     assert "--data-parallel-size 4" in cmd and "--no-enable-prefix-caching" in cmd
     assert "--host" not in cmd and not math.isnan(len(cmd))
+
+
+def test_a_repeated_config_reuses_the_earlier_result(tmp_path):
+    space = fake_space(SPACE.replace("{choices: [16, 64, 256]}", "64").replace("{choices: [0.8, 0.9, 0.95]}", "0.9"))
+    backend = FakeBackend()
+    out = run_search(space, backend=backend, workload=small_workload(), budget=6,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0)
+    trials = out.study.trials
+    assert len(trials) == 6 and len(backend.started) == 2  # two layouts, each launched once
+    repeats = [t for t in trials if "repeat_of" in t.user_attrs]
+    assert len(repeats) == 4
+    for t in repeats:
+        first = trials[t.user_attrs["repeat_of"]]
+        assert t.value == first.value and t.user_attrs["config"] == first.user_attrs["config"]
+        assert t.user_attrs["gpu_s"] == 0.0

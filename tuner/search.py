@@ -20,7 +20,8 @@ The P95 TTFT constraint goes to the sampler as an Optuna constraint
 (``trial.set_constraint``, which replaced ``constraints_func`` in Optuna 5.0; TPE and GP
 both read it), so it learns the feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
-crash marks only that trial FAIL and the study goes on.
+crash marks only that trial FAIL and the study goes on. A configuration the sampler
+proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
 
 Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
 ``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
@@ -452,6 +453,16 @@ def run_search(
     def objective(trial: optuna.Trial) -> float:
         nonlocal session_gpu_s
         config = space.suggest(trial)
+        earlier = _same_config(trial.study, config)
+        if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
+            obs.on_phase(f"same configuration as trial {earlier.number}")
+            trial.set_constraint(CONSTRAINT, float(earlier.user_attrs.get("constraint", 1.0)))
+            for key, value in earlier.user_attrs.items():
+                if key not in ("warm_start", "gpu_s"):
+                    trial.set_user_attr(key, value)
+            trial.set_user_attr("repeat_of", earlier.number)
+            trial.set_user_attr("gpu_s", 0.0)
+            return float(earlier.value)
         try:
             ev = evaluate_config(
                 backend_obj, deployment, config, workload, target,
@@ -492,6 +503,17 @@ def run_search(
     total = count_finished(st)
     return SearchOutcome(st, name, storage, best_feasible_trial(st), total, total - finished,
                          time.perf_counter() - t0, session_gpu_s)
+
+
+def _same_config(study: optuna.Study, config: ServeConfig) -> FrozenTrial | None:
+    """An earlier COMPLETE trial of ``study`` that ran exactly ``config``."""
+    from optuna.trial import TrialState
+
+    wanted = config.to_dict()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("config") == wanted and "repeat_of" not in t.user_attrs:
+            return t
+    return None
 
 
 def _stamp_study(st: optuna.Study, space: SearchSpace, deployment: Deployment, fingerprint: str,
