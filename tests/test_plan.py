@@ -1,0 +1,285 @@
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import optuna
+import pytest
+
+from tuner.capacity import (
+    CapacityEstimate,
+    Demand,
+    conversations_per_min,
+    cost_figures,
+    max_load_meeting,
+    parse_demand,
+    parse_fraction,
+    replicas_needed,
+    requests_per_conversation,
+)
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import InputError, NoFeasibleConfig
+from tuner.load import Concurrency, Poisson
+from tuner.plan import load_plan, plan_capacity, plan_key, rescale, sim_serve_speed, write_plan_files
+from tuner.result import RunResult
+from tuner.traffic.workload import Workload
+
+# Article 004, section 5: users and P95 TTFT (s)
+ARTICLE_USERS = [5, 10, 20, 50, 80, 120, 160]
+ARTICLE_P95 = [0.62, 0.84, 1.1, 2.3, 4.6, 8.2, 13.6]
+
+
+# -- interpolation ------------------------------------------------------------------------
+def test_crossing_on_the_articles_table_lies_between_the_bracketing_loads():
+    c = max_load_meeting(ARTICLE_USERS, ARTICLE_P95, 5.0)
+    assert c.status == "between"
+    assert 80 < c.level < 120  # 80 users meet 5 s (4.6), 120 miss (8.2)
+
+
+def test_pchip_recovers_the_crossing_of_a_smooth_monotone_curve():
+    def p95(u):
+        return 0.002 * u**2  # reaches 5 s at 50 users
+
+    levels = [5, 10, 20, 40, 60, 80]
+    c = max_load_meeting(levels, [p95(u) for u in levels], 5.0)
+    assert c.level == pytest.approx(50, rel=0.03)
+
+
+def test_crossing_grows_with_the_target():
+    found = [max_load_meeting(ARTICLE_USERS, ARTICLE_P95, t).level for t in (1.0, 2.0, 3.0, 5.0, 8.0, 12.0)]
+    assert found == sorted(found)
+    assert all(a < b for a, b in zip(found, found[1:]))
+
+
+def test_target_below_the_first_point_and_above_the_last():
+    below = max_load_meeting(ARTICLE_USERS, ARTICLE_P95, 0.5)
+    assert below.status == "below" and below.level is None
+    above = max_load_meeting(ARTICLE_USERS, ARTICLE_P95, 20.0)
+    assert above.status == "above" and above.level == 160
+
+
+def test_a_dip_after_a_miss_is_not_spare_capacity():
+    # 20 users miss 5 s; the lower reading at 30 is noise: the answer stays below 20
+    c = max_load_meeting([10, 20, 30, 40], [1.0, 6.0, 4.0, 8.0], 5.0)
+    assert 10 < c.level < 20
+
+
+def test_failed_runs_count_as_misses_and_repeated_levels_average():
+    c = max_load_meeting([10, 20, 30], [1.0, 2.0, math.inf], 5.0)
+    assert c.level == 20  # no curve beyond a failed run: the last good load
+    c = max_load_meeting([10, 20, 20, 30], [1.0, 3.0, 5.0, 9.0], 4.0)  # 20 users read 4.0 on average
+    assert c.level == pytest.approx(20)
+    with pytest.raises(InputError):
+        max_load_meeting([1, 2], [1.0], 1.0)
+
+
+# -- conversations, demand, headroom, cost ------------------------------------------------
+def test_conversations_per_minute_as_the_article_counts_them():
+    # the article: 5000 tokens/s at 300 tokens per conversation -> 1000 per minute
+    assert conversations_per_min(tokens_per_s=5000, requests_per_s=99, tokens_per_conversation=300) == 1000
+    # 3 requests per conversation at 2 requests/s -> 40 conversations per minute
+    assert conversations_per_min(tokens_per_s=1, requests_per_s=2, requests_per_conversation=3) == pytest.approx(40)
+
+
+def test_requests_per_conversation_from_session_ids():
+    assert requests_per_conversation(["a", "a", "b", None]) == pytest.approx(4 / 3)
+    assert requests_per_conversation([None, None]) is None
+    assert requests_per_conversation(None) is None
+
+
+def test_demand_parsing():
+    assert parse_demand("1200/min") == Demand(1200, "conversations")
+    assert parse_demand("20/s") == Demand(1200, "conversations")
+    assert parse_demand("72000/h").per_min == pytest.approx(1200)
+    assert parse_demand("20req/s") == Demand(1200, "requests")
+    assert parse_demand("1200 conv/min") == Demand(1200, "conversations")
+    assert parse_demand("600") == Demand(600, "conversations")
+    with pytest.raises(InputError, match="cannot read demand"):
+        parse_demand("lots")
+    assert parse_fraction("20%") == pytest.approx(0.2)
+    assert parse_fraction("0.5") == 0.5
+    with pytest.raises(InputError):
+        parse_fraction("-5%")
+
+
+def test_replicas_hand_worked():
+    # 2500/min with 20% headroom is 3000/min to provision; 1000/min each -> exactly 3
+    assert replicas_needed(2500, 1000, 0.2) == 3
+    assert replicas_needed(2501, 1000, 0.2) == 4
+    assert replicas_needed(1000, 1000, 0.0) == 1
+    assert replicas_needed(1000, 1000, 0.2) == 2  # headroom forces a second replica
+    assert replicas_needed(10, 1000, 0.2) == 1
+    assert replicas_needed(0, 1000, 0.2) == 0
+    with pytest.raises(InputError):
+        replicas_needed(100, 1000, -0.1)
+
+
+def test_cost_hand_worked():
+    # 8 GPUs at 2.00/GPU-hour = 16/hour; 1e6/3600 tokens/s is a million tokens an hour
+    c = cost_figures(2.0, 8, tokens_per_s=1e6 / 3600, output_tokens_per_s=0.5e6 / 3600, replicas=3)
+    assert c["cost_per_hour"] == 16
+    assert c["total_cost_per_hour"] == 48
+    assert c["cost_per_million_tokens"] == pytest.approx(16)
+    assert c["cost_per_million_output_tokens"] == pytest.approx(32)
+
+
+# -- plan_capacity on an analytic server --------------------------------------------------
+class Analytic:
+    """P95 TTFT = ``f(users)`` exactly (every request waits that long); 100 tokens/s per user."""
+
+    name = "analytic"
+
+    def __init__(self, f):
+        self.f = f
+        self.runs: list[float] = []
+        self.info = {}
+
+    def precheck(self, deployment, config):
+        return {}
+
+    def start(self, deployment, config):
+        return self
+
+    def run(self, workload, load, *, stop=None):
+        level = load.users if isinstance(load, Concurrency) else load.rate
+        self.runs.append(level)
+        n = len(workload)
+        ttft = np.full(n, float(self.f(level)))
+        tokens = float((workload.prompt_tokens + workload.output_tokens).sum())
+        return RunResult(send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 2.0, prompt_tokens=workload.prompt_tokens,
+                         output_tokens=workload.output_tokens, error=[None] * n,
+                         duration_s=tokens / (100.0 * level))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def wl(n: int = 400, sessions=None) -> Workload:
+    return Workload(arrival_s=np.zeros(n), prompt_tokens=np.full(n, 200), output_tokens=np.full(n, 100),
+                    session=sessions, source="test")
+
+
+def plan(f, **kw):
+    kw.setdefault("workload", wl())
+    return plan_capacity(kw.pop("target", 5.0), config=ServeConfig(tensor_parallel_size=2),
+                         deployment=Deployment(gpu_count=2), backend=Analytic(f), **kw)
+
+
+def test_linear_server_gives_the_exact_crossing_and_verifies_it():
+    est = plan(lambda u: 0.05 * u)  # 5 s at 100 users
+    assert est.max_concurrency == 100 and est.bound == "interpolated" and est.verified
+    assert est.ttft_p95_s <= 5.0
+    verify = [p for p in est.sweep if p.role == "verify"]
+    assert [p.level for p in verify] == [100]
+    assert est.tokens_per_s == pytest.approx(100 * 100)  # the analytic server's 100 tok/s per user
+    # workload mean is 300 tokens per request: one conversation = one request
+    assert est.conversations_per_min == pytest.approx(est.tokens_per_s * 60 / 300)
+
+
+def test_a_missed_verification_steps_down_and_says_so():
+    est = plan(lambda u: 0.05 * u if u < 85 else 9.0)  # a cliff just above the measured 80
+    assert est.max_concurrency < 85 and est.ttft_p95_s <= 5.0
+    assert any("missed" in n and "stepped down" in n for n in est.notes)
+    assert sum(p.role == "verify" for p in est.sweep) >= 2
+
+
+def test_a_server_that_never_breaks_is_extended_then_reported_as_a_lower_bound():
+    est = plan(lambda u: 0.1, workload=wl(600))
+    levels = sorted(p.level for p in est.sweep)
+    assert levels[-1] == 300  # extended x1.5 from 160, capped at half the 600 requests
+    assert est.bound == "at_least" and est.max_concurrency == 300
+    assert any("at least" in n for n in est.notes)
+
+
+def test_a_server_that_misses_at_the_lowest_load_is_infeasible():
+    backend = Analytic(lambda u: 6.0)
+    with pytest.raises(NoFeasibleConfig, match="even at the lowest load"):
+        plan_capacity(5.0, config=ServeConfig(), workload=wl(), backend=backend)
+    assert min(backend.runs) == 1  # halved down to one user first
+
+
+def test_demand_headroom_cost_and_json_keys():
+    est = plan(lambda u: 0.05 * u, tokens_per_conversation=300, demand="2500/min", headroom=0.2, gpu_hour_cost=2.0)
+    assert est.conversations_per_min == pytest.approx(2000)  # 10,000 tok/s x 60 / 300
+    assert est.replicas == 2  # 2500 x 1.2 = 3000 per minute over 2000 each
+    assert est.cost_per_hour == 4.0 and est.total_cost_per_hour == 8.0  # TP2 = 2 GPUs
+    data = json.loads(json.dumps(est.to_dict(), allow_nan=False))
+    for key in ("max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s",
+                "conversations_per_min", "replicas", "sweep"):
+        assert key in data
+    assert isinstance(data["sweep"], list) and {"level", "ttft_p95_s", "tokens_per_s"} <= set(data["sweep"][0])
+    assert CapacityEstimate.from_dict(data) == est
+
+
+def test_sessions_count_requests_per_conversation():
+    sessions = [f"c{i // 4}" for i in range(400)]  # 4 turns each
+    est = plan(lambda u: 0.05 * u, workload=wl(400, sessions))
+    assert est.conversation_basis == "requests" and est.requests_per_conversation == 4
+    assert est.conversations_per_min == pytest.approx(est.requests_per_s * 60 / 4)
+
+
+def test_repeats_give_ranges_around_the_headline():
+    est = plan(lambda u: 0.05 * u, repeats=3)
+    assert est.repeats == 3 and {p.repeat for p in est.sweep} == {0, 1, 2}
+    for key in ("max_concurrency", "tokens_per_s", "conversations_per_min"):
+        lo, hi = est.ranges[key]
+        assert lo <= getattr(est, key) <= hi
+
+
+def test_open_loop_rates():
+    est = plan(lambda r: 0.5 * r, rates=[1, 2, 4, 8, 16])  # 5 s at 10 req/s
+    assert est.load_kind == "rate" and est.max_load == pytest.approx(10, rel=1e-6)
+    assert est.max_concurrency == pytest.approx(est.requests_per_s * est.e2e_mean_s)
+
+
+def test_time_scale_restores_simulated_time():
+    n = 4
+    r = RunResult(send_s=np.zeros(n), ttft_s=np.full(n, 0.1), e2e_s=np.full(n, 1.0), prompt_tokens=np.full(n, 10),
+                  output_tokens=np.full(n, 10), error=[None] * n, duration_s=2.0)
+    s = rescale(r, 20.0).summary()
+    assert s["ttft_p95_s"] == pytest.approx(2.0) and s["tokens_per_s"] == pytest.approx(r.summary()["tokens_per_s"] / 20)
+    assert sim_serve_speed("python -m tuner sim-serve --speed 25") == 25
+    assert sim_serve_speed("vllm serve --speed 25") is None
+
+
+def test_files_are_written(tmp_path):
+    est = plan(lambda u: 0.05 * u)
+    md, png = write_plan_files(est, tmp_path)
+    assert md.read_text().count("| sweep |") == 7 and png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the study as storage -----------------------------------------------------------------
+def test_plan_is_stored_in_a_real_study_and_read_back(tmp_path):
+    from tuner.search import run_search
+    from tuner.space import load_space
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    space = load_space("default")
+    space = space.bind(space.deployment, num_heads=28)
+    small = wl(80)
+    out = run_search(space, workload=small, budget=2, storage=storage, study="s")
+    assert out.best is not None
+    est = plan_capacity(2.0, study="s", storage=storage, workload=small, levels=[2, 4, 8], max_extensions=1)
+    assert est.study == "s" and est.trial == out.best.number
+    again = optuna.load_study(study_name="s", storage=storage)
+    assert plan_key(est.trial, 2.0) in again.user_attrs
+    back = load_plan(again, trial=est.trial, target_ttft_s="2s")
+    assert back == est
+    assert load_plan("s", storage=storage, target_ttft_s=99) is None
+
+
+def test_missing_study_and_trial_are_bad_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="no study"):
+        plan_capacity(5.0)
+    storage = f"sqlite:///{tmp_path}/e.db"
+    optuna.create_study(study_name="empty", storage=storage)
+    with pytest.raises(NoFeasibleConfig):
+        plan_capacity(5.0, study="empty", storage=storage)
+    with pytest.raises(InputError, match="no trial 7"):
+        plan_capacity(5.0, study="empty", storage=storage, trial=7)
