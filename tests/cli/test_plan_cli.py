@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from tuner.cli import main
+
+CONFIG = ["--gpu", "H100-SXM", "--model", "qwen2.5-7b", "--max-num-seqs", "64", "--max-model-len", "4096"]
+KEYS = ("max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s", "conversations_per_min",
+        "replicas", "sweep")
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_no_study_is_a_clear_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["plan", "--target-ttft", "5s"], capsys)
+    assert code == 2
+    assert "no study in studies/" in err and "tuner search" in err
+
+
+def test_no_feasible_trial_exits_3(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies").mkdir()
+    optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path}/studies/empty.db")
+    code, _, err = run_cli(["plan", "--target-ttft", "5s"], capsys)
+    assert code == 3 and "no feasible trial" in err
+
+
+def test_config_on_the_command_line_json_and_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["plan", *CONFIG, "--target-ttft", "1s", "-c", "4,16", "-n", "120",
+                            "--demand", "600/min", "--gpu-hour-cost", "3", "--output", "json",
+                            "--out", str(tmp_path / "o")], capsys)
+    assert code == 0
+    data = json.loads(out)
+    for key in KEYS:
+        assert key in data
+    assert data["ttft_p95_s"] <= 1.0 and data["replicas"] >= 1 and data["study"] is None
+    assert data["cost_per_hour"] == 3.0  # one GPU
+    assert [f.rsplit("/", 1)[-1] for f in data["files"]] == ["plan-1s.md", "plan-1s.png"]
+    assert (tmp_path / "o" / "plan-1s.png").is_file()
+
+
+def test_plan_from_the_newest_study_is_stored_and_printed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["search", "--budget", "1", "--target-ttft", "2s", "--output", "json"], capsys)
+    assert code == 0
+    name = json.loads(out)["study"]
+    code, out, _ = run_cli(["plan", "-c", "2,8", "-n", "100", "--tokens-per-conversation", "300"], capsys)
+    assert code == 0
+    assert "load sweep" in out and "conversations/min" in out and "300 tokens/conversation" in out
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/studies/{name}.db")
+    assert any(k.startswith("plan/") and k.endswith("ttft-2s") for k in study.user_attrs)  # the study's own target
+    assert list((tmp_path / "studies" / name).glob("plan-2s*.md"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--study", "x", "--tp", "2"], "--tp describes a configuration"),
+    (["plan", *CONFIG, "--demand", "lots"], "cannot read demand"),
+    (["plan", *CONFIG, "--output", "yaml"], "--output must be table or json"),
+    (["plan", *CONFIG, "--headroom", "much"], "cannot read --headroom"),
+])
+def test_bad_flags_exit_2(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and message in err
