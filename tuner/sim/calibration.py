@@ -115,6 +115,6 @@ def load_calibration(gpu: GPU, path: str | None = None) -> Calibration:
         return _from_yaml(Path(path))
     cls = gpu_class(gpu)
     file = DATA_DIR / f"{cls}.yaml"
-    if not file.exists():  # a class without its own table borrows the nearest newer one
+    if not file.exists():  # blackwell: no table yet, borrow hopper's
         file = DATA_DIR / "hopper.yaml"
     return _from_yaml(file)
