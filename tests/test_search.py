@@ -286,3 +286,16 @@ def test_a_repeated_config_reuses_the_earlier_result(tmp_path):
         first = trials[t.user_attrs["repeat_of"]]
         assert t.value == first.value and t.user_attrs["config"] == first.user_attrs["config"]
         assert t.user_attrs["gpu_s"] == 0.0
+
+
+def test_warm_start_enqueues_the_simulator_best_first(tmp_path):
+    from tuner.search import warm_start_configs
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    space = fake_space()
+    warm = warm_start_configs(space, small_workload(), k=2, budget=4, storage=storage)
+    assert 1 <= len(warm) <= 2
+    out = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=3, storage=storage, enqueue=warm)
+    assert out.name.endswith(".fake")  # the real study is not the simulator's
+    assert [trial_config(t) for t in out.study.trials[: len(warm)]] == warm
+    assert all(t.user_attrs.get("warm_start") for t in out.study.trials[: len(warm)])

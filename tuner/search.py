@@ -189,15 +189,20 @@ def evaluate_config(
     say = phase or (lambda text: None)
     attrs: dict[str, Any] = {"config": config.to_dict(), "target_ttft_s": target_ttft_s}
     facts: dict[str, Any] = {}
+    launched = 0.0
     try:
         if precheck:
             say("pre-check")
-            facts = dict(backend.precheck(deployment, config) or {})
+            facts = planner_precheck(deployment, config) if backend.name != "sim" else {}
+            facts.update(backend.precheck(deployment, config) or {})
             attrs["plan"] = _clean(facts)
         say("starting")
+        launched = time.perf_counter()
         instance = backend.start(deployment, config)
     except ConfigRejected as err:
-        return _rejected(attrs, err, launched=not precheck or bool(facts))
+        # a real refused start cost its wall time on the GPUs; the simulator's costs nothing
+        spent = time.perf_counter() - launched if launched and backend.name != "sim" else 0.0
+        return _rejected(attrs, err, launched=bool(launched), gpu_s=spent)
     info = dict(getattr(instance, "info", {}) or {})
     startup_s = float(info.get("startup_s") or 0.0)
     attrs["startup_s"] = startup_s
@@ -251,6 +256,18 @@ def evaluate_config(
         error_rate=float(s["error_rate"]), chosen_load=best.load.label,
     )
     return Evaluation(True, float(s["tokens_per_s"]), attrs["constraint"], attrs, gpu_s)
+
+
+def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
+    """The simulator's memory plan, as a pre-check before a real backend starts anything:
+    raises ConfigRejected where vLLM would refuse. A deployment the simulator cannot
+    model (a GPU or model it does not know) is not pre-checked: ``{}``."""
+    from tuner.backends.sim import SimBackend
+
+    try:
+        return SimBackend().precheck(deployment, config)
+    except InputError:
+        return {}
 
 
 def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
@@ -414,10 +431,14 @@ def run_search(
     early_stop: bool = True,
     max_replays: int = 4,
     observer: SearchObserver | None = None,
+    tags: dict[str, Any] | None = None,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
-    ``precheck`` is always the simulator's memory planner when the backend has one."""
+    ``precheck`` is always the simulator's memory planner when the backend has one.
+    Several processes may run it on one server-database study (:mod:`tuner.workers`:
+    the budget is global). ``tags`` are stamped on every new trial, and a configuration
+    is only reused from a trial with the same tags and workload."""
     import optuna
 
     if budget < 1:
@@ -430,9 +451,11 @@ def run_search(
         obs.on_phase("building workload")
         workload = build_workload(space.workload, deployment)
     fingerprint = workload.fingerprint()
-    name = study or study_name(deployment, fingerprint, space.name)
+    name = study or study_name(deployment, fingerprint, space.name, backend_obj.name)
     target = space.workload.target_ttft_s
-    the_sampler = make_sampler(sampler, seed=seed, space=space)
+    from tuner.workers import Worker, worker_seed
+
+    the_sampler = make_sampler(sampler, seed=worker_seed(seed, storage), space=space)
     st = open_study(name, storage, sampler=the_sampler)
     _stamp_study(st, space, deployment, fingerprint, backend_obj.name, sampler, seed, target)
     finished = count_finished(st)
@@ -452,8 +475,10 @@ def run_search(
 
     def objective(trial: optuna.Trial) -> float:
         nonlocal session_gpu_s
+        worker.started(trial)
         config = space.suggest(trial)
-        earlier = _same_config(trial.study, config)
+        worker.wait_for_twin(trial)
+        earlier = _same_config(trial.study, config, fingerprint, tags or {})
         if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
             obs.on_phase(f"same configuration as trial {earlier.number}")
             trial.set_constraint(CONSTRAINT, float(earlier.user_attrs.get("constraint", 1.0)))
@@ -491,13 +516,9 @@ def run_search(
 
         obs.on_trial(trial, best_feasible_trial(st_), count_finished(st_))
 
-    remaining = budget - finished
-    if remaining > 0:
-        st.optimize(
-            objective, n_trials=remaining, timeout=timeout_s, catch=(Exception,),
-            callbacks=[optuna.study.MaxTrialsCallback(budget, states=finished_states()), after],
-            gc_after_trial=False, show_progress_bar=False,
-        )
+    with Worker(st, storage, budget=budget, timeout_s=timeout_s,
+                gpus=deployment.gpu_ids or deployment.gpu_count, attrs=tags) as worker:
+        worker.optimize(objective, catch=(Exception,), callbacks=[after])
     from tuner.study import best_feasible_trial
 
     total = count_finished(st)
@@ -505,14 +526,21 @@ def run_search(
                          time.perf_counter() - t0, session_gpu_s)
 
 
-def _same_config(study: optuna.Study, config: ServeConfig) -> FrozenTrial | None:
-    """An earlier COMPLETE trial of ``study`` that ran exactly ``config``."""
+def _same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | None = None,
+                 tags: dict[str, Any] | None = None) -> FrozenTrial | None:
+    """An earlier COMPLETE trial of ``study`` that ran exactly ``config`` (on the same
+    workload and with the same ``tags``, when given)."""
     from optuna.trial import TrialState
 
     wanted = config.to_dict()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.user_attrs.get("config") == wanted and "repeat_of" not in t.user_attrs:
-            return t
+        if t.user_attrs.get("config") != wanted or "repeat_of" in t.user_attrs:
+            continue
+        if fingerprint and (t.user_attrs.get("run") or {}).get("workload_fingerprint", fingerprint) != fingerprint:
+            continue
+        if any(t.user_attrs.get(k) != v for k, v in (tags or {}).items()):
+            continue
+        return t
     return None
 
 

@@ -31,10 +31,14 @@ if TYPE_CHECKING:
 STUDIES_DIR = Path("studies")
 
 
-def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default") -> str:
+def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default",
+               backend: str = "sim") -> str:
     """``1xH100-SXM.qwen2.5-7b.default.3f9a1c2b``: deployment label, space, workload
-    fingerprint (first 8 hex digits). Safe as a file name."""
+    fingerprint (first 8 hex digits), and the backend unless it is the simulator (so a
+    real study and its simulator warm start stay apart). Safe as a file name."""
     raw = f"{deployment.label()}.{space_name}.{workload_fingerprint[:8]}"
+    if backend != "sim":
+        raw += f".{backend}"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
 
 
@@ -64,6 +68,10 @@ def _storage(storage: str | None, name: str) -> Any:
     url = storage or default_storage(name)
     if url.startswith("sqlite:///"):
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
+    if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
+        from tuner.workers import shared_storage
+
+        return shared_storage(url)
     return url
 
 

@@ -113,7 +113,7 @@ def search_cmd(
         warm_start_configs,
     )
     from tuner.space import load_space, parse_seconds
-    from tuner.study import closest_miss, miss_explanation, trial_config
+    from tuner.study import closest_miss, miss_explanation, study_name, trial_config
 
     if output not in ("text", "json"):
         raise InputError(f"--output {output!r} is not text or json")
@@ -150,17 +150,26 @@ def search_cmd(
     if wl_changes:
         sp = sp.with_workload(**wl_changes)
     sp = sp.bind(dep, num_heads(dep))
-    options = {k: v for k, v in (("vllm_cmd", vllm_cmd), ("endpoint", endpoint)) if v}
-    backend_obj = get_backend_by_name(backend, **options)
     workload = build_workload(sp.workload, dep)
+    name = study or study_name(dep, workload.fingerprint(), sp.name, backend)
+    options: dict[str, Any] = {}
+    if backend == "vllm":
+        options["log_dir"] = f"studies/{name}/logs"
+        if vllm_cmd:
+            options["vllm_cmd"] = vllm_cmd
+    elif backend == "endpoint":
+        if not endpoint:
+            raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
+        options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
+    backend_obj = get_backend_by_name(backend, **options)
     with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress:
         enqueue = []
         if warm_start == "sim" and backend != "sim":
             progress.on_phase("warm start: simulator study")
-            enqueue = warm_start_configs(sp, workload, budget=40, seed=seed)
+            enqueue = warm_start_configs(sp, workload, budget=40, seed=seed, storage=storage)
         outcome = run_search(
             sp, backend=backend_obj, workload=workload, budget=budget, timeout_s=timeout,
-            storage=storage, study=study, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
+            storage=storage, study=name, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
         )
     best = outcome.best
     report: dict[str, Any] = {
