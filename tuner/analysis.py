@@ -1,0 +1,256 @@
+"""Read a finished (or running) study as tables: the API that the notebooks, the plots
+and ``tuner report`` share.
+
+* :func:`open_study` — a study from a ``.db`` file, a storage URL or a study name.
+* :func:`trials_frame` — one row per trial, every trial (feasible, infeasible, refused
+  by vLLM, failed, pruned, running), the configuration flattened into columns, every
+  measured metric a column, and why a trial did not count (``reason``).
+* :func:`best_trial` — the feasible trial with the most throughput.
+* :func:`plan_sweep` — the load sweep ``tuner plan`` stored in the study, as a table.
+* :func:`pareto_mask` — the trials no other trial beats on both throughput and P95 TTFT.
+
+Everything here reads only; the study stays an ordinary Optuna study that
+``optuna.load_study`` and optuna-dashboard open (``optuna-dashboard sqlite:///studies/NAME.db``).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import InputError
+from tuner.study import STUDIES_DIR, best_feasible_trial, is_feasible, load_study_by_name
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
+    from optuna.trial import FrozenTrial
+
+#: Trial statuses in :func:`trials_frame` (column ``status``), in plotting order.
+STATUSES = ("feasible", "infeasible", "refused", "failed", "pruned", "running")
+#: Columns every :func:`trials_frame` has, whatever the study holds.
+BASE_COLUMNS = ("number", "state", "status", "feasible", "value", "constraint", "reason", "layout",
+                "tensor_parallel_size", "replicas", "tokens_per_s", "ttft_p95_s", "repeat_of",
+                "datetime_start", "duration_s")
+#: Plan facts of the memory planner worth a column (``plan_<name>``).
+PLAN_FACTS = ("kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "weight_bytes", "kv_bytes", "startup_s")
+
+
+def open_study(path_or_name: str | Path, storage: str | None = None) -> optuna.Study:
+    """Load an existing study, read only in spirit (nothing is written).
+
+    ``path_or_name`` is a SQLite file (``studies/NAME.db``; its only study, or the study
+    named like the file when it holds several), a storage URL (``sqlite:///x.db``,
+    ``postgresql://...``; its only study), or a study name (in ``storage`` when given, else
+    ``studies/NAME.db``). :class:`~tuner.errors.InputError` names what exists otherwise.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    text = str(path_or_name)
+    if storage is not None:
+        return load_study_by_name(text, storage)
+    if "://" in text:
+        return _only_study(text, text, prefer=None)
+    path = Path(text).expanduser()
+    if path.suffix == ".db" or path.is_file():
+        if not path.is_file():
+            raise InputError(f"no study file {path}", hint="give a studies/NAME.db file or a study name "
+                             "(tuner studies lists them)")
+        return _only_study(f"sqlite:///{path.resolve()}", str(path), prefer=path.stem)
+    return load_study_by_name(text)
+
+
+def _only_study(url: str, where: str, prefer: str | None) -> optuna.Study:
+    import optuna
+
+    try:
+        names = optuna.get_all_study_names(url)
+    except Exception as err:  # not a database, bad URL, missing driver
+        raise InputError(f"cannot read studies from {where}: {type(err).__name__}: {err}".splitlines()[0],
+                         hint="give a .db file written by tuner search, or an SQLAlchemy URL") from err
+    if prefer in names:
+        name = prefer
+    elif len(names) == 1:
+        name = names[0]
+    else:
+        raise InputError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'})",
+                         hint="pass the study name and --storage with the URL")
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def study_location(study: optuna.Study) -> Path | None:
+    """The SQLite file behind ``study``, or ``None`` (another database, in memory)."""
+    storage: Any = study._storage  # noqa: SLF001  (Optuna keeps no public handle to it)
+    storage = getattr(storage, "_backend", storage)
+    url = str(getattr(storage, "url", "") or "")
+    if url.startswith("sqlite:///") and not url.endswith(":memory:"):
+        return Path(url.removeprefix("sqlite:///"))
+    return None
+
+
+def target_ttft_s(study: optuna.Study) -> float | None:
+    """The study's P95 TTFT target in seconds (stamped by ``tuner search``)."""
+    target = study.user_attrs.get("target_ttft_s")
+    if target is None:  # older studies: each trial carries it
+        for t in study.get_trials(deepcopy=False):
+            if t.user_attrs.get("target_ttft_s") is not None:
+                return float(t.user_attrs["target_ttft_s"])
+        return None
+    return float(target)
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The feasible trial with the most tokens/s (ties: the earlier); ``None`` when no
+    trial met the target."""
+    return best_feasible_trial(study)
+
+
+def _status(trial: FrozenTrial) -> str:
+    from optuna.trial import TrialState
+
+    if trial.state == TrialState.COMPLETE:
+        if is_feasible(trial):
+            return "feasible"
+        return "refused" if trial.user_attrs.get("rejected_kind") else "infeasible"
+    return {TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}.get(trial.state, "running")
+
+
+def _reason(trial: FrozenTrial, status: str) -> str | None:
+    attrs = trial.user_attrs
+    if status in ("infeasible", "refused"):
+        return str(attrs.get("infeasible_reason") or "did not meet the target")
+    if status == "failed":
+        return str(attrs.get("error") or "the trial raised (see the search log)")
+    if status == "pruned":
+        return "pruned by the sampler or a callback"
+    if status == "running":
+        return f"still {trial.state.name.lower()} (or its process was killed)"
+    return None
+
+
+def _number(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
+def trial_row(trial: FrozenTrial) -> dict[str, Any]:
+    """One :func:`trials_frame` row: base columns, then the configuration's knobs, the
+    summary of the chosen load point (every percentile), ``server_*`` readings and
+    ``plan_*`` memory-planner facts."""
+    attrs = trial.user_attrs
+    status = _status(trial)
+    config = dict(attrs.get("config") or {})
+    tp = config.get("tensor_parallel_size") or 1
+    replicas = config.get("replicas") or 1
+    duration = trial.duration.total_seconds() if trial.duration is not None else math.nan
+    row: dict[str, Any] = {
+        "number": trial.number, "state": trial.state.name, "status": status,
+        "feasible": status == "feasible", "value": _number(trial.value),
+        "constraint": _number(attrs.get("constraint")), "reason": _reason(trial, status),
+        "layout": f"tp{tp}x{replicas}", "tensor_parallel_size": tp, "replicas": replicas,
+        "repeat_of": _number(attrs.get("repeat_of")),
+        "datetime_start": trial.datetime_start, "duration_s": duration,
+    }
+    for key, value in config.items():
+        row[key] = value
+    for key, value in (attrs.get("summary") or {}).items():
+        row[key] = _number(value)
+    # What the trial measured at its chosen load (at its lowest load when infeasible,
+    # where the objective ``value`` stays 0); nothing for a configuration never run.
+    row.setdefault("tokens_per_s", math.nan)
+    row.setdefault("ttft_p95_s", math.nan)
+    for key in ("chosen_load", "lowest_load", "p95_ttft_at_lowest_load_s", "gpu_s", "rejected_kind",
+                "rejected_at"):
+        if key in attrs:
+            row[key] = _number(attrs[key])
+    row["n_loads"] = len(attrs.get("loads") or [])
+    for key, value in (attrs.get("server") or {}).items():
+        row[f"server_{key}"] = _number(value)
+    plan = (attrs.get("run") or {}).get("plan") or attrs.get("plan") or {}
+    for key in PLAN_FACTS:
+        if key in plan:
+            row[f"plan_{key}"] = _number(plan[key])
+    return row
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """Every trial of ``study`` as a row (see :func:`trial_row`), by trial number.
+
+    ``status`` is one of :data:`STATUSES`; ``reason`` says why a trial did not count
+    (vLLM's refusal, the TTFT miss with its numbers, the crash); ``value`` is the
+    objective (0 for infeasible trials) while ``tokens_per_s`` / ``ttft_p95_s`` are what
+    the trial measured at its chosen load (at its lowest load when infeasible).
+    """
+    import pandas as pd
+
+    rows = [trial_row(t) for t in study.get_trials(deepcopy=False)]
+    frame = pd.DataFrame(rows)
+    for col in BASE_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = pd.Series(dtype=object)
+    if len(frame):
+        frame = frame.sort_values("number").reset_index(drop=True)
+    frame.attrs["study"] = study.study_name
+    frame.attrs["target_ttft_s"] = target_ttft_s(study)
+    return frame
+
+
+def pareto_mask(frame: pd.DataFrame, x: str = "ttft_p95_s", y: str = "tokens_per_s") -> pd.Series:
+    """Rows on the Pareto front of low ``x`` and high ``y``: no other row has ``x`` <= and
+    ``y`` >= with one strictly better. Rows with NaN in either are never on it; repeated
+    configurations (``repeat_of``) are left to their first trial."""
+    import pandas as pd
+
+    mask = pd.Series(False, index=frame.index)
+    ok = frame[x].notna() & frame[y].notna()
+    if "repeat_of" in frame.columns:
+        ok &= frame["repeat_of"].isna()
+    sub = frame.loc[ok, [x, y]].astype(float).sort_values([x, y], ascending=[True, False])
+    best_y = -math.inf
+    for idx, (_, yv) in sub.iterrows():
+        if yv > best_y:
+            mask[idx] = True
+            best_y = yv
+    return mask
+
+
+#: Columns of :func:`plan_sweep`.
+SWEEP_COLUMNS = ("level", "load", "role", "repeat", "ttft_mean_s", "ttft_p95_s", "tpot_mean_s",
+                 "e2e_mean_s", "e2e_p95_s", "tokens_per_s", "output_tokens_per_s", "requests_per_s",
+                 "error_rate", "requests", "duration_s", "seed", "meets")
+
+
+def plan_sweep(study: optuna.Study, *, trial: int | None = None,
+               target_ttft_s: float | str | None = None) -> pd.DataFrame:
+    """The load sweep of the newest capacity plan ``tuner plan`` stored in ``study`` (for
+    ``trial`` / ``target_ttft_s`` when given), one row per run, by load; ``meets`` says
+    whether the run met the plan's target. Empty (same columns) when the study holds no
+    plan. ``frame.attrs`` carries the plan's ``target_ttft_s``, ``max_load``, ``bound``,
+    ``load_kind``, ``trial``, ``tokens_per_s`` and ``max_concurrency``."""
+    import pandas as pd
+
+    from tuner.plan import load_plan
+
+    est = load_plan(study, trial=trial, target_ttft_s=target_ttft_s)
+    if est is None:
+        frame = pd.DataFrame({c: pd.Series(dtype=object) for c in SWEEP_COLUMNS})
+        frame.attrs.update(plan=None)
+        return frame
+    rows = []
+    for p in sorted(est.sweep, key=lambda p: (p.repeat, p.level, p.role)):
+        row = p.to_dict()
+        row["meets"] = p.meets(est.target_ttft_s)
+        rows.append({k: _number(v) if k not in ("load", "role") else v for k, v in row.items()})
+    frame = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
+    frame.attrs.update(
+        plan=f"trial {est.trial} at {est.target_ttft_s:g} s", target_ttft_s=est.target_ttft_s,
+        max_load=est.max_load, bound=est.bound, load_kind=est.load_kind, trial=est.trial,
+        tokens_per_s=est.tokens_per_s, max_concurrency=est.max_concurrency,
+    )
+    return frame
+
+
+__all__ = [
+    "BASE_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep",
+    "study_location", "target_ttft_s", "trial_row", "trials_frame",
+]

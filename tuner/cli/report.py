@@ -1,0 +1,38 @@
+"""``tuner report``: write a study's HTML report (figures embedded) and its PNGs."""
+from __future__ import annotations
+
+import typer
+
+from tuner.cli import app
+
+
+@app.command("report")
+def report_cmd(
+    study: str | None = typer.Argument(
+        None, help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db file, or a "
+                   "storage URL holding one study. Default: the newest study in studies/."),
+    storage: str | None = typer.Option(
+        None, "--storage", help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to tuner search --storage."),
+    out: str | None = typer.Option(
+        None, "--out", help="Folder for report.html and the PNG files. Default: studies/<study>/ beside the study's database."),
+) -> None:
+    """Write a self-contained HTML report of a study and its figures as PNG files.
+
+    The page shows the best feasible configuration and its vllm serve command, the
+    optimisation history, which knobs mattered, throughput against P95 TTFT with the
+    target and the Pareto front, throughput by GPU layout, the capacity curve when
+    tuner plan stored one, the top trials, and why the other trials did not count.
+    The figures are embedded (base64 PNG), so report.html can be mailed on its own.
+    Exit codes: 0 written, 2 no such study.
+    """
+    from tuner.analysis import open_study
+    from tuner.plan import newest_study
+    from tuner.plots import CAPTIONS
+    from tuner.report import write_report
+
+    name = study if study is not None else newest_study(storage=storage)
+    st = open_study(name, storage)
+    path = write_report(st, out)
+    pngs = [f"{n}.png" for n in CAPTIONS if (path.parent / f"{n}.png").is_file()]
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB) and {', '.join(pngs) or 'no figures'}")
+    typer.echo(f"open it: xdg-open {path}   (or file://{path.resolve()})")

@@ -1,0 +1,182 @@
+"""``tuner report``: one self-contained HTML page about a study, for the on-call engineer
+who opens last night's run in a browser.
+
+:func:`write_report` writes ``report.html`` (every figure of :func:`tuner.plots.study_plots`
+embedded as a base64 PNG, so the file can be mailed or attached alone) and the same
+figures as PNG files beside it, by default in ``studies/<study>/`` next to the study's
+database. The page holds the answer (best feasible configuration and its ``vllm serve``
+command), the figures with a caption on how to read each, the top trials, the trials that
+did not count and why, and the capacity plan when ``tuner plan`` stored one.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.analysis import best_trial, study_location, target_ttft_s, trials_frame
+from tuner.plots import CAPTIONS, png_bytes, study_plots
+from tuner.study import STUDIES_DIR
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
+
+REPORT_NAME = "report.html"
+#: Columns of the top-trials table.
+TOP_COLUMNS = ("number", "tokens_per_s", "ttft_p95_s", "chosen_load", "layout", "gpu_memory_utilization",
+               "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+               "enable_prefix_caching", "enforce_eager", "kv_cache_dtype")
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.meta{color:#555} table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
+td,th{border:1px solid #ccc;padding:3px 7px;text-align:right} th{background:#f3f3f3}
+td.l,th.l{text-align:left} pre{background:#f6f6f6;padding:.8em;overflow-x:auto;white-space:pre-wrap}
+figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#444;max-width:900px} .skipped{color:#a60}
+"""
+
+
+def default_report_dir(study: optuna.Study) -> Path:
+    """``<folder of the study's .db>/<study name>/`` (``studies/<name>/`` by default), or
+    ``studies/<name>/`` for a study in another database."""
+    db = study_location(study)
+    folder = db.parent if db is not None else STUDIES_DIR
+    return folder / study.study_name
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _table(frame: pd.DataFrame, columns: list[str], left: tuple[str, ...] = ()) -> str:
+    cols = [c for c in columns if c in frame.columns]
+    head = "".join(f"<th class='{'l' if c in left else ''}'>{html.escape(c)}</th>" for c in cols)
+    body = []
+    for _, row in frame.iterrows():
+        cells = "".join(f"<td class='{'l' if c in left else ''}'>{html.escape(_fmt(row[c]))}</td>" for c in cols)
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _pairs(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th class='l'>{html.escape(a)}</th><td class='l'>{html.escape(b)}</td></tr>"
+                   for a, b in rows)
+    return f"<table>{body}</table>"
+
+
+def _answer(study: optuna.Study) -> str:
+    from tuner.config import Deployment
+    from tuner.search import serve_command
+    from tuner.study import closest_miss, miss_explanation, trial_config
+
+    best = best_trial(study)
+    if best is None:
+        miss = closest_miss(study)
+        text = "No configuration met the target." + (f" {miss_explanation(miss)}." if miss is not None else "")
+        return f"<p class='skipped'>{html.escape(text)}</p>"
+    config = trial_config(best)
+    rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{best.value:,.0f}")]
+    summary = best.user_attrs.get("summary") or {}
+    if summary.get("ttft_p95_s") is not None:
+        rows.append(("P95 TTFT", f"{summary['ttft_p95_s']:.3g} s at {best.user_attrs.get('chosen_load', '?')}"))
+    rows += [(k, _fmt(v)) for k, v in config.to_dict().items()]
+    out = _pairs(rows)
+    dep = study.user_attrs.get("deployment")
+    if dep:
+        try:
+            command = serve_command(Deployment(**{**dep, "gpu_ids": tuple(dep.get("gpu_ids") or ())}), config)
+            out += f"<p>Serve it with:</p><pre>{html.escape(command)}</pre>"
+        except Exception as err:  # an older study's deployment record: the table still stands
+            out += f"<p class='skipped'>(no serve command: {html.escape(str(err))})</p>"
+    return out
+
+
+def _plan_section(study: optuna.Study) -> str:
+    from tuner.plan import load_plan, summary_rows
+
+    est = load_plan(study)
+    if est is None:
+        return ("<p class='skipped'>No capacity plan stored yet: run <code>tuner plan</code> on this study "
+                "to add one.</p>")
+    return _pairs(summary_rows(est)) + "".join(f"<p class='meta'>{html.escape(n)}</p>" for n in est.notes)
+
+
+def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
+    """The HTML page and the PNG bytes of each figure drawn, by figure name."""
+    frame = trials_frame(study)
+    plots = study_plots(study, frame)
+    pngs = {p.name: png_bytes(p.figure) for p in plots if p.figure is not None}
+    target = target_ttft_s(study)
+    counts = frame["status"].value_counts().to_dict() if len(frame) else {}
+    dep = study.user_attrs.get("deployment") or {}
+    where = (f"{dep.get('gpu_count', '?')}x {dep.get('gpu', '?')}, {dep.get('model', '?')}, "
+             f"vLLM {dep.get('vllm_version', '?')}") if dep else "deployment not recorded"
+    meta = (f"{where}; backend {study.user_attrs.get('backend', '?')}; space {study.user_attrs.get('space', '?')}; "
+            f"sampler {study.user_attrs.get('sampler', '?')}; target P95 TTFT "
+            f"{'?' if target is None else f'{target:g} s'}; {len(frame)} trials ("
+            + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")")
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>tuner report: {html.escape(study.study_name)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>Study {html.escape(study.study_name)}</h1>",
+        f"<p class='meta'>{html.escape(meta)}</p>",
+        f"<p class='meta'>Written {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} by tuner report. "
+        "The study is an Optuna study: <code>optuna-dashboard sqlite:///studies/NAME.db</code> browses it live.</p>",
+        "<h2>Best feasible configuration</h2>", _answer(study),
+        "<h2>Figures</h2>",
+    ]
+    for p in plots:
+        if p.name in pngs:
+            data = base64.b64encode(pngs[p.name]).decode("ascii")
+            parts.append(f"<figure id='{p.name}'><h3>{html.escape(p.title)}</h3>"
+                         f"<img alt='{html.escape(p.title)}' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>{html.escape(p.caption)}</figcaption></figure>")
+        else:
+            parts.append(f"<h3>{html.escape(p.title)}</h3><p class='skipped'>Not drawn: {html.escape(p.skipped or '')}</p>")
+    parts.append("<h2>Capacity plan</h2>")
+    parts.append(_plan_section(study))
+    feasible = frame[frame["feasible"].astype(bool)] if len(frame) else frame
+    if len(feasible):
+        top = feasible.sort_values(["tokens_per_s", "number"], ascending=[False, True]).head(10)
+        parts += ["<h2>Top feasible trials</h2>", _table(top, list(TOP_COLUMNS), left=("chosen_load", "layout",
+                                                                                       "kv_cache_dtype"))]
+    bad = frame[frame["reason"].notna()] if len(frame) else frame
+    if len(bad):
+        parts += ["<h2>Trials that did not count</h2>",
+                  _table(bad, ["number", "status", "layout", "reason"], left=("status", "layout", "reason"))]
+    parts.append("</body></html>")
+    return "\n".join(parts), pngs
+
+
+def write_report(study: optuna.Study, out_dir: str | Path | None = None) -> Path:
+    """Write ``report.html`` and ``<figure>.png`` files into ``out_dir`` (default
+    :func:`default_report_dir`); returns the HTML file's path."""
+    folder = Path(out_dir) if out_dir is not None else default_report_dir(study)
+    folder.mkdir(parents=True, exist_ok=True)
+    page, pngs = render_report(study)
+    for name in CAPTIONS:  # a figure not drawn this time leaves no stale PNG behind
+        png = folder / f"{name}.png"
+        if name in pngs:
+            png.write_bytes(pngs[name])
+        else:
+            png.unlink(missing_ok=True)
+    path = folder / REPORT_NAME
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+__all__ = ["REPORT_NAME", "default_report_dir", "render_report", "write_report"]
