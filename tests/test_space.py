@@ -48,6 +48,7 @@ def test_parse_reads_ranges_choices_fixed_and_workload():
 def test_suggested_configs_stay_inside_the_space():
     space = parse_space(GOOD, path="my.yaml").bind(Deployment(gpu_count=8), num_heads=28)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    flags = set()
     seen_layouts = set()
     for _ in range(30):
         trial = study.ask()
@@ -58,11 +59,13 @@ def test_suggested_configs_stay_inside_the_space():
         assert config.block_size == 16
         assert config.gpus_needed <= 8
         seen_layouts.add((config.tensor_parallel_size, config.replicas))
+        flags.add(str(config.gpu_memory_utilization))
         # the config maps back onto the same trial params
-        assert space.params_of(config) == trial.params
+        assert space.params_of(config) == pytest.approx(trial.params)
         assert space.config_from_params(trial.params) == config
         study.tell(trial, 1.0)
     assert seen_layouts == {(1, 8), (2, 4)}
+    assert flags == {"0.8", "0.85", "0.9"}  # step values print as the flag a user would type
 
 
 @pytest.mark.parametrize(

@@ -217,6 +217,8 @@ class SearchSpace:
         return choices[0] if len(choices) == 1 else trial.suggest_categorical("layout", list(choices))
 
     def _config(self, values: dict[str, Any], layout: str) -> ServeConfig:
+        # float steps come back from Optuna as 0.9099999999999999: keep the flag readable
+        values = {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
         tp, replicas = parse_layout(layout)
         return ServeConfig(**values, tensor_parallel_size=tp, replicas=replicas)
 

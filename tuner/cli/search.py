@@ -97,11 +97,11 @@ def search_cmd(
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
 
-    Each trial samples a configuration from the search space, pre-checks it with the
-    simulator's memory planner (refusals cost nothing), starts it, and searches the
-    highest load whose P95 TTFT meets the target; its throughput there is the score.
-    Every trial is stored in the study (Optuna); re-running resumes it. Exit codes:
-    0 a feasible configuration was found, 2 bad input, 3 none met the target.
+    Each trial samples a configuration from the search space, pre-checks it with the simulator's memory planner (a configuration vLLM would refuse costs nothing), starts it, and searches the highest load whose P95 TTFT meets the target; the token throughput there is the trial's score.
+
+    Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
+
+    Exit codes: 0 a feasible configuration was found, 2 bad input, 3 no configuration met the target (the closest miss is explained).
     """
     from tuner.search import (
         SAMPLERS,
