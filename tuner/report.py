@@ -50,6 +50,11 @@ def default_report_dir(study: optuna.Study) -> Path:
     return folder / study.study_name
 
 
+def _url(study: optuna.Study) -> str:
+    db = study_location(study)
+    return f"sqlite:///{db}" if db is not None else "<your --storage URL>"
+
+
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -135,7 +140,8 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
         f"<h1>Study {html.escape(study.study_name)}</h1>",
         f"<p class='meta'>{html.escape(meta)}</p>",
         f"<p class='meta'>Written {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} by tuner report. "
-        "The study is an Optuna study: <code>optuna-dashboard sqlite:///studies/NAME.db</code> browses it live.</p>",
+        "The study is an ordinary Optuna study: <code>pip install optuna-dashboard; optuna-dashboard "
+        f"{html.escape(_url(study))}</code> browses it live.</p>",
         "<h2>Best feasible configuration</h2>", _answer(study),
         "<h2>Figures</h2>",
     ]

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import matplotlib
+import matplotlib.pyplot as plt
+import optuna
+import pytest
+from sim_study import TARGET_S, is_blank, sim_study_db  # noqa: F401  (session fixture)
+
+from tuner.analysis import best_trial, open_study, plan_sweep, trials_frame
+from tuner.errors import InputError
+from tuner.plots import (
+    CAPTIONS,
+    plot_capacity,
+    plot_history,
+    plot_importances,
+    plot_layouts,
+    plot_tradeoff,
+    png_bytes,
+    study_plots,
+)
+
+pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to build once
+
+
+def test_every_figure_of_the_sim_study_is_drawn_and_not_blank(sim_study_db):
+    study = open_study(sim_study_db)
+    plots = study_plots(study)
+    assert [p.name for p in plots] == list(CAPTIONS)
+    for p in plots:
+        assert p.skipped is None, f"{p.name}: {p.skipped}"
+        assert not is_blank(png_bytes(p.figure)), p.name
+    # no pyplot window keeps them, and Optuna's style sheet does not leak into the session
+    assert plt.get_fignums() == []
+    assert matplotlib.rcParams["axes.facecolor"] == matplotlib.rcParamsDefault["axes.facecolor"]
+
+
+def test_tradeoff_marks_the_best_feasible_trial_and_the_target(sim_study_db):
+    study = open_study(sim_study_db)
+    frame = trials_frame(study)
+    fig = plot_tradeoff(frame)
+    ax = fig.axes[0]
+    star = [c for c in ax.collections if c.get_label().startswith("best feasible")]
+    assert len(star) == 1
+    best = best_trial(study)
+    x, y = star[0].get_offsets()[0]
+    assert y == pytest.approx(best.value) and x == pytest.approx(best.user_attrs["summary"]["ttft_p95_s"])
+    assert x <= TARGET_S
+    target_lines = [line for line in ax.get_lines() if line.get_label().startswith("target")]
+    assert target_lines and target_lines[0].get_xdata()[0] == TARGET_S
+
+
+def test_layouts_has_one_box_per_layout_the_study_ran(sim_study_db):
+    frame = trials_frame(open_study(sim_study_db))
+    fig = plot_layouts(frame)
+    labels = [t.get_text().split("\n")[0] for t in fig.axes[0].get_xticklabels()]
+    assert sorted(labels) == sorted(frame["layout"].unique())
+
+
+def test_capacity_curve_crosses_the_target_at_the_plan_capacity(sim_study_db):
+    sweep = plan_sweep(open_study(sim_study_db))
+    fig = plot_capacity(sweep)
+    ax = fig.axes[0]
+    capacity = [line for line in ax.get_lines() if line.get_label().startswith("capacity")]
+    assert capacity[0].get_xdata()[0] == sweep.attrs["max_load"]
+
+
+def test_an_empty_study_skips_every_figure_with_a_reason():
+    study = optuna.create_study(direction="maximize")
+    plots = study_plots(study)
+    assert all(p.figure is None and p.skipped for p in plots)
+    with pytest.raises(InputError, match="no completed trial"):
+        plot_history(study)
+    with pytest.raises(InputError, match="at least 4 completed trials"):
+        plot_importances(study)
+    with pytest.raises(InputError, match="tuner plan"):
+        plot_capacity(plan_sweep(study))

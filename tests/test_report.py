@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+from sim_study import STUDY, colourful_share, is_blank, sim_study_db  # noqa: F401  (session fixture)
+
+from tuner.analysis import best_trial, open_study
+from tuner.cli import main
+from tuner.plots import CAPTIONS
+from tuner.report import write_report
+from tuner.search import serve_command
+from tuner.study import trial_config
+
+pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to build once
+
+DATA_URI = re.compile(r"<img[^>]*src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
+
+
+def test_report_embeds_every_figure_and_writes_pngs_beside_the_study(sim_study_db):
+    study = open_study(sim_study_db)
+    path = write_report(study)
+    assert path == sim_study_db.parent / STUDY / "report.html"  # studies/<study>/report.html
+    page = path.read_text(encoding="utf-8")
+    images = DATA_URI.findall(page)
+    assert len(images) == len(CAPTIONS)
+    for name, data in zip(CAPTIONS, images):
+        png = base64.b64decode(data)
+        assert not is_blank(png)
+        assert (path.parent / f"{name}.png").read_bytes() == png
+    assert "src='http" not in page and "<script" not in page  # self-contained
+    from tuner.config import Deployment
+
+    dep = study.user_attrs["deployment"]
+    command = serve_command(Deployment(**{**dep, "gpu_ids": tuple(dep["gpu_ids"])}), trial_config(best_trial(study)))
+    assert command in page.replace("&#x27;", "'")
+    assert "optuna-dashboard sqlite:///" in page
+
+
+def test_tuner_report_cli(sim_study_db, tmp_path, capsys):
+    try:
+        main(["report", str(sim_study_db), "--out", str(tmp_path / "out")])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, _ = capsys.readouterr()
+    assert code == 0
+    assert f"wrote {tmp_path / 'out' / 'report.html'}" in out
+    assert all((tmp_path / "out" / f"{n}.png").is_file() for n in CAPTIONS)
+
+
+def test_tuner_report_on_an_unknown_study_is_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", "no-such-study"])
+    assert exit_.value.code == 2
+    assert "no study 'no-such-study'" in capsys.readouterr().err
+
+
+def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+    path = write_report(open_study(sim_study_db), tmp_path / "report")
+    shot = tmp_path / "shot.png"
+    run = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={shot}", "--window-size=1400,3000",
+         path.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert shot.is_file(), f"no screenshot (exit {run.returncode}): {run.stderr[-2000:]}"
+    png = shot.read_bytes()
+    assert not is_blank(png)
+    # the page's text is black and grey; coloured pixels come only from the figures
+    assert colourful_share(png) > 0.005, "the screenshot shows no plot"
+    # and the same page with its images removed has none: the colour is the figures'
+    bare = tmp_path / "bare.html"
+    bare.write_text(DATA_URI.sub("<img src=''", path.read_text(encoding="utf-8")), encoding="utf-8")
+    shot2 = tmp_path / "bare.png"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={shot2}", "--window-size=1400,3000",
+         bare.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert colourful_share(shot2.read_bytes()) < 0.001
