@@ -203,3 +203,36 @@ def test_shared_units_map_block_tokens_onto_block_size() -> None:
     same = shared_units((7, 8, 5), 512, 1100, 16)
     assert units[:2] == same[:2] and units[2] != same[2]
     assert shared_units((1, 2), 512, 1100, 48)[0][1] == 10     # blocks whose last token is in piece 0
+
+
+def test_step_api_streams_every_token_once_and_abort_frees_blocks() -> None:
+    core = EngineCore(small_plan(num_gpu_blocks=300, max_num_batched_tokens=32))
+    outs = {"a": 7, "b": 12, "c": 1}
+    for rid, n in outs.items():
+        core.add_request(rid, 20, n)
+    core.add_request("gone", 30, 50)
+    got = dict.fromkeys(outs, 0)
+    done = []
+    clock = 0.0
+    for _ in range(3):
+        step = core.step()
+        clock += step.duration_s
+        for rid, n in step.new_tokens.items():
+            got[rid] = got.get(rid, 0) + n
+        done += step.finished
+    core.abort("gone")
+    assert core.pool.free + core.blocks_in_use() == 299
+    while core.has_work():
+        step = core.step()
+        assert step.duration_s > 0
+        clock += step.duration_s
+        for rid, n in step.new_tokens.items():
+            got[rid] += n
+        done += step.finished
+    assert {k: got[k] for k in outs} == outs and sorted(done) == ["a", "b", "c"]
+    assert core.now == pytest.approx(clock)
+    stats = core.stats()
+    assert stats["num_running"] == 0 and stats["kv_cache_usage"] == 0.0
+    assert stats["generation_tokens"] >= sum(outs.values())
+    assert set(stats) >= {"num_waiting", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
+                          "prompt_tokens"}

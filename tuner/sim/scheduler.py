@@ -107,6 +107,7 @@ class EngineCore:
         self.record_itl = record_itl
         self.now = 0.0
         self._last_start = 0.0
+        self.last_emitted = _EMPTY      # requests that got a token in the last single step
         # per request (index j)
         self._cap = 0
         self._n = 0
@@ -272,11 +273,10 @@ class EngineCore:
     # -- stepping -------------------------------------------------------------------------
     def step(self) -> StepOutput:
         """One engine step (never the multi-step fast path), for real-time drivers."""
-        before = self.out[: self._n].copy()
+        self.last_emitted = _EMPTY
         adv = self.advance(math.inf, allow_fast=False)
-        gained = self.out[: self._n] - before
         ids = self.ids
-        new_tokens = {ids[j]: int(gained[j]) for j in np.flatnonzero(gained)}
+        new_tokens = {ids[j]: 1 for j in self.last_emitted.tolist()}
         return StepOutput(
             duration_s=adv.end_s - self._last_start,
             new_tokens=new_tokens,
@@ -569,6 +569,7 @@ class EngineCore:
         finished = _EMPTY
         if len(cols):
             js = R[self.IDX, cols]
+            self.last_emitted = js
             self.out[js] += 1
             R[self.NTOK, cols] += 1
             self.generation_tokens += len(cols)
