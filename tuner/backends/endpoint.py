@@ -28,8 +28,11 @@ class EndpointInstance:
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
         from tuner.replay.client import replay
 
+        import time
+
+        # a fresh salt per run: the server outlives us, and a rerun must not hit an earlier run's prefix cache
         result = replay(self.backend.urls, workload, load, model=self.info.get("model_name"), stop=stop,
-                        **self.backend.replay_options)
+                        salt=time.time_ns() % 2**31, **self.backend.replay_options)
         if "num_gpu_blocks" in self.info:
             result.server.setdefault("num_gpu_blocks", self.info["num_gpu_blocks"])
         return result

@@ -168,6 +168,7 @@ class VllmInstance:
         self.replicas = replicas
         self.info = info
         self.closed = False
+        self.runs = 0  # salts each run's prompts: a rerun must not hit the last run's prefix cache
 
     @property
     def urls(self) -> list[str]:
@@ -188,7 +189,8 @@ class VllmInstance:
         if self.closed:
             raise BackendError("this vLLM instance is closed; start a new one")
         self._raise_if_dead("before the run")
-        result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop,
+        self.runs += 1
+        result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop, salt=self.runs,
                         **self.backend.replay_options)
         self._raise_if_dead("during the run")
         result.server.update({k: self.info[k] for k in ("kv_cache_tokens", "num_gpu_blocks") if k in self.info})
