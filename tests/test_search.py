@@ -299,3 +299,14 @@ def test_warm_start_enqueues_the_simulator_best_first(tmp_path):
     assert out.name.endswith(".fake")  # the real study is not the simulator's
     assert [trial_config(t) for t in out.study.trials[: len(warm)]] == warm
     assert all(t.user_attrs.get("warm_start") for t in out.study.trials[: len(warm)])
+
+
+def test_gp_sampler_or_a_clear_message():
+    from tuner.errors import InputError
+
+    try:
+        sampler = make_sampler("gp", seed=0)
+    except InputError as err:  # GPSampler needs PyTorch
+        assert "torch" in str(err)
+    else:
+        assert isinstance(sampler, optuna.samplers.GPSampler)
