@@ -30,8 +30,6 @@ def test_closed_loop_forces_logged_lengths_and_times_every_chunk(stub):
     assert (r.ttft_s > 0).all() and (r.e2e_s >= r.ttft_s).all()
     # the stand-in sends one chunk per token: one gap per token after the first
     assert len(r.itl_s) == int((w.output_tokens - 1).sum())
-    # a 5 ms step per token: E2E is at least (output-1) steps after the first token
-    assert (r.e2e_s - r.ttft_s >= (w.output_tokens - 1) * 0.005 * 0.9).all()
     assert r.server["num_requests_running_max"] <= 8
     assert r.server["metrics_samples"] >= 1 and r.server["num_gpu_blocks"] == 1000
 

@@ -14,6 +14,7 @@ only the usage chunk is parsed as JSON, so 256 concurrent streams fit in one cor
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import threading
@@ -58,6 +59,36 @@ def _usage_of(payload: bytes) -> dict[str, Any] | None:
         return None
 
 
+class _StampedBuffer(collections.deque):
+    """Stands in for a response StreamReader's buffer: stamps each piece of body as the
+    connection's protocol hands it over (before the reading task is scheduled), with the
+    stream offset it ends at. A burst of chunks from 256 streams thus keeps each chunk's
+    own arrival time instead of the time its task got its turn on the event loop."""
+
+    def __init__(self, items, stamps: collections.deque) -> None:
+        super().__init__(items)
+        self.stamps = stamps
+        self.received = sum(len(x) for x in items)
+
+    def append(self, piece) -> None:
+        self.received += len(piece)
+        self.stamps.append((self.received, time.perf_counter()))
+        super().append(piece)
+
+
+async def _on_body_sent(session, ctx, params) -> None:
+    box = ctx.trace_request_ctx
+    if box is not None and box.get("sent") is None:
+        box["sent"] = time.perf_counter()
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """Stamps when a request's body is handed to the socket (``box["sent"]``)."""
+    tc = aiohttp.TraceConfig()
+    tc.on_request_chunk_sent.append(_on_body_sent)
+    return tc
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -69,33 +100,48 @@ async def stream_request(
     t0: float,
     record_itl: bool = True,
 ) -> None:
-    """POST one streaming request and fill ``out`` (times relative to the send)."""
+    """POST one streaming request and fill ``out`` (times relative to the send).
+
+    The send time is when the request body is handed to the socket (when the session has
+    :func:`trace_config`), else when the POST is issued; chunk times are when their bytes
+    reach the connection (:class:`_StampedBuffer`)."""
     itl: list[float] = []
     first = last = None
     chunks = 0
     usage: dict[str, Any] | None = None
     done = False
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
-    sent = time.perf_counter()
-    out.send = sent - t0
+    box: dict[str, float | None] = {"sent": None}
+    issued = time.perf_counter()
+    out.send = issued - t0
     out.error = None
+    stamps: collections.deque = collections.deque()
     try:
         async with session.post(
-            url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            trace_request_ctx=box,
         ) as resp:
             if resp.status != 200:
                 await resp.read()
                 out.error = f"http_{resp.status}"
                 return
+            try:
+                content = resp.content
+                content._buffer = _StampedBuffer(content._buffer, stamps)
+            except (AttributeError, TypeError):  # another aiohttp: stamp at read time
+                pass
             buf = b""
+            consumed = 0  # stream offset of buf[0]
             async for data in resp.content.iter_any():
                 now = time.perf_counter()
                 buf += data
+                start = 0
                 while True:
-                    k = buf.find(b"\n\n")
+                    k = buf.find(b"\n\n", start)
                     if k < 0:
                         break
-                    event, buf = buf[:k], buf[k + 2:]
+                    event = buf[start:k]
+                    start = k + 2
                     if not event.startswith(b"data:"):
                         continue
                     payload = event[5:].strip()
@@ -104,17 +150,27 @@ async def stream_request(
                     elif b'"choices":[]' in payload or b'"choices": []' in payload:
                         usage = _usage_of(payload) or usage
                     elif b'"choices"' in payload:
+                        t = now
+                        if stamps:
+                            end = consumed + start
+                            while len(stamps) > 1 and stamps[0][0] < end:
+                                stamps.popleft()
+                            if stamps[0][0] >= end:
+                                t = stamps[0][1]
                         if first is None:
-                            first = now
+                            first = t
                         elif record_itl:
-                            itl.append(now - last)
-                        last = now
+                            itl.append(t - last)
+                        last = t
                         chunks += 1
                         if b'"usage":{' in payload or b'"usage": {' in payload:
                             usage = _usage_of(payload) or usage  # continuous usage stats
                     else:  # {"error": ...} or {"object": "error", ...} mid-stream
                         out.error = "stream_error"
                         return
+                if start:
+                    buf = buf[start:]
+                    consumed += start
     except asyncio.TimeoutError:
         out.error = "timeout"
         return
@@ -124,6 +180,8 @@ async def stream_request(
     if not done or first is None:
         out.error = "disconnect"
         return
+    sent = box["sent"] or issued
+    out.send = sent - t0
     out.ttft = first - sent
     out.e2e = last - sent
     out.itl = itl
@@ -193,6 +251,7 @@ async def replay_async(
     api: str = "completions",
     record_itl: bool = True,
     salt: int = 0,
+    tag: str | None = None,
 ) -> RunResult:
     """Offer ``workload`` under ``load`` to ``endpoints`` (base URLs, one per replica).
 
@@ -200,6 +259,9 @@ async def replay_async(
     cancels requests in flight (error ``cancelled``) and marks unsent ones ``not_sent``.
     ``timeout_s`` bounds each request. ``salt`` changes the unique prompt ids (so a
     second run over the same workload does not hit the first run's prefix cache).
+    Request ``i`` carries the header ``X-Request-Id: <tag>-<i>`` (vLLM uses it as its
+    request id; ``tuner sim-serve`` keys ``/debug/timings`` by it); ``tag`` defaults to a
+    fresh ``tuner-<hex>``.
     """
     if api not in APIS:
         raise InputError(f"unknown api {api!r}", hint="use completions or chat")
@@ -212,10 +274,10 @@ async def replay_async(
     stopped = asyncio.Event()
     inflight: set[asyncio.Task] = set()
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    run_tag = f"tuner-{time.time_ns():x}"
+    run_tag = tag or f"tuner-{time.time_ns():x}"
 
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
         if model is None:
             model = await fetch_model(session, urls[0])
         poller = MetricsPoller(urls, metrics_interval_s) if metrics else None

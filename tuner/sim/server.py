@@ -33,11 +33,35 @@ TIMINGS_KEPT = 200_000
 
 @dataclass(slots=True)
 class _Live:
-    """A request in flight: tokens the engine produced but the handler has not yet written."""
+    """A request in flight. Streaming ones are written straight from the engine loop
+    (``transport``), so all chunks of a step go out in one pass, as fast as the socket
+    takes them; the handler only waits for ``finished``."""
 
+    max_tokens: int
     event: asyncio.Event = field(default_factory=asyncio.Event)
-    pending: int = 0
+    emitted: int = 0
     finished: bool = False
+    gone: bool = False              # the client went away
+    transport: Any = None           # asyncio transport of a streaming response, else None
+    head: str = ""                  # chunk JSON up to the choices list
+    chat: bool = False
+    first: float | None = None      # perf_counter of the first / last token chunk
+    last: float | None = None
+
+    def chunk(self, k: int, done: bool) -> bytes:
+        text = " tok" * k
+        reason = '"length"' if done else "null"
+        if self.chat:
+            role = "" if self.emitted > k else (
+                self.head + '{"index":0,"delta":{"role":"assistant","content":""},'
+                '"logprobs":null,"finish_reason":null}]}\n\n')
+            body = (role + self.head + f'{{"index":0,"delta":{{"content":"{text}"}},'
+                    f'"logprobs":null,"finish_reason":{reason}}}]}}\n\n')
+        else:
+            body = (self.head + f'{{"index":0,"text":"{text}","logprobs":null,'
+                    f'"finish_reason":{reason},"stop_reason":null}}]}}\n\n')
+        data = body.encode()
+        return b"%x\r\n%s\r\n" % (len(data), data)  # one HTTP/1.1 chunk
 
 
 def _block_hashes(ids: list[int], block_size: int) -> tuple[int, ...]:
@@ -107,16 +131,35 @@ class SimServer:
                 await asyncio.sleep(0.001)  # nothing could be scheduled: do not spin
             else:
                 await asyncio.sleep(0)
+            finished = set(out.finished)
+            perf = time.perf_counter
             for rid, k in out.new_tokens.items():
                 live = self.live.get(rid)
-                if live is not None and k:
-                    live.pending += k
-                    live.event.set()
-            for rid in out.finished:
+                if live is None or not k or live.gone:
+                    continue
+                live.emitted += k
+                tr = live.transport
+                if tr is not None:
+                    if tr.is_closing():
+                        self._client_gone(rid, live)
+                        continue
+                    tr.write(live.chunk(k, rid in finished and live.emitted >= live.max_tokens))
+                now = perf()
+                if live.first is None:
+                    live.first = now
+                live.last = now
+            for rid in finished:
                 live = self.live.get(rid)
                 if live is not None:
                     live.finished = True
                     live.event.set()
+
+    def _client_gone(self, rid: str, live: _Live) -> None:
+        live.gone = True
+        if not live.finished:
+            self.engine.abort(rid)
+        live.finished = True
+        live.event.set()
 
     async def _on_startup(self, app: web.Application) -> None:
         self._wake = asyncio.Event()
@@ -236,53 +279,33 @@ class SimServer:
         if rid in self.live:
             rid = f"{rid}-{uuid.uuid4().hex[:8]}"
         hashes = _block_hashes(ids, self.block_size) if ids else ()
-        live = _Live()
-        self.live[rid] = live
-        self.engine.add_request(rid, n_prompt, max_tokens, hashes, self.block_size)
-        assert self._wake is not None
-        self._wake.set()
         stream = bool(body.get("stream"))
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        timing = {"arrival": arrival, "prompt_tokens": n_prompt, "output_tokens": 0}
-        emitted = 0
-        first = last = None
         cid = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = (f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
                 f'"model":{self._model_json},"choices":[')
+        live = _Live(max_tokens=max_tokens, head=head, chat=chat)
         resp: web.StreamResponse | None = None
+        timing: dict[str, float] = {"arrival": arrival, "prompt_tokens": n_prompt, "output_tokens": 0}
         try:
             if stream:
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
+                resp.enable_chunked_encoding()
                 await resp.prepare(request)
-            while True:
+                live.transport = request.transport
+            self.live[rid] = live
+            self.engine.add_request(rid, n_prompt, max_tokens, hashes, self.block_size)
+            assert self._wake is not None
+            self._wake.set()
+            while not live.finished:
                 await live.event.wait()
                 live.event.clear()
-                k, live.pending = live.pending, 0
-                if k:
-                    emitted += k
-                    done = live.finished and emitted >= max_tokens
-                    if stream:
-                        text = " tok" * k
-                        reason = '"length"' if done else "null"
-                        if chat:
-                            role = "" if first is not None else (
-                                head + '{"index":0,"delta":{"role":"assistant","content":""},'
-                                '"logprobs":null,"finish_reason":null}]}\n\n')
-                            chunk = (role + head + f'{{"index":0,"delta":{{"content":"{text}"}},'
-                                     f'"logprobs":null,"finish_reason":{reason}}}]}}\n\n')
-                        else:
-                            chunk = (head + f'{{"index":0,"text":"{text}","logprobs":null,'
-                                     f'"finish_reason":{reason},"stop_reason":null}}]}}\n\n')
-                        await resp.write(chunk.encode())
-                    now = time.perf_counter()
-                    if first is None:
-                        first = now
-                    last = now
-                if live.finished:
-                    break
+            if live.gone:
+                raise ConnectionResetError("client went away")
+            emitted = live.emitted
             if emitted == 0:
                 # the engine dropped it (prompt larger than the whole KV cache; vLLM would hang)
                 message = (f"prompt of {n_prompt} tokens does not fit in the KV cache "
@@ -301,7 +324,8 @@ class SimServer:
                 tail = ""
                 if include_usage:
                     tail = (f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
-                            f'"model":{self._model_json},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n')
+                            f'"model":{self._model_json},"choices":[],'
+                            f'"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n')
                 await resp.write((tail + "data: [DONE]\n\n").encode())
                 await resp.write_eof()
                 return resp
@@ -316,14 +340,14 @@ class SimServer:
                                       "created": created, "model": self.model_name,
                                       "choices": [choice], "usage": usage})
         except (ConnectionError, asyncio.CancelledError):
-            if not live.finished:
+            if not live.finished and rid in self.live:
                 self.engine.abort(rid)
             raise
         finally:
             self.live.pop(rid, None)
-            if first is not None:
-                timing.update(first=first, last=last, ttft_s=first - arrival, e2e_s=last - arrival,
-                              output_tokens=emitted)
+            if live.first is not None:
+                timing.update(first=live.first, last=live.last, ttft_s=live.first - arrival,
+                              e2e_s=live.last - arrival, output_tokens=live.emitted)
             self.timings[rid] = timing
             while len(self.timings) > TIMINGS_KEPT:
                 self.timings.popitem(last=False)
