@@ -32,11 +32,12 @@ TOP_COLUMNS = ("number", "tokens_per_s", "ttft_p95_s", "chosen_load", "layout", 
                "enable_prefix_caching", "enforce_eager", "kv_cache_dtype")
 
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1250px;color:#222;
+     padding:0 1em}
 h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .meta{color:#555} table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
 td,th{border:1px solid #ccc;padding:3px 7px;text-align:right} th{background:#f3f3f3}
-td.l,th.l{text-align:left} pre{background:#f6f6f6;padding:.8em;overflow-x:auto;white-space:pre-wrap}
+td.l,th.l{text-align:left} td.l{max-width:760px;overflow-wrap:anywhere} pre{background:#f6f6f6;padding:.8em;overflow-x:auto;white-space:pre-wrap}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#444;max-width:900px} .skipped{color:#a60}
 """
@@ -152,7 +153,8 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
                          f"<img alt='{html.escape(p.title)}' src='data:image/png;base64,{data}'>"
                          f"<figcaption>{html.escape(p.caption)}</figcaption></figure>")
         else:
-            parts.append(f"<h3>{html.escape(p.title)}</h3><p class='skipped'>Not drawn: {html.escape(p.skipped or '')}</p>")
+            parts.append(f"<h3>{html.escape(p.title)}</h3>"
+                         f"<p class='skipped'>Not drawn: {html.escape(p.skipped or '')}</p>")
     parts.append("<h2>Capacity plan</h2>")
     parts.append(_plan_section(study))
     feasible = frame[frame["feasible"].astype(bool)] if len(frame) else frame
