@@ -156,6 +156,22 @@ def test_fast_path_equals_step_by_step(load, blocks: int) -> None:
     assert fast.server["engine_steps"] == slow.server["engine_steps"]
 
 
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding"])
+@pytest.mark.parametrize("load", [Concurrency(30), Poisson(rate=60.0, seed=4)])
+def test_fast_path_equals_step_by_step_with_replicas(router: str, load) -> None:
+    # decode runs are planned past the next arrival and cut when one is routed to them
+    plan = small_plan(num_gpu_blocks=120, max_num_batched_tokens=64, max_num_seqs=16,
+                      enable_prefix_caching=True)
+    w = random_workload(150, 9, prompt=(5, 50), out=(5, 150))
+    fast = run_plan(plan, w, load, replicas=3, router=router, fast=True)
+    slow = run_plan(plan, w, load, replicas=3, router=router, fast=False)
+    assert fast.error == slow.error
+    np.testing.assert_allclose(fast.send_s, slow.send_s, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fast.ttft_s, slow.ttft_s, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fast.e2e_s, slow.e2e_s, rtol=1e-9, atol=1e-12)
+    assert fast.server["engine_steps"] == slow.server["engine_steps"]
+
+
 def test_more_kv_memory_never_lowers_throughput() -> None:
     w = random_workload(300, 7, prompt=(50, 600), out=(20, 300))
     tput = []

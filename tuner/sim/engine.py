@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 ROUTERS = ("round_robin", "least_outstanding")
 
 _SEND, _KICK, _END = 0, 1, 2
+_VERSIONS = 1 << 20     # END events carry replica * _VERSIONS + (version mod _VERSIONS)
 
 
 def simulate(deployment: Deployment, config: ServeConfig, workload: Workload, load: Load, *,
@@ -94,6 +95,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
         next_send = 1
     busy = [False] * replicas
     kicked = [False] * replicas
+    version = [0] * replicas          # END events of a truncated run are stale
     pending: list[np.ndarray | None] = [None] * replicas
     outstanding = np.zeros(replicas, dtype=np.int64)
     rr = 0
@@ -142,6 +144,13 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             if not busy[r] and not core.has_work():
                 core.now = max(core.now, t)
+            if busy[r] and core.run_pending and not core.waiting:
+                # the replica is in a decode run that assumed nobody could be admitted:
+                # cut it at its first step boundary at or after now
+                end = core.truncate_run(t)
+                version[r] += 1
+                heapq.heappush(heap, (end, seq, _END, r * _VERSIONS + version[r] % _VERSIONS))
+                seq += 1
             core.enqueue(j)
             where[j] = r
             outstanding[r] += 1
@@ -156,17 +165,19 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
                 continue
             core = cores[r]
             core.now = max(core.now, t)
-            horizon = heap[0][0] - core.now if heap else math.inf
-            adv = core.advance(horizon)
+            adv = core.advance(math.inf, defer=True)
             busy[r] = True
             pending[r] = adv.finished
-            heapq.heappush(heap, (adv.end_s, seq, _END, r))
+            version[r] += 1
+            heapq.heappush(heap, (adv.end_s, seq, _END, r * _VERSIONS + version[r] % _VERSIONS))
             seq += 1
         else:  # _END
-            r = arg
+            r, v = divmod(arg, _VERSIONS)
+            if v != version[r] % _VERSIONS:
+                continue                      # the run it ended was cut short
             busy[r] = False
             core = cores[r]
-            fin = pending[r]
+            fin = core.commit_run() if core.run_pending else pending[r]
             pending[r] = None
             t_first = core.t_first
             for j in fin.tolist():

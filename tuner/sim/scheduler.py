@@ -82,6 +82,7 @@ class Advance:
     steps: int
     finished: np.ndarray          # request indices that completed (their last token at end_s)
     num_preempted: int = 0
+    deferred: bool = False        # a planned decode run: finished comes from commit_run()
 
 
 class EngineCore:
@@ -108,6 +109,7 @@ class EngineCore:
         self.now = 0.0
         self._last_start = 0.0
         self.last_emitted = _EMPTY      # requests that got a token in the last single step
+        self._run: tuple | None = None  # planned decode run (start, k, k_fin, durs, cum, remaining)
         # per request (index j)
         self._cap = 0
         self._n = 0
@@ -284,13 +286,22 @@ class EngineCore:
             num_preempted=adv.num_preempted,
         )
 
-    def advance(self, horizon_s: float = math.inf, allow_fast: bool = True) -> Advance:
+    def advance(self, horizon_s: float = math.inf, allow_fast: bool = True,
+                defer: bool = False) -> Advance:
         """Run one step, or a run of decode-only steps that ends at the first step boundary
         at or after ``now + horizon_s`` (when the caller expects an outside event then).
-        Advances ``now``; returns what finished at the new ``now``."""
+        Advances ``now``; returns what finished at the new ``now``.
+
+        With ``defer``, a decode run is only planned (``Advance.deferred``): the caller
+        applies it with :meth:`commit_run` when its end comes, or first cuts it with
+        :meth:`truncate_run` when a request arrives to an empty WAITING queue (the only
+        outside event that can change a decode run: a request queued behind a blocked head
+        cannot be admitted before it)."""
         self._last_start = self.now
+        if self._run is not None:
+            raise RuntimeError("commit the pending decode run first")
         if allow_fast and self.fast:
-            adv = self._try_decode_run(horizon_s)
+            adv = self._try_decode_run(horizon_s, defer)
             if adv is not None:
                 return adv
         return self._step()
@@ -307,7 +318,7 @@ class EngineCore:
             self._blocked = (head, self.pool.free, self._pool_version)
         return not ok
 
-    def _try_decode_run(self, horizon_s: float) -> Advance | None:
+    def _try_decode_run(self, horizon_s: float, defer: bool = False) -> Advance | None:
         R = self.R
         n = R.shape[1]
         if n == 0 or n > self.budget:
@@ -345,14 +356,39 @@ class EngineCore:
         k = kmax
         if horizon_s < cum[-1]:
             k = min(int(np.searchsorted(cum, horizon_s, side="left")) + 1, kmax)
-        newb = need(k)
+        self._run = (self.now, k, k_fin, durs, cum, remaining)
+        if not defer:
+            return Advance(self.now + float(cum[k - 1]), k, self.commit_run())
+        return Advance(self.now + float(cum[k - 1]), k, _EMPTY, deferred=True)
+
+    @property
+    def run_pending(self) -> bool:
+        """A deferred decode run is planned but not yet applied (see :meth:`advance`)."""
+        return self._run is not None
+
+    def truncate_run(self, t: float) -> float:
+        """Cut the pending run at the first step boundary at or after ``t`` (a request
+        arrived that could be admitted then); returns the run's new end time."""
+        start, k, k_fin, durs, cum, remaining = self._run
+        k2 = min(k, int(np.searchsorted(cum, t - start, side="left")) + 1)
+        self._run = (start, max(1, k2), k_fin, durs, cum, remaining)
+        return start + float(cum[max(1, k2) - 1])
+
+    def commit_run(self) -> np.ndarray:
+        """Apply the pending decode run; returns the requests that finished at its end."""
+        start, k, k_fin, durs, cum, remaining = self._run
+        self._run = None
+        R = self.R
+        n = R.shape[1]
+        idx = R[self.IDX]
+        comp = R[self.COMP]
+        newb = np.maximum(-(-(comp + k) // self.bs) - R[self.S] - R[self.P], 0)
         self.pool.allocate(int(newb.sum()))
         R[self.P] += newb
         R[self.COMP] += k
         R[self.NTOK] += k
         self.out[idx] += k
         self.generation_tokens += n * k
-        start = self.now
         end = start + float(cum[k - 1])
         first = np.isnan(self.t_first[idx])    # a prompt whose last token is computed now
         if first.any():
@@ -371,9 +407,8 @@ class EngineCore:
         if u > self.usage_max:
             self.usage_max = u
         if k == k_fin:
-            fin_cols = np.flatnonzero(remaining == k)
-            return Advance(end, k, self._finish(fin_cols, end))
-        return Advance(end, k, _EMPTY)
+            return self._finish(np.flatnonzero(remaining == k), end)
+        return _EMPTY
 
     def _finish(self, cols: np.ndarray, t: float) -> np.ndarray:
         """Retire finished running columns: their blocks go back uncached (private content
