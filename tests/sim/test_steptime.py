@@ -89,3 +89,21 @@ def test_shipped_tables_name_their_sources() -> None:
         cal = load_calibration(get_gpu(gpu))
         for key in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "launch_per_layer_s"):
             assert cal.sources.get(key), (gpu, key)
+
+
+def test_profile_overrides_some_constants_and_keeps_the_rest(tmp_path) -> None:
+    prof = tmp_path / "h200.yaml"
+    prof.write_text("step_overhead_s:\n  value: 0.002\n  source: measured\n"
+                    "launch_per_layer_s:\n  value: {eager: 0.001}\n"
+                    "memory:\n  activation_factor: 1.1\nmatch: {gpu: H200}\n")
+    base = load_calibration(get_gpu("H200"))
+    cal = load_calibration(get_gpu("H200"), str(prof))
+    assert cal.step_overhead_s == 0.002 and cal.sources["step_overhead_s"] == "measured"
+    assert cal.hbm_efficiency == base.hbm_efficiency
+    assert cal.launch_per_layer_s["eager"] == 0.001
+    assert cal.launch_per_layer_s["graph"] == base.launch_per_layer_s["graph"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("hbm_eficiency: 0.9\n")
+    from tuner.errors import InputError
+    with pytest.raises(InputError, match="hbm_eficiency"):
+        load_calibration(get_gpu("H200"), str(bad))

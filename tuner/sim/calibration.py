@@ -82,7 +82,12 @@ def gpu_class(gpu: GPU) -> str:
     return "volta"
 
 
-def _from_yaml(path: Path) -> Calibration:
+#: Sections a profile may carry beside the constants (``tuner calibrate`` writes them);
+#: the step-time model ignores them.
+EXTRA_SECTIONS = ("memory", "match", "fit", "fit_error", "errors", "notes", "meta", "measurements")
+
+
+def _read_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -93,8 +98,11 @@ def _from_yaml(path: Path) -> Calibration:
     sources: dict[str, str] = {}
     known = {f.name for f in fields(Calibration)} - {"sources", "path"}
     for key, entry in raw.items():
+        if key in EXTRA_SECTIONS:
+            continue
         if key not in known:
-            raise InputError(f"unknown calibration key {key!r}", path=path, hint=f"known: {', '.join(sorted(known))}")
+            raise InputError(f"unknown calibration key {key!r}", path=path,
+                             hint=f"known: {', '.join(sorted(known))}")
         if isinstance(entry, dict) and "value" in entry:
             values[key] = entry["value"]
             if entry.get("source"):
@@ -102,7 +110,25 @@ def _from_yaml(path: Path) -> Calibration:
         else:
             values[key] = entry
     if "launch_per_layer_s" in values:
+        if not isinstance(values["launch_per_layer_s"], dict):
+            raise InputError("launch_per_layer_s must map launch modes to seconds", path=path)
         values["launch_per_layer_s"] = {k: float(v) for k, v in values["launch_per_layer_s"].items()}
+    return values, sources
+
+
+def _from_yaml(path: Path, base: Calibration | None = None) -> Calibration:
+    """A calibration from YAML; keys it lacks come from ``base`` (a profile may override a
+    few constants of the shipped table)."""
+    values, sources = _read_values(path)
+    if base is not None:
+        merged = {f.name: getattr(base, f.name) for f in fields(Calibration)} | values
+        merged["launch_per_layer_s"] = {**base.launch_per_layer_s, **values.get("launch_per_layer_s", {})}
+        merged["sources"] = {**base.sources, **sources}
+        merged["path"] = str(path)
+        try:
+            return Calibration(**merged)
+        except TypeError as exc:
+            raise InputError(f"bad calibration: {exc}", path=path) from exc
     try:
         return Calibration(**values, sources=sources, path=str(path))
     except TypeError as exc:
@@ -110,11 +136,13 @@ def _from_yaml(path: Path) -> Calibration:
 
 
 def load_calibration(gpu: GPU, path: str | None = None) -> Calibration:
-    """The shipped table for ``gpu``'s class, or the profile YAML at ``path``."""
-    if path is not None:
-        return _from_yaml(Path(path))
+    """The shipped table for ``gpu``'s class, or the profile YAML at ``path`` (constants it
+    does not give come from the shipped table)."""
     cls = gpu_class(gpu)
     file = DATA_DIR / f"{cls}.yaml"
     if not file.exists():  # blackwell: no table yet, borrow hopper's
         file = DATA_DIR / "hopper.yaml"
-    return _from_yaml(file)
+    table = _from_yaml(file)
+    if path is not None:
+        return _from_yaml(Path(path), base=table)
+    return table
