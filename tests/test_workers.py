@@ -1,0 +1,141 @@
+"""Several ``tuner search`` workers on one study: the global budget, attribution, a
+worker killed mid-trial (heartbeat, fail, one retry), and SQLite's single writer."""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from pg_db import pg_url  # noqa: F401  (fixture)
+
+from tuner.workers import StudyLock, budget_used, driver_url
+
+STUDY = "workers-test"
+BUDGET = 40
+
+
+def small_trace(folder: Path) -> Path:
+    from tuner.traffic import native
+    from tuner.traffic.synth import default_workload
+
+    return native.write(default_workload(seed=1, n=60), folder / "small.jsonl")
+
+
+def spawn(folder: Path, storage: str, trace: Path, *, budget: int = BUDGET, study: str = STUDY) -> subprocess.Popen:
+    env = dict(os.environ, TUNER_HEARTBEAT_S="1", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "tuner", "search", "--trace", str(trace), "--budget", str(budget),
+            "--storage", storage, "--study", study, "--output", "json"]
+    return subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def load(url: str) -> optuna.Study:
+    return optuna.load_study(study_name=STUDY, storage=driver_url(url))
+
+
+def check_no_double_evaluation(trials: list) -> None:
+    """Each configuration ran once, except retries of failed trials and copies of an
+    earlier result (``repeat_of``, which launch nothing)."""
+    ran = [t for t in trials if "repeat_of" not in t.user_attrs and "retry_of" not in t.user_attrs]
+    counts = collections.Counter(tuple(sorted(t.params.items())) for t in ran)
+    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
+    for t in trials:
+        if "repeat_of" in t.user_attrs:
+            earlier = trials[t.user_attrs["repeat_of"]]
+            assert earlier.params == t.params and earlier.value == t.value
+
+
+def test_budget_counts_running_trials_and_a_retried_failure_once():
+    st = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.IntDistribution(0, 9)}
+
+    def add(state, x, **system):
+        st.add_trial(optuna.create_trial(state=state, params={"x": x}, distributions=dist,
+                                         value=1.0 if state == TrialState.COMPLETE else None, system_attrs=system))
+
+    add(TrialState.COMPLETE, 0)          # 0 counts
+    add(TrialState.FAIL, 1)              # 1 retried below: counted through its retry
+    add(TrialState.FAIL, 2)              # 2 a crash, never retried: counts
+    add(TrialState.COMPLETE, 1, failed_trial=1, retry_history=[1])  # 3 the retry of 1
+    add(TrialState.WAITING, 3)           # 4 queued, not started: does not count
+    st.ask()                             # 5 takes the waiting trial: RUNNING
+    assert budget_used(st, shared=True) == (4, 1)
+    assert budget_used(st, shared=False) == (3, 0)  # SQLite: a RUNNING leftover of a killed process
+
+
+def test_second_sqlite_writer_fails_at_once_pointing_to_postgresql(tmp_path):
+    storage = f"sqlite:///{tmp_path}/studies/{STUDY}.db"
+    with StudyLock(storage, STUDY, "writer") as lock:
+        assert lock.acquire(blocking=False)
+        proc = spawn(tmp_path, storage, small_trace(tmp_path), budget=2)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("tuner:")]
+    assert len(lines) == 1 and "one writer" in lines[0] and "postgresql://" in lines[0], err
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_four_workers_share_one_budget(tmp_path, pg_url):  # noqa: F811
+    trace = small_trace(tmp_path)
+    procs = [spawn(tmp_path, pg_url, trace) for _ in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+    trials = load(pg_url).get_trials(deepcopy=False)
+    states = collections.Counter(t.state for t in trials)
+    assert states[TrialState.COMPLETE] == BUDGET and len(trials) == BUDGET, states
+    pids = {p.pid for p in procs}
+    assert all(t.user_attrs.get("pid") in pids and t.user_attrs.get("host") for t in trials)
+    assert all(t.user_attrs["worker"] == f"{t.user_attrs['host']}:{t.user_attrs['pid']}" for t in trials)
+    assert len({t.user_attrs["pid"] for t in trials}) >= 2  # the work was shared
+    check_no_double_evaluation(trials)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_worker_killed_mid_trial_is_failed_by_heartbeat_and_retried_once(tmp_path, pg_url):  # noqa: F811
+    trace = small_trace(tmp_path)
+    procs = {p.pid: p for p in (spawn(tmp_path, pg_url, trace) for _ in range(4))}
+    victim = None
+    deadline = time.monotonic() + 180
+    while victim is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+        try:
+            trials = load(pg_url).get_trials(deepcopy=False)
+        except KeyError:  # the study is not created yet
+            continue
+        done_before = [t for t in trials if t.state == TrialState.COMPLETE]
+        knobs = max((len(t.params) for t in done_before), default=0)
+        running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("pid") in procs
+                   and len(t.params) == knobs]  # its configuration drawn: it is running it
+        if len(done_before) >= 5 and running:
+            victim = running[0]
+            os.kill(victim.user_attrs["pid"], signal.SIGKILL)
+    assert victim is not None, "no trial was caught running"
+    for pid, p in procs.items():
+        out, err = p.communicate(timeout=240)
+        if pid == victim.user_attrs["pid"]:
+            assert p.returncode == -signal.SIGKILL
+        else:
+            assert p.returncode == 0, err[-2000:]
+    trials = load(pg_url).get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    # no finished trial lost: each one finished before the kill is still there, unchanged
+    assert all(by_number[t.number].state == TrialState.COMPLETE and by_number[t.number].value == t.value
+               for t in done_before)
+    # the killed worker's trial was failed by the others and its configuration ran once more
+    assert by_number[victim.number].state == TrialState.FAIL
+    retries = [t for t in trials if t.user_attrs.get("retry_of") == victim.number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == by_number[victim.number].params == victim.params and retries[0].user_attrs["pid"] != victim.user_attrs["pid"]
+    # the study completed: the budget is used, nothing left running or waiting
+    assert budget_used(load(pg_url), shared=True) == (BUDGET, 0)
+    assert collections.Counter(t.state for t in trials) == {TrialState.COMPLETE: BUDGET, TrialState.FAIL: 1}
+    check_no_double_evaluation(trials)

@@ -1,0 +1,375 @@
+"""Several ``tuner search`` processes on one study: one per GPU host, or per GPU set.
+
+Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
+
+* **Shared storage** (any SQLAlchemy URL but SQLite, e.g. ``postgresql://...``): the
+  storage runs Optuna's heartbeat (every :func:`heartbeat_s` seconds, env
+  ``TUNER_HEARTBEAT_S``, default 60). A trial whose worker stops beating for
+  ``GRACE_FACTOR`` heartbeats is marked FAIL by whichever worker looks next, and
+  :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` (``max_retry=1``) puts its
+  configuration back as a WAITING trial, which the next ``ask`` takes: retried once.
+* **Global budget.** ``--budget N`` counts the study's finished trials plus those running
+  anywhere (a FAIL that has been retried counts once, through its retry). Each worker
+  checks that count and creates its next trial while holding a PostgreSQL advisory lock
+  (``pg_advisory_lock``, keyed by the study name), so two workers can never both take
+  the last slot: all workers together stop at exactly N finished trials. A worker that
+  finds the budget spent while others still run waits for them (it is the one that
+  fails a dead worker's trial and runs its retry), then exits. Other server databases
+  (MySQL, ...) get no lock: the count is checked without it and may overshoot by the
+  number of workers racing for the last slot.
+* **Duplicates.** Workers draw different sampler seeds (``seed`` + a per-process
+  offset). When a worker is proposed a configuration that an earlier, still running
+  trial holds, it waits for that trial and copies its result (``repeat_of``) instead of
+  running it twice.
+* **Attribution.** Every trial records ``worker`` (``host:pid``), ``host``, ``pid`` and
+  ``gpus`` (``CUDA_VISIBLE_DEVICES`` or the deployment's GPU ids/count) in its user attrs;
+  a retry also records ``retry_of`` (the failed trial's number).
+* **SQLite** holds one writer: a search takes an exclusive lock file beside the
+  database for its whole run, and a second process on the same study fails at once
+  with :class:`StudyBusy`, pointing to PostgreSQL. (Optuna on SQLite with several
+  writers meets ``database is locked`` errors mid-trial; refusing up front is safer.)
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    import optuna
+
+HEARTBEAT_ENV = "TUNER_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 60
+#: A running trial is stale after this many missed heartbeats.
+GRACE_FACTOR = 3
+#: How often a retried configuration may run again.
+MAX_RETRY = 1
+
+
+class StudyBusy(InputError):
+    """Another process holds the study (a SQLite search, or a nightly run)."""
+
+
+# -- storage -----------------------------------------------------------------------------
+def is_shared(url: str | None) -> bool:
+    """True for storages several processes may write at once (anything but SQLite)."""
+    return bool(url) and not str(url).startswith("sqlite")
+
+
+def heartbeat_s() -> int:
+    """Heartbeat interval in whole seconds (Optuna's unit): ``TUNER_HEARTBEAT_S`` or 60."""
+    raw = os.environ.get(HEARTBEAT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HEARTBEAT_S
+    try:
+        value = int(float(raw))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(f"{HEARTBEAT_ENV}={raw!r} is not a whole number of seconds >= 1")
+    return value
+
+
+def driver_url(url: str) -> str:
+    """``url`` with a PostgreSQL driver that is installed: SQLAlchemy 2.1 reads a bare
+    ``postgresql://`` as psycopg 3; with only psycopg2 (the ``postgres`` extra) installed,
+    that becomes ``postgresql+psycopg2://``."""
+    import importlib.util
+
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        return "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+def shared_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage for a server database, with heartbeat and one retry of a
+    trial whose worker died."""
+    import optuna
+
+    beat = heartbeat_s()
+    # Optuna creates its tables on first use; two workers starting on an empty database
+    # race there (duplicate key on alembic_version), so creation is serialised.
+    schema_lock = StudyLock(url, "*", "schema") if url.startswith("postgresql") else None
+    if schema_lock is not None:
+        schema_lock.acquire()
+    try:
+        return _rdb_storage(url, beat)
+    finally:
+        if schema_lock is not None:
+            schema_lock.close()
+
+
+def _rdb_storage(url: str, beat: int) -> optuna.storages.RDBStorage:
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            driver_url(url), heartbeat_interval=beat, grace_period=GRACE_FACTOR * beat,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+            engine_kwargs={"pool_pre_ping": True},
+        )
+
+
+def identity(gpus: Any = None) -> dict[str, Any]:
+    """This worker as trial attrs: host, pid, GPUs (CUDA_VISIBLE_DEVICES wins)."""
+    host = socket.gethostname()
+    pid = os.getpid()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = visible
+    elif isinstance(gpus, (tuple, list)):
+        gpus = ",".join(str(g) for g in gpus)
+    return {"worker": f"{host}:{pid}", "host": host, "pid": pid, "gpus": None if gpus is None else str(gpus)}
+
+
+def worker_seed(seed: int, storage: str | None) -> int:
+    """The sampler seed: ``seed`` alone, or with a per-process offset on a shared
+    storage (workers with one seed would propose the same configurations in lockstep)."""
+    if not is_shared(storage):
+        return seed
+    ident = identity()["worker"]
+    return (seed + int(hashlib.sha256(ident.encode()).hexdigest()[:7], 16)) % (2**31)
+
+
+# -- locks -------------------------------------------------------------------------------
+def _lock_key(purpose: str, study: str) -> int:
+    """A signed 64-bit advisory lock key for ``purpose`` on ``study``."""
+    return int.from_bytes(hashlib.sha256(f"tuner:{purpose}:{study}".encode()).digest()[:8], "big", signed=True)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URL (None for in-memory)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+class StudyLock:
+    """A named lock on one study: a PostgreSQL advisory lock (session level, on its own
+    connection, released when the connection closes — also when the process dies), a
+    lock file beside a SQLite database (``fcntl.flock``, released by the kernel when the
+    process dies), or nothing for other storages."""
+
+    def __init__(self, url: str, study: str, purpose: str) -> None:
+        self.url = url
+        self.study = study
+        self.purpose = purpose
+        self.kind = "none"
+        self._conn: Any = None
+        self._engine: Any = None
+        self._fd: int | None = None
+        self._held = False
+        if url.startswith("postgresql"):
+            import sqlalchemy
+            from sqlalchemy.pool import NullPool
+
+            self.kind = "postgresql"
+            self._key = _lock_key(purpose, study)
+            self._engine = sqlalchemy.create_engine(driver_url(url), poolclass=NullPool)
+            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        else:
+            path = sqlite_path(url)
+            if path is not None:
+                self.kind = "file"
+                self.path = path.with_name(f"{path.name}.{purpose}.lock")
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def acquire(self, blocking: bool = True) -> bool:
+        """Take the lock; False when ``blocking`` is off and someone else holds it."""
+        if self._held or self.kind == "none":
+            self._held = True
+            return True
+        if self.kind == "postgresql":
+            from sqlalchemy import text
+
+            if blocking:
+                self._conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
+            elif not self._conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self._key}).scalar():
+                return False
+        else:
+            assert self._fd is not None
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return False
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{identity()['worker']}\n".encode(), 0)
+        self._held = True
+        return True
+
+    def holder(self) -> str:
+        """Who holds a file lock (``host:pid``), as far as the file says."""
+        if self.kind == "file":
+            with contextlib.suppress(OSError):
+                return self.path.read_text().strip() or "another process"
+        return "another process"
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        if self.kind == "postgresql":
+            from sqlalchemy import text
+
+            self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
+        elif self.kind == "file":
+            assert self._fd is not None
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.release()
+        if self._conn is not None:
+            self._conn.close()
+            self._engine.dispose()
+            self._conn = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> StudyLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- the budget --------------------------------------------------------------------------
+def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None) -> tuple[int, int]:
+    """``(used, running)``: trials that count against the budget — COMPLETE, PRUNED,
+    FAIL unless retried, and (shared storage) RUNNING — and how many of them run.
+    On SQLite a RUNNING trial is a leftover of a killed process and does not count."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
+    used = running = 0
+    for t in trials:
+        if t.number == exclude:
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            used += 1
+        elif t.state == TrialState.FAIL:
+            used += t.number not in retried
+        elif t.state == TrialState.RUNNING and shared:
+            used += 1
+            running += 1
+    return used, running
+
+
+class Worker:
+    """One process's share of a study: the guarded trial loop (see the module docstring).
+
+    ``with Worker(study, url, budget=40) as w: w.optimize(objective, ...)``; the
+    objective calls :meth:`started` first and :meth:`wait_for_twin` after sampling."""
+
+    def __init__(self, study: optuna.Study, storage: str | None, *, budget: int,
+                 timeout_s: float | None = None, gpus: Any = None, attrs: dict[str, Any] | None = None) -> None:
+        from tuner.study import default_storage
+
+        self.study = study
+        self.url = storage or default_storage(study.study_name)
+        self.shared = is_shared(self.url)
+        self.budget = budget
+        self.timeout_s = timeout_s
+        self.attrs = {**identity(gpus), **(attrs or {})}
+        self.poll_s = min(1.0, heartbeat_s() / 2) if self.shared else 0.2
+        self._budget_lock: StudyLock | None = None
+        self._writer_lock: StudyLock | None = None
+
+    def __enter__(self) -> Worker:
+        if self.shared:
+            self._budget_lock = StudyLock(self.url, self.study.study_name, "budget")
+        else:
+            self._writer_lock = StudyLock(self.url, self.study.study_name, "writer")
+            if not self._writer_lock.acquire(blocking=False):
+                holder = self._writer_lock.holder()
+                self._writer_lock.close()
+                raise StudyBusy(
+                    f"study {self.study.study_name!r} ({self.url}) is being searched by {holder}; "
+                    "SQLite takes one writer",
+                    hint="to share a study between workers, use a server database: "
+                         "--storage postgresql://user:password@host/db",
+                )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for lock in (self._budget_lock, self._writer_lock):
+            if lock is not None:
+                lock.close()
+
+    def optimize(self, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...] = (),
+                 callbacks: Sequence[Callable[..., None]] = ()) -> None:
+        """Run trials until the study's budget is used (counting other workers' trials),
+        then wait for the trials still running elsewhere; stop starting trials after
+        ``timeout_s``."""
+        import optuna
+
+        t0 = time.monotonic()
+        lock = self._budget_lock
+        while self.timeout_s is None or time.monotonic() - t0 < self.timeout_s:
+            if lock is not None:
+                lock.acquire()
+            try:
+                if self.shared:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                        optuna.storages.fail_stale_trials(self.study)
+                used, running = budget_used(self.study, shared=self.shared)
+                if used < self.budget:
+                    # the trial is created under the lock; ``started`` releases it
+                    self.study.optimize(objective, n_trials=1, catch=catch, callbacks=list(callbacks),
+                                        gc_after_trial=False, show_progress_bar=False)
+                    if getattr(self.study, "_stop_flag", False):  # study.stop(): e.g. the grid is exhausted
+                        return
+                    continue
+            finally:
+                if lock is not None:
+                    lock.release()
+            if running == 0:
+                return
+            time.sleep(self.poll_s)
+
+    def started(self, trial: optuna.Trial) -> None:
+        """First thing in the objective: the trial exists, let other workers count it;
+        stamp who runs it."""
+        if self._budget_lock is not None:
+            self._budget_lock.release()
+        for key, value in self.attrs.items():
+            trial.set_user_attr(key, value)
+        failed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+        if failed is not None:
+            trial.set_user_attr("retry_of", failed)
+
+    def wait_for_twin(self, trial: optuna.Trial) -> None:
+        """Wait while an earlier trial runs the same parameters elsewhere (its result is
+        then reused instead of running the configuration twice)."""
+        from optuna.trial import TrialState
+
+        if not self.shared:
+            return
+        import optuna
+
+        params = trial.params
+        while True:
+            with warnings.catch_warnings():  # a twin whose worker died fails here, then we run it
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
+            twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                     if t.number < trial.number and t.params == params]
+            if not twins:
+                return
+            time.sleep(self.poll_s)
