@@ -68,8 +68,10 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
         raise InputError(f"unknown router {router!r}", hint=f"use one of {', '.join(ROUTERS)}")
     n = len(workload)
     cores = [EngineCore(plan, profile, fast=fast, record_itl=record_itl) for _ in range(replicas)]
-    for core in cores:   # every replica knows every request; request j is column j everywhere
-        core.load(workload.prompt_tokens, workload.output_tokens, workload.hash_ids, workload.block_tokens)
+    # every replica knows every request (request j is column j everywhere); one table shared
+    cores[0].load(workload.prompt_tokens, workload.output_tokens, workload.hash_ids, workload.block_tokens)
+    for core in cores[1:]:
+        core.share_requests(cores[0])
     where = np.full(n, -1, dtype=np.int64)
     send = np.full(n, np.nan)
     delivered = np.zeros(n, dtype=bool)

@@ -16,6 +16,12 @@ The policy follows ``vllm/v1/core/sched/scheduler.py::schedule`` (see
 * prefix caching (``kvcache.BlockPool``): a hit is a chain of whole cached units, capped at
   ``num_tokens - 1`` tokens; a request's shared units are cached once its prefill ends.
 
+Known simplifications (each small next to step-time error): hits count whole cache units
+(``block_tokens / block_size`` blocks, 32 by default), so a unit cut by the ``num_tokens - 1``
+cap or partly evicted does not hit at all; a prompt's shared units are cached when its
+prefill ends, not chunk by chunk; ``long_prefill_token_threshold``, priority scheduling,
+the free-block watermark and speculative decoding are not modelled.
+
 Per-request state of the running batch lives in numpy arrays, so a step costs a few dozen
 vector operations however many requests run. When nothing can change for a while (all
 running requests decode, none finishes, no block runs out, nobody can be admitted and no
@@ -180,6 +186,14 @@ class EngineCore:
                     self._hash[base + i] = (tuple(h), block_tokens)
         self._n = base + m
         return base
+
+    def share_requests(self, other: EngineCore) -> None:
+        """Use ``other``'s request table (replicas of one deployment: a request lives on one
+        replica only, so they can share the per-request arrays instead of copying them)."""
+        for name in ("prompt", "max_out", "out", "cached", "t_sched", "t_first", "t_done", "t_last",
+                     "_hash", "_units"):
+            setattr(self, name, getattr(other, name))
+        self._n, self._cap = other._n, other._cap
 
     def enqueue(self, j: int) -> None:
         """Request ``j`` (from :meth:`load`) arrives: it joins WAITING."""
