@@ -275,6 +275,22 @@ def test_plan_is_stored_in_a_real_study_and_read_back(tmp_path):
     assert load_plan("s", storage=storage, target_ttft_s=99) is None
 
 
+def test_a_study_on_a_trace_is_planned_on_that_trace(tmp_path):
+    from tuner.traffic import load_trace
+
+    rows = [f"2023-11-16 18:15:{i // 4:02d}.{i % 4 * 25:02d}0000,{100 + 7 * i},{20 + i % 30}" for i in range(80)]
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    trace = load_trace(str(path))
+    storage = f"sqlite:///{tmp_path}/t.db"
+    space = parse_space(AGREEMENT_SPACE.replace("V100-32GB-SXM2", "H100-SXM").replace("dtype: float16", "dtype: auto"),
+                        path="t.yaml")
+    run_search(space.bind(space.deployment, num_heads=28), workload=trace, budget=1, storage=storage, study="t")
+    est = plan_capacity(2.0, study="t", storage=storage, levels=[2, 4], max_extensions=1, repeats=2)
+    assert est.workload["source"] == trace.source and est.workload["requests"] == 80
+    assert est.workload["fingerprint"] == trace.fingerprint()
+
+
 def test_missing_study_and_trial_are_bad_input(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match="no study"):

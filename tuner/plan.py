@@ -97,11 +97,21 @@ def _study_deployment(study: optuna.Study) -> Deployment:
     return Deployment(**data)
 
 
-def _study_workload_builder(study: optuna.Study, num_requests: int | None) -> Callable[[int], Workload] | None:
-    """Rebuilds the study's workload from its search space (``space_path``), seeded."""
+def _study_workload_builder(study: optuna.Study, trial: Any, num_requests: int | None,
+                            ) -> Callable[[int], Workload] | None:
+    """Rebuilds the study's workload: the trace the trial replayed when its source is a
+    file here (first ``num_requests`` rows), else the search space's (``space_path``)
+    synthetic mix with at least :data:`PLAN_REQUESTS` requests, seeded."""
     from tuner.search import build_workload
     from tuner.space import load_space
 
+    source = str((trial.user_attrs.get("run") or {}).get("workload_source") or "")
+    if source and Path(source).is_file():
+        from tuner.traffic import load_trace
+
+        trace = load_trace(source)
+        trace = trace.take(slice(0, num_requests)) if num_requests else trace
+        return lambda seed: trace
     path = study.user_attrs.get("space_path") or study.user_attrs.get("space")
     if not path:
         return None
@@ -350,7 +360,7 @@ def plan_capacity(
         config = trial_config(chosen)
         deployment = deployment or _study_deployment(st)
         if workload is None:
-            builder = _study_workload_builder(st, num_requests)
+            builder = _study_workload_builder(st, chosen, num_requests)
     elif study is not None:
         st = load_study_by_name(study, storage) if isinstance(study, str) else study
     deployment = deployment or Deployment()
@@ -363,7 +373,8 @@ def plan_capacity(
     def workload_for(k: int) -> Workload:
         if k == 0:
             return base
-        return builder(seed + k) if builder is not None else _resample(base, seed + k)
+        again = builder(seed + k) if builder is not None else base
+        return _resample(base, seed + k) if again is base else again  # a fixed trace: 90% of its rows
 
     opts = dict(backend_options or {})
     if time_scale is None:
