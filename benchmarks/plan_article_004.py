@@ -36,6 +36,10 @@ ARTICLE = {
 ARTICLE_CAPACITY = {"max_concurrency": (80, 100), "tokens_per_s": (5000, 6000), "conversations_per_min": (1000, 1200)}
 DEPLOYMENT = Deployment(model="llama-2-7b", gpu="V100-32GB-SXM2", gpu_count=8, dtype="float16", vllm_version="0.6.3")
 CONFIG = ServeConfig(gpu_memory_utilization=0.92, max_model_len=4096, max_num_seqs=128, tensor_parallel_size=8)
+# The article's other layout (section 2.3, "TP4 x 2 instances"), with the project's Qwen2.5-7B.
+QWEN = Deployment(model="qwen2.5-7b", gpu="V100-32GB-SXM2", gpu_count=8, dtype="float16", vllm_version="0.6.3")
+QWEN_CONFIG = ServeConfig(gpu_memory_utilization=0.92, max_model_len=4096, max_num_seqs=128, tensor_parallel_size=4,
+                          replicas=2)
 
 
 def main() -> None:
@@ -84,6 +88,13 @@ def main() -> None:
     print(f"{'P95 TTFT at that point (s)':<28} {est.ttft_p95_s:>10.2f} {'< 5':>12}")
     for note in est.notes:
         print(f"note: {note}")
+    print()
+    q = plan_capacity("5s", config=QWEN_CONFIG, deployment=QWEN, num_requests=args.requests,
+                      tokens_per_conversation=300, repeats=args.repeats)
+    print(f"qwen2.5-7b, TP4 x 2 replicas (max-num-seqs 128 each): {q.max_concurrency:,.0f} users "
+          f"({q.max_concurrency / 90:.2f}x the article's 80-100 midpoint), {q.tokens_per_s:,.0f} tokens/s "
+          f"({q.tokens_per_s / 5500:.2f}x), {q.conversations_per_min:,.0f} conversations/min "
+          f"({q.conversations_per_min / 1100:.2f}x), P95 TTFT {q.ttft_p95_s:.2f} s")
 
 
 if __name__ == "__main__":
