@@ -1,0 +1,108 @@
+"""``tuner nightly``: resume the deployment's standing study on the latest traffic and
+flag throughput regressions (exit 4). The work is :func:`tuner.nightly.run_nightly`."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import typer
+
+from tuner.cli import app
+from tuner.errors import InputError
+
+
+
+@app.command("nightly")
+def nightly_cmd(
+    trace: str | None = typer.Option(None, "--trace", help="Request log of the deployment (any format tuner trace reads). Default: the built-in synthetic mix."),
+    window: str | None = typer.Option(None, "--window", help="Only the last part of --trace: 24h, 90m, 1d. Default: the whole log."),
+    space: str = typer.Option("default", "--space", help="Search space: a shipped name or a YAML file (as tuner search)."),
+    model: str | None = typer.Option(None, "--model", help="Model preset or local folder with config.json. Default: the space's."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, L4, ...). Default: the space's."),
+    gpus: str | None = typer.Option(None, "--gpus", help="GPUs: a count (8) or device ids (0-7)."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Simulator calibration profile YAML (efficiencies of this GPU class); a slower profile simulates a slower deployment."),
+    target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 TTFT target: 2s, 500ms. Default: the space's."),
+    backend: str = typer.Option("sim", "--backend", help="sim (embedded simulator), vllm (restart real vLLM per trial) or endpoint."),
+    vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend)."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
+    trials: int = typer.Option(20, "--trials", help="New trials tonight (the first re-runs last night's best configuration)."),
+    wall_clock: str | None = typer.Option(None, "--wall-clock", help="Stop starting trials after this long: 2h, 45m. Default: no limit but --trials."),
+    threshold: str = typer.Option("10%", "--threshold", help="A best throughput this much below the last night of the same workload shape is a regression (exit 4)."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (postgresql://... to share with workers and notebooks). Default: sqlite:///studies/<study>.db."),
+    study: str | None = typer.Option(None, "--study", help="Study name. Default: nightly.<deployment>.<space>, the same every night."),
+    report_dir: str | None = typer.Option(None, "--report-dir", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),
+    seed: int = typer.Option(0, "--seed", help="Sampler seed."),
+    output: str = typer.Option("text", "--output", help="text: the verdict line and the report path; json: nightly.json on stdout."),
+) -> None:
+    """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
+
+    Resumes one standing study per deployment (not per workload), runs last night's best
+    configuration again, then --trials new ones within --wall-clock. Tonight's best is
+    compared with the latest earlier night whose workload has the same shape (mean prompt
+    and output lengths, prefix reuse); a changed workload is reported, never called a
+    regression. A second nightly run on the same study exits at once (exit 2).
+    Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
+    """
+    from tuner.cli.search import parse_gpus
+    from tuner.nightly import RegressionDetected, latest_window, parse_duration, parse_threshold, run_nightly
+    from tuner.search import build_workload, get_backend_by_name, num_heads
+    from tuner.space import load_space, parse_seconds
+
+    if output not in ("text", "json"):
+        raise InputError(f"--output {output!r} is not text or json")
+    if backend not in ("sim", "vllm", "endpoint"):
+        raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
+    limit = parse_threshold(threshold)
+    wall_s = parse_duration(wall_clock, what="--wall-clock") if wall_clock else None
+    sp = load_space(space)
+    changes: dict[str, Any] = {}
+    if model:
+        changes["model"] = model
+    if gpu:
+        from tuner.sim.hardware import get_gpu
+
+        changes["gpu"] = get_gpu(gpu).name
+    if gpus:
+        changes["gpu_count"], changes["gpu_ids"] = parse_gpus(gpus)
+    if calibration:
+        from pathlib import Path
+
+        if not Path(calibration).is_file():
+            raise InputError("no such calibration profile", path=calibration)
+        changes["calibration"] = calibration
+    dep = dataclasses.replace(sp.deployment, **changes) if changes else sp.deployment
+    wl: dict[str, Any] = {}
+    if target_ttft:
+        wl["target_ttft_s"] = parse_seconds(target_ttft, what="--target-ttft")
+    if trace:
+        wl["trace"] = trace
+    if wl:
+        sp = sp.with_workload(**wl)
+    sp = sp.bind(dep, num_heads(dep))
+    workload = build_workload(sp.workload, dep)
+    if window:
+        if not trace:
+            raise InputError("--window needs --trace", hint="give the request log to cut the window from")
+        workload = latest_window(workload, parse_duration(window, what="--window"))
+    options: dict[str, Any] = {}
+    if backend == "vllm" and vllm_cmd:
+        options["vllm_cmd"] = vllm_cmd
+    if backend == "endpoint":
+        if not endpoint:
+            raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
+        options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
+    outcome = run_nightly(sp, workload, backend=get_backend_by_name(backend, **options), storage=storage,
+                          study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
+                          report_dir=report_dir, seed=seed)
+    if output == "json":
+        print((outcome.report.parent / "nightly.json").read_text())
+    else:
+        print(f"study {outcome.name} ({outcome.storage}): {outcome.verdict.night.new_trials} trials tonight "
+              f"in {outcome.wall_s:.1f} s")
+        print(outcome.verdict.headline)
+        print(f"report: {outcome.report}")
+    if outcome.verdict.regression:
+        raise RegressionDetected(f"{outcome.verdict.headline} (report: {outcome.report})")
+
+
+__all__ = ["nightly_cmd"]
