@@ -576,7 +576,16 @@ def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     ax1.set_ylabel("tokens/s")
     ax1.legend(loc="lower right")
     ax1.grid(alpha=0.3)
-    ax2.plot(x, [p.ttft_p95_s for p in pts], "o-", color="tab:purple", label="P95 TTFT")
+    ax2.plot(x, [p.ttft_p95_s for p in pts], "o", color="tab:purple", label="P95 TTFT (measured)")
+    measured = sorted(sweep_rows(est), key=lambda p: p.level)
+    xs = np.unique([p.level for p in measured])
+    ys = np.maximum.accumulate([np.mean([p.ttft_p95_s for p in measured if p.level == v]) for v in xs])
+    if len(xs) > 1 and np.all(np.isfinite(ys)):
+        from scipy.interpolate import PchipInterpolator
+
+        grid = np.linspace(xs[0], xs[-1], 200)
+        ax2.plot(grid, PchipInterpolator(xs, ys)(grid), "-", color="tab:purple", alpha=0.6,
+                 label="monotone (PCHIP) fit")
     ax2.axhline(est.target_ttft_s, color="r", linestyle=":", label=f"target {est.target_ttft_s:g} s")
     ax2.plot([chosen.level], [chosen.ttft_p95_s], "r*", markersize=14)
     ax2.axvline(est.max_load, color="grey", linestyle="--", linewidth=0.8)

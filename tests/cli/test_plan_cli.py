@@ -75,3 +75,15 @@ def test_bad_flags_exit_2(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and message in err
+
+
+def test_every_plan_option_has_help():
+    import typer.main
+
+    from tuner.cli import _register, app
+
+    _register()
+    command = typer.main.get_command(app).commands["plan"]
+    assert command.help and "target" in command.help
+    for param in command.params:
+        assert getattr(param, "help", None), f"plan {param.name} has no help"
