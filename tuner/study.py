@@ -119,7 +119,7 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=_storage(storage, name))
     except KeyError as err:
-        known = ", ".join(optuna.get_all_study_names(storage)) if storage else ""
+        known = ", ".join(optuna.get_all_study_names(_storage(storage, name))) if storage else ""
         raise InputError(f"no study {name!r} in {storage}", hint=f"known studies: {known or 'none'}") from err
 
 
@@ -152,8 +152,9 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
     urls = [storage] if storage else [f"sqlite:///{p}" for p in sorted(STUDIES_DIR.glob("*.db"))]
     out = []
     for url in urls:
-        for name in optuna.get_all_study_names(url):
-            out.append(summarize(optuna.load_study(study_name=name, storage=url), url))
+        store = _storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
+        for name in optuna.get_all_study_names(store):
+            out.append(summarize(optuna.load_study(study_name=name, storage=store), url))
     return out
 
 
