@@ -4,6 +4,7 @@ workload reported and not flagged, and the lock against a second run."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def test_a_second_nightly_run_on_a_sqlite_study_exits_with_a_clear_message(tmp_p
         assert lock.acquire(blocking=False)
         assert _night(storage, _trace(tmp_path), tmp_path / "n") == 2
     err = capsys.readouterr().err
-    assert "already running" in err and STUDY in err
+    assert "already running" in err and STUDY in err and f":{os.getpid()})" in err  # names the holder
 
 
 @pytest.mark.postgres
@@ -138,4 +139,5 @@ def test_a_second_nightly_run_on_a_postgresql_study_exits_with_a_clear_message(t
     with StudyLock(pg_url, STUDY, "nightly") as lock:  # another run's advisory lock
         assert lock.acquire(blocking=False)
         assert _night(pg_url, _trace(tmp_path), tmp_path / "n") == 2
-    assert "already running" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already running" in err and f":{os.getpid()})" in err

@@ -177,7 +177,11 @@ class StudyLock:
 
             self.kind = "postgresql"
             self._key = _lock_key(purpose, study)
-            self._engine = sqlalchemy.create_engine(driver_url(url), poolclass=NullPool)
+            # the holder is named in pg_stat_activity, so a refused run can say who holds it
+            self._engine = sqlalchemy.create_engine(
+                driver_url(url), poolclass=NullPool,
+                connect_args={"application_name": f"tuner {purpose} {identity()['worker']}"[:63]},
+            )
             self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         else:
             path = sqlite_path(url)
@@ -211,10 +215,24 @@ class StudyLock:
         return True
 
     def holder(self) -> str:
-        """Who holds a file lock (``host:pid``), as far as the file says."""
+        """Who holds the lock (``host:pid``), as far as the lock file or PostgreSQL says."""
         if self.kind == "file":
             with contextlib.suppress(OSError):
                 return self.path.read_text().strip() or "another process"
+        if self.kind == "postgresql":
+            from sqlalchemy import text
+
+            # a bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low)
+            key = self._key & 0xFFFFFFFFFFFFFFFF
+            with contextlib.suppress(Exception):
+                row = self._conn.execute(text(
+                    "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks l "
+                    "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                    "AND l.classid = :hi AND l.objid = :lo AND l.objsubid = 1"),
+                    {"hi": key >> 32, "lo": key & 0xFFFFFFFF}).first()
+                if row is not None:
+                    name = str(row[0] or "").removeprefix(f"tuner {self.purpose} ")
+                    return name or f"PostgreSQL backend {row[2]} from {row[1]}"
         return "another process"
 
     def release(self) -> None:

@@ -36,15 +36,19 @@ def nightly_cmd(
 ) -> None:
     """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
 
-    Resumes one standing study per deployment (not per workload), runs last night's best
-    configuration again, then --trials new ones within --wall-clock. Tonight's best is
-    compared with the latest earlier night whose workload has the same shape (mean prompt
-    and output lengths, prefix reuse); a changed workload is reported, never called a
-    regression. A second nightly run on the same study exits at once (exit 2).
-    Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
+    Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --wall-clock. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
+
+    A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
     """
     from tuner.cli.search import parse_gpus
-    from tuner.nightly import RegressionDetected, latest_window, parse_duration, parse_threshold, run_nightly
+    from tuner.nightly import (
+        RegressionDetected,
+        latest_window,
+        nightly_study_name,
+        parse_duration,
+        parse_threshold,
+        run_nightly,
+    )
     from tuner.search import build_workload, get_backend_by_name, num_heads
     from tuner.space import load_space, parse_seconds
 
@@ -85,8 +89,10 @@ def nightly_cmd(
             raise InputError("--window needs --trace", hint="give the request log to cut the window from")
         workload = latest_window(workload, parse_duration(window, what="--window"))
     options: dict[str, Any] = {}
-    if backend == "vllm" and vllm_cmd:
-        options["vllm_cmd"] = vllm_cmd
+    if backend == "vllm":
+        options["log_dir"] = f"studies/{study or nightly_study_name(dep, sp.name, backend)}/logs"
+        if vllm_cmd:
+            options["vllm_cmd"] = vllm_cmd
     if backend == "endpoint":
         if not endpoint:
             raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
