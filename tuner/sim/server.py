@@ -22,11 +22,13 @@ import json
 import sys
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from tuner.traffic._text import estimate_tokens
 
 TIMINGS_KEPT = 200_000
 
@@ -94,7 +96,6 @@ class SimServer:
         num_gpu_blocks: int | None = None,
         speed: float = 1.0,
         vllm_version: str = "sim",
-        tokens_per_word: float = 1.0,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
@@ -103,11 +104,11 @@ class SimServer:
         self.num_gpu_blocks = num_gpu_blocks
         self.speed = speed
         self.vllm_version = vllm_version
-        self.tokens_per_word = tokens_per_word
         self.live: dict[str, _Live] = {}
         self.timings: OrderedDict[str, dict[str, float]] = OrderedDict()
         self.request_success = 0
         self.steps = 0
+        self._late: deque[float] = deque(maxlen=100_000)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._model_json = json.dumps(model_name)
@@ -124,13 +125,15 @@ class SimServer:
             start = loop.time()
             out = self.engine.step()
             self.steps += 1
-            delay = start + max(out.duration_s, 0.0) / self.speed - loop.time()
+            due = start + max(out.duration_s, 0.0) / self.speed
+            delay = due - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             elif not out.new_tokens and not out.finished:
                 await asyncio.sleep(0.001)  # nothing could be scheduled: do not spin
             else:
                 await asyncio.sleep(0)
+            self._late.append(loop.time() - due)  # > 0: this step ended late (CPU starved)
             finished = set(out.finished)
             perf = time.perf_counter
             for rid, k in out.new_tokens.items():
@@ -180,6 +183,7 @@ class SimServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/debug/timings", self.debug_timings)
+        app.router.add_get("/debug/loop", self.debug_loop)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.on_startup.append(self._on_startup)
@@ -201,6 +205,13 @@ class SimServer:
 
     async def debug_timings(self, request: web.Request) -> web.Response:
         return web.json_response(dict(self.timings))
+
+    async def debug_loop(self, request: web.Request) -> web.Response:
+        """How far behind real time the engine loop ran (seconds a step ended late)."""
+        late = sorted(self._late)
+        pick = (lambda q: late[min(len(late) - 1, int(q * len(late)))]) if late else (lambda q: 0.0)
+        return web.json_response({"steps": self.steps, "late_p50_s": pick(0.5), "late_p95_s": pick(0.95),
+                                  "late_max_s": late[-1] if late else 0.0})
 
     async def metrics(self, request: web.Request) -> web.Response:
         s = self.engine.stats()
@@ -229,7 +240,9 @@ class SimServer:
 
     # -- generation --------------------------------------------------------------------
     def _words(self, text: str) -> int:
-        return max(1, round(len(text.split()) * self.tokens_per_word))
+        # No tokenizer here: the traffic package's estimate (4 characters a token for
+        # Latin text, 1.4 for CJK), as when a log holds text but no token counts.
+        return estimate_tokens(text)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrival = time.perf_counter()
