@@ -522,7 +522,7 @@ def run_search(
     from tuner.study import best_feasible_trial
 
     total = count_finished(st)
-    return SearchOutcome(st, name, storage, best_feasible_trial(st), total, total - finished,
+    return SearchOutcome(st, name, storage, best_feasible_trial(st), total, worker.ran,
                          time.perf_counter() - t0, session_gpu_s)
 
 

@@ -307,6 +307,7 @@ class Worker:
         self.poll_s = min(1.0, heartbeat_s() / 2) if self.shared else 0.2
         self._budget_lock: StudyLock | None = None
         self._writer_lock: StudyLock | None = None
+        self.ran = 0  # trials this process started
 
     def __enter__(self) -> Worker:
         if self.shared:
@@ -366,6 +367,7 @@ class Worker:
         stamp who runs it."""
         if self._budget_lock is not None:
             self._budget_lock.release()
+        self.ran += 1
         for key, value in self.attrs.items():
             trial.set_user_attr(key, value)
         failed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
