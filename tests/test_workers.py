@@ -3,6 +3,7 @@ worker killed mid-trial (heartbeat, fail, one retry), and SQLite's single writer
 from __future__ import annotations
 
 import collections
+import datetime
 import os
 import signal
 import subprocess
@@ -67,6 +68,12 @@ def test_budget_counts_running_trials_and_a_retried_failure_once():
     st.ask()                             # 5 takes the waiting trial: RUNNING
     assert budget_used(st, shared=True) == (4, 1)
     assert budget_used(st, shared=False) == (3, 0)  # SQLite: a RUNNING leftover of a killed process
+    # 6: RUNNING for an hour and claimed by no worker (no heartbeat will ever fail it)
+    st.add_trial(optuna.trial.FrozenTrial(
+        number=6, trial_id=6, state=TrialState.RUNNING, value=None, datetime_complete=None,
+        datetime_start=datetime.datetime.now() - datetime.timedelta(hours=1), params={"x": 4},
+        distributions=dist, user_attrs={}, system_attrs={}, intermediate_values={}))
+    assert budget_used(st, shared=True) == (4, 1)
 
 
 def test_second_sqlite_writer_fails_at_once_pointing_to_postgresql(tmp_path):

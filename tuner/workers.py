@@ -32,6 +32,7 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import hashlib
 import os
@@ -266,12 +267,22 @@ class StudyLock:
 
 
 # -- the budget --------------------------------------------------------------------------
+def _orphan(trial: Any, now: dt.datetime) -> bool:
+    """A RUNNING trial no tuner worker claimed (no ``worker`` attr, which a worker sets
+    right after creating it) for longer than a grace period: left by a process without a
+    heartbeat, so nobody will ever fail it. It is neither counted nor waited for."""
+    if "worker" in trial.user_attrs or trial.datetime_start is None:
+        return False
+    return (now - trial.datetime_start).total_seconds() > GRACE_FACTOR * heartbeat_s()
+
+
 def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None) -> tuple[int, int]:
     """``(used, running)``: trials that count against the budget — COMPLETE, PRUNED,
     FAIL unless retried, and (shared storage) RUNNING — and how many of them run.
     On SQLite a RUNNING trial is a leftover of a killed process and does not count."""
     from optuna.trial import TrialState
 
+    now = dt.datetime.now()  # Optuna stamps trials with naive local time
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
     used = running = 0
@@ -282,7 +293,7 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
             used += 1
         elif t.state == TrialState.FAIL:
             used += t.number not in retried
-        elif t.state == TrialState.RUNNING and shared:
+        elif t.state == TrialState.RUNNING and shared and not _orphan(t, now):
             used += 1
             running += 1
     return used, running
@@ -388,8 +399,9 @@ class Worker:
             with warnings.catch_warnings():  # a twin whose worker died fails here, then we run it
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)
+            now = dt.datetime.now()
             twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                     if t.number < trial.number and t.params == params]
+                     if t.number < trial.number and t.params == params and not _orphan(t, now)]
             if not twins:
                 return
             time.sleep(self.poll_s)
