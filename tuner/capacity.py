@@ -52,6 +52,8 @@ class SweepPoint:
     role: str = "sweep"
     repeat: int = 0
     seed: int = 0
+    tpot_p95_s: float = math.nan
+    ttft_p99_s: float = math.nan
 
     def __post_init__(self) -> None:
         if not self.level > 0:
@@ -75,7 +77,8 @@ class SweepPoint:
             e2e_p95_s=summary.get("e2e_p95_s", nan), tokens_per_s=summary.get("tokens_per_s", nan),
             output_tokens_per_s=summary.get("output_tokens_per_s", nan),
             requests_per_s=summary.get("requests_per_s", nan), error_rate=summary.get("error_rate", 0.0),
-            requests=int(summary.get("requests", 0)), duration_s=summary.get("duration_s", nan), **extra,
+            requests=int(summary.get("requests", 0)), duration_s=summary.get("duration_s", nan),
+            tpot_p95_s=summary.get("tpot_p95_s", nan), ttft_p99_s=summary.get("ttft_p99_s", nan), **extra,
         )
 
     def to_dict(self) -> dict[str, Any]:
