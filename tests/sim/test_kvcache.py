@@ -26,9 +26,10 @@ def test_hits_are_chained_prefixes_and_capped() -> None:
     other = ("shared", 99, 4)
     plan = pool.lookup([(A, 4), (other, 4), (C, 4)], None, -1, max_blocks=100)
     assert plan.shared_blocks == 4 and plan.touched_free == 0
-    # a request whose whole prompt is cached keeps its last token to compute: cap
+    # a request whose whole 48-token prompt is cached keeps its last token to compute: all
+    # three units are referenced, 11 of their 12 blocks count as hit
     plan = pool.lookup([(A, 4), (B, 4), (C, 4)], None, -1, max_blocks=(48 - 1) // 4)
-    assert plan.shared_blocks == 8
+    assert plan.cached_blocks == 12 and plan.hit_blocks == 11
 
 
 def test_unreferenced_units_stay_cached_until_evicted_tail_first() -> None:

@@ -252,3 +252,17 @@ def test_step_api_streams_every_token_once_and_abort_frees_blocks() -> None:
     assert stats["generation_tokens"] >= sum(outs.values())
     assert set(stats) >= {"num_waiting", "num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
                           "prompt_tokens"}
+
+
+def test_repeated_prompt_hits_all_but_its_last_block() -> None:
+    # the same 1,024-token prompt twice: the second finds all 64 blocks cached but must
+    # compute its last token, so 63 blocks (1,008 tokens) count as hit
+    plan = small_plan(num_gpu_blocks=500, block_size=16, max_num_batched_tokens=2048,
+                      enable_prefix_caching=True)
+    core = EngineCore(plan)
+    core.add_request("first", 1024, 5, hash_ids=(11, 12), block_tokens=512)
+    drive(core, check=conserved)
+    core.add_request("again", 1024, 5, hash_ids=(11, 12), block_tokens=512)
+    drive(core, check=conserved)
+    assert int(core.cached[0]) == 0 and int(core.cached[1]) == 1008
+    assert core.stats()["prefix_cache_hits"] == 1008

@@ -34,10 +34,18 @@ class PrefixPlan:
     shared_blocks: int = 0      # blocks in those units
     own_blocks: int = 0         # blocks of its own unit hit (after a preemption)
     touched_free: int = 0       # hit blocks now in the free queue (they stop being free)
+    cap: int = 0                # at most this many blocks count as computed (num_tokens - 1)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks the request gets from the cache (its block table starts with them)."""
+        return self.shared_blocks + self.own_blocks
 
     @property
     def hit_blocks(self) -> int:
-        return self.shared_blocks + self.own_blocks
+        """Blocks whose tokens need no recompute: the cached ones, capped so that the last
+        prompt token is always computed (vLLM's ``max_cache_hit_length = num_tokens - 1``)."""
+        return min(self.shared_blocks + self.own_blocks, self.cap)
 
 
 class BlockPool:
@@ -105,13 +113,14 @@ class BlockPool:
     def lookup(self, units: list[tuple[object, int]], own_key: object, own_start: int,
                max_blocks: int) -> PrefixPlan:
         """Longest cached prefix of a request: whole shared units in chain order, then its
-        own unit if it starts right after them; at most ``max_blocks`` blocks."""
-        plan = PrefixPlan()
+        own unit if it starts right after them. At most ``max_blocks`` blocks count as hit;
+        a unit the cap cuts is still referenced (its capped tail is recomputed in place)."""
+        plan = PrefixPlan(cap=max_blocks)
         if not self.caching:
             return plan
         lru, ref = self._lru, self._ref
         for key, n in units:
-            if plan.shared_blocks + n > max_blocks:
+            if plan.shared_blocks >= max_blocks:
                 break
             if key not in ref:
                 if lru.get(key, 0) != n:
@@ -119,7 +128,7 @@ class BlockPool:
                 plan.touched_free += n
             plan.units.append((key, n))
             plan.shared_blocks += n
-        if own_key is not None and own_start == plan.shared_blocks:
+        if own_key is not None and own_start == plan.shared_blocks < max_blocks:
             c = min(lru.get(own_key, 0), max_blocks - plan.shared_blocks)
             if c > 0:
                 plan.own_blocks = c

@@ -17,8 +17,8 @@ The policy follows ``vllm/v1/core/sched/scheduler.py::schedule`` (see
   ``num_tokens - 1`` tokens; a request's shared units are cached once its prefill ends.
 
 Known simplifications (each small next to step-time error): hits count whole cache units
-(``block_tokens / block_size`` blocks, 32 by default), so a unit cut by the ``num_tokens - 1``
-cap or partly evicted does not hit at all; a prompt's shared units are cached when its
+(``block_tokens / block_size`` blocks, 32 by default), so a partly evicted unit does not hit
+at all; a prompt's shared units are cached when its
 prefill ends, not chunk by chunk; ``long_prefill_token_threshold``, priority scheduling,
 the free-block watermark and speculative decoding are not modelled.
 
@@ -283,7 +283,7 @@ class EngineCore:
             return -(-ntok // self.bs) <= self.pool.free, None, ntok
         own_key = ("own", j) if own_start >= 0 else None
         plan = self.pool.lookup(self._units_of(j), own_key, own_start, (ntok - 1) // self.bs)
-        need = -(-ntok // self.bs) - plan.hit_blocks + plan.touched_free
+        need = max(0, -(-ntok // self.bs) - plan.cached_blocks) + plan.touched_free
         return need <= self.pool.free, plan, ntok
 
     # -- stepping -------------------------------------------------------------------------
@@ -521,7 +521,7 @@ class EngineCore:
                     pool.forget(own_key)
                 hit = plan.hit_blocks * bs
                 s = min(ntok - hit, left)
-                nb = -(-(hit + s) // bs) - plan.hit_blocks
+                nb = max(0, -(-(hit + s) // bs) - plan.cached_blocks)
                 pool.allocate(nb)
                 if plan.units:
                     self.refs[j] = list(plan.units)
