@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 from pg_db import pg_url  # noqa: F401  (fixture)
 
-from tuner.workers import StudyLock, budget_used, driver_url
+from tuner.workers import RetryOnce, StudyLock, budget_used, driver_url
 
 STUDY = "workers-test"
 BUDGET = 40
@@ -74,6 +74,22 @@ def test_budget_counts_running_trials_and_a_retried_failure_once():
         datetime_start=datetime.datetime.now() - datetime.timedelta(hours=1), params={"x": 4},
         distributions=dist, user_attrs={}, system_attrs={}, intermediate_values={}))
     assert budget_used(st, shared=True) == (4, 1)
+
+
+def test_a_retry_starts_clean_of_the_dead_run_but_keeps_its_parameters():
+    st = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.IntDistribution(0, 9)}
+    st.add_trial(optuna.create_trial(
+        state=TrialState.FAIL, params={"x": 3}, distributions=dist,
+        user_attrs={"worker": "h:1", "feasible": False, "warm_start": True},
+        system_attrs={"constraints:p95_ttft_over_target": 0.5}))
+    RetryOnce()(st, st.trials[0])
+    retry = st.trials[1]
+    assert retry.state == TrialState.WAITING and retry.params == {"x": 3}
+    assert retry.system_attrs["failed_trial"] == 0 and not any(k.startswith("constraints") for k in retry.system_attrs)
+    assert retry.user_attrs == {"warm_start": True}
+    RetryOnce()(st, st.trials[1])  # a retry that dies too is not retried again
+    assert len(st.trials) == 2
 
 
 def test_second_sqlite_writer_fails_at_once_pointing_to_postgresql(tmp_path):
@@ -141,6 +157,7 @@ def test_a_worker_killed_mid_trial_is_failed_by_heartbeat_and_retried_once(tmp_p
     assert by_number[victim.number].state == TrialState.FAIL
     retries = [t for t in trials if t.user_attrs.get("retry_of") == victim.number]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].system_attrs["constraints:p95_ttft_over_target"] == retries[0].user_attrs["constraint"]
     assert retries[0].params == by_number[victim.number].params == victim.params and retries[0].user_attrs["pid"] != victim.user_attrs["pid"]
     # the study completed: the budget is used, nothing left running or waiting
     assert budget_used(load(pg_url), shared=True) == (BUDGET, 0)

@@ -32,6 +32,7 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as dt
 import fcntl
 import hashlib
@@ -117,9 +118,33 @@ def _rdb_storage(url: str, beat: int) -> optuna.storages.RDBStorage:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(
             driver_url(url), heartbeat_interval=beat, grace_period=GRACE_FACTOR * beat,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+            heartbeat_stale_trial_callback=RetryOnce(),
             engine_kwargs={"pool_pre_ping": True},
         )
+
+
+#: User attrs a retry keeps from the failed trial (what the run itself wrote is dropped).
+KEEP_ON_RETRY = ("warm_start", "rerun_of_night")
+
+
+class RetryOnce:
+    """Optuna's ``RetryHeartbeatStaleTrialCallback(max_retry=1)``, handed the dead trial
+    without what its run already wrote: its constraint (Optuna keeps the first value set,
+    so the retry's own would be ignored) and partial results. The WAITING copy keeps the
+    parameters and ``failed_trial`` / ``retry_history`` in its system attrs."""
+
+    def __init__(self, max_retry: int = MAX_RETRY) -> None:
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._inner = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+    def __call__(self, study: optuna.Study, trial: Any) -> None:
+        clean = copy.deepcopy(trial)
+        clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints:")}
+        clean.user_attrs = {k: v for k, v in trial.user_attrs.items() if k in KEEP_ON_RETRY}
+        self._inner(study, clean)
 
 
 def identity(gpus: Any = None) -> dict[str, Any]:
