@@ -76,8 +76,8 @@ def test_latest_window_keeps_the_last_day_of_a_two_day_log():
     assert latest_window(w, 72 * 3600) is w  # a window longer than the log: all of it
 
 
-def _trace(tmp_path, prompt: float = 400, name: str = "t.jsonl"):
-    return str(native.write(_workload(prompt), tmp_path / name))
+def _trace(tmp_path, prompt: float = 400, name: str = "t.jsonl", span_s: float = 0.0):
+    return str(native.write(_workload(prompt, span_s=span_s), tmp_path / name))
 
 
 def _night(storage: str, trace: str, out, *extra: str) -> int:
@@ -117,11 +117,13 @@ def test_a_slower_deployment_is_a_regression_named_in_the_report(tmp_path, pg_ur
 def test_a_changed_workload_is_reported_not_flagged(tmp_path):
     storage = f"sqlite:///{tmp_path}/n.db"
     # long prompts, then short ones: fewer tokens per second (prefill tokens count), same deployment
-    assert _night(storage, _trace(tmp_path, 2400, "long.jsonl"), tmp_path / "n1") == 0
+    two_days = _trace(tmp_path, 2400, "long.jsonl", span_s=48 * 3600.0)  # 60 requests, one per 48/59 h
+    assert _night(storage, two_days, tmp_path / "n1", "--window", "24h") == 0
     assert _night(storage, _trace(tmp_path, 300, "short.jsonl"), tmp_path / "n2") == 0
     report = (tmp_path / "n2" / "nightly.md").read_text()
     assert "workload changed" in report and "REGRESSION" not in report
     stored = nights(load_study_by_name(STUDY, storage))
+    assert stored[0].workload["requests"] == 30  # requests 30..59 arrive in the last 24 h
     assert stored[1].tokens_per_s < 0.9 * stored[0].tokens_per_s  # it would have been flagged
 
 
