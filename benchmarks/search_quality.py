@@ -45,7 +45,7 @@ from tuner.backends.sim import SimBackend
 from tuner.config import ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, Poisson
-from tuner.search import CONSTRAINT, evaluate_config, make_sampler, num_heads
+from tuner.search import CONSTRAINT, default_trials, evaluate_config, make_sampler, num_heads
 from tuner.space import Param, SearchSpace, load_space, parse_layout
 from tuner.traffic.synth import default_workload
 
@@ -96,8 +96,28 @@ def _evaluate(args: tuple[dict, bool]) -> tuple[str, bool, dict]:
     return key_of(params), naive, record
 
 
+def code_fingerprint() -> str:
+    """Hash of the code and data the cached values depend on (the simulator changes)."""
+    import hashlib
+
+    import tuner
+
+    root = Path(tuner.__file__).parent
+    h = hashlib.sha256(f"{REQUESTS}{GRID}{FIXED}".encode())
+    for path in sorted([*root.glob("sim/*.py"), *root.glob("data/**/*"), root / "backends" / "sim.py",
+                        root / "search.py", root / "traffic" / "synth.py"]):
+        if path.is_file():
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def load_cache() -> dict:
-    return json.loads(CACHE.read_text()) if CACHE.is_file() else {"smart": {}, "naive": {}}
+    """The cached evaluations, unless the simulator or the search changed since."""
+    code = code_fingerprint()
+    cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
+    if cache.get("code") != code:
+        cache = {"code": code, "smart": {}, "naive": {}}
+    return cache
 
 
 def fill(cache: dict, jobs: list[tuple[dict, bool]], workers: int) -> None:
@@ -115,10 +135,15 @@ def fill(cache: dict, jobs: list[tuple[dict, bool]], workers: int) -> None:
                 print(f"  {i}/{len(todo)} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
 
-def run_sampler(space: SearchSpace, table: dict, sampler: str, trials: int, seed: int) -> list[dict]:
-    """The same loop as ``run_search`` (suggest, evaluate, constraint), values from the table."""
+def run_sampler(space: SearchSpace, table: dict, sampler: str, trials: int, seed: int,
+                defaults: bool = True) -> list[dict]:
+    """The same loop as ``run_search`` (vLLM's defaults per layout first for TPE, then
+    suggest, evaluate, constraint), values from the table."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed=seed, space=space))
+    if sampler == "tpe" and defaults:
+        for params in default_trials(space):
+            study.enqueue_trial(params)
     picked: list[dict] = []
 
     def objective(trial: optuna.Trial) -> float:
@@ -254,18 +279,23 @@ def main() -> None:
                 tpe40_first = picked
             row[f"{sampler}15"] = best_of(table, picked[:15]) / optimum
             row[f"{sampler}40"] = best_of(table, picked) / optimum
+        bare = run_sampler(space, table, "tpe", 15, seed, defaults=False)
+        row["bare15"] = best_of(table, bare) / optimum
         rows.append(row)
     print("\nfraction of the optimum reached (the auto_tune.sh strategy: "
           f"{at_frac:.1%} every seed)")
-    print(f"{'seed':>4} {'TPE@15':>8} {'TPE@40':>8} {'random@15':>10} {'random@40':>10}")
+    print(f"defaults: vLLM's defaults at each layout, run first by tuner search: {default_trials(space)}")
+    print(f"{'seed':>4} {'TPE@15':>8} {'TPE@40':>8} {'random@15':>10} {'random@40':>10} {'TPE@15 w/o defaults':>20}")
     for r in rows:
-        print(f"{r['seed']:>4} {r['tpe15']:>8.1%} {r['tpe40']:>8.1%} {r['random15']:>10.1%} {r['random40']:>10.1%}")
-    for col, goal in (("tpe15", 0.95), ("tpe40", 0.98), ("random15", 0.95), ("random40", 0.98)):
+        print(f"{r['seed']:>4} {r['tpe15']:>8.1%} {r['tpe40']:>8.1%} {r['random15']:>10.1%} {r['random40']:>10.1%}"
+              f" {r['bare15']:>20.1%}")
+    for col, goal in (("tpe15", 0.95), ("tpe40", 0.98), ("random15", 0.95), ("random40", 0.98), ("bare15", 0.95)):
         vals = [r[col] for r in rows]
         print(f"{col:>9}: median {statistics.median(vals):.1%}, worst {min(vals):.1%}, "
               f">= {goal:.0%} in {sum(v >= goal for v in vals)}/{len(vals)} seeds")
-    ahead = sum(r["tpe15"] >= max(r["random15"], at_frac) for r in rows)
-    print(f"TPE@15 at or ahead of random@15 and auto_tune in {ahead}/{len(rows)} seeds")
+    for n in (15, 40):
+        ahead = sum(r[f"tpe{n}"] >= max(r[f"random{n}"], at_frac) for r in rows)
+        print(f"TPE@{n} at or ahead of random@{n} and the auto_tune.sh strategy in {ahead}/{len(rows)} seeds")
 
     # GPU time: 40 TPE trials with pre-check and early stop vs the same 40 run naively.
     assert tpe40_first is not None

@@ -310,3 +310,14 @@ def test_gp_sampler_or_a_clear_message():
         assert "torch" in str(err)
     else:
         assert isinstance(sampler, optuna.samplers.GPSampler)
+
+
+def test_a_new_tpe_study_starts_from_vllm_defaults_at_each_layout(tmp_path):
+    out = run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=3,
+                     storage=f"sqlite:///{tmp_path}/s.db", seed=0)
+    first = out.study.trials[:2]
+    assert all(t.user_attrs.get("vllm_defaults") for t in first)
+    assert {t.params["layout"] for t in first} == {"tp1x2", "tp2x1"}
+    # vLLM's default utilization (0.92 in the 0.26 line) snapped to the nearest choice
+    assert all(t.params["gpu_memory_utilization"] == 0.9 for t in first)
+    assert not out.study.trials[2].user_attrs.get("vllm_defaults")

@@ -159,3 +159,14 @@ def test_shipped_spaces_parse():
 def test_unknown_space_lists_the_shipped_ones():
     with pytest.raises(InputError, match="article-004-8xv100-32gb"):
         load_space("no-such-space")
+
+
+def test_nearest_snaps_into_the_space():
+    from tuner.space import Param
+
+    seqs = Param("max_num_seqs", "categorical", choices=(32, 64, 128))
+    assert seqs.nearest(1024) == 128 and seqs.nearest(50) == 64 and seqs.nearest(None) == 32
+    gmu = Param("gpu_memory_utilization", "float", low=0.8, high=0.95, step=0.05)
+    assert gmu.nearest(0.92) == 0.9 and gmu.nearest(0.99) == 0.95
+    eager = Param("enforce_eager", "categorical", choices=(False, True))
+    assert eager.nearest(True) is True

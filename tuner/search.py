@@ -22,6 +22,7 @@ both read it), so it learns the feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
 crash marks only that trial FAIL and the study goes on. A configuration the sampler
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
+A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_trials`).
 
 Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
 ``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
@@ -270,6 +271,32 @@ def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, A
         return {}
 
 
+def default_trials(space: SearchSpace) -> list[dict[str, Any]]:
+    """Trial params of vLLM's own defaults at each layout of the space (knobs left unset,
+    resolved by the memory planner for this GPU and vLLM version, then snapped to the
+    nearest value the space allows). A new TPE/GP study runs these first: it always holds
+    the out-of-the-box answer to compare with, and its model starts from a sound point in
+    every layout, the knob that matters most."""
+    from tuner.space import parse_layout
+
+    out = []
+    for layout in space.layout_choices:
+        tp, replicas = parse_layout(layout)
+        config = ServeConfig(tensor_parallel_size=tp, replicas=replicas, **dict(space.fixed))
+        try:  # strict=False: the defaults resolve even where vLLM would refuse them
+            from tuner.sim.memory import plan_memory
+
+            facts = plan_memory(space.deployment, config, strict=False).summary()
+        except (ConfigRejected, InputError):
+            facts = {}
+        params = {p.name: p.nearest(facts.get(p.name, getattr(config, p.name))) for p in space.params}
+        if len(space.layout_choices) > 1:
+            params["layout"] = layout
+        if params not in out:
+            out.append(params)
+    return out
+
+
 def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
     attrs.update(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
@@ -460,11 +487,15 @@ def run_search(
     _stamp_study(st, space, deployment, fingerprint, backend_obj.name, sampler, seed, target)
     finished = count_finished(st)
     obs.on_start(name, finished, budget)
-    waiting = {tuple(sorted(t.params.items())) for t in st.get_trials(deepcopy=False)}
-    for config in enqueue:
-        params = space.params_of(config)
+    trials = st.get_trials(deepcopy=False)
+    waiting = {tuple(sorted(t.params.items())) for t in trials}
+    first = [(space.params_of(c), {"warm_start": True}) for c in enqueue]
+    if not trials and sampler.lower() in ("tpe", "gp"):
+        first += [(p, {"vllm_defaults": True}) for p in default_trials(space)]
+    for params, attrs in first:
         if tuple(sorted(params.items())) not in waiting:
-            st.enqueue_trial(params, user_attrs={"warm_start": True}, skip_if_exists=True)
+            waiting.add(tuple(sorted(params.items())))
+            st.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
     run_facts = _clean({
         "workload_fingerprint": fingerprint, "workload_source": workload.source,
         "workload_requests": len(workload), "backend": backend_obj.name,
@@ -483,7 +514,7 @@ def run_search(
             obs.on_phase(f"same configuration as trial {earlier.number}")
             trial.set_constraint(CONSTRAINT, float(earlier.user_attrs.get("constraint", 1.0)))
             for key, value in earlier.user_attrs.items():
-                if key not in ("warm_start", "gpu_s"):
+                if key not in ("warm_start", "vllm_defaults", "gpu_s"):
                     trial.set_user_attr(key, value)
             trial.set_user_attr("repeat_of", earlier.number)
             trial.set_user_attr("gpu_s", 0.0)

@@ -128,6 +128,23 @@ class Param:
             values = [round(v, 4) for v in values]
         return tuple(dict.fromkeys(values))
 
+    def nearest(self, value: Any) -> Any:
+        """The value of this parameter closest to ``value`` (a choice, or a point of the
+        range on its step); the first choice when nothing compares."""
+        if self.kind == "categorical":
+            if value in self.choices:
+                return value
+            numeric = [c for c in self.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            if numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return min(numeric, key=lambda c: (abs(c - value), c))
+            return self.choices[0]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            value = (self.low + self.high) / 2
+        value = min(max(value, self.low), self.high)
+        if self.step:
+            value = self.low + round((value - self.low) / self.step) * self.step
+        return int(round(value)) if self.kind == "int" else round(float(value), 6)
+
     def contains(self, value: Any) -> bool:
         if self.kind == "categorical":
             return value in self.choices

@@ -171,7 +171,8 @@ def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
 
 
 def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
-    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
+    """The ``k`` best feasible trials, one per configuration (repeats left out)."""
+    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t) and "repeat_of" not in t.user_attrs]
     return sorted(feasible, key=lambda t: (-t.value, t.number))[:k]
 
 
