@@ -71,9 +71,10 @@ ATTR_PREFIX = "plan/"
 
 
 # -- where the configuration comes from ---------------------------------------------------
-def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> str:
-    """Name of the newest study: the most recently written ``studies/*.db`` (or the last
-    created one in ``storage``). InputError when there is none."""
+def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> tuple[str, str | None]:
+    """``(name, storage)`` of the newest study: the last one created in the most recently
+    written ``studies/*.db`` (storage ``None`` when the file is ``studies/<name>.db``,
+    the default), or the last created in ``storage``. InputError when there is none."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -81,12 +82,20 @@ def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -
         names = optuna.get_all_study_names(storage)
         if not names:
             raise InputError(f"no study in {storage}", hint="run tuner search first, or give --study")
-        return names[-1]
-    dbs = sorted(Path(folder).glob("*.db"), key=lambda p: p.stat().st_mtime)
-    if not dbs:
-        raise InputError(f"no study in {folder}/",
-                         hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tp ...")
-    return dbs[-1].stem
+        return names[-1], storage
+    for db in sorted(Path(folder).glob("*.db"), key=lambda p: p.stat().st_mtime, reverse=True):
+        url = f"sqlite:///{db}"
+        names = optuna.get_all_study_names(url)
+        if names:
+            name = names[-1]
+            return name, None if db == Path(folder) / f"{name}.db" else url
+    raise InputError(f"no study in {folder}/",
+                     hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tp ...")
+
+
+def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> str:
+    """Name of the newest study (see :func:`find_newest_study`, which also gives its storage)."""
+    return find_newest_study(folder, storage)[0]
 
 
 def _study_deployment(study: optuna.Study) -> Deployment:
@@ -340,7 +349,7 @@ def plan_capacity(
     builder: Callable[[int], Workload] | None = None
     if config is None:
         if study is None or isinstance(study, str):
-            name = study or newest_study(storage=storage)
+            name, storage = (study, storage) if study else find_newest_study(storage=storage)
             st = load_study_by_name(name, storage)
         else:
             st = study
@@ -620,7 +629,8 @@ def write_plan_files(est: CapacityEstimate, out_dir: str | Path | None = None) -
 
 
 __all__ = [
-    "ARTICLE_LEVELS", "CapacityEstimate", "SweepPoint", "list_plans", "load_plan", "newest_study", "plan_capacity",
+    "ARTICLE_LEVELS", "CapacityEstimate", "SweepPoint", "find_newest_study", "list_plans", "load_plan", "newest_study",
+    "plan_capacity",
     "plan_key", "plot_plan", "render_markdown", "rescale", "sim_serve_speed", "store_plan", "summary_rows",
     "write_plan_files",
 ]

@@ -34,7 +34,11 @@ def test_no_feasible_trial_exits_3(tmp_path, monkeypatch, capsys):
     (tmp_path / "studies").mkdir()
     optuna.create_study(study_name="empty", storage=f"sqlite:///{tmp_path}/studies/empty.db")
     code, _, err = run_cli(["plan", "--target-ttft", "5s"], capsys)
-    assert code == 3 and "no feasible trial" in err
+    assert code == 3 and "'empty' has no feasible trial" in err
+    # the newest file holds a study of another name (tuner search --storage ... --study mine)
+    optuna.create_study(study_name="mine", storage=f"sqlite:///{tmp_path}/studies/other.db")
+    code, _, err = run_cli(["plan", "--target-ttft", "5s"], capsys)
+    assert code == 3 and "'mine' has no feasible trial" in err
 
 
 def test_config_on_the_command_line_json_and_files(tmp_path, monkeypatch, capsys):

@@ -129,11 +129,12 @@ def plan_cmd(
         deployment, config = _config_from_flags(values)
         target_ttft = target_ttft or "5s"
     elif target_ttft is None:
-        from tuner.plan import newest_study
+        from tuner.plan import find_newest_study
         from tuner.study import load_study_by_name
 
-        st = load_study_by_name(study or newest_study(storage=storage), storage)
-        study = st.study_name
+        if not study:
+            study, storage = find_newest_study(storage=storage)
+        st = load_study_by_name(study, storage)
         target_ttft = st.user_attrs.get("target_ttft_s") or "5s"
     levels = parse_list(concurrency, int, "--concurrency") or None
     rate_list = parse_list(rates, float, "--rates") or None
