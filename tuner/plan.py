@@ -558,7 +558,7 @@ def render_markdown(est: CapacityEstimate) -> str:
     ]
     for p in sweep_rows(est):
         lines.append(
-            f"| {p.level:g} | {p.ttft_mean_s * 1e3:,.0f} ms | {p.ttft_p95_s:.2f} s | {p.tpot_mean_s * 1e3:.1f} ms | "
+            f"| {p.level:.4g} | {p.ttft_mean_s * 1e3:,.0f} ms | {p.ttft_p95_s:.2f} s | {p.tpot_mean_s * 1e3:.1f} ms | "
             f"{p.e2e_mean_s:.1f} s | {p.tokens_per_s:,.0f} | {p.output_tokens_per_s:,.0f} | {p.requests_per_s:.2f} | "
             f"{p.role} |")
     lines += ["", "| capacity | |", "|---|---:|"]
@@ -602,7 +602,7 @@ def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     ax2.set_xlabel("concurrent users" if est.load_kind == "concurrency" else "requests/s")
     ax2.legend(loc="upper left")
     ax2.grid(alpha=0.3)
-    fig.suptitle(f"capacity at P95 TTFT ≤ {est.target_ttft_s:g} s: {est.max_load:g} "
+    fig.suptitle(f"capacity at P95 TTFT ≤ {est.target_ttft_s:g} s: {est.max_load:.4g} "
                  f"{'users' if est.load_kind == 'concurrency' else 'req/s'}, {est.tokens_per_s:,.0f} tok/s")
     fig.tight_layout()
     path = Path(path)

@@ -191,7 +191,7 @@ def _print(est: Any, paths: Any) -> None:
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
     for p in sweep_rows(est):
         style = "green" if p.ttft_p95_s <= est.target_ttft_s else "red"
-        table.add_row(f"{p.level:g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
+        table.add_row(f"{p.level:.4g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
                       f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}", f"{p.output_tokens_per_s:,.0f}",
                       f"{p.requests_per_s:.2f}", p.role)
     console.print(table)
