@@ -17,6 +17,10 @@ to the tool's own, so accuracy is compared on the same footing (|P50|/|P95| gaps
 
     python benchmarks/replay_overhead.py --requests 1024 --concurrency 256 \
         --guidellm /work/guidellm-venv/bin/guidellm --processor /tmp/tiny-llama
+
+GuideLLM 0.8.1 was installed with `python -m venv /work/guidellm-venv && /work/guidellm-venv/bin/pip
+install guidellm` (kept out of tuner's own environment); the tokenizer folder comes from
+`$VLLM_CPU_PYTHON tests/live/make_tiny_model.py /tmp/tiny-llama` (any local HF tokenizer works).
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from tuner.load import Concurrency  # noqa: E402
 from tuner.replay import replay  # noqa: E402
+from tuner.replay.prompts import prompt_ids  # noqa: E402
 from tuner.traffic.workload import Workload  # noqa: E402
 
 
@@ -72,6 +77,11 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
                 raise SystemExit(f"sim-serve exited with {proc.returncode}")
             time.sleep(0.05)
     raise SystemExit("sim-serve did not start")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
 
 
 def server_ttfts(url: str, keys) -> np.ndarray:
@@ -126,7 +136,7 @@ async def _line_client(url: str, w: Workload, users: int, model: str) -> dict:
 
     async def one(session, i):
         nonlocal out_tokens
-        body = {"model": model, "prompt": list(range(1000, 1000 + int(w.prompt_tokens[i]))),
+        body = {"model": model, "prompt": prompt_ids(w, i, salt=1),  # unique, like ours
                 "max_tokens": int(w.output_tokens[i]), "min_tokens": int(w.output_tokens[i]),
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         st = time.perf_counter()
@@ -186,10 +196,13 @@ def run_guidellm(exe: str, url: str, args, model: str) -> tuple[dict | None, str
     before = set(get_json(url + "/debug/timings"))
     with tempfile.TemporaryDirectory() as tmp:
         out_path = Path(tmp) / "guidellm.json"
-        argv = [exe, "benchmark", "run", "--target", url, "--model", model, "--processor", args.processor,
-                "--profile", "concurrent", "--rate", str(args.concurrency), "--max-requests", str(args.requests),
-                "--data", f"prompt_tokens={args.prompt},output_tokens={args.output}",
-                "--output-path", str(out_path), "--disable-console-interactive"]
+        # GuideLLM 0.8's CLI: every option is kind=...,key=value
+        argv = [exe, "run", "--backend", f"kind=openai_http,target={url},model={model}",
+                "--profile", f"kind=concurrent,streams={args.concurrency}",
+                "--constraint", f"kind=max_requests,count={args.requests}",
+                "--data", f"kind=synthetic_text,prompt_tokens={args.prompt},output_tokens={args.output}",
+                "--tokenizer", f"kind=huggingface_auto,model={args.processor}",
+                "--output", f"kind=json,path={out_path}", "--disable-console-interactive"]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         c0, t0 = cpu_children(), time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=args.guidellm_timeout)
@@ -206,22 +219,26 @@ def run_guidellm(exe: str, url: str, args, model: str) -> tuple[dict | None, str
     def p(name, q):
         return float(m[name]["successful"]["percentiles"][q])
 
+
     server = server_ttfts(url, new_server_keys(url, before))
     return {"ttft_p50": p("time_to_first_token_ms", "p50") / 1e3,
             "ttft_p95": p("time_to_first_token_ms", "p95") / 1e3,
             "itl_p50": p("inter_token_latency_ms", "p50") / 1e3,
             "itl_p95": p("inter_token_latency_ms", "p95") / 1e3,
             "out_tok_s": stat("output_tokens_per_second", "mean"),
-            "completed": float(m["request_totals"]["successful"]) if "request_totals" in m else float("nan"),
+            "completed": float(m["request_totals"]["successful"]),
             "server_ttft_p50": pct(server, 50), "server_ttft_p95": pct(server, 95),
-            "cpu_s": cpu, "wall_s": wall, "cores": cpu / wall}, "ok"
+            "cpu_s": cpu, "wall_s": wall, "cores": cpu / wall,
+            "prompt_tokens": stat("prompt_token_count", "mean")}, "ok"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--concurrency", type=int, default=256)
-    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens per request")
+    ap.add_argument("--prompt", type=int, default=512,
+                    help="prompt tokens asked of GuideLLM's synthetic data (the others then send what the "
+                         "server counted for GuideLLM's prompts; this many without GuideLLM)")
     ap.add_argument("--output", type=int, default=128, help="output tokens per request")
     ap.add_argument("--model", default="qwen2.5-7b")
     ap.add_argument("--gpu", default="H100-SXM")
@@ -231,19 +248,33 @@ def main() -> None:
     ap.add_argument("--guidellm-timeout", type=float, default=600)
     args = ap.parse_args()
 
-    w = Workload(arrival_s=np.zeros(args.requests), prompt_tokens=np.full(args.requests, args.prompt),
+    print(f"sim-serve {args.model} on {args.gpu}, a fresh server per tool; {args.requests} requests, "
+          f"{args.output} output tokens, {args.concurrency} concurrent streams; {os.cpu_count()} cores here")
+    gl, why, prompt = None, "", args.prompt
+    if args.guidellm != "none":
+        proc, url = start_server(args)
+        try:
+            model = get_json(url + "/v1/models")["data"][0]["id"]
+            gl, why = run_guidellm(args.guidellm, url, args, model)
+        finally:
+            stop_server(proc)
+        if gl is not None:
+            # GuideLLM sends text; give ours the prompt length the server counted for it,
+            # so that both offer the same load
+            prompt = max(1, round(gl["prompt_tokens"]))
+    w = Workload(arrival_s=np.zeros(args.requests), prompt_tokens=np.full(args.requests, prompt),
                  output_tokens=np.full(args.requests, args.output))
+    print(f"prompt tokens per request (as the server counts them): {prompt}")
     proc, url = start_server(args)
     try:
-        model = get_json(url + "/v1/models")["data"][0]["id"]
-        print(f"sim-serve {args.model} on {args.gpu}; {args.requests} requests, {args.prompt} in / "
-              f"{args.output} out tokens, {args.concurrency} concurrent streams; {os.cpu_count()} cores here")
         ours = run_ours(url, w, args.concurrency)
-        line = run_line_client(url, w, args.concurrency, model)
-        gl, why = run_guidellm(args.guidellm, url, args, model)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_server(proc)
+    proc, url = start_server(args)
+    try:
+        line = run_line_client(url, w, args.concurrency, get_json(url + "/v1/models")["data"][0]["id"])
+    finally:
+        stop_server(proc)
 
     cols = [("ours", ours), ("line client", line)] + ([("GuideLLM", gl)] if gl else [])
     rows = [("TTFT P50 (ms)", "ttft_p50", 1e3), ("TTFT P95 (ms)", "ttft_p95", 1e3),

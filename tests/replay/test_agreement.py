@@ -3,9 +3,13 @@ engine, in real time) with 256 concurrent streams, per-request client TTFT agree
 server's own (handler start → first chunk handed to the socket) within 2 ms at P95, and
 the client stays under one core.
 
-The first wave (the 256 requests sent together at t=0, which also open 256 connections)
-is left out: there the server's accept/parse queue, which the server cannot time itself,
-dominates. From then on requests arrive as others finish, as in steady serving."""
+Both sides time by the kernel where they can (SO_TIMESTAMPNS: chunk arrival at the client,
+request arrival at the server) and by the moment bytes are handed to the socket (request
+body at the client, first chunk at the server), so a busy event loop on either side does
+not enter the comparison. The first wave (the 256 requests sent together at t=0, which
+also open 256 connections) is left out: the server can stamp a request by the kernel only
+from a connection's second request on, and there the accept/parse queue of 256 new
+connections, which the server's handler-start stamp cannot see, dominates."""
 from __future__ import annotations
 
 import json
@@ -28,15 +32,6 @@ from tuner.traffic.workload import Workload
 USERS = 256
 
 
-def _sleep_overshoot_p95(n: int = 200, period: float = 0.002) -> float:
-    late = []
-    for _ in range(n):
-        t = time.perf_counter()
-        time.sleep(period)
-        late.append(time.perf_counter() - t - period)
-    return float(np.percentile(late, 95))
-
-
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -44,11 +39,6 @@ def _cpu() -> float:
 
 @pytest.mark.slow
 def test_client_ttft_matches_server_ttft_at_256_streams():
-    # A 2 ms check means nothing on a machine whose other work delays either process by
-    # more than that: measure the scheduling delay first (idle Linux: ~0.1 ms).
-    jitter = _sleep_overshoot_p95()
-    if jitter > 0.0005:
-        pytest.skip(f"machine busy: a 2 ms sleep overshoots by {jitter * 1e3:.1f} ms at P95")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -72,15 +62,10 @@ def test_client_ttft_matches_server_ttft_at_256_streams():
         cores = (_cpu() - c0) / (time.perf_counter() - t0)
         with urllib.request.urlopen(url + "/debug/timings", timeout=30) as resp:
             timings = json.loads(resp.read())
-        with urllib.request.urlopen(url + "/debug/loop", timeout=30) as resp:
-            loop = json.loads(resp.read())
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     assert r.error == [None] * n
-    if loop["late_p95_s"] > 0.002:
-        pytest.skip(f"the server could not keep real time (steps ended {loop['late_p95_s'] * 1e3:.1f} ms "
-                    "late at P95): the machine is busy")
     steady = np.arange(USERS, n)
     server = np.array([timings[f"agree-{i}"]["ttft_s"] for i in steady])
     diff = np.abs(r.ttft_s[steady] - server)

@@ -29,6 +29,7 @@ import numpy as np
 from tuner.backends.base import RunControl, StopHook
 from tuner.errors import BackendError, InputError
 from tuner.load import Load, arrival_times
+from tuner.replay.kernel_time import KernelStampedSocket, kernel_stamps
 from tuner.replay.metrics import MetricsPoller
 from tuner.replay.prompts import prompt_ids, prompt_text
 from tuner.replay.routing import Router
@@ -61,18 +62,20 @@ def _usage_of(payload: bytes) -> dict[str, Any] | None:
 
 class _StampedBuffer(collections.deque):
     """Stands in for a response StreamReader's buffer: stamps each piece of body as the
-    connection's protocol hands it over (before the reading task is scheduled), with the
-    stream offset it ends at. A burst of chunks from 256 streams thus keeps each chunk's
-    own arrival time instead of the time its task got its turn on the event loop."""
+    connection's protocol hands it over, with the stream offset it ends at. The stamp is
+    the kernel's receive time when the connection has a :class:`KernelStampedSocket`,
+    else the time the protocol got the bytes (before the reading task is scheduled)."""
 
-    def __init__(self, items, stamps: collections.deque) -> None:
+    def __init__(self, items, stamps: collections.deque, kernel: KernelStampedSocket | None) -> None:
         super().__init__(items)
         self.stamps = stamps
+        self.kernel = kernel
         self.received = sum(len(x) for x in items)
 
     def append(self, piece) -> None:
         self.received += len(piece)
-        self.stamps.append((self.received, time.perf_counter()))
+        t = self.kernel.last_stamp if self.kernel is not None else None
+        self.stamps.append((self.received, t if t is not None else time.perf_counter()))
         super().append(piece)
 
 
@@ -127,7 +130,7 @@ async def stream_request(
                 return
             try:
                 content = resp.content
-                content._buffer = _StampedBuffer(content._buffer, stamps)
+                content._buffer = _StampedBuffer(content._buffer, stamps, kernel_stamps(resp.connection.transport if resp.connection else None))
             except (AttributeError, TypeError):  # another aiohttp: stamp at read time
                 pass
             buf = b""

@@ -7,7 +7,9 @@ message on stderr, exit 1), logs vLLM's startup lines, and serves ``/health``,
 ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (streaming SSE in vLLM's
 format, with the ``include_usage`` chunk; non-streaming too), ``/metrics`` with vLLM's
 metric names, ``/version``, and ``/debug/timings`` (the server's own per-request TTFT and
-E2E, keyed by the ``X-Request-Id`` header; used to check the client's measurements).
+E2E, keyed by the ``X-Request-Id`` header; used to check the client's measurements: arrival
+is the kernel's receive stamp of the request where the connection has one, the first token
+is when its chunk is handed to the socket).
 
 An asyncio task steps the engine and sleeps each step's simulated duration (divided by
 ``--speed``), then hands each request the tokens that step produced: one SSE chunk per
@@ -28,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tuner.replay.kernel_time import kernel_stamps
 from tuner.traffic._text import estimate_tokens
 
 TIMINGS_KEPT = 200_000
@@ -239,13 +242,23 @@ class SimServer:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # -- generation --------------------------------------------------------------------
+    @staticmethod
+    def _arrival(request: web.Request) -> float:
+        """When the request reached this host: the kernel's receive stamp of its bytes where
+        the connection has one (from its second request on), else now."""
+        now = time.perf_counter()
+        stamped = kernel_stamps(request.transport)
+        if stamped is not None and stamped.last_stamp is not None:
+            return min(now, stamped.last_stamp)
+        return now
+
     def _words(self, text: str) -> int:
         # No tokenizer here: the traffic package's estimate (4 characters a token for
         # Latin text, 1.4 for CJK), as when a log holds text but no token counts.
         return estimate_tokens(text)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        arrival = time.perf_counter()
+        arrival = self._arrival(request)
         try:
             body = await request.json()
             prompt = body.get("prompt")
@@ -264,7 +277,7 @@ class SimServer:
         return await self._generate(request, body, arrival, ids, n_prompt, chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        arrival = time.perf_counter()
+        arrival = self._arrival(request)
         try:
             body = await request.json()
             text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
