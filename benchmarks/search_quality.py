@@ -46,7 +46,7 @@ from tuner.config import ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, Poisson
 from tuner.search import CONSTRAINT, default_trials, evaluate_config, make_sampler, num_heads
-from tuner.space import Param, SearchSpace, load_space, parse_layout
+from tuner.space import SearchSpace, choice_param, load_space, parse_layout
 from tuner.traffic.synth import default_workload
 
 CACHE = Path("studies") / "search_quality_grid.json"
@@ -67,33 +67,33 @@ def scenario() -> tuple[SearchSpace, object]:
     for name in GRID:  # the grid is a discretisation of the default space
         param = next(p for p in default.params if p.name == name)
         assert all(param.contains(v) for v in GRID[name]), name
-    params = tuple(Param(name, "categorical", choices=values) for name, values in GRID.items())
+    params = tuple(choice_param(name, values) for name, values in GRID.items())
     space = SearchSpace(name="search-quality", deployment=article.deployment, workload=article.workload,
                         params=params, fixed=FIXED, layouts=None, path="benchmarks/search_quality.py")
     space = space.bind(article.deployment, num_heads(article.deployment))
     return space, default_workload(seed=0, n=REQUESTS)
 
 
-def key_of(params: dict) -> str:
-    return json.dumps(params, sort_keys=True)
+def key_of(config: ServeConfig) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
 
 
-def grid_points(space: SearchSpace) -> list[dict]:
+def grid_points(space: SearchSpace) -> list[ServeConfig]:
     grid = space.grid()
     names = sorted(grid)
-    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+    return [space.config_from_params(dict(zip(names, values)))
+            for values in itertools.product(*(grid[n] for n in names))]
 
 
-def _evaluate(args: tuple[dict, bool]) -> tuple[str, bool, dict]:
-    params, naive = args
+def _evaluate(args: tuple[ServeConfig, bool]) -> tuple[str, bool, dict]:
+    config, naive = args
     space, workload = scenario()
-    config = space.config_from_params(params)
     ev = evaluate_config(SimBackend(), space.deployment, config, workload, space.workload.target_ttft_s,
                          precheck=not naive, early_stop=not naive)
     record = {"value": ev.value, "feasible": ev.feasible, "constraint": ev.constraint, "gpu_s": ev.gpu_s,
               "replays": len(ev.attrs.get("loads", [])), "rejected": "rejected_kind" in ev.attrs,
               "startup_s": ev.attrs.get("startup_s")}
-    return key_of(params), naive, record
+    return key_of(config), naive, record
 
 
 def code_fingerprint() -> str:
@@ -120,7 +120,7 @@ def load_cache() -> dict:
     return cache
 
 
-def fill(cache: dict, jobs: list[tuple[dict, bool]], workers: int) -> None:
+def fill(cache: dict, jobs: list[tuple[ServeConfig, bool]], workers: int) -> None:
     todo = [j for j in jobs if key_of(j[0]) not in cache["naive" if j[1] else "smart"]]
     if not todo:
         return
@@ -136,7 +136,7 @@ def fill(cache: dict, jobs: list[tuple[dict, bool]], workers: int) -> None:
 
 
 def run_sampler(space: SearchSpace, table: dict, sampler: str, trials: int, seed: int,
-                defaults: bool = True) -> list[dict]:
+                defaults: bool = True) -> list[ServeConfig]:
     """The same loop as ``run_search`` (vLLM's defaults per layout first for TPE, then
     suggest, evaluate, constraint), values from the table."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -144,24 +144,24 @@ def run_sampler(space: SearchSpace, table: dict, sampler: str, trials: int, seed
     if sampler == "tpe" and defaults:
         for params in default_trials(space):
             study.enqueue_trial(params)
-    picked: list[dict] = []
+    picked: list[ServeConfig] = []
 
     def objective(trial: optuna.Trial) -> float:
-        space.suggest(trial)
-        record = table[key_of(trial.params)]
+        config = space.suggest(trial)
+        record = table[key_of(config)]
         trial.set_constraint(CONSTRAINT, record["constraint"])
-        picked.append(dict(trial.params))
+        picked.append(config)
         return record["value"]
 
     study.optimize(objective, n_trials=trials)
     return picked
 
 
-def best_of(table: dict, picked: list[dict]) -> float:
+def best_of(table: dict, picked: list[ServeConfig]) -> float:
     return max((table[key_of(p)]["value"] for p in picked if table[key_of(p)]["feasible"]), default=0.0)
 
 
-def auto_tune(space: SearchSpace, workload) -> tuple[dict, float, float]:
+def auto_tune(space: SearchSpace, workload) -> tuple[str, float, float]:
     """vLLM auto_tune.sh's strategy on the simulator: (picked params, its own best
     throughput in tokens/s, its GPU seconds)."""
     backend = SimBackend()
@@ -181,7 +181,7 @@ def auto_tune(space: SearchSpace, workload) -> tuple[dict, float, float]:
             break
         except ConfigRejected:
             gpu_s += 60.0  # a failed start still loads weights and profiles
-    best: tuple[float, dict] = (0.0, {})
+    best: tuple[float, str] = (0.0, "")
     short = workload.take(slice(0, 100))
     for seqs, mbt in itertools.product(seqs_list, mbt_list):
         config = ServeConfig(**base, gpu_memory_utilization=gmu, max_num_seqs=seqs, max_num_batched_tokens=mbt)
@@ -201,9 +201,7 @@ def auto_tune(space: SearchSpace, workload) -> tuple[dict, float, float]:
             summary = result.summary()
             rate -= 1
         if summary["ttft_p95_s"] <= target and summary["tokens_per_s"] > best[0]:
-            params = {"gpu_memory_utilization": gmu, "max_num_seqs": seqs, "max_num_batched_tokens": mbt,
-                      "enforce_eager": False, "kv_cache_dtype": "auto", "layout": layout}
-            best = (summary["tokens_per_s"], params)
+            best = (summary["tokens_per_s"], key_of(config))
     return best[1], best[0], gpu_s
 
 
@@ -264,7 +262,7 @@ def main() -> None:
         cache["auto_tune"] = dict(zip(("pick", "own", "gpu_s"), auto_tune(space, workload)))
         CACHE.write_text(json.dumps(cache))
     at_pick, at_own, at_gpu = (cache["auto_tune"][k] for k in ("pick", "own", "gpu_s"))
-    at_frac = table[key_of(at_pick)]["value"] / optimum if at_pick else 0.0
+    at_frac = table[at_pick]["value"] / optimum if at_pick else 0.0
     print(f"auto_tune.sh strategy: picks {at_pick} ({at_own:,.0f} tok/s by its own measure), "
           f"{at_frac:.1%} of the optimum, {at_gpu / 3600:.1f} simulated GPU-hours "
           f"({time.perf_counter() - t0:.0f} s)")
@@ -284,7 +282,9 @@ def main() -> None:
         rows.append(row)
     print("\nfraction of the optimum reached (the auto_tune.sh strategy: "
           f"{at_frac:.1%} every seed)")
-    print(f"defaults: vLLM's defaults at each layout, run first by tuner search: {default_trials(space)}")
+    defaults = [space.config_from_params(p) for p in default_trials(space)]
+    print("defaults run first by tuner search (vLLM's defaults at each layout): "
+          + ", ".join(f"{c.tensor_parallel_size}x{c.replicas} {table[key_of(c)]['value'] / optimum:.1%}" for c in defaults))
     print(f"{'seed':>4} {'TPE@15':>8} {'TPE@40':>8} {'random@15':>10} {'random@40':>10} {'TPE@15 w/o defaults':>20}")
     for r in rows:
         print(f"{r['seed']:>4} {r['tpe15']:>8.1%} {r['tpe40']:>8.1%} {r['random15']:>10.1%} {r['random40']:>10.1%}"
@@ -299,7 +299,7 @@ def main() -> None:
 
     # GPU time: 40 TPE trials with pre-check and early stop vs the same 40 run naively.
     assert tpe40_first is not None
-    fill(cache, [(p, True) for p in {key_of(p): p for p in tpe40_first}.values()], args.jobs)
+    fill(cache, [(c, True) for c in {key_of(c): c for c in tpe40_first}.values()], args.jobs)
     naive_table = cache["naive"]
     seen: set[str] = set()
     smart_s = 0.0

@@ -319,5 +319,5 @@ def test_a_new_tpe_study_starts_from_vllm_defaults_at_each_layout(tmp_path):
     assert all(t.user_attrs.get("vllm_defaults") for t in first)
     assert {t.params["layout"] for t in first} == {"tp1x2", "tp2x1"}
     # vLLM's default utilization (0.92 in the 0.26 line) snapped to the nearest choice
-    assert all(t.params["gpu_memory_utilization"] == 0.9 for t in first)
+    assert all(trial_config(t).gpu_memory_utilization == 0.9 for t in first)
     assert not out.study.trials[2].user_attrs.get("vllm_defaults")

@@ -170,3 +170,20 @@ def test_nearest_snaps_into_the_space():
     assert gmu.nearest(0.92) == 0.9 and gmu.nearest(0.99) == 0.95
     eager = Param("enforce_eager", "categorical", choices=(False, True))
     assert eager.nearest(True) is True
+
+
+def test_numeric_choices_are_ordered_for_the_sampler():
+    space = parse_space("parameters:\n  max_num_seqs: {choices: [256, 32, 64]}\n  block_size: {choices: [16, 32]}\n",
+                        path="my.yaml").bind(Deployment(), num_heads=28)
+    seqs, block = space.params
+    assert (seqs.kind, seqs.choices, seqs.key) == ("ordinal", (32, 64, 256), "max_num_seqs_index")
+    assert block.kind == "categorical"  # two values: nothing lies between them
+    config = ServeConfig(max_num_seqs=64, block_size=32)
+    assert space.params_of(config) == {"max_num_seqs_index": 1, "block_size": 32}
+    assert space.config_from_params(space.params_of(config)) == config
+    assert space.grid()["max_num_seqs_index"] == [0, 1, 2]
+
+
+def test_repeated_choices_are_bad_input():
+    with pytest.raises(InputError, match="repeat"):
+        parse_space("parameters:\n  max_num_seqs: {choices: [32, 32, 64]}\n", path="my.yaml")

@@ -289,7 +289,7 @@ def default_trials(space: SearchSpace) -> list[dict[str, Any]]:
             facts = plan_memory(space.deployment, config, strict=False).summary()
         except (ConfigRejected, InputError):
             facts = {}
-        params = {p.name: p.nearest(facts.get(p.name, getattr(config, p.name))) for p in space.params}
+        params = {p.key: p.encode(p.nearest(facts.get(p.name, getattr(config, p.name)))) for p in space.params}
         if len(space.layout_choices) > 1:
             params["layout"] = layout
         if params not in out:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,7 +82,7 @@ class Param:
     """One searched knob: a range (``low``/``high``, optional ``step``, ``log``) or ``choices``."""
 
     name: str
-    kind: str  # "int" | "float" | "categorical"
+    kind: str  # "int" | "float" | "categorical" | "ordinal"
     low: float | None = None
     high: float | None = None
     step: float | None = None
@@ -89,18 +90,35 @@ class Param:
     choices: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("int", "float", "categorical"):
+        if self.kind not in ("int", "float", "categorical", "ordinal"):
             raise InputError(f"parameter {self.name}: unknown kind {self.kind!r}")
-        if self.kind == "categorical":
+        if self.kind in ("categorical", "ordinal"):
             if not self.choices:
                 raise InputError(f"parameter {self.name}: empty choices")
+            if self.kind == "ordinal" and list(self.choices) != sorted(set(self.choices)):
+                raise InputError(f"parameter {self.name}: ordinal choices must be distinct and ascending")
             return
         if self.low is None or self.high is None or not self.low <= self.high:
             raise InputError(f"parameter {self.name}: need low <= high, got {self.low}..{self.high}")
         if self.log and (self.step is not None or self.low <= 0):
             raise InputError(f"parameter {self.name}: log scale needs low > 0 and no step")
 
+    @property
+    def key(self) -> str:
+        """The name Optuna stores: the knob, or ``<knob>_index`` for ordered choices."""
+        return f"{self.name}_index" if self.kind == "ordinal" else self.name
+
+    def encode(self, value: Any) -> Any:
+        """Knob value → the trial parameter's value (an index for ordered choices)."""
+        return self.choices.index(self.nearest(value)) if self.kind == "ordinal" else value
+
+    def decode(self, value: Any) -> Any:
+        """Trial parameter value → knob value."""
+        return self.choices[int(value)] if self.kind == "ordinal" else value
+
     def suggest(self, trial: optuna.Trial) -> Any:
+        if self.kind == "ordinal":  # an int index: the sampler sees that 64 lies between 32 and 128
+            return self.choices[trial.suggest_int(self.key, 0, len(self.choices) - 1)]
         if self.kind == "categorical":
             return trial.suggest_categorical(self.name, list(self.choices))
         if self.kind == "int":
@@ -112,7 +130,7 @@ class Param:
     def grid_values(self, points: int = 4) -> tuple[Any, ...]:
         """A discretised version: the choices, the steps (when few), or ``points`` values
         spread evenly (geometrically for log scale) between low and high."""
-        if self.kind == "categorical":
+        if self.kind in ("categorical", "ordinal"):
             return self.choices
         lo, hi = float(self.low), float(self.high)
         if self.step is not None and (hi - lo) / self.step + 1 <= points:
@@ -131,7 +149,7 @@ class Param:
     def nearest(self, value: Any) -> Any:
         """The value of this parameter closest to ``value`` (a choice, or a point of the
         range on its step); the first choice when nothing compares."""
-        if self.kind == "categorical":
+        if self.kind in ("categorical", "ordinal"):
             if value in self.choices:
                 return value
             numeric = [c for c in self.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
@@ -146,9 +164,18 @@ class Param:
         return int(round(value)) if self.kind == "int" else round(float(value), 6)
 
     def contains(self, value: Any) -> bool:
-        if self.kind == "categorical":
+        if self.kind in ("categorical", "ordinal"):
             return value in self.choices
         return value is not None and self.low <= value <= self.high
+
+
+def choice_param(name: str, choices: Sequence[Any]) -> Param:
+    """A parameter over ``choices``: ordered (an index the sampler can interpolate) when
+    they are three or more numbers, else categorical."""
+    numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices)
+    if numeric and len(choices) >= 3:
+        return Param(name, "ordinal", choices=tuple(sorted(choices)))
+    return Param(name, "categorical", choices=tuple(choices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,26 +269,26 @@ class SearchSpace:
     def config_from_params(self, params: dict[str, Any]) -> ServeConfig:
         """The :class:`ServeConfig` of a trial's ``params`` (as Optuna stores them)."""
         values = dict(self.fixed)
-        values.update({k: v for k, v in params.items() if k != "layout"})
+        values.update({p.name: p.decode(params[p.key]) for p in self.params if p.key in params})
         return self._config(values, params.get("layout", self.layout_choices[0]))
 
     def params_of(self, config: ServeConfig) -> dict[str, Any]:
         """Trial params for ``config`` (for ``study.enqueue_trial``)."""
-        params = {p.name: getattr(config, p.name) for p in self.params}
+        params = {p.key: p.encode(getattr(config, p.name)) for p in self.params}
         if len(self.layout_choices) > 1:
             params["layout"] = layout_name(config.tensor_parallel_size, config.replicas)
         return params
 
     def grid(self, points: int = 4) -> dict[str, list[Any]]:
         """A discretised version of the space for ``GridSampler`` (``points`` per range)."""
-        grid = {p.name: list(p.grid_values(points)) for p in self.params}
+        grid = {p.key: [p.encode(v) for v in p.grid_values(points)] for p in self.params}
         if len(self.layout_choices) > 1:
             grid["layout"] = list(self.layout_choices)
         return grid
 
     def discretised(self, points: int = 4) -> SearchSpace:
         """The same space with every range replaced by its grid values as choices."""
-        params = tuple(Param(p.name, "categorical", choices=p.grid_values(points)) for p in self.params)
+        params = tuple(choice_param(p.name, p.grid_values(points)) for p in self.params)
         return _replace(self, params=params)
 
     def with_workload(self, **changes: Any) -> SearchSpace:
@@ -426,7 +453,9 @@ def _parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...],
                         "choices must be a non-empty list, alone", where, hint="e.g. {choices: [16, 32]}"
                     )
                 choices = tuple(_typed(space, name, v, where) for v in spec["choices"])
-                params.append(Param(name, "categorical", choices=choices))
+                if len(set(choices)) != len(choices):
+                    raise space.error("choices repeat a value", where, hint="list each value once")
+                params.append(choice_param(name, choices))
                 continue
             if typ not in (int, float):
                 raise space.error(f"{name} takes choices, not a range", where, hint="write {choices: [...]}")
