@@ -49,7 +49,7 @@ class SimInstance:
         self.replicas = replicas
         self.router = router
         self.record_itl = record_itl
-        self.profile = profile if profile is not None else load_calibration(plan.gpu)
+        self.profile = profile if profile is not None else load_calibration(plan.gpu, vllm_version=plan.vllm_version)
         self.closed = False
         self.info: dict[str, Any] = {
             "kv_cache_tokens": plan.kv_cache_tokens,
@@ -113,6 +113,6 @@ class SimBackend:
         plan = self._plan(deployment, config)
         profile = self.profile
         if profile is None:
-            profile = load_calibration(plan.gpu, deployment.calibration)
+            profile = load_calibration(plan.gpu, deployment.calibration, plan.vllm_version)
         return SimInstance(plan, config.replicas, router=self.router,
                            record_itl=self.record_itl, profile=profile)

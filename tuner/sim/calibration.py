@@ -10,6 +10,7 @@ profile (``Deployment.calibration`` or ``path=``) is a YAML file with the same k
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,9 +136,12 @@ def _from_yaml(path: Path, base: Calibration | None = None) -> Calibration:
         raise InputError(f"incomplete calibration: {exc}", path=path) from exc
 
 
-def load_calibration(gpu: GPU, path: str | None = None) -> Calibration:
+def load_calibration(gpu: GPU, path: str | None = None, vllm_version: str | None = None) -> Calibration:
     """The shipped table for ``gpu``'s class, or the profile YAML at ``path`` (constants it
-    does not give come from the shipped table)."""
+    does not give come from the shipped table). Without ``path``, a fitted profile whose
+    ``match`` names this GPU and ``vllm_version`` (:func:`find_profile`) applies."""
+    if path is None and vllm_version:
+        path = find_profile(gpu.name, vllm_version)
     cls = gpu_class(gpu)
     file = DATA_DIR / f"{cls}.yaml"
     if not file.exists():  # blackwell: no table yet, borrow hopper's
@@ -146,3 +150,82 @@ def load_calibration(gpu: GPU, path: str | None = None) -> Calibration:
     if path is not None:
         return _from_yaml(Path(path), base=table)
     return table
+
+
+# ------------------------------------------------------------------ fitted profiles
+#: A fitted profile (``tuner calibrate``) is ``<dir>/<name>/profile.yaml``.
+PROFILE_FILE = "profile.yaml"
+
+
+def profile_dirs() -> list[Path]:
+    """Where fitted profiles are looked for, first match wins: ``$TUNER_CALIBRATION_DIR``,
+    ``~/.config/tuner/calibration`` (``tuner calibrate``'s default output), then the
+    shipped ``tuner/data/calibration``."""
+    import os
+
+    dirs = []
+    if os.environ.get("TUNER_CALIBRATION_DIR"):
+        dirs.append(Path(os.environ["TUNER_CALIBRATION_DIR"]))
+    dirs.append(Path.home() / ".config" / "tuner" / "calibration")
+    dirs.append(DATA_DIR)
+    return dirs
+
+
+def _version_key(v: str) -> tuple[str, ...]:
+    import re
+
+    return tuple(re.findall(r"\d+", str(v))[:3])
+
+
+def _gpu_key(name: str) -> str:
+    from tuner.sim.hardware import get_gpu
+
+    try:
+        return get_gpu(str(name)).name.lower()
+    except InputError:
+        return str(name).lower()
+
+
+@lru_cache(maxsize=128)
+def _profile_section(path: str, mtime: float, section: str) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    value = raw.get(section) if isinstance(raw, dict) else None
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def profile_section(path: str | Path, section: str) -> dict[str, Any]:
+    """One section (``match``, ``memory``, ``fit``) of a profile YAML, cached per file version."""
+    p = Path(path)
+    try:
+        mtime = p.stat().st_mtime
+    except OSError:
+        return {}
+    return _profile_section(str(p), mtime, section)
+
+
+def find_profile(gpu_name: str, vllm_version: str) -> str | None:
+    """Path of the first fitted profile whose ``match`` names this GPU (catalog name or
+    alias) and this vLLM version (major.minor.patch), or None."""
+    want_gpu, want_version = _gpu_key(gpu_name), _version_key(vllm_version)
+    for d in profile_dirs():
+        if not d.is_dir():
+            continue
+        for file in sorted(d.glob(f"*/{PROFILE_FILE}")):
+            match = profile_section(file, "match")
+            if (match and _gpu_key(match.get("gpu", "")) == want_gpu
+                    and _version_key(match.get("vllm_version", "")) == want_version):
+                return str(file)
+    return None
+
+
+def memory_overrides(gpu_name: str, vllm_version: str, path: str | None = None) -> dict[str, float]:
+    """The ``memory`` section (overrides of :data:`tuner.sim.memory.EMPIRICAL`) of the
+    profile at ``path``, else of the matching fitted profile; empty when none applies."""
+    if path is None:
+        path = find_profile(gpu_name, vllm_version)
+    if path is None:
+        return {}
+    return {str(k): float(v) for k, v in profile_section(path, "memory").items()}

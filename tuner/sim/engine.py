@@ -54,7 +54,7 @@ def simulate(deployment: Deployment, config: ServeConfig, workload: Workload, lo
             f"needs {config.gpus_needed} GPUs; the deployment has {deployment.gpu_count}",
         )
     plan = plan_memory(deployment, config)
-    calib = profile if profile is not None else load_calibration(plan.gpu, deployment.calibration)
+    calib = profile if profile is not None else load_calibration(plan.gpu, deployment.calibration, plan.vllm_version)
     return run_plan(plan, workload, load, replicas=config.replicas, router=router, stop=stop,
                     record_itl=record_itl, profile=calib, fast=fast)
 

@@ -50,7 +50,25 @@ EMPIRICAL = {
     # V0 (vLLM < 0.8) measured non-KV memory as total - free after profiling, so the CUDA
     # context of the process counted against the budget (about 0.3-0.5 GiB on V100/A100).
     "cuda_context_bytes": 400 * MiB,
+    # The three below are neutral here; a fitted calibration profile (tuner calibrate, its
+    # ``memory`` section; tuner/data/calibration/h200-vllm-0.26.0/profile.yaml) sets them:
+    # bytes "Model loading took" reports beyond the shapes' weights, a fixed part of the
+    # profile run's peak activation, and the fraction of the CUDA-graph estimate that comes
+    # out of the KV budget (vLLM 0.26.0 on the H200 logs it but does not subtract it).
+    "weight_overhead_bytes": 0,
+    "activation_fixed_bytes": 0,
+    "cudagraph_kv_fraction": 1.0,
 }
+
+
+def empirical_for(deployment: Deployment) -> dict[str, float]:
+    """:data:`EMPIRICAL` with the overrides of the calibration profile that applies to the
+    deployment (``Deployment.calibration``, else a fitted profile matching GPU and vLLM
+    version; see :func:`tuner.sim.calibration.memory_overrides`)."""
+    from tuner.sim.calibration import memory_overrides
+
+    over = memory_overrides(deployment.gpu, deployment.vllm_version, deployment.calibration)
+    return {**EMPIRICAL, **{k: v for k, v in over.items() if k in EMPIRICAL}}
 
 #: ``get_min_capability`` of vLLM's quantisation methods (model_executor/layers/quantization/,
 #: read from vLLM 0.33.0; see vllm-facts.md section 4).
@@ -418,26 +436,29 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     kv_dtype_bytes = 1 if config.kv_cache_dtype.startswith("fp8") else dtype_bytes
 
     # ---- memory arithmetic (per TP rank)
+    emp = empirical_for(deployment)
     weights = model.weight_bytes_per_rank(quant, tp)
     if dtype_bytes == 4 and quant is None:
         weights *= 2
+    weights += int(emp["weight_overhead_bytes"])
     budget = math.ceil(gpu.memory_bytes * gmu)
     hidden = model.hidden_size
     activations = int(
-        max_num_batched_tokens * hidden * EMPIRICAL["activation_bytes_per_token_per_hidden"]
-        + max_num_seqs * model.vocab_size * EMPIRICAL["sampler_bytes_per_logit"]
+        emp["activation_fixed_bytes"]
+        + max_num_batched_tokens * hidden * emp["activation_bytes_per_token_per_hidden"]
+        + max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
     )
-    non_torch = EMPIRICAL["non_torch_bytes"] + (EMPIRICAL["non_torch_tp_bytes"] if tp > 1 else 0)
+    non_torch = int(emp["non_torch_bytes"] + (emp["non_torch_tp_bytes"] if tp > 1 else 0))
     if not v1:
-        non_torch += EMPIRICAL["cuda_context_bytes"]
+        non_torch += int(emp["cuda_context_bytes"])
     graphs = 0
     if not config.enforce_eager and version >= CUDAGRAPH_ESTIMATE_SINCE:
         graphs = int(
-            EMPIRICAL["cudagraph_bytes_per_layer_per_size"]
+            emp["cudagraph_bytes_per_layer_per_size"]
             * model.num_layers
             * _cudagraph_sizes(max_num_seqs)
         )
-    kv_bytes = budget - weights - activations - non_torch - graphs
+    kv_bytes = budget - weights - activations - non_torch - int(graphs * emp["cudagraph_kv_fraction"])
     page_bytes = block_size * model.kv_bytes_per_token(tp, kv_dtype_bytes)
 
     def plan(num_blocks: int, error: ConfigRejected | None) -> MemoryPlan:

@@ -102,7 +102,7 @@ class EngineCore:
     def __init__(self, plan: MemoryPlan, profile: Calibration | None = None, *,
                  fast: bool = True, record_itl: bool = False) -> None:
         self.plan = plan
-        self.calib = profile if profile is not None else load_calibration(plan.gpu)
+        self.calib = profile if profile is not None else load_calibration(plan.gpu, vllm_version=plan.vllm_version)
         self.timer = StepTimer(plan, self.calib)
         self.bs = int(plan.block_size)
         self.budget = int(plan.max_num_batched_tokens)
