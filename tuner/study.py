@@ -10,6 +10,8 @@ working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
 Budget: ``--budget N`` counts the study's *finished* trials, whatever their state
 (COMPLETE, PRUNED, FAIL); infeasible configurations are COMPLETE trials with a
 violated constraint. Trials left RUNNING by a killed process are not counted.
+On a server database (``postgresql://``) several workers share the budget, and trials
+running on other workers count too; see :mod:`tuner.workers`.
 """
 from __future__ import annotations
 
