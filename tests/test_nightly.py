@@ -143,3 +143,16 @@ def test_a_second_nightly_run_on_a_postgresql_study_exits_with_a_clear_message(t
         assert _night(pg_url, _trace(tmp_path), tmp_path / "n") == 2
     err = capsys.readouterr().err
     assert "already running" in err and f":{os.getpid()})" in err
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--threshold", "150%"], "--threshold"),
+    (["--wall-clock", "soon"], "--wall-clock"),
+    (["--calibration", "missing.yaml"], "calibration"),
+])
+def test_bad_nightly_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, extra, words):
+    monkeypatch.chdir(tmp_path)
+    assert _night(f"sqlite:///{tmp_path}/n.db", _trace(tmp_path), tmp_path / "n", *extra) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tuner:") and words in lines[0]
+    assert not (tmp_path / "n.db").exists()  # refused before any study was opened
