@@ -71,12 +71,24 @@ class _StampedBuffer(collections.deque):
         self.stamps = stamps
         self.kernel = kernel
         self.received = sum(len(x) for x in items)
+        if self.received:  # body bytes that came with the headers, before this was installed
+            t = kernel.last_stamp if kernel is not None else None
+            stamps.append((self.received, t if t is not None else time.perf_counter()))
 
     def append(self, piece) -> None:
         self.received += len(piece)
         t = self.kernel.last_stamp if self.kernel is not None else None
         self.stamps.append((self.received, t if t is not None else time.perf_counter()))
         super().append(piece)
+
+
+class _StampingConnector(aiohttp.TCPConnector):
+    """A connector whose connections carry kernel receive stamps from their first byte."""
+
+    async def _create_connection(self, req, traces, timeout):  # aiohttp 3.x hook
+        proto = await super()._create_connection(req, traces, timeout)
+        kernel_stamps(getattr(proto, "transport", None))
+        return proto
 
 
 async def _on_body_sent(session, ctx, params) -> None:
@@ -279,7 +291,7 @@ async def replay_async(
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     run_tag = tag or f"tuner-{time.time_ns():x}"
 
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    connector = _StampingConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
         if model is None:
             model = await fetch_model(session, urls[0])
