@@ -40,11 +40,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected, InputError, TunerError
+from tuner.errors import ConfigRejected, InputError
 from tuner.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.study import (
     count_finished,
-    finished_states,
     open_study,
     study_name,
     top_feasible_trials,
@@ -628,7 +627,7 @@ def serve_command(deployment: Deployment, config: ServeConfig) -> str:
 
 
 __all__ = [
-    "Evaluation", "SearchObserver", "SearchOutcome", "TunerError", "build_workload",
-    "evaluate_config", "make_sampler", "run_search", "serve_command", "slo_stop_hook",
-    "warm_start_configs",
+    "Evaluation", "SearchObserver", "SearchOutcome", "build_workload", "default_trials",
+    "evaluate_config", "make_sampler", "planner_precheck", "run_search", "serve_command",
+    "slo_stop_hook", "warm_start_configs",
 ]
