@@ -244,13 +244,14 @@ def studies_list(
     from tuner.study import list_studies
 
     rows = list_studies(storage)
-    table = Table(title="studies")
-    for col in ("study", "finished", "feasible", "best tok/s", "best trial", "storage"):
-        table.add_column(col)
+    table = Table(title=f"studies in {storage or 'studies/'}")
+    table.add_column("study", no_wrap=True)
+    for col in ("finished", "feasible", "best tok/s", "best trial"):
+        table.add_column(col, justify="right")
     for s in rows:
         table.add_row(s.name, str(s.finished), str(s.feasible),
                       "-" if s.best_value is None else f"{s.best_value:,.0f}",
-                      "-" if s.best_trial is None else str(s.best_trial), s.storage)
+                      "-" if s.best_trial is None else str(s.best_trial))
     Console().print(table if rows else "no studies yet: run tuner search")
 
 
