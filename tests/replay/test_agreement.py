@@ -47,11 +47,13 @@ def test_client_ttft_matches_server_ttft_at_256_streams():
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
+        deadline = time.monotonic() + 120
+        while True:
             try:
                 urllib.request.urlopen(url + "/health", timeout=1)
                 break
             except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "sim-serve did not start"
                 time.sleep(0.05)
         rng = np.random.default_rng(7)
         n = 4 * USERS
@@ -65,7 +67,7 @@ def test_client_ttft_matches_server_ttft_at_256_streams():
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
-    assert r.error == [None] * n
+    assert r.error == [None] * n, sorted({e for e in r.error if e})
     steady = np.arange(USERS, n)
     server = np.array([timings[f"agree-{i}"]["ttft_s"] for i in steady])
     diff = np.abs(r.ttft_s[steady] - server)
@@ -73,5 +75,6 @@ def test_client_ttft_matches_server_ttft_at_256_streams():
     print(f"|client - server| TTFT: P50 {np.percentile(diff, 50) * 1e3:.2f} ms, P95 {p95 * 1e3:.2f} ms; "
           f"client {cores:.2f} cores")
     assert r.server["num_requests_running_max"] <= USERS
-    assert p95 < 0.002
+    worst = np.argsort(diff)[-5:]
+    assert p95 < 0.002, f"worst: {[(int(steady[j]), round(float(diff[j]) * 1e3, 2)) for j in worst]} ms"
     assert cores < 1.0
