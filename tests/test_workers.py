@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 from pg_db import pg_url  # noqa: F401  (fixture)
 
-from tuner.workers import RetryOnce, StudyLock, budget_used, driver_url
+from tuner.workers import RetryOnce, StudyLock, Worker, budget_used, driver_url
 
 STUDY = "workers-test"
 BUDGET = 40
@@ -30,7 +30,9 @@ def small_trace(folder: Path) -> Path:
 
 
 def spawn(folder: Path, storage: str, trace: Path, *, budget: int = BUDGET, study: str = STUDY) -> subprocess.Popen:
-    env = dict(os.environ, TUNER_HEARTBEAT_S="1", PYTHONUNBUFFERED="1")
+    # a 2 s heartbeat (6 s grace): a dead worker is noticed quickly, a live one on 2 busy
+    # cores is not taken for dead
+    env = dict(os.environ, TUNER_HEARTBEAT_S="2", PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "tuner", "search", "--trace", str(trace), "--budget", str(budget),
             "--storage", storage, "--study", study, "--output", "json"]
     return subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,6 +94,23 @@ def test_a_retry_starts_clean_of_the_dead_run_but_keeps_its_parameters():
     assert len(st.trials) == 2
 
 
+def test_a_worker_whose_trial_another_failed_goes_on(tmp_path):
+    """A worker stalled past the grace period finds its trial failed by another (who
+    queued the retry): it warns and runs its next trial instead of crashing."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    st = optuna.create_study(storage=url, study_name=STUDY, direction="maximize")
+
+    def objective(trial):
+        worker.started(trial)
+        if trial.number == 0:  # what fail_stale_trials does from another process
+            st._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        return 1.0
+
+    with Worker(st, url, budget=3) as worker, pytest.warns(RuntimeWarning, match="trial 0 was marked failed"):
+        worker.optimize(objective, catch=(Exception,))
+    assert [t.state for t in st.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+
+
 def test_second_sqlite_writer_fails_at_once_pointing_to_postgresql(tmp_path):
     storage = f"sqlite:///{tmp_path}/studies/{STUDY}.db"
     with StudyLock(storage, STUDY, "writer") as lock:
@@ -139,8 +158,14 @@ def test_a_worker_killed_mid_trial_is_failed_by_heartbeat_and_retried_once(tmp_p
         running = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get("pid") in procs
                    and len(t.params) == knobs]  # its configuration drawn: it is running it
         if len(done_before) >= 5 and running:
-            victim = running[0]
-            os.kill(victim.user_attrs["pid"], signal.SIGKILL)
+            pid = running[0].user_attrs["pid"]
+            os.kill(pid, signal.SIGSTOP)  # freeze it, then make sure its trial is still running
+            frozen = load(pg_url).trials[running[0].number]
+            if frozen.state == TrialState.RUNNING:
+                victim = frozen
+                os.kill(pid, signal.SIGKILL)
+            else:  # it finished between our look and the stop: let it go on, look again
+                os.kill(pid, signal.SIGCONT)
     assert victim is not None, "no trial was caught running"
     for pid, p in procs.items():
         out, err = p.communicate(timeout=240)

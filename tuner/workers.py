@@ -344,6 +344,7 @@ class Worker:
         self._budget_lock: StudyLock | None = None
         self._writer_lock: StudyLock | None = None
         self.ran = 0  # trials this process started
+        self._current: int | None = None
 
     def __enter__(self) -> Worker:
         if self.shared:
@@ -386,8 +387,15 @@ class Worker:
                 used, running = budget_used(self.study, shared=self.shared)
                 if used < self.budget:
                     # the trial is created under the lock; ``started`` releases it
-                    self.study.optimize(objective, n_trials=1, catch=catch, callbacks=list(callbacks),
-                                        gc_after_trial=False, show_progress_bar=False)
+                    try:
+                        self.study.optimize(objective, n_trials=1, catch=catch, callbacks=list(callbacks),
+                                            gc_after_trial=False, show_progress_bar=False)
+                    except (optuna.exceptions.UpdateFinishedTrialError, ValueError, AssertionError):
+                        # Optuna could not record the result: when this process stalled past
+                        # the grace period, another worker failed its trial (and queued the
+                        # retry); go on with the next one. Anything else is a real error.
+                        if not self._taken_for_dead():
+                            raise
                     if getattr(self.study, "_stop_flag", False):  # study.stop(): e.g. the grid is exhausted
                         return
                     continue
@@ -398,11 +406,24 @@ class Worker:
                 return
             time.sleep(self.poll_s)
 
+    def _taken_for_dead(self) -> bool:
+        from optuna.trial import TrialState
+
+        if self._current is None:
+            return False
+        trial = self.study._storage.get_trial(self._current)
+        if trial.state != TrialState.FAIL:
+            return False
+        warnings.warn(f"trial {trial.number} was marked failed by another worker (this one missed its "
+                      f"heartbeats); its configuration is retried", RuntimeWarning, stacklevel=2)
+        return True
+
     def started(self, trial: optuna.Trial) -> None:
         """First thing in the objective: the trial exists, let other workers count it;
         stamp who runs it."""
         if self._budget_lock is not None:
             self._budget_lock.release()
+        self._current = trial._trial_id
         self.ran += 1
         for key, value in self.attrs.items():
             trial.set_user_attr(key, value)
