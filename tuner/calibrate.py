@@ -351,3 +351,391 @@ def install_sigterm_handler() -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+# ----------------------------------------------------------------------------- analysis
+#: The metrics fitted and checked per load point (RunResult.summary() keys).
+METRICS = ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")
+#: Weight of each metric's log-error in the least-squares fit.
+METRIC_WEIGHTS = {"output_tokens_per_s": 1.0, "ttft_p95_s": 1.0, "tpot_mean_s": 1.0}
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One measured load: a trial's config at ``users`` closed-loop users over rows
+    ``offset .. offset+requests`` of :func:`calibration_workload`."""
+
+    trial: str
+    config: ServeConfig
+    users: int
+    requests: int
+    offset: int
+    measured: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Startup:
+    """One measured start: vLLM's KV cache size, or its refusal."""
+
+    trial: str
+    config: ServeConfig
+    ok: bool
+    kv_cache_tokens: int | None = None
+    available_kv_gib: float | None = None
+    model_load_gib: float | None = None
+    graph_capture_gib: float | None = None
+    rejected_kind: str | None = None
+    message: str = ""
+    estimated_max_model_len: int | None = None
+
+
+def _latest_by_trial(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows of each trial from its last ``startup`` row on (a trial restarted after an
+    interrupted call keeps only its complete last attempt)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        t = r.get("trial")
+        if t is None:
+            continue
+        if r.get("kind") == "startup":
+            out[t] = [r]
+        elif t in out:
+            out[t].append(r)
+    return out
+
+
+def startups(rows: Iterable[dict[str, Any]]) -> list[Startup]:
+    out = []
+    for trial, rs in _latest_by_trial(rows).items():
+        r = rs[0]
+        facts = r.get("facts") or {}
+        out.append(Startup(
+            trial=trial, config=ServeConfig.from_dict(r["config"]), ok=bool(r["ok"]),
+            kv_cache_tokens=facts.get("kv_cache_tokens"), available_kv_gib=facts.get("available_kv_gib"),
+            model_load_gib=facts.get("model_load_gib"), graph_capture_gib=facts.get("graph_capture_gib"),
+            rejected_kind=r.get("rejected_kind"), message=r.get("message") or "",
+            estimated_max_model_len=r.get("estimated_max_model_len")))
+    return out
+
+
+def load_points(rows: Iterable[dict[str, Any]]) -> list[LoadPoint]:
+    out = []
+    for trial, rs in _latest_by_trial(rows).items():
+        for r in rs:
+            if r.get("kind") != "load" or not r.get("ok") or r.get("stopped_early"):
+                continue
+            out.append(LoadPoint(trial=trial, config=ServeConfig.from_dict(r["config"]), users=int(r["users"]),
+                                 requests=int(r["requests"]), offset=int(r.get("offset", 0)),
+                                 measured={k: float(r["summary"][k]) for k in METRICS}))
+    return out
+
+
+def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) -> dict[str, float]:
+    """The simulator's summary for the same workload rows and load as ``point``."""
+    from tuner.sim.engine import simulate
+
+    work = calibration_workload(point.requests, offset=point.offset)
+    return simulate(deployment, point.config, work, Concurrency(point.users), profile=calib).summary()
+
+
+def predict_startup(config: ServeConfig, deployment: Deployment) -> dict[str, Any]:
+    """The memory planner's answer: ``kv_cache_tokens`` or the refusal's kind and
+    ``estimated_max_model_len``."""
+    from tuner.sim.memory import plan_memory
+
+    try:
+        plan = plan_memory(deployment, config)
+    except ConfigRejected as err:
+        return {"ok": False, "kind": err.kind, "estimated_max_model_len": err.estimated_max_model_len,
+                "message": err.message}
+    return {"ok": True, "kv_cache_tokens": plan.kv_cache_tokens, "available_kv_gib": plan.kv_bytes / 2**30}
+
+
+def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
+    """Mean absolute percentage error, in percent."""
+    p, m = np.asarray(pred, dtype=float), np.asarray(meas, dtype=float)
+    return float(np.mean(np.abs(p - m) / np.abs(m)) * 100.0)
+
+
+def compare_loads(points: Sequence[LoadPoint], deployment: Deployment, calib: Any = None) -> list[dict[str, Any]]:
+    """Per point: measured and predicted value of each metric."""
+    out = []
+    for pt in points:
+        pred = predict_load(pt, deployment, calib)
+        out.append({"trial": pt.trial, "users": pt.users, "requests": pt.requests,
+                    **{f"{k}_measured": pt.measured[k] for k in METRICS},
+                    **{f"{k}_predicted": float(pred[k]) for k in METRICS}})
+    return out
+
+
+def summarize(table: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """MAPE per metric and the Spearman rank correlation of saturation throughput across
+    configurations (each trial's highest load) over a :func:`compare_loads` table."""
+    from scipy.stats import spearmanr
+
+    out: dict[str, float] = {}
+    for k in METRICS:
+        out[f"{k}_mape"] = mape([r[f"{k}_predicted"] for r in table], [r[f"{k}_measured"] for r in table])
+    top: dict[str, dict[str, Any]] = {}
+    for r in table:
+        if r["trial"] not in top or r["users"] > top[r["trial"]]["users"]:
+            top[r["trial"]] = r
+    thr = "output_tokens_per_s"
+    if len(top) >= 3:
+        rho = spearmanr([r[f"{thr}_measured"] for r in top.values()], [r[f"{thr}_predicted"] for r in top.values()])
+        out["throughput_spearman_saturation"] = float(rho.statistic)
+    if len(table) >= 3:
+        rho = spearmanr([r[f"{thr}_measured"] for r in table], [r[f"{thr}_predicted"] for r in table])
+        out["throughput_spearman_all"] = float(rho.statistic)
+    return out
+
+
+# ----------------------------------------------------------------------------- fit: memory
+GiB = 1 << 30
+
+
+def fit_memory(points: Sequence[Startup], deployment: Deployment) -> tuple[dict[str, float], dict[str, Any]]:
+    """Least squares of the memory planner's empirical constants to measured starts.
+
+    vLLM's ``available KV = ceil(total x gmu) - weights - peak activation - non-torch``
+    (``v1/worker/gpu_worker.py``). "Model loading took X GiB" gives the weights (the overhead
+    over the shapes' bytes is kept); the rest, ``budget - weights - available``, is fitted as
+    ``fixed + a x max_num_batched_tokens x hidden + b x max_num_seqs x vocab + g x
+    graph_estimate`` with every coefficient >= 0 and ``g`` in [0, 1] (the share of the
+    planner's CUDA-graph estimate that really comes out of the KV budget)."""
+    from scipy.optimize import least_squares
+
+    from tuner.sim.hardware import get_gpu
+    from tuner.sim.memory import EMPIRICAL, _cudagraph_sizes, default_batch_limits, parse_version
+    from tuner.sim.model import load_model
+
+    gpu, model = get_gpu(deployment.gpu), load_model(deployment.model)
+    version = parse_version(deployment.vllm_version)
+    ok = [s for s in points if s.ok and s.available_kv_gib is not None]
+    if not ok:
+        raise InputError("no successful start with 'Available KV cache memory' to fit the memory planner to")
+    loads = [s.model_load_gib for s in ok if s.model_load_gib]
+    shapes_weights = model.weight_bytes_per_rank(None, 1)
+    weight_overhead = max(0.0, float(np.median(loads)) * GiB - shapes_weights) if loads else 0.0
+    weights = shapes_weights + weight_overhead
+    non_torch = float(EMPIRICAL["non_torch_bytes"])
+    rows, y = [], []
+    for s in ok:
+        c = s.config
+        mml = c.max_model_len or model.max_position_embeddings
+        d_seqs, d_tokens = default_batch_limits(gpu, version, mml)
+        seqs = c.max_num_seqs or d_seqs
+        mbt = c.max_num_batched_tokens or (min(d_tokens, seqs * mml) if c.max_num_seqs else d_tokens)
+        graphs = 0.0 if c.enforce_eager else (EMPIRICAL["cudagraph_bytes_per_layer_per_size"]
+                                              * model.num_layers * _cudagraph_sizes(seqs))
+        budget = math.ceil(gpu.memory_bytes * (c.gpu_memory_utilization or 0.92))
+        rows.append([1.0, mbt * model.hidden_size, seqs * model.vocab_size, graphs])
+        y.append(budget - weights - non_torch - s.available_kv_gib * GiB)
+    a, target = np.array(rows), np.array(y)
+    scale = np.array([GiB, 1.0, 1.0, 1.0])
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        return (a @ (x * scale) - target) / GiB
+
+    x0 = np.array([0.5, EMPIRICAL["activation_bytes_per_token_per_hidden"], EMPIRICAL["sampler_bytes_per_logit"], 0.5])
+    sol = least_squares(resid, x0, bounds=([0, 0, 0, 0], [20, 64, 16, 1]))
+    fixed, per_tok, per_logit, g = sol.x
+    memory = {
+        "weight_overhead_bytes": round(weight_overhead),
+        "activation_fixed_bytes": round(fixed * GiB),
+        "activation_bytes_per_token_per_hidden": round(float(per_tok), 4),
+        "sampler_bytes_per_logit": round(float(per_logit), 4),
+        "cudagraph_kv_fraction": round(float(g), 3),
+        "non_torch_bytes": round(non_torch),
+    }
+    info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(sol.fun ** 2))),
+            "residual_gib_max": float(np.max(np.abs(sol.fun)))}
+    return memory, info
+
+
+# ----------------------------------------------------------------------------- fit: step time
+#: Step-time constants the fit moves: (name, scale of x, lower, upper). ``x * scale`` is the value.
+STEP_PARAMS = (
+    ("hbm_efficiency", 1.0, 0.3, 1.0),
+    ("flops_efficiency", 1.0, 0.15, 1.0),
+    ("step_overhead_s", 1e-3, 0.0, 5.0),
+    ("per_seq_overhead_s", 1e-6, 0.0, 60.0),
+    ("launch_eager", 1e-6, 0.0, 2000.0),
+    ("launch_piecewise", 1e-6, 0.0, 500.0),
+    ("request_latency_s", 1e-3, 0.0, 50.0),
+)
+
+
+def _with_params(base: Any, x: np.ndarray) -> Any:
+    vals = {name: float(v * scale) for (name, scale, _, _), v in zip(STEP_PARAMS, x)}
+    launch = dict(base.launch_per_layer_s)
+    ratio = launch["compiled"] / launch["piecewise"] if launch.get("piecewise") else 2.0
+    launch["eager"] = vals.pop("launch_eager")
+    launch["piecewise"] = vals.pop("launch_piecewise")
+    launch["compiled"] = launch["piecewise"] * ratio
+    return base.replace(launch_per_layer_s=launch, **vals)
+
+
+def _params_of(calib: Any) -> np.ndarray:
+    vals = {"hbm_efficiency": calib.hbm_efficiency, "flops_efficiency": calib.flops_efficiency,
+            "step_overhead_s": calib.step_overhead_s, "per_seq_overhead_s": calib.per_seq_overhead_s,
+            "launch_eager": calib.launch_per_layer_s["eager"],
+            "launch_piecewise": calib.launch_per_layer_s["piecewise"],
+            "request_latency_s": getattr(calib, "request_latency_s", 0.0)}
+    return np.array([min(max(vals[n] / s, lo), hi) for n, s, lo, hi in STEP_PARAMS])
+
+
+def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any, *,
+                  max_nfev: int = 12, log: Callable[[str], None] | None = None) -> tuple[Any, dict[str, Any]]:
+    """Least squares (``scipy.optimize.least_squares``, bounded trust region) of the
+    step-time constants to the measured load points: residuals are the weighted log
+    ratios predicted/measured of :data:`METRICS`."""
+    from scipy.optimize import least_squares
+
+    lo = np.array([p[2] for p in STEP_PARAMS])
+    hi = np.array([p[3] for p in STEP_PARAMS])
+    calls = [0]
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        calib = _with_params(base, x)
+        out = []
+        for pt in points:
+            pred = predict_load(pt, deployment, calib)
+            for k in METRICS:
+                out.append(METRIC_WEIGHTS[k] * math.log(max(pred[k], 1e-9) / pt.measured[k]))
+        calls[0] += 1
+        if log and calls[0] % 7 == 0:
+            log(f"calibrate: fit evaluation {calls[0]}, cost {0.5 * float(np.sum(np.square(out))):.4f}")
+        return np.array(out)
+
+    x0 = _params_of(base)
+    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.03, x_scale="jac", max_nfev=max_nfev)
+    return _with_params(base, sol.x), {"cost": float(sol.cost), "evaluations": calls[0], "status": int(sol.status),
+                                      "message": str(sol.message)}
+
+
+# ----------------------------------------------------------------------------- fit + profile
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted profile and how well it does on the points it was fitted to and on the
+    points held back."""
+
+    calibration: Any
+    memory: dict[str, float]
+    fit_trials: tuple[str, ...]
+    check_trials: tuple[str, ...]
+    table: list[dict[str, Any]]            # compare_loads rows of every point, with "set"
+    kv_table: list[dict[str, Any]]         # per start: measured vs predicted KV tokens / refusal
+    errors: dict[str, dict[str, float]]    # "fit" / "check" -> summarize()
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[dict[str, Any]]:
+    out = []
+    for s in points:
+        pred = predict_startup(s.config, deployment)
+        row: dict[str, Any] = {"trial": s.trial, "measured_ok": s.ok, "predicted_ok": pred["ok"]}
+        if s.ok and pred["ok"]:
+            row.update(measured=s.kv_cache_tokens, predicted=pred["kv_cache_tokens"],
+                       error_pct=100.0 * (pred["kv_cache_tokens"] - s.kv_cache_tokens) / s.kv_cache_tokens)
+        elif not s.ok and not pred["ok"]:
+            m, p = s.estimated_max_model_len, pred.get("estimated_max_model_len")
+            row.update(measured=m, predicted=p, kind=s.rejected_kind, predicted_kind=pred["kind"],
+                       error_pct=100.0 * (p - m) / m if m and p is not None else math.nan)
+        else:
+            row.update(measured=s.kv_cache_tokens or s.estimated_max_model_len,
+                       predicted=pred.get("kv_cache_tokens") or pred.get("estimated_max_model_len"),
+                       error_pct=math.nan)
+        out.append(row)
+    return out
+
+
+def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: Sequence[str] | None = None,
+        max_nfev: int = 12, log: Callable[[str], None] | None = None) -> FitResult:
+    """Fit memory and step-time constants on ``fit_trials`` (default: the first half of the
+    trials with loads, in design order: the anchor, eager, a small batch cap, KV-limited)
+    and check on the rest. The memory fit runs first; the step-time fit sees its weights."""
+    import tempfile
+
+    from tuner.sim.calibration import load_calibration
+    from tuner.sim.hardware import get_gpu
+
+    loads, starts = load_points(rows), startups(rows)
+    with_loads = list(dict.fromkeys(p.trial for p in loads))
+    if fit_trials is None:
+        fit_trials = with_loads[: max(1, len(with_loads) // 2)]
+    fit_set = set(fit_trials)
+    check = tuple(t for t in dict.fromkeys([s.trial for s in starts] + with_loads) if t not in fit_set)
+    memory, mem_info = fit_memory([s for s in starts if s.trial in fit_set], deployment)
+    base = load_calibration(get_gpu(deployment.gpu))
+    with tempfile.TemporaryDirectory() as tmp:
+        # the memory constants reach plan_memory through Deployment.calibration
+        prof = Path(tmp) / "profile.yaml"
+        _write_yaml(prof, base, memory, match={}, extra={})
+        dep = _dep_with(deployment, str(prof))
+        calib, step_info = fit_step_time([p for p in loads if p.trial in fit_set], dep, base,
+                                         max_nfev=max_nfev, log=log)
+        table = []
+        for row in compare_loads(loads, dep, calib):
+            row["set"] = "fit" if row["trial"] in fit_set else "check"
+            table.append(row)
+        kv_table = compare_startups(starts, dep)
+    for row in kv_table:
+        row["set"] = "fit" if row["trial"] in fit_set else "check"
+    errors = {name: summarize([r for r in table if r["set"] == name]) for name in ("fit", "check")
+              if any(r["set"] == name for r in table)}
+    kv_err = [abs(r["error_pct"]) for r in kv_table if not math.isnan(r.get("error_pct", math.nan))]
+    errors["kv"] = {"max_abs_error_pct": max(kv_err) if kv_err else math.nan,
+                    "starts": float(len(kv_table)),
+                    "refusals_matched": float(sum(1 for r in kv_table if not r["measured_ok"] and not r["predicted_ok"]))}
+    return FitResult(calibration=calib.replace(calibrated=True), memory=memory, fit_trials=tuple(fit_trials),
+                     check_trials=check, table=table, kv_table=kv_table, errors=errors,
+                     info={"memory": mem_info, "step_time": step_info})
+
+
+def _dep_with(deployment: Deployment, calibration: str | None) -> Deployment:
+    import dataclasses
+
+    return dataclasses.replace(deployment, calibration=calibration)
+
+
+def _round(v: float) -> float:
+    return float(f"{v:.4g}")
+
+
+def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict[str, str],
+                extra: dict[str, Any], sources: dict[str, str] | None = None) -> None:
+    import yaml
+
+    src = sources or {}
+    doc: dict[str, Any] = {"gpu_class": calib.gpu_class, "calibrated": True}
+    for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
+                 "request_latency_s", "allreduce_latency_s", "link_efficiency"):
+        doc[name] = {"value": _round(getattr(calib, name)), "source": src.get(name, calib.sources.get(name, ""))}
+    doc["launch_per_layer_s"] = {"value": {k: _round(v) for k, v in calib.launch_per_layer_s.items()},
+                                 "source": src.get("launch_per_layer_s", calib.sources.get("launch_per_layer_s", ""))}
+    doc["memory"] = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in memory.items()}
+    if match:
+        doc["match"] = match
+    doc.update(extra)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=110))
+
+
+def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version: str,
+                  meta: dict[str, Any] | None = None) -> Path:
+    """Write the fitted profile YAML (hopper.yaml's format: ``value`` + ``source`` per
+    constant, plus ``memory``, ``match`` and ``fit``): what ``tuner estimate``, ``tuner
+    search --backend sim`` and the pre-check load when GPU and vLLM version match."""
+    p = Path(path)
+    fitted = "fit: least squares on trials " + ", ".join(result.fit_trials) + " (tuner calibrate)"
+    sources = {k: fitted for k in ("hbm_efficiency", "flops_efficiency", "step_overhead_s",
+                                   "per_seq_overhead_s", "request_latency_s", "launch_per_layer_s")}
+    clean = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4) if isinstance(v, float) else v)  # noqa: E731
+                       for k, v in d.items()}
+    extra = {"fit": {"fit_trials": list(result.fit_trials), "check_trials": list(result.check_trials),
+                     "errors": {k: clean(v) for k, v in result.errors.items()},
+                     **({"meta": meta} if meta else {})}}
+    _write_yaml(p, result.calibration, result.memory, match={"gpu": gpu, "vllm_version": vllm_version},
+                extra=extra, sources=sources)
+    return p

@@ -20,8 +20,15 @@ def fixed(n: int, prompt: int, out: int, arrival: np.ndarray | None = None) -> W
 
 @pytest.mark.parametrize("eager,tpot_ms", [(False, 4.76), (True, 17.8)])
 def test_h200_decode_tpot_anchor(eager: bool, tpot_ms: float) -> None:
-    # vLLM 0.26.0, one H200, Qwen2.5-7B bf16, concurrency 1 (../shared/tools/h200-vllm/README.md)
-    res = simulate(H200, H200_CFG.replace(enforce_eager=eager), fixed(3, 512, 256), Concurrency(1))
+    # vLLM 0.26.0, one H200, Qwen2.5-7B bf16, concurrency 1 (../shared/tools/h200-vllm/README.md).
+    # The anchors of the Hopper class table: pinned to it, since the fitted H200 profile
+    # (tuner/data/calibration/h200-vllm-0.26.0) now applies by default; its own check is
+    # tests/test_fidelity.py (eager TPOT measured 13.7-17.8 ms across runs).
+    from tuner.sim.calibration import load_calibration
+    from tuner.sim.hardware import get_gpu
+
+    res = simulate(H200, H200_CFG.replace(enforce_eager=eager), fixed(3, 512, 256), Concurrency(1),
+                   profile=load_calibration(get_gpu("H200")))
     tpot = np.nanmean(res.tpot_s) * 1e3
     assert tpot == pytest.approx(tpot_ms, rel=0.03)
 

@@ -58,7 +58,9 @@ def test_eager_frees_graph_memory_and_fp8_kv_doubles_blocks():
     base = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9))
     eager = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9, enforce_eager=True))
     fp8 = plan_memory(H200_7B, ServeConfig(gpu_memory_utilization=0.9, kv_cache_dtype="fp8"))
-    assert eager.cudagraph_bytes == 0 and eager.num_gpu_blocks > base.num_gpu_blocks
+    # >=: vLLM 0.26.0 on the H200 logs its graph memory but leaves it in the KV budget
+    # (eager 128,951 blocks vs graphs 128,943 and 129,015; tuner/data/calibration/h200-vllm-0.26.0)
+    assert eager.cudagraph_bytes == 0 and eager.num_gpu_blocks >= base.num_gpu_blocks
     assert fp8.page_bytes * 2 == base.page_bytes
     assert fp8.num_gpu_blocks in (2 * base.num_gpu_blocks, 2 * base.num_gpu_blocks + 1)
 

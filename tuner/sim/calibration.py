@@ -43,6 +43,7 @@ class Calibration:
     allreduce_latency_s: float             # one all-reduce of a small message
     link_efficiency: float                 # fraction of link_bandwidth an all-reduce reaches
     calibrated: bool = False               # True when fitted to real measurements of this class
+    request_latency_s: float = 0.0         # send -> engine sees the request (API server, HTTP); run_plan only
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
 
@@ -51,7 +52,7 @@ class Calibration:
             v = getattr(self, name)
             if not 0.0 < v <= 1.0:
                 raise InputError(f"calibration {name} must be in (0, 1], got {v}", path=self.path or None)
-        for name in ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s"):
+        for name in ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s"):
             if getattr(self, name) < 0:
                 raise InputError(f"calibration {name} must be >= 0", path=self.path or None)
         missing = [m for m in LAUNCH_MODES if m not in self.launch_per_layer_s]

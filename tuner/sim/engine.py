@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 ROUTERS = ("round_robin", "least_outstanding")
 
-_SEND, _KICK, _END = 0, 1, 2
+_SEND, _KICK, _END, _ARRIVE = 0, 1, 2, 3
 _VERSIONS = 1 << 20     # END events carry replica * _VERSIONS + (version mod _VERSIONS)
 
 
@@ -121,23 +121,34 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             next_send += 1
         return bool(stop is not None and stop(control))
 
+    # API-server latency: a request reaches the engine this long after it is sent
+    # (Calibration.request_latency_s; fitted by tuner calibrate, 0 in the shipped tables).
+    latency = float(getattr(cores[0].calib, "request_latency_s", 0.0)) if cores else 0.0
     while heap:
         t, _, kind, arg = heapq.heappop(heap)
+        arrived = kind == _ARRIVE
+        if arrived:
+            kind = _SEND
         if kind == _SEND:
             j = arg
-            send[j] = t
-            control.sent += 1
-            if not closed and next_send < n:
-                heapq.heappush(heap, (float(times[next_send]), seq, _SEND, next_send))
-                seq += 1
-                next_send += 1
-            if too_long[j]:
-                # vLLM answers 400: "This model's maximum context length is ..."
-                error[j] = "http_400"
-                if finish_one(j, t, math.nan):
-                    stopped = True
-                    break
-                continue
+            if not arrived:
+                send[j] = t
+                control.sent += 1
+                if not closed and next_send < n:
+                    heapq.heappush(heap, (float(times[next_send]), seq, _SEND, next_send))
+                    seq += 1
+                    next_send += 1
+                if too_long[j]:
+                    # vLLM answers 400: "This model's maximum context length is ..."
+                    error[j] = "http_400"
+                    if finish_one(j, t, math.nan):
+                        stopped = True
+                        break
+                    continue
+                if latency > 0:
+                    heapq.heappush(heap, (t + latency, seq, _ARRIVE, j))
+                    seq += 1
+                    continue
             if router == "round_robin":
                 r = rr % replicas
                 rr += 1
