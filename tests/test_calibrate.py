@@ -1,0 +1,194 @@
+"""tuner.calibrate: the designed trial set, resumable measurement, the least-squares fits
+and the profile that the simulator then finds by GPU and vLLM version."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.backends.sim import SimBackend
+from tuner.calibrate import (
+    GiB,
+    LoadPoint,
+    Startup,
+    Trial,
+    calibration_workload,
+    design_trials,
+    fit_memory,
+    fit_step_time,
+    load_points,
+    measure,
+    predict_load,
+    read_measurements,
+    startups,
+    write_profile,
+    FitResult,
+)
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import ConfigRejected, InputError
+from tuner.sim.calibration import find_profile, load_calibration
+from tuner.sim.hardware import get_gpu
+from tuner.sim.memory import plan_memory
+
+H200 = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0")
+DATA = Path(__file__).resolve().parents[1] / "tuner" / "data" / "calibration" / "h200-vllm-0.26.0"
+
+
+# ----------------------------------------------------------------------------- design
+@pytest.mark.parametrize("gpu", ["H200", "H100-SXM"])
+def test_design_spans_the_knobs_and_holds_one_refusal(gpu):
+    dep = Deployment(model="qwen2.5-7b", gpu=gpu, vllm_version="0.26.0")
+    trials = design_trials(dep)
+    loaded = [t for t in trials if t.loads]
+    assert len(loaded) >= 8
+    assert {t.config.enforce_eager for t in loaded} == {True, False}
+    assert len({t.config.gpu_memory_utilization for t in loaded}) >= 4
+    assert len({t.config.max_num_seqs for t in loaded}) >= 4
+    assert len({t.config.max_num_batched_tokens for t in loaded}) >= 4
+    for t in loaded:
+        assert t.loads[0] == 1 and len(t.loads) == 3 and t.loads == tuple(sorted(t.loads))
+        plan_memory(dep, t.config)                       # the planner accepts every loaded trial
+    refusals = [t for t in trials if t.expect_refusal]
+    assert len(refusals) == 1
+    with pytest.raises(ConfigRejected) as err:
+        plan_memory(dep, refusals[0].config)
+    assert err.value.kind == "max_model_len"
+    # solved for about 55 % of one max-length request: the estimate lands near there
+    assert 0.4 < err.value.estimated_max_model_len / refusals[0].config.max_model_len < 0.7
+
+
+def test_trial_names_and_loads_are_checked():
+    with pytest.raises(InputError):
+        Trial("two words", ServeConfig())
+    with pytest.raises(InputError):
+        Trial("x", ServeConfig(), loads=(0,))
+
+
+def test_workload_rows_are_one_seeded_sequence():
+    long = calibration_workload(30)
+    part = calibration_workload(10, offset=20)
+    assert np.array_equal(part.prompt_tokens, long.prompt_tokens[20:])
+    assert np.array_equal(part.output_tokens, long.output_tokens[20:])
+    assert long.prompt_tokens.min() >= 128 and long.output_tokens.max() <= 256
+
+
+# ----------------------------------------------------------------------------- measure
+TINY = [
+    Trial("small", ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=8), (1, 4)),
+    Trial("nope", ServeConfig(gpu_memory_utilization=0.115, max_model_len=32768, enforce_eager=True),
+          expect_refusal=True),
+]
+
+
+def test_measure_writes_rows_and_resumes(tmp_path):
+    rows = measure(SimBackend(), H200, TINY, tmp_path, log=lambda s: None, meta={"gpu": "H200"})
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("trial_end") == 2 and kinds.count("load") == 2 and kinds[0] == "meta"
+    st = {s.trial: s for s in startups(rows)}
+    assert st["small"].ok and st["small"].kv_cache_tokens > 0
+    assert not st["nope"].ok and st["nope"].rejected_kind == "max_model_len"
+    assert st["nope"].estimated_max_model_len > 0
+    pts = load_points(rows)
+    assert [p.users for p in pts] == [1, 4] and pts[1].offset == pts[0].requests
+    # a second call finds everything done and adds nothing
+    again = measure(SimBackend(), H200, TINY, tmp_path, log=lambda s: None)
+    assert len(again) == len(rows) == len(read_measurements(tmp_path))
+
+
+def test_measure_stops_before_a_trial_that_does_not_fit_the_budget(tmp_path):
+    said = []
+    rows = measure(SimBackend(), H200, TINY, tmp_path, budget_s=30.0, log=said.append)
+    assert rows == [] and "stopping here" in said[-1]
+
+
+def test_torn_last_line_is_skipped_and_restarted_trials_keep_their_last_attempt(tmp_path):
+    good = {"kind": "startup", "trial": "a", "config": ServeConfig().to_dict(), "ok": True, "facts": {}}
+    load = {"kind": "load", "trial": "a", "config": ServeConfig().to_dict(), "users": 1, "requests": 2,
+            "offset": 0, "ok": True, "summary": {"output_tokens_per_s": 1.0, "ttft_p95_s": 1.0, "tpot_mean_s": 1.0}}
+    lines = [good, load, good, load | {"users": 2}]
+    (tmp_path / "measurements.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + '\n{"kind": "lo')
+    rows = read_measurements(tmp_path)
+    assert len(rows) == 4
+    assert [p.users for p in load_points(rows)] == [2]
+
+
+def test_shipped_data_kvlimited_restart_counts_once():
+    # kvlimited started twice on the H200 (the first attempt died in the driver): one set of loads
+    pts = [p for p in load_points(read_measurements(DATA / "measurements.jsonl")) if p.trial == "kvlimited"]
+    assert sorted(p.users for p in pts) == [1, 64, 512]
+
+
+# ----------------------------------------------------------------------------- fits
+def test_memory_fit_recovers_planted_constants(tmp_path):
+    """Starts synthesised by the planner with known constants (through a profile) are fitted
+    back: the fit's own planner then reproduces every KV size."""
+    planted = {"weight_overhead_bytes": 0, "activation_fixed_bytes": int(0.7 * GiB),
+               "activation_bytes_per_token_per_hidden": 9.0, "sampler_bytes_per_logit": 2.0,
+               "cudagraph_kv_fraction": 0.5, "non_torch_bytes": 200 * 2**20}
+    prof = tmp_path / "p.yaml"
+    prof.write_text(json.dumps({"memory": planted}))
+    dep = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0", calibration=str(prof))
+    cfgs = [ServeConfig(gpu_memory_utilization=g, max_model_len=4096, max_num_seqs=s, max_num_batched_tokens=b,
+                        enforce_eager=e)
+            for g, s, b, e in [(0.9, 1024, 8192, False), (0.5, 256, 1024, False), (0.7, 128, 512, True),
+                               (0.3, 64, 2048, False), (0.9, 512, 4096, True), (0.6, 32, 8192, False)]]
+    starts = []
+    for c in cfgs:
+        plan = plan_memory(dep, c)
+        starts.append(Startup("t", c, True, kv_cache_tokens=plan.kv_cache_tokens,
+                              available_kv_gib=plan.kv_bytes / GiB, model_load_gib=plan.weight_bytes / GiB))
+    memory, info = fit_memory(starts, dep)
+    assert info["residual_gib_max"] < 0.01
+    assert memory["activation_fixed_bytes"] / GiB == pytest.approx(0.7, abs=0.02)
+    assert memory["activation_bytes_per_token_per_hidden"] == pytest.approx(9.0, rel=0.05)
+    assert memory["cudagraph_kv_fraction"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_memory_fit_needs_a_successful_start():
+    with pytest.raises(InputError):
+        fit_memory([Startup("r", ServeConfig(), False, rejected_kind="max_model_len")], H200)
+
+
+def test_step_time_fit_moves_a_wrong_table_to_the_measurements():
+    """'Measurements' made by the simulator with the shipped profile; the fit starts from the
+    Hopper class table (different constants) and must land within a few percent of them."""
+    truth = load_calibration(get_gpu("H200"), vllm_version="0.26.0")
+    pts = []
+    for users, n in ((1, 3), (8, 16)):
+        pt = LoadPoint("t", ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096, max_num_seqs=16),
+                       users, n, 0, {})
+        pred = predict_load(pt, H200, truth)
+        pts.append(LoadPoint(pt.trial, pt.config, users, n, 0,
+                             {k: pred[k] for k in ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")}))
+    start = load_calibration(get_gpu("H200"))                  # the class table
+    before = [predict_load(p, H200, start)["ttft_p95_s"] / p.measured["ttft_p95_s"] for p in pts]
+    fitted, info = fit_step_time(pts, H200, start, max_nfev=8)
+    after = [predict_load(p, H200, fitted) for p in pts]
+    assert max(abs(b - 1) for b in before) > 0.2                # the table misses TTFT (no API latency)
+    for p, a in zip(pts, after):
+        for k, v in p.measured.items():
+            assert a[k] == pytest.approx(v, rel=0.05), (k, a[k], v)
+
+
+# ----------------------------------------------------------------------------- profile
+def test_written_profile_is_found_by_gpu_and_version_and_feeds_the_planner(tmp_path, monkeypatch):
+    base = load_calibration(get_gpu("H100-SXM"))
+    memory = {"weight_overhead_bytes": int(0.5 * GiB), "activation_fixed_bytes": 0,
+              "activation_bytes_per_token_per_hidden": 5.0, "sampler_bytes_per_logit": 4.0,
+              "cudagraph_kv_fraction": 1.0, "non_torch_bytes": 200 * 2**20}
+    res = FitResult(calibration=base.replace(step_overhead_s=0.00123, request_latency_s=0.004), memory=memory,
+                    fit_trials=("a",), check_trials=("b",), table=[], kv_table=[],
+                    errors={"check": {"output_tokens_per_s_mape": 1.0}})
+    monkeypatch.setenv("TUNER_CALIBRATION_DIR", str(tmp_path))
+    dep = Deployment(model="qwen2.5-7b", gpu="H100-SXM", vllm_version="0.19.1")
+    before = plan_memory(dep, ServeConfig(gpu_memory_utilization=0.9))
+    path = write_profile(res, tmp_path / "h100-vllm-0.19.1" / "profile.yaml", gpu="H100-SXM", vllm_version="0.19.1")
+    assert find_profile("h100", "0.19.1") == str(path)
+    assert find_profile("H100-SXM", "0.19.2") is None
+    calib = load_calibration(get_gpu("H100-SXM"), vllm_version="0.19.1")
+    assert calib.step_overhead_s == pytest.approx(0.00123) and calib.request_latency_s == pytest.approx(0.004)
+    after = plan_memory(dep, ServeConfig(gpu_memory_utilization=0.9))
+    assert after.weight_bytes - before.weight_bytes == int(0.5 * GiB)
+    assert after.num_gpu_blocks < before.num_gpu_blocks
