@@ -6,8 +6,11 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
   storage runs Optuna's heartbeat (every :func:`heartbeat_s` seconds, env
   ``TUNER_HEARTBEAT_S``, default 60). A trial whose worker stops beating for
   ``GRACE_FACTOR`` heartbeats is marked FAIL by whichever worker looks next, and
-  :class:`optuna.storages.RetryHeartbeatStaleTrialCallback` (``max_retry=1``) puts its
-  configuration back as a WAITING trial, which the next ``ask`` takes: retried once.
+  :class:`RetryOnce` (Optuna's ``RetryHeartbeatStaleTrialCallback(max_retry=1)``) puts
+  its configuration back as a WAITING trial, which the next ``ask`` takes: retried once.
+  A worker that was only stalled finds its trial failed, warns and goes on. A RUNNING
+  trial no worker ever claimed (left by a process without heartbeat) is ignored after
+  the grace period.
 * **Global budget.** ``--budget N`` counts the study's finished trials plus those running
   anywhere (a FAIL that has been retried counts once, through its retry). Each worker
   checks that count and creates its next trial while holding a PostgreSQL advisory lock
@@ -26,8 +29,9 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
   a retry also records ``retry_of`` (the failed trial's number).
 * **SQLite** holds one writer: a search takes an exclusive lock file beside the
   database for its whole run, and a second process on the same study fails at once
-  with :class:`StudyBusy`, pointing to PostgreSQL. (Optuna on SQLite with several
-  writers meets ``database is locked`` errors mid-trial; refusing up front is safer.)
+  with :class:`StudyBusy`, pointing to PostgreSQL. (Several SQLite writers can meet
+  ``database is locked`` mid-trial and have no advisory lock for the budget; refusing
+  up front is safer.)
 """
 from __future__ import annotations
 
