@@ -286,6 +286,11 @@ def measure(
             break
         with instance:
             info = {k: v for k, v in instance.info.items() if k not in ("argv", "endpoints")}
+            if "available_kv_gib" not in info and info.get("log_lines"):
+                # the simulator hands its startup lines over instead of a log file
+                from tuner.backends.vllm_args import parse_startup
+
+                info = {**parse_startup("\n".join(info["log_lines"])), **info}
             emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": True,
                   "expect_refusal": trial.expect_refusal, "facts": info,
                   "argv": instance.info.get("argv"), "wall_s": time.monotonic() - t_start})

@@ -8,3 +8,4 @@ from tuner.cli import serve  # noqa: F401,E402  tuner sim-serve
 from tuner.cli import plan  # noqa: F401,E402  tuner plan
 from tuner.cli import report  # noqa: F401,E402  tuner report
 from tuner.cli import nightly  # noqa: F401,E402  tuner nightly
+from tuner.cli import calibrate  # noqa: F401,E402  tuner calibrate

@@ -1,0 +1,116 @@
+"""``tuner calibrate``: fit the simulator to a real vLLM on this machine's GPU."""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import typer
+
+from tuner.cli import app
+from tuner.errors import InputError
+
+
+@app.command(
+    "calibrate",
+    help=(
+        "Spend a few minutes of a real GPU to make the simulator accurate for it: start a small "
+        "designed set of vLLM configurations (gpu-memory-utilization, max-num-seqs, "
+        "max-num-batched-tokens, eager vs CUDA graphs, one max-model-len refusal), replay three "
+        "closed-loop loads on each (1 user, a middle load, saturation), read vLLM's startup lines, "
+        "fit the simulator's efficiencies, overheads and memory constants by least squares on half "
+        "of the trials, check them on the other half, and write a profile that tuner estimate, "
+        "tuner search --backend sim and the pre-check use whenever GPU and vLLM version match. "
+        "Resumable: run it again to finish trials a --budget-s cut short."
+    ),
+)
+def calibrate(
+    model: str = typer.Option(..., "--model", help="Model folder holding config.json (what vllm serve loads), "
+                              "or a preset name with --backend sim."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU catalog name of the card vLLM runs on, e.g. H200 "
+                            "(tuner's catalog; it sets the datasheet figures the fit scales)."),
+    backend: str = typer.Option("vllm", "--backend", help="vllm: start real vllm serve processes (needs the GPU); "
+                                "sim: the embedded simulator, a dry run of the whole procedure."),
+    vllm_version: str | None = typer.Option(None, "--vllm-version", help="vLLM version the profile is for; "
+                                            "default: asked from --vllm-cmd's Python."),
+    vllm_cmd: str = typer.Option("vllm serve", "--vllm-cmd", help="Command that starts vLLM, before the model "
+                                 "(e.g. 'python -m vllm.entrypoints.cli.main serve')."),
+    extra_args: str = typer.Option("", "--extra-args", help="Flags added to every vllm serve, e.g. "
+                                   "'--load-format dummy' for random weights of the model's shape."),
+    out: Path | None = typer.Option(None, "--out", help="Profile folder (measurements.jsonl, logs/, profile.yaml); "
+                                    "default ~/.config/tuner/calibration/<gpu>-vllm-<version>, where the "
+                                    "simulator looks."),
+    budget_s: float | None = typer.Option(None, "--budget-s", help="Start no trial that would not finish within "
+                                          "this many seconds; run again later to continue."),
+    trials: str | None = typer.Option(None, "--trials", help="Comma-separated subset of the design "
+                                      "(base, eager, refuse, seqs64, kvlimited, seqs16, mbt1024, eager128, mml8k, bs32)."),
+    fit_only: bool = typer.Option(False, "--fit-only", help="Measure nothing; fit what --out already holds."),
+    fit_trials: str | None = typer.Option(None, "--fit-trials", help="Trials the fit sees (default: the first "
+                                          "half of those with loads); the others are held back and checked."),
+    max_evals: int = typer.Option(12, "--max-evals", help="Least-squares iterations of the step-time fit "
+                                  "(each simulates every fit load point ~7 times)."),
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tuner.calibrate import design_trials, fit, measure, read_measurements, write_profile
+    from tuner.config import DEFAULT_VLLM_VERSION, Deployment
+    from tuner.sim.hardware import get_gpu
+
+    console = Console()
+    gpu_name = get_gpu(gpu).name
+    if backend not in ("vllm", "sim"):
+        raise InputError(f"--backend {backend!r} is not vllm or sim")
+    version = vllm_version
+    if version is None and backend == "vllm" and not fit_only:
+        from tuner.backends.vllm import detect_version
+
+        version = detect_version(vllm_cmd)
+        if version is None:
+            raise InputError(f"cannot tell the vLLM version of {vllm_cmd!r}", hint="pass --vllm-version")
+    version = version or DEFAULT_VLLM_VERSION
+    folder = out or Path.home() / ".config" / "tuner" / "calibration" / f"{gpu_name.lower()}-vllm-{version}"
+    dep = Deployment(model=model, gpu=gpu_name, vllm_version=version)
+    design = design_trials(dep)
+    if trials:
+        keep = [t.strip() for t in trials.split(",") if t.strip()]
+        unknown = sorted(set(keep) - {t.name for t in design})
+        if unknown:
+            raise InputError(f"unknown trial(s) {', '.join(unknown)}", hint=f"known: {', '.join(t.name for t in design)}")
+        design = [t for t in design if t.name in keep]
+    if not fit_only:
+        if backend == "sim":
+            from tuner.backends.sim import SimBackend
+
+            runner = SimBackend()
+        else:
+            from tuner.backends.vllm import VllmBackend
+
+            runner = VllmBackend(vllm_cmd=vllm_cmd, vllm_version=version, log_dir=folder / "logs",
+                                 extra_args=shlex.split(extra_args))
+        measure(runner, dep, design, folder, budget_s=budget_s, log=console.print,
+                meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
+                      "extra_args": extra_args, "model": model})
+    rows = read_measurements(folder)
+    done = {r["trial"] for r in rows if r.get("kind") == "trial_end"}
+    left = [t.name for t in design if t.name not in done]
+    if left:
+        console.print(f"not measured yet: {', '.join(left)} (run again to continue)")
+    chosen = [t.strip() for t in fit_trials.split(",")] if fit_trials else None
+    result = fit(rows, dep, fit_trials=chosen, max_nfev=max_evals, log=console.print)
+    path = write_profile(result, folder / "profile.yaml", gpu=gpu_name, vllm_version=version)
+
+    table = Table(title=f"fit error ({gpu_name}, vLLM {version})")
+    table.add_column("points")
+    for col in ("throughput MAPE %", "P95 TTFT MAPE %", "TPOT MAPE %", "Spearman thr"):
+        table.add_column(col, justify="right")
+    for name, e in result.errors.items():
+        if name == "kv":
+            continue
+        table.add_row(f"{name} ({', '.join(result.fit_trials if name == 'fit' else result.check_trials)})",
+                      f"{e['output_tokens_per_s_mape']:.1f}", f"{e['ttft_p95_s_mape']:.1f}",
+                      f"{e['tpot_mean_s_mape']:.1f}", f"{e.get('throughput_spearman_all', float('nan')):.2f}")
+    console.print(table)
+    kv = result.errors["kv"]
+    console.print(f"KV cache size: worst error {kv['max_abs_error_pct']:.2f}% over {int(kv['starts'])} starts; "
+                  f"refusals predicted {int(kv['refusals_matched'])}")
+    console.print(f"profile: {path}")
