@@ -22,8 +22,10 @@ of the mix is longer than ~2,500 tokens). Searchers then look values up in that 
   serves every seed; its pick is scored with the same objective as the others.
 
 Printed: the fraction of the optimum each reaches per seed, and the simulated GPU time
-(startup + replay seconds) of a 40-trial TPE study with pre-check and early stop vs the
-same 40 trials run naively (no pre-check: a refused start costs a start; no early stop).
+(startup + replay seconds) of a real 40-trial ``tuner search`` study on each article
+space (pre-check, early stop, incumbent bound, reuse of repeats) vs the same 40 trials
+run naively (no pre-check: a refused start costs a start; every replay to its end;
+repeats relaunched).
 
 Run: ``python benchmarks/search_quality.py [--jobs 2] [--seeds 10]`` (the first run
 fills the cache: ~10 min on 2 cores; later runs take seconds).
@@ -85,15 +87,13 @@ def grid_points(space: SearchSpace) -> list[ServeConfig]:
             for values in itertools.product(*(grid[n] for n in names))]
 
 
-def _evaluate(args: tuple[ServeConfig, bool]) -> tuple[str, bool, dict]:
-    config, naive = args
+def _evaluate(config: ServeConfig) -> tuple[str, dict]:
     space, workload = scenario()
-    ev = evaluate_config(SimBackend(), space.deployment, config, workload, space.workload.target_ttft_s,
-                         precheck=not naive, early_stop=not naive)
+    ev = evaluate_config(SimBackend(), space.deployment, config, workload, space.workload.target_ttft_s)
     record = {"value": ev.value, "feasible": ev.feasible, "constraint": ev.constraint, "gpu_s": ev.gpu_s,
               "replays": len(ev.attrs.get("loads", [])), "rejected": "rejected_kind" in ev.attrs,
               "startup_s": ev.attrs.get("startup_s")}
-    return key_of(config), naive, record
+    return key_of(config), record
 
 
 def code_fingerprint() -> str:
@@ -116,19 +116,19 @@ def load_cache() -> dict:
     code = code_fingerprint()
     cache = json.loads(CACHE.read_text()) if CACHE.is_file() else {}
     if cache.get("code") != code:
-        cache = {"code": code, "smart": {}, "naive": {}}
+        cache = {"code": code, "table": {}}
     return cache
 
 
-def fill(cache: dict, jobs: list[tuple[ServeConfig, bool]], workers: int) -> None:
-    todo = [j for j in jobs if key_of(j[0]) not in cache["naive" if j[1] else "smart"]]
+def fill(cache: dict, configs: list[ServeConfig], workers: int) -> None:
+    todo = [c for c in configs if key_of(c) not in cache["table"]]
     if not todo:
         return
     print(f"evaluating {len(todo)} configurations on the simulator ({workers} workers)...", file=sys.stderr)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
-        for i, (key, naive, record) in enumerate(pool.map(_evaluate, todo, chunksize=2), 1):
-            cache["naive" if naive else "smart"][key] = record
+        for i, (key, record) in enumerate(pool.map(_evaluate, todo, chunksize=2), 1):
+            cache["table"][key] = record
             if i % 20 == 0 or i == len(todo):
                 CACHE.parent.mkdir(exist_ok=True)
                 CACHE.write_text(json.dumps(cache))
@@ -242,14 +242,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="worker processes filling the grid cache")
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--no-article000", dest="article000", action="store_false",
-                        help="skip the GPU-time study on the article-000 space (~5 min)")
     args = parser.parse_args()
     space, workload = scenario()
     points = grid_points(space)
     cache = load_cache()
-    fill(cache, [(p, False) for p in points], args.jobs)
-    table = cache["smart"]
+    fill(cache, points, args.jobs)
+    table = cache["table"]
     optimum_key = max(table, key=lambda k: (table[k]["feasible"], table[k]["value"]))
     optimum = table[optimum_key]["value"]
     feasible = sum(1 for r in table.values() if r["feasible"])
@@ -268,13 +266,10 @@ def main() -> None:
           f"({time.perf_counter() - t0:.0f} s)")
 
     rows = []
-    tpe40_first = None
     for seed in range(args.seeds):
         row = {"seed": seed}
         for sampler in ("tpe", "random"):
             picked = run_sampler(space, table, sampler, 40, seed)
-            if sampler == "tpe" and seed == 0:
-                tpe40_first = picked
             row[f"{sampler}15"] = best_of(table, picked[:15]) / optimum
             row[f"{sampler}40"] = best_of(table, picked) / optimum
         bare = run_sampler(space, table, "tpe", 15, seed, defaults=False)
@@ -297,24 +292,13 @@ def main() -> None:
         ahead = sum(r[f"tpe{n}"] >= max(r[f"random{n}"], at_frac) for r in rows)
         print(f"TPE@{n} at or ahead of random@{n} and the auto_tune.sh strategy in {ahead}/{len(rows)} seeds")
 
-    # GPU time: 40 TPE trials with pre-check and early stop vs the same 40 run naively.
-    assert tpe40_first is not None
-    fill(cache, [(c, True) for c in {key_of(c): c for c in tpe40_first}.values()], args.jobs)
-    naive_table = cache["naive"]
-    seen: set[str] = set()
-    smart_s = 0.0
-    for p in tpe40_first:
-        k = key_of(p)
-        smart_s += 0.0 if k in seen else table[k]["gpu_s"]  # run_search reuses a repeated config
-        seen.add(k)
-    naive_s = naive_gpu_s([naive_table[key_of(p)] for p in tpe40_first])
-    print("\nsimulated GPU time (startup + replay) of 40 trials with pre-check + early stop + reuse of "
-          "repeats vs the same 40 trials run naively:")
-    print(f"  article 004 (TPE seed 0, {len(seen)} distinct configs, none refused): "
-          f"{smart_s / 3600:.2f} h vs {naive_s / 3600:.2f} h = {smart_s / naive_s:.0%}")
-    if args.article000:
-        smart_s, naive_s, refused = gpu_time_of_study("article-000-v100-16gb")
-        print(f"  article 000 (tuner search --space article-000-v100-16gb, {refused} refused by the pre-check): "
+    # GPU time: a real 40-trial study (pre-check, early stop, incumbent bound, reuse of
+    # repeats) vs the same 40 trials run naively, on both article spaces.
+    print("\nsimulated GPU time (startup + replay) of a 40-trial tuner search study vs the same 40 trials "
+          "run naively (no pre-check, no early stop, repeats relaunched):")
+    for name in ("article-004-8xv100-32gb", "article-000-v100-16gb"):
+        smart_s, naive_s, refused = gpu_time_of_study(name)
+        print(f"  {name} ({refused} refused by the pre-check): "
               f"{smart_s / 3600:.2f} h vs {naive_s / 3600:.2f} h = {smart_s / naive_s:.0%}")
     print("  goal: <= 40%")
 

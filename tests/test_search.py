@@ -321,3 +321,13 @@ def test_a_new_tpe_study_starts_from_vllm_defaults_at_each_layout(tmp_path):
     # vLLM's default utilization (0.92 in the 0.26 line) snapped to the nearest choice
     assert all(trial_config(t).gpu_memory_utilization == 0.9 for t in first)
     assert not out.study.trials[2].user_attrs.get("vllm_defaults")
+
+
+def test_refining_stops_when_the_incumbent_cannot_be_beaten():
+    config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
+    free = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0)
+    bounded = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1e9)
+    assert len(bounded.attrs["loads"]) == 2 < len(free.attrs["loads"])  # top load fails, next passes, stop
+    assert bounded.feasible and bounded.value <= free.value
+    weak = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1.0)
+    assert weak.attrs["loads"] == free.attrs["loads"]  # an incumbent it can beat changes nothing

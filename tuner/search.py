@@ -14,7 +14,8 @@ Per trial (:func:`evaluate_config`):
    workload size); on a miss, the next load is interpolated from the P95 TTFT measured,
    then bisected. A replay stops early once more than 5% of all its requests have already
    exceeded the target (P95 cannot recover); that load point fails. If every load point
-   fails, the trial is infeasible, with the evidence stored.
+   fails, the trial is infeasible, with the evidence stored. Refining also stops once
+   even the failing load could not beat the study's best trial (Little's law bound).
 
 The P95 TTFT constraint goes to the sampler as an Optuna constraint
 (``trial.set_constraint``, which replaced ``constraints_func`` in Optuna 5.0; TPE and GP
@@ -185,9 +186,13 @@ def evaluate_config(
     early_stop: bool = True,
     seed: int = 0,
     phase: Callable[[str], None] | None = None,
+    incumbent: float | None = None,
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
-    crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results."""
+    crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
+
+    ``incumbent`` is the best value the study has so far: once a passing load is found,
+    refining stops when even the failing load above it could not beat the incumbent."""
     say = phase or (lambda text: None)
     attrs: dict[str, Any] = {"config": config.to_dict(), "target_ttft_s": target_ttft_s}
     facts: dict[str, Any] = {}
@@ -216,7 +221,7 @@ def evaluate_config(
             points = _goodput_search(
                 instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
                 early_stop=early_stop, seed=seed, say=say,
-                top=max_users(facts, info, config, workload),
+                top=max_users(facts, info, config, workload), incumbent=incumbent,
             )
     except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
         return _rejected(attrs, err, launched=True, gpu_s=startup_s)
@@ -311,7 +316,7 @@ def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu
 
 def _goodput_search(
     instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
-    early_stop: bool, seed: int, say: Callable[[str], None], top: int,
+    early_stop: bool, seed: int, say: Callable[[str], None], top: int, incumbent: float | None = None,
 ) -> list[_Point]:
     points: list[_Point] = []
 
@@ -353,6 +358,12 @@ def _goodput_search(
             ratio = target / bad.p95 if math.isfinite(bad.p95) and bad.p95 > 0 else 0.25
             level = bad.level * min(max(ratio * 0.9, 0.1), 0.7)
         else:
+            # Closed loop, Little's law: tokens/s = users x tokens per request / mean E2E, and
+            # E2E does not shrink as users grow, so no load below the failing one beats
+            # good's tokens/s x bad.level / good.level. Below the incumbent: stop refining.
+            if (incumbent and load_kind == "concurrency"
+                    and good.summary["tokens_per_s"] * bad.level / good.level < incumbent):
+                break
             # linear interpolation of P95 TTFT between the passing and the failing load
             if math.isfinite(bad.p95) and bad.p95 > good.p95:
                 level = good.level + (target - good.p95) * (bad.level - good.level) / (bad.p95 - good.p95)
@@ -521,10 +532,12 @@ def run_search(
             trial.set_user_attr("gpu_s", 0.0)
             return float(earlier.value)
         try:
+            best = _best_value(trial.study)
             ev = evaluate_config(
                 backend_obj, deployment, config, workload, target,
                 load_kind=space.workload.load, max_replays=max_replays,
                 precheck=precheck, early_stop=early_stop, seed=seed + trial.number, phase=obs.on_phase,
+                incumbent=best if early_stop else None,
             )
         except Exception as err:  # a crash fails this trial only; the study goes on
             trial.set_user_attr("config", config.to_dict())
@@ -556,6 +569,13 @@ def run_search(
     total = count_finished(st)
     return SearchOutcome(st, name, storage, best_feasible_trial(st), total, worker.ran,
                          time.perf_counter() - t0, session_gpu_s)
+
+
+def _best_value(study: optuna.Study) -> float | None:
+    from tuner.study import best_feasible_trial
+
+    best = best_feasible_trial(study)
+    return None if best is None else float(best.value)
 
 
 def _same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | None = None,
