@@ -148,3 +148,18 @@ def test_replicate_run_is_within_the_noise_the_targets_allow():
     diffs = [abs(r["summary"]["output_tokens_per_s"] / first[(r["trial"], r["users"])]["output_tokens_per_s"] - 1)
              for r in again]
     assert float(np.mean(diffs)) < 0.10
+
+
+@pytest.mark.slow
+def test_shipped_profile_is_what_the_fit_gives_on_the_committed_data(rows, profile):
+    """Re-fit on the committed measurements (about a minute): the shipped constants are the
+    fit's, not hand-tuned."""
+    from tuner.calibrate import fit
+
+    res = fit(rows, DEP, fit_trials=profile["fit"]["fit_trials"], max_nfev=12)
+    for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "request_latency_s"):
+        assert getattr(res.calibration, name) == pytest.approx(profile[name]["value"], rel=0.05), name
+    assert res.calibration.launch_per_layer_s["eager"] == pytest.approx(
+        profile["launch_per_layer_s"]["value"]["eager"], rel=0.05)
+    for k, v in profile["memory"].items():
+        assert res.memory[k] == pytest.approx(v, rel=0.01, abs=1e-6), k
