@@ -40,9 +40,10 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Entry point. Typer handles usage errors itself (exit 2); TunerError becomes one line."""
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="tuner")
     except TunerError as err:
         if os.environ.get("TUNER_DEBUG"):
             raise
@@ -51,16 +52,3 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("tuner: interrupted; finished trials are kept in the study", file=sys.stderr)
         sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as err:  # click usage errors and the like
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            sys.exit(2)
-        if isinstance(err, click.exceptions.Exit):
-            sys.exit(err.exit_code)
-        if isinstance(err, click.exceptions.Abort):
-            sys.exit(1)
-        raise
