@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from scipy.stats import spearmanr
 
 from tuner.calibrate import (
     compare_loads,
