@@ -73,6 +73,17 @@ def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
     return rows
 
 
+def _graph_line(plan: Any) -> str:
+    """The CUDA-graph memory taken from the KV budget. A calibration profile may say the
+    version logs its graph memory without charging it (vLLM 0.26.0 on the H200 did)."""
+    charged = (plan.budget_bytes - plan.weight_bytes - plan.activation_bytes
+               - plan.non_torch_bytes - plan.kv_bytes)
+    line = f"  - CUDA graphs              {_gib(charged)}"
+    if plan.cudagraph_bytes and charged < plan.cudagraph_bytes * 0.99:
+        line += f"  (captures {_gib(plan.cudagraph_bytes).strip()}; not charged to KV by this vLLM version)"
+    return line
+
+
 def _gib(n: int) -> str:
     return f"{n / GiB:8.2f} GiB"
 
@@ -102,7 +113,7 @@ def render_plan(plan: MemoryPlan) -> list[str]:
         f"  - profile activations      {_gib(plan.activation_bytes)}",
         f"  - non-torch{' + CUDA context' if not plan.v1 else ''}{' ' * (16 if plan.v1 else 1)}"
         f"{_gib(plan.non_torch_bytes)}",
-        f"  - CUDA graphs              {_gib(plan.cudagraph_bytes)}",
+        _graph_line(plan),
         f"  = KV cache                 {_gib(plan.kv_bytes)}",
         f"  block: {plan.block_size} tokens x {plan.page_bytes // plan.block_size:,} B/token = "
         f"{plan.page_bytes / 2**20:.2f} MiB; blocks: {plan.num_gpu_blocks:,}",
