@@ -8,8 +8,11 @@ if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
 fi
 bin=$(dirname "$(ls /usr/lib/postgresql/*/bin/postgres | sort -V | tail -n1)")
 data=/tmp/tuner-ci-pg
-if "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-  echo "postgres: already running in $data"; exit 0
+if "$bin/pg_isready" -q -h 127.0.0.1 -p 5432; then
+  if psql -h 127.0.0.1 -U tuner -d postgres -qtc "select 1" >/dev/null 2>&1 <<<""; then
+    echo "postgres: already running on 127.0.0.1:5432"; exit 0
+  fi
+  echo "postgres: something else listens on 127.0.0.1:5432 without the tuner role; stop it first" >&2; exit 1
 fi
 rm -rf "$data"; mkdir -p "$data"; chown postgres:postgres "$data"
 run_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
