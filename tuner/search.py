@@ -409,18 +409,10 @@ def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = Non
 
 
 def get_backend_by_name(name: str, **options: Any) -> Backend:
-    """``sim`` (default), ``vllm`` or ``endpoint``; imported lazily."""
-    try:
-        from tuner.backends import get_backend  # type: ignore[attr-defined]
-    except ImportError:
-        get_backend = None
-    if get_backend is not None:
-        return get_backend(name, **options)
-    if name == "sim":
-        from tuner.backends.sim import SimBackend
+    """``sim`` (default), ``vllm`` or ``endpoint`` (:func:`tuner.backends.get_backend`)."""
+    from tuner.backends import get_backend
 
-        return SimBackend()
-    raise InputError(f"backend {name!r} is not available in this build", hint="use --backend sim")
+    return get_backend(name, **options)
 
 
 def build_workload(spec: WorkloadSpec, deployment: Deployment | None = None) -> Workload:
