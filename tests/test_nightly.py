@@ -11,7 +11,8 @@ import pytest
 from pg_db import pg_url  # noqa: F401  (fixture)
 
 from tuner.cli import main
-from tuner.nightly import Night, compare, latest_window, nights, parse_duration, parse_threshold, workload_shape
+from tuner.space import parse_seconds
+from tuner.nightly import Night, compare, latest_window, nights, parse_threshold, workload_shape
 from tuner.study import load_study_by_name
 from tuner.traffic import native
 from tuner.traffic.workload import Workload
@@ -49,7 +50,7 @@ def test_a_changed_workload_is_reported_and_compared_only_with_its_own_shape():
 
 
 def test_parsers():
-    assert parse_duration("24h", what="w") == 86400 and parse_duration("90m", what="w") == 5400
+    assert parse_seconds("24h", what="w") == 86400 and parse_seconds("90m", what="w") == 5400
     assert parse_threshold("10%") == parse_threshold("0.1") == pytest.approx(0.1)
     for bad in ("0%", "150%", "x"):
         with pytest.raises(Exception, match="threshold"):

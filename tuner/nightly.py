@@ -53,16 +53,6 @@ REGRESSION_EXIT = 4  # RegressionDetected.exit_code
 DEFAULT_THRESHOLD = 0.10
 
 
-def parse_duration(text: str, *, what: str) -> float:
-    """``"24h"``, ``"90m"``, ``"1d"``, ``"30s"`` or bare seconds → seconds."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d)?\s*", str(text).lower())
-    if not m or not float(m.group(1)) > 0:
-        raise InputError(f"cannot read {what} {text!r}", hint="write a duration such as 24h, 90m, 1d or 3600")
-    return float(m.group(1)) * {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]
-
-
 def parse_threshold(text: str) -> float:
     """``"10%"`` or ``"0.1"`` → 0.1."""
     s = str(text).strip()

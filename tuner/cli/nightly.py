@@ -45,7 +45,6 @@ def nightly_cmd(
         RegressionDetected,
         latest_window,
         nightly_study_name,
-        parse_duration,
         parse_threshold,
         run_nightly,
     )
@@ -57,7 +56,7 @@ def nightly_cmd(
     if backend not in ("sim", "vllm", "endpoint"):
         raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
     limit = parse_threshold(threshold)
-    wall_s = parse_duration(wall_clock, what="--wall-clock") if wall_clock else None
+    wall_s = parse_seconds(wall_clock, what="--wall-clock") if wall_clock else None
     sp = load_space(space)
     changes: dict[str, Any] = {}
     if model:
@@ -87,7 +86,7 @@ def nightly_cmd(
     if window:
         if not trace:
             raise InputError("--window needs --trace", hint="give the request log to cut the window from")
-        workload = latest_window(workload, parse_duration(window, what="--window"))
+        workload = latest_window(workload, parse_seconds(window, what="--window"))
     options: dict[str, Any] = {}
     if backend == "vllm":
         options["log_dir"] = f"studies/{study or nightly_study_name(dep, sp.name, backend)}/logs"
