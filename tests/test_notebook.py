@@ -53,4 +53,4 @@ def test_notebook_runs_top_to_bottom_on_a_sim_study(sim_study_db, venv_kernel, m
     text = "".join(str(out.get("data", {}).get("text/markdown", "")) for c in nb.cells if c.cell_type == "code"
                    for out in c.outputs)
     assert "Not drawn" not in text and "No plan stored" not in text
-    assert "vllm serve qwen2.5-7b" in text
+    assert "vllm serve Qwen/Qwen2.5-7B-Instruct" in text

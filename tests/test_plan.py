@@ -21,7 +21,7 @@ from tuner.capacity import (
 )
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError, NoFeasibleConfig
-from tuner.load import Concurrency, Poisson
+from tuner.load import Concurrency
 from tuner.plan import load_plan, plan_capacity, plan_key, rescale, sim_serve_speed, write_plan_files
 from tuner.result import RunResult
 from tuner.search import run_search

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
-from tuner.study import STUDIES_DIR, best_feasible_trial, is_feasible, load_study_by_name
+from tuner.study import best_feasible_trial, is_feasible, load_study_by_name
 
 if TYPE_CHECKING:
     import optuna

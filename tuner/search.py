@@ -470,7 +470,6 @@ def run_search(
     Several processes may run it on one server-database study (:mod:`tuner.workers`:
     the budget is global). ``tags`` are stamped on every new trial, and a configuration
     is only reused from a trial with the same tags and workload."""
-    import optuna
 
     if budget < 1:
         raise InputError(f"--budget must be >= 1, got {budget}")
@@ -624,9 +623,10 @@ def serve_command(deployment: Deployment, config: ServeConfig) -> str:
     import shlex
 
     from tuner.backends.vllm_args import render_flags
+    from tuner.sim.model import serve_model_name
 
     flags = render_flags(deployment, config, deployment.vllm_version, host="0.0.0.0", port=8000)
-    argv = ["vllm", "serve", deployment.model]
+    argv = ["vllm", "serve", serve_model_name(deployment.model)]
     skip = False
     for flag in flags:
         if skip or flag in ("--host", "--port"):

@@ -100,7 +100,6 @@ def driver_url(url: str) -> str:
 def shared_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage for a server database, with heartbeat and one retry of a
     trial whose worker died."""
-    import optuna
 
     beat = heartbeat_s()
     # Optuna creates its tables on first use; two workers starting on an empty database

@@ -26,7 +26,7 @@ def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsy
     assert code == 0
     report = json.loads(out)
     assert report["finished_trials"] == 2 and report["best"] is not None
-    assert report["best"]["command"].startswith("vllm serve qwen2.5-7b")
+    assert report["best"]["command"].startswith("vllm serve Qwen/Qwen2.5-7B-Instruct")
     assert report["best"]["ttft_p95_s"] <= report["target_ttft_s"]
     db = tmp_path / "studies" / f"{report['study']}.db"
     assert db.is_file()
@@ -48,7 +48,7 @@ def test_text_output_prints_the_table_and_command(tmp_path, monkeypatch, capsys)
     code, out, _ = run_cli(["search", "--budget", "1", "--storage", f"sqlite:///{tmp_path}/x.db",
                             "--study", "mine", "--target-ttft", "3s"], capsys)
     assert code == 0
-    assert "best feasible trial" in out and "vllm serve qwen2.5-7b" in out
+    assert "best feasible trial" in out and "vllm serve Qwen/Qwen2.5-7B-Instruct" in out
     assert optuna.load_study(study_name="mine", storage=f"sqlite:///{tmp_path}/x.db").user_attrs["target_ttft_s"] == 3.0
 
 

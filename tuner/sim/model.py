@@ -303,3 +303,30 @@ def _read_cached(path_text: str, name: str, _mtime: int) -> ModelSpec:
     except json.JSONDecodeError as err:
         raise InputError(f"config.json is not valid JSON: {err.msg}", path=path, line=err.lineno) from None
     return spec_from_config(cfg, name, str(path))
+
+
+#: Hugging Face repository of each preset, for the ``vllm serve`` command a search prints.
+#: Presets without an official checkpoint (community quantisations) are left out: the
+#: command then names the preset, and users put their own folder or repository there.
+HF_REPOS: dict[str, str] = {
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-7b-awq": "Qwen/Qwen2.5-7B-Instruct-AWQ",
+    "qwen2.5-14b": "Qwen/Qwen2.5-14B-Instruct",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+    "qwen2.5-32b-awq": "Qwen/Qwen2.5-32B-Instruct-AWQ",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "llama-2-7b": "meta-llama/Llama-2-7b-chat-hf",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "gemma-2-9b": "google/gemma-2-9b-it",
+    "gemma-2-27b": "google/gemma-2-27b-it",
+    "gemma-3-27b": "google/gemma-3-27b-it",
+}
+
+
+def serve_model_name(name_or_path: str) -> str:
+    """What to put after ``vllm serve``: a preset's Hugging Face repository, else as given."""
+    return HF_REPOS.get(name_or_path.strip().lower(), name_or_path)
