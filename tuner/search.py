@@ -481,13 +481,20 @@ def run_search(
         obs.on_phase("building workload")
         workload = build_workload(space.workload, deployment)
     fingerprint = workload.fingerprint()
-    name = study or study_name(deployment, fingerprint, space.name, backend_obj.name)
     target = space.workload.target_ttft_s
+    name = study or study_name(deployment, fingerprint, space.name, backend_obj.name, target)
     from tuner.workers import Worker, worker_seed
 
     the_sampler = make_sampler(sampler, seed=worker_seed(seed, storage), space=space)
     st = open_study(name, storage, sampler=the_sampler)
     _stamp_study(st, space, deployment, fingerprint, backend_obj.name, sampler, seed, target)
+    stamped = st.user_attrs.get("target_ttft_s")
+    if stamped is not None and abs(float(stamped) - target) > 1e-9:
+        raise InputError(
+            f"study {name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {target:g} s: "
+            "its trials' feasibility would mix two targets",
+            hint=f"resume it with --target-ttft {float(stamped):g}s, or give --study a new name",
+        )
     finished = count_finished(st)
     obs.on_start(name, finished, budget)
     trials = st.get_trials(deepcopy=False)

@@ -116,3 +116,16 @@ def test_every_option_has_help():
         assert command.help
         for param in command.params:
             assert getattr(param, "help", None), f"{name} {param.name} has no help"
+
+
+def test_another_target_never_resumes_a_study_searched_for_the_first(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["search", "--budget", "1", "--target-ttft", "1ms", "--output", "json"], capsys)
+    first = json.loads(out)["study"]
+    code, out, _ = run_cli(["search", "--budget", "1", "--target-ttft", "2s", "--output", "json"], capsys)
+    second = json.loads(out)
+    # a derived name carries the target, so the 2 s search starts its own study
+    assert code == 0 and second["study"] != first and second["finished_trials"] == 1
+    # an explicit --study with another target is refused, not mixed
+    code, _, err = run_cli(["search", "--budget", "2", "--study", first, "--target-ttft", "2s"], capsys)
+    assert code == 2 and "searched for P95 TTFT <= 0.001 s, not 2 s" in err and "--target-ttft 0.001s" in err

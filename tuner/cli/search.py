@@ -151,7 +151,7 @@ def search_cmd(
         sp = sp.with_workload(**wl_changes)
     sp = sp.bind(dep, num_heads(dep))
     workload = build_workload(sp.workload, dep)
-    name = study or study_name(dep, workload.fingerprint(), sp.name, backend)
+    name = study or study_name(dep, workload.fingerprint(), sp.name, backend, sp.workload.target_ttft_s)
     options: dict[str, Any] = {}
     if backend == "vllm":
         options["log_dir"] = f"studies/{name}/logs"
