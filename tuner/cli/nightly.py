@@ -40,7 +40,7 @@ def nightly_cmd(
 
     A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
     """
-    from tuner.cli.search import parse_gpus
+    from tuner.cli.search import backend_options, deployment_changes
     from tuner.nightly import (
         RegressionDetected,
         latest_window,
@@ -58,15 +58,7 @@ def nightly_cmd(
     limit = parse_threshold(threshold)
     wall_s = parse_seconds(wall_clock, what="--wall-clock") if wall_clock else None
     sp = load_space(space)
-    changes: dict[str, Any] = {}
-    if model:
-        changes["model"] = model
-    if gpu:
-        from tuner.sim.hardware import get_gpu
-
-        changes["gpu"] = get_gpu(gpu).name
-    if gpus:
-        changes["gpu_count"], changes["gpu_ids"] = parse_gpus(gpus)
+    changes = deployment_changes(model=model, gpu=gpu, gpus=gpus)
     if calibration:
         from pathlib import Path
 
@@ -87,15 +79,8 @@ def nightly_cmd(
         if not trace:
             raise InputError("--window needs --trace", hint="give the request log to cut the window from")
         workload = latest_window(workload, parse_seconds(window, what="--window"))
-    options: dict[str, Any] = {}
-    if backend == "vllm":
-        options["log_dir"] = f"studies/{study or nightly_study_name(dep, sp.name, backend)}/logs"
-        if vllm_cmd:
-            options["vllm_cmd"] = vllm_cmd
-    if backend == "endpoint":
-        if not endpoint:
-            raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
-        options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
+    options = backend_options(backend, study or nightly_study_name(dep, sp.name, backend),
+                              vllm_cmd=vllm_cmd, endpoint=endpoint)
     outcome = run_nightly(sp, workload, backend=get_backend_by_name(backend, **options), storage=storage,
                           study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
                           report_dir=report_dir, seed=seed)

@@ -39,6 +39,38 @@ def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
     return len(ids), tuple(ids)
 
 
+def deployment_changes(*, model: str | None = None, quantization: str | None = None,
+                       gpu: str | None = None, gpus: str | None = None) -> dict[str, Any]:
+    """The Deployment fields the command line overrides (--model, --quantization, --gpu, --gpus)."""
+    changes: dict[str, Any] = {}
+    if model:
+        changes["model"] = model
+    if quantization:
+        changes["quantization"] = None if quantization.lower() == "none" else quantization
+    if gpu:
+        from tuner.sim.hardware import get_gpu
+
+        changes["gpu"] = get_gpu(gpu).name
+    if gpus:
+        changes["gpu_count"], changes["gpu_ids"] = parse_gpus(gpus)
+    return changes
+
+
+def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
+                    endpoint: str | None = None) -> dict[str, Any]:
+    """Constructor options of the chosen backend: the vLLM logs go to studies/<study>/logs/."""
+    options: dict[str, Any] = {}
+    if backend == "vllm":
+        options["log_dir"] = f"studies/{study}/logs"
+        if vllm_cmd:
+            options["vllm_cmd"] = vllm_cmd
+    elif backend == "endpoint":
+        if not endpoint:
+            raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
+        options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
+    return options
+
+
 class _Progress:
     """Rich progress on stderr: trial n/budget, best so far, current phase."""
 
@@ -127,17 +159,7 @@ def search_cmd(
         raise InputError(f"--budget must be >= 1, got {budget}")
     sp = load_space(space)
     dep = sp.deployment
-    changes: dict[str, Any] = {}
-    if model:
-        changes["model"] = model
-    if quantization:
-        changes["quantization"] = None if quantization.lower() == "none" else quantization
-    if gpu:
-        from tuner.sim.hardware import get_gpu
-
-        changes["gpu"] = get_gpu(gpu).name
-    if gpus:
-        changes["gpu_count"], changes["gpu_ids"] = parse_gpus(gpus)
+    changes = deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus)
     if changes:
         dep = dataclasses.replace(dep, **changes)
     wl_changes: dict[str, Any] = {}
@@ -152,15 +174,7 @@ def search_cmd(
     sp = sp.bind(dep, num_heads(dep))
     workload = build_workload(sp.workload, dep)
     name = study or study_name(dep, workload.fingerprint(), sp.name, backend, sp.workload.target_ttft_s)
-    options: dict[str, Any] = {}
-    if backend == "vllm":
-        options["log_dir"] = f"studies/{name}/logs"
-        if vllm_cmd:
-            options["vllm_cmd"] = vllm_cmd
-    elif backend == "endpoint":
-        if not endpoint:
-            raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
-        options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
+    options = backend_options(backend, name, vllm_cmd=vllm_cmd, endpoint=endpoint)
     backend_obj = get_backend_by_name(backend, **options)
     with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress:
         enqueue = []
