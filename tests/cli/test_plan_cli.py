@@ -4,22 +4,11 @@ import json
 
 import optuna
 import pytest
-
-from tuner.cli import main
+from cli_runner import run_cli
 
 CONFIG = ["--gpu", "H100-SXM", "--model", "qwen2.5-7b", "--max-num-seqs", "64", "--max-model-len", "4096"]
 KEYS = ("max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s", "conversations_per_min",
         "replicas", "sweep")
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_no_study_is_a_clear_bad_input(tmp_path, monkeypatch, capsys):

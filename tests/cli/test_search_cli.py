@@ -4,20 +4,10 @@ import json
 
 import optuna
 import pytest
+from cli_runner import run_cli
 
-from tuner.cli import main
 from tuner.cli.search import parse_gpus
 from tuner.errors import InputError
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsys):
