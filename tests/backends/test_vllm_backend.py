@@ -27,19 +27,7 @@ SIM = f"{sys.executable} -m tuner.sim.server --speed 20"
 DEP = Deployment(model="qwen2.5-7b", gpu="H100-SXM")
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
-    yield
-    deadline = time.monotonic() + 5
-    while True:
-        alive = [p for p in me.children(recursive=True)
-                 if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not alive or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not alive, f"processes left running: {[(p.pid, p.cmdline()) for p in alive]}"
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")  # tests/conftest.py
 
 
 @pytest.fixture

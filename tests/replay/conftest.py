@@ -11,7 +11,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 STUB = Path(__file__).with_name("stub_server.py")
@@ -50,19 +49,9 @@ def stop_stub(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_processes():
-    """Every process a test starts must be gone when it ends."""
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+def _every_test_checks_leftover_processes(no_leftover_processes):
+    """Every process a test starts must be gone when it ends (tests/conftest.py)."""
     yield
-    deadline = time.monotonic() + 5
-    while True:
-        alive = [p for p in me.children(recursive=True)
-                 if p.pid not in before and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not alive or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not alive, f"processes left running: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
 @pytest.fixture
