@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from tuner.cli import app
+from tuner.cli._knobs import build_deployment_config
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
 from tuner.load import Concurrency, Load, Poisson
@@ -201,16 +202,13 @@ def estimate_cmd(
     gemma-2-27b-gptq --max-model-len 8192 --enforce-eager --vllm-version 0.6.3"""
     if output not in ("table", "json"):
         raise InputError(f"--output must be table or json, got {output!r}")
-    deployment = Deployment(
+    deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
-        dtype=dtype, quantization=quantization,
-    )
-    config = ServeConfig(
-        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, block_size=block_size,
-        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
-        enforce_eager=enforce_eager, kv_cache_dtype=kv_cache_dtype, tensor_parallel_size=tp,
-        replicas=replicas,
+        dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
+        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, block_size=block_size,
+        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+        kv_cache_dtype=kv_cache_dtype, prefix_caching=prefix_caching,
     )
     users = parse_list(concurrency, int, "--concurrency")
     rates = parse_list(rate, float, "--rate")

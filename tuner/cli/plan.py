@@ -17,26 +17,24 @@ _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp",
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
+    from tuner.cli._knobs import build_deployment_config
     from tuner.cli.search import parse_gpus
-    from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+    from tuner.config import DEFAULT_VLLM_VERSION
     from tuner.sim.hardware import get_gpu
 
     tp, replicas = v["tp"] or 1, v["replicas"] or 1
     count, ids = parse_gpus(v["gpus"]) if v["gpus"] else (tp * replicas, ())
-    deployment = Deployment(
+    return build_deployment_config(
         model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpu_count=count, gpu_ids=ids,
         vllm_version=v["vllm_version"] or DEFAULT_VLLM_VERSION, dtype=v["dtype"] or "auto",
         quantization=None if (v["quantization"] or "none").lower() == "none" else v["quantization"],
+        tp=tp, replicas=replicas,
+        gpu_memory_utilization=v["gpu_memory_utilization"], max_model_len=v["max_model_len"],
+        max_num_seqs=v["max_num_seqs"], block_size=v["block_size"],
+        max_num_batched_tokens=v["max_num_batched_tokens"], enforce_eager=bool(v["enforce_eager"]),
+        kv_cache_dtype=v["kv_cache_dtype"] or "auto",
+        prefix_caching=True if v["prefix_caching"] is None else v["prefix_caching"],
     )
-    config = ServeConfig(
-        gpu_memory_utilization=v["gpu_memory_utilization"], max_num_seqs=v["max_num_seqs"],
-        max_model_len=v["max_model_len"], block_size=v["block_size"],
-        max_num_batched_tokens=v["max_num_batched_tokens"],
-        enable_prefix_caching=True if v["prefix_caching"] is None else v["prefix_caching"],
-        enforce_eager=bool(v["enforce_eager"]), kv_cache_dtype=v["kv_cache_dtype"] or "auto",
-        tensor_parallel_size=tp, replicas=replicas,
-    )
-    return deployment, config
 
 
 @app.command("plan")
