@@ -140,6 +140,16 @@ def to_length(value: Any, name: str, line: int, bad: BadRows, *, required: bool 
     return int(x)
 
 
+def to_hash_ids(value: Any, line: int, bad: BadRows) -> tuple[int, ...]:
+    """Prefix-block ids (Mooncake's ``hash_ids``): a JSON list of non-negative integers
+    that fit in int64."""
+    if not isinstance(value, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in value
+    ):
+        raise bad.row(line, BAD_VALUE, "hash_ids must be a list of non-negative integers")
+    return tuple(value)
+
+
 def to_number(value: Any, name: str, line: int, bad: BadRows, reason: str = UNPARSEABLE) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise bad.row(line, MISSING, f"no {name}")

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from tuner.traffic._rows import (
-    BAD_VALUE,
     UNPARSEABLE_TIME,
     BadRows,
     Clock,
@@ -14,6 +13,7 @@ from tuner.traffic._rows import (
     SkipRow,
     iter_jsonl,
     read_text,
+    to_hash_ids,
     to_length,
     to_number,
 )
@@ -31,13 +31,9 @@ def read(path: str, *, skip_bad: bool = False, **_: object) -> Workload:
             t_ms = to_number(obj.get("timestamp"), "timestamp", line, bad, UNPARSEABLE_TIME)
             p = to_length(obj.get("input_length"), "input_length", line, bad)
             o = to_length(obj.get("output_length"), "output_length", line, bad)
-            ids = obj.get("hash_ids", [])
-            if not isinstance(ids, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in ids
-            ):
-                raise bad.row(line, BAD_VALUE, "hash_ids must be a list of non-negative integers")
+            ids = to_hash_ids(obj.get("hash_ids", []), line, bad)
             clock.check(t_ms, line)
         except SkipRow:
             continue
-        rows.add(t_ms / 1000.0, p, o, hash_ids=tuple(ids))
+        rows.add(t_ms / 1000.0, p, o, hash_ids=ids)
     return rows.workload(path, bad, block_tokens=BLOCK_TOKENS)

@@ -25,6 +25,7 @@ from tuner.traffic._rows import (
     SkipRow,
     iter_jsonl,
     read_text,
+    to_hash_ids,
     to_length,
     to_number,
 )
@@ -84,15 +85,11 @@ def read(path: str, *, skip_bad: bool = False, **_: object) -> Workload:
             if session is not None and not isinstance(session, str):
                 raise bad.row(line, BAD_VALUE, "session must be a string or null")
             turn = to_length(obj.get("turn", 0), "turn", line, bad)
-            ids = obj.get("hash_ids", [])
-            if not isinstance(ids, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in ids
-            ):
-                raise bad.row(line, BAD_VALUE, "hash_ids must be a list of non-negative integers")
+            ids = to_hash_ids(obj.get("hash_ids", []), line, bad)
             clock.check(t, line)
         except SkipRow:
             continue
-        rows.add(t, p, o, session=session, turn=turn, hash_ids=tuple(ids))
+        rows.add(t, p, o, session=session, turn=turn, hash_ids=ids)
     if header is None:
         raise InputError("empty file: no header and no rows", path=path)
     count = header.get("count")
