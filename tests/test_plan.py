@@ -312,9 +312,9 @@ def test_missing_study_and_trial_are_bad_input(tmp_path, monkeypatch):
 AGREEMENT_SPACE = """\
 name: sim-serve-agreement
 deployment: {model: qwen2.5-7b, gpu: V100-32GB-SXM2, gpus: 1, dtype: float16}
-workload: {target_ttft_s: 2s, requests: 32}   # the study; the plan asks for 1 s
+workload: {target_ttft_s: 8s, requests: 32}   # the study (one replay passes); the plan asks for 2 s
 parameters:
-  max_num_seqs: 8
+  max_num_seqs: 32
   max_model_len: 2048
 layouts: [tp1x1]
 """
@@ -322,8 +322,11 @@ SPEED = 1.0  # sim-serve in real time: faster speeds let per-step overheads show
 
 
 def agreement_workload() -> Workload:
+    # 64 requests, a 2 s target: the crossing lands near 11-13 users, where one user of
+    # jitter between real and virtual time is under the 10 % the plans must agree within
+    # (with 32 requests and a 1 s target it sat at 5-6 users: one user was 20 %).
     rng = np.random.default_rng(0)
-    n = 32
+    n = 64
     return Workload(arrival_s=np.zeros(n), prompt_tokens=rng.integers(200, 400, n),
                     output_tokens=rng.integers(20, 40, n), source="agreement")
 
@@ -382,11 +385,11 @@ def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
     backend = get_backend("vllm", **options)
     out = run_search(space, backend=backend, workload=wl, budget=1, storage=storage, study="agree", max_replays=2)
     assert out.best is not None, "the study on sim-serve found no feasible configuration"
-    levels = [4, 8, 16]
+    levels = [8, 16, 32]
     watched = LateWatch(backend)
-    real = plan_capacity(1.0, study="agree", storage=storage, workload=wl, levels=levels, max_extensions=1,
+    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=levels, max_extensions=1,
                          backend=watched)
-    sim = plan_capacity(1.0, study="agree", storage=storage, workload=wl, levels=levels, max_extensions=1,
+    sim = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=levels, max_extensions=1,
                         backend="sim", store=False)
     assert real.backend == "vllm" and sim.backend == "sim"
     for key in ("max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s", "conversations_per_min"):
@@ -395,4 +398,4 @@ def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
             pytest.skip(f"{key}: sim-serve {ours:.4g} vs in-process {ref:.4g}, but the server could not keep real "
                         f"time (steps ended {watched.late_p95_s * 1e3:.1f} ms late at P95): the machine is busy")
         assert ours == pytest.approx(ref, rel=0.10), f"{key}: sim-serve {ours:.4g} vs in-process {ref:.4g}"
-    assert real.ttft_p95_s <= 1.0
+    assert real.ttft_p95_s <= 2.0
