@@ -123,7 +123,7 @@ def _reason(trial: FrozenTrial, status: str) -> str | None:
     if status == "failed":
         return str(attrs.get("error") or "the trial raised (see the search log)")
     if status == "pruned":
-        return "pruned by the sampler or a callback"
+        return str(attrs.get("pruned_reason") or "pruned by the sampler or a callback")
     if status == "running":
         return f"still {trial.state.name.lower()} (or its process was killed)"
     return None

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from tuner.predictor import Advice, Predictor
+
     from tuner.backends.base import Backend, RunControl
     from tuner.result import RunResult
     from tuner.space import SearchSpace, WorkloadSpec
@@ -70,6 +72,13 @@ CONSTRAINT = "p95_ttft_over_target"
 EARLY_STOP_SHARE = 0.05
 #: Share of failed requests a load point tolerates.
 MAX_ERROR_RATE = 0.01
+#: From a passing predicted load with no failing one above, the next load tried (x).
+STEP_UP = 1.15
+#: A passing predicted load is not refined when the prediction x this stays below the
+#: study's best (the configuration is not expected to come near it).
+EXPECTED_SLACK = 1.1
+#: Backends whose trials cost GPU time: ``run_search(predictor="auto")`` predicts for them.
+PREDICTED_BACKENDS = ("vllm",)
 
 
 # -- progress --------------------------------------------------------------------------
@@ -187,12 +196,18 @@ def evaluate_config(
     seed: int = 0,
     phase: Callable[[str], None] | None = None,
     incumbent: float | None = None,
+    start_level: float | None = None,
+    expected_value: float | None = None,
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
     crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
 
     ``incumbent`` is the best value the study has so far: once a passing load is found,
-    refining stops when even the failing load above it could not beat the incumbent."""
+    refining stops when even the failing load above it could not beat the incumbent.
+    ``start_level`` (a predicted load, :mod:`tuner.predictor`) is the first load tried
+    instead of the most the configuration holds; ``expected_value`` (the predicted
+    tokens/s) stops refining a passing load of a configuration not expected to come
+    within reach of the incumbent."""
     say = phase or (lambda text: None)
     attrs: dict[str, Any] = {"config": config.to_dict(), "target_ttft_s": target_ttft_s}
     facts: dict[str, Any] = {}
@@ -222,6 +237,7 @@ def evaluate_config(
                 instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
                 early_stop=early_stop, seed=seed, say=say,
                 top=max_users(facts, info, config, workload), incumbent=incumbent,
+                start=start_level, expected=expected_value,
             )
     except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
         return _rejected(attrs, err, launched=True, gpu_s=startup_s)
@@ -317,6 +333,7 @@ def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu
 def _goodput_search(
     instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
     early_stop: bool, seed: int, say: Callable[[str], None], top: int, incumbent: float | None = None,
+    start: float | None = None, expected: float | None = None,
 ) -> list[_Point]:
     points: list[_Point] = []
 
@@ -346,17 +363,32 @@ def _goodput_search(
         hi_level = 0.95 * rate / base
         floor_level = hi_level / 64
         max_replays -= 1
-    first = run(hi_level, load_kind)
-    if first.passed:
+        start = None  # a predicted start is in users; this axis is only known now
+    first_level = min(hi_level, max(start, floor_level)) if start and load_kind == "concurrency" else hi_level
+    if load_kind == "concurrency":
+        first_level = float(max(1, round(first_level)))
+    first = run(first_level, load_kind)
+    if first.passed and first.level >= hi_level:
         return points
-    good: _Point | None = None
-    bad = first
+    good: _Point | None = first if first.passed else None
+    bad: _Point | None = None if first.passed else first
     for _ in range(max_replays - 1):
         if good is None:
+            assert bad is not None
             if bad.level <= floor_level:
                 break
             ratio = target / bad.p95 if math.isfinite(bad.p95) and bad.p95 > 0 else 0.25
-            level = bad.level * min(max(ratio * 0.9, 0.1), 0.7)
+            # from the top, a large step down; from a predicted load, a small one unless the
+            # P95 measured there says the prediction was far off
+            level = bad.level * min(max(ratio * 0.9, 0.1), 1 / STEP_UP if start else 0.7)
+        elif bad is None:
+            # started below the top at a predicted load, and it held: step up, unless the
+            # prediction says this configuration cannot come near the incumbent
+            if incumbent and expected is not None and expected * EXPECTED_SLACK < incumbent:
+                break
+            if incumbent and load_kind == "concurrency" and good.summary["tokens_per_s"] * hi_level / good.level < incumbent:
+                break
+            level = min(hi_level, good.level * STEP_UP)
         else:
             # Closed loop, Little's law: tokens/s = users x tokens per request / mean E2E, and
             # E2E does not shrink as users grow, so no load below the failing one beats
@@ -373,12 +405,16 @@ def _goodput_search(
                         good.level + 0.75 * (bad.level - good.level))
         if load_kind == "concurrency":
             level = float(max(1, round(level)))
-            if good is not None and level in (good.level, bad.level):
+            if good is not None and level <= good.level:
+                level = good.level + 1
+            if level in {p.level for p in points} or level > hi_level:
                 break
         level = max(level, floor_level)
         point = run(level, load_kind)
         if point.passed:
             good = point
+            if point.level >= hi_level:
+                break
         else:
             bad = point
     return points
@@ -463,13 +499,23 @@ def run_search(
     max_replays: int = 4,
     observer: SearchObserver | None = None,
     tags: dict[str, Any] | None = None,
+    predictor: Predictor | str | None = "auto",
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
     ``precheck`` is always the simulator's memory planner when the backend has one.
     Several processes may run it on one server-database study (:mod:`tuner.workers`:
     the budget is global). ``tags`` are stamped on every new trial, and a configuration
-    is only reused from a trial with the same tags and workload."""
+    is only reused from a trial with the same tags and workload.
+
+    ``predictor`` (:mod:`tuner.predictor`): ``"auto"`` uses the simulator for the vLLM
+    backend when it can model the deployment (a trial then starts its goodput search at
+    the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
+    is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`."""
+
+    import optuna
+
+    from tuner.predictor import advise
 
     if budget < 1:
         raise InputError(f"--budget must be >= 1, got {budget}")
@@ -513,6 +559,13 @@ def run_search(
         "load_kind": space.workload.load,
     })
     session_gpu_s = 0.0
+    if predictor == "auto":
+        from tuner.predictor import sim_predictor
+
+        predictor = (sim_predictor(deployment, workload, target, space.workload.load)
+                     if backend_obj.name in PREDICTED_BACKENDS and precheck and early_stop else None)
+    elif isinstance(predictor, str):
+        raise InputError(f"unknown predictor {predictor!r}", hint="use 'auto', or none")
 
     def objective(trial: optuna.Trial) -> float:
         nonlocal session_gpu_s
@@ -531,12 +584,21 @@ def run_search(
             return float(earlier.value)
         try:
             best = _best_value(trial.study)
+            advice = None
+            if predictor is not None:
+                obs.on_phase("predicting on the simulator")
+                advice = advise(trial.study.get_trials(deepcopy=False), config, predictor.predict(config), best)
+                if advice.prune:
+                    _prune(trial, config, advice, run_facts)
             ev = evaluate_config(
                 backend_obj, deployment, config, workload, target,
                 load_kind=space.workload.load, max_replays=max_replays,
                 precheck=precheck, early_stop=early_stop, seed=seed + trial.number, phase=obs.on_phase,
                 incumbent=best if early_stop else None,
+                start_level=advice and advice.start_level, expected_value=advice and advice.expected_value,
             )
+        except optuna.TrialPruned:
+            raise
         except Exception as err:  # a crash fails this trial only; the study goes on
             trial.set_user_attr("config", config.to_dict())
             trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:2000])
@@ -549,6 +611,8 @@ def run_search(
             if key in attrs:
                 run[key] = attrs.pop(key)
         attrs["run"] = run
+        if advice is not None and advice.prediction:
+            attrs["prediction"] = advice.prediction
         trial.set_constraint(CONSTRAINT, ev.constraint)
         for key, value in attrs.items():
             trial.set_user_attr(key, _clean(value))
@@ -567,6 +631,24 @@ def run_search(
     total = count_finished(st)
     return SearchOutcome(st, name, storage, best_feasible_trial(st), total, worker.ran,
                          time.perf_counter() - t0, session_gpu_s)
+
+
+def _prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: dict[str, Any]) -> None:
+    """Record a configuration the predictor ruled out, without launching it: PRUNED,
+    with the prediction as evidence (TPE ranks pruned trials below every measured one)."""
+    import optuna
+
+    pred = advice.prediction
+    p95 = pred.get("p95_ttft_s")
+    target = trial.study.user_attrs.get("target_ttft_s")
+    constraint = p95 / target - 1.0 if pred["feasible"] and p95 and target else 1.0
+    trial.set_constraint(CONSTRAINT, constraint)
+    for key, value in (("config", config.to_dict()), ("prediction", pred), ("pruned_reason", advice.reason),
+                       ("feasible", False), ("gpu_s", 0.0), ("run", run_facts), ("twin_of", advice.twin_of)):
+        if value is not None:
+            trial.set_user_attr(key, _clean(value))
+    trial.report(float(advice.value), step=0)
+    raise optuna.TrialPruned(advice.reason)
 
 
 def _best_value(study: optuna.Study) -> float | None:

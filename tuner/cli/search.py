@@ -126,10 +126,13 @@ def search_cmd(
     warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
     vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
+    predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
 
     Each trial samples a configuration from the search space, pre-checks it with the simulator's memory planner (a configuration vLLM would refuse costs nothing), starts it, and searches the highest load whose P95 TTFT meets the target; the token throughput there is the trial's score.
+
+    With --backend vllm, the simulator also predicts each configuration before it starts (--no-predict turns this off): the load search starts where it predicts the edge of the target, and a configuration predicted far below the best trial, or the same as a weaker one, is recorded as PRUNED without a launch. Its predictions are scaled by how far the measured trials were from them.
 
     Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
 
@@ -184,6 +187,7 @@ def search_cmd(
         outcome = run_search(
             sp, backend=backend_obj, workload=workload, budget=budget, timeout_s=timeout,
             storage=storage, study=name, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
+            predictor="auto" if predict else None,
         )
     best = outcome.best
     report: dict[str, Any] = {
@@ -191,6 +195,7 @@ def search_cmd(
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
         "target_ttft_s": sp.workload.target_ttft_s, "backend": backend_obj.name,
+        "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None,
     }
     if best is not None:
@@ -224,6 +229,7 @@ def _print_report(report: dict[str, Any]) -> None:
     console.print(
         f"study [bold]{report['study']}[/] ({report['storage']}): {report['finished_trials']} finished trials, "
         f"{report['new_trials']} new in {report['wall_s']:.1f} s"
+        + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else "")
     )
     best = report["best"]
     if best is None:
