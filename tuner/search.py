@@ -589,6 +589,8 @@ def run_search(
                 obs.on_phase("predicting on the simulator")
                 advice = advise(trial.study.get_trials(deepcopy=False), config, predictor.predict(config), best)
                 if advice.prune:
+                    if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
+                        _propose(trial.study, space, predictor, best)
                     _prune(trial, config, advice, run_facts)
             ev = evaluate_config(
                 backend_obj, deployment, config, workload, target,
@@ -631,6 +633,38 @@ def run_search(
     total = count_finished(st)
     return SearchOutcome(st, name, storage, best_feasible_trial(st), total, worker.ran,
                          time.perf_counter() - t0, session_gpu_s)
+
+
+def _propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best: float | None) -> None:
+    """Enqueue, as the next trial, the neighbour of the best trial (one knob or the layout
+    changed) that the predictor expects most of, among those it would launch (no predicted
+    twin of a measured trial, nothing under the pruning share of the best, not tried)."""
+    from tuner.predictor import advise
+    from tuner.study import best_feasible_trial
+
+    incumbent = best_feasible_trial(study)
+    if incumbent is None:
+        return
+    trials = study.get_trials(deepcopy=False)
+    tried = {tuple(sorted(t.params.items())) for t in trials}
+    grid = space.grid()
+    scored = []
+    for key, values in grid.items():
+        for value in values:
+            params = dict(incumbent.params)
+            params[key] = value
+            param = next((p for p in space.params if p.key == key), None)
+            if param is not None:  # snap ranges onto their steps
+                params[key] = param.encode(param.nearest(param.decode(value)))
+            if tuple(sorted(params.items())) in tried:
+                continue
+            config = space.config_from_params(params)
+            advice = advise(trials, config, predictor.predict(config), best)
+            if advice.prediction and not advice.prune:
+                scored.append((advice.expected_value or advice.prediction.get("tokens_per_s") or 0.0, params))
+    if scored:
+        study.enqueue_trial(max(scored, key=lambda x: x[0])[1], user_attrs={"proposed_by": "predictor"},
+                            skip_if_exists=True)
 
 
 def _prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: dict[str, Any]) -> None:
