@@ -189,3 +189,33 @@ def test_sim_prediction_of_a_config_vllm_refuses_is_left_to_the_precheck():
     deployment = Deployment(model="qwen2.5-7b", gpu="T4", gpu_count=1)
     wl = default_workload(seed=0, n=50)
     assert Predictor(deployment, wl, 2.0).predict(ServeConfig(gpu_memory_utilization=0.3)) is None
+
+
+WIDER = """\
+name: fake
+deployment: {model: qwen2.5-7b, gpu: H100-SXM, gpus: 2}
+workload: {target_ttft_s: 1s, requests: 60}
+parameters:
+  gpu_memory_utilization: {choices: [0.8, 0.85, 0.9]}
+  max_num_seqs: {choices: [32, 48, 64, 96, 128, 256]}
+  block_size: {choices: [16, 32]}
+layouts: [tp1x2, tp2x1]
+"""
+
+
+def test_after_a_predicted_twin_the_predictor_proposes_a_neighbour_of_the_best(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    backend = FakeBackend()
+    space = fake_space(WIDER)
+    out = run_search(space, backend=backend, workload=small_workload(600), budget=24, storage=storage,
+                     sampler="tpe", seed=0, predictor=ByMaxNumSeqs())
+    trials = optuna.load_study(study_name=out.name, storage=storage).trials
+    twins = [t for t in trials if t.state == TrialState.PRUNED and "twin_of" in t.user_attrs]
+    proposed = [t for t in trials if t.user_attrs.get("proposed_by") == "predictor"]
+    assert twins, "gpu-memory-utilization does not change the prediction: TPE must propose twins"
+    assert proposed
+    for t in proposed:
+        earlier = [e for e in trials if e.number < t.number and e.state == TrialState.COMPLETE]
+        # one knob (or the layout) away from a trial measured before it
+        assert any(sum(e.params.get(k) != v for k, v in t.params.items()) == 1 for e in earlier)
+        assert t.state == TrialState.COMPLETE and "twin_of" not in t.user_attrs
