@@ -312,15 +312,17 @@ def print_gpu_time(rows: list[dict]) -> None:
           "vLLM, vs the same trials run naively (each launched, every replay to its end, repeats relaunched);\n"
           "predictor: the simulator guiding the search (start load, pruning); 'none' = pre-check + early stop only.\n"
           "best found: the study's best trial as a share of the best any study here found on that space.")
-    print(f"{'space':<26} {'predictor':<10} {'GPU time vs naive (per seed)':<34} {'median':>7} {'worst':>6} "
-          f"{'pruned':>7} {'best found: median':>19} {'worst':>6}")
+    print(f"{'space':<26} {'predictor':<10} {'GPU h: study / naive (median)':>30}  {'GPU time vs naive (per seed)':<30} "
+          f"{'median':>7} {'worst':>6} {'pruned':>7} {'best found: median':>19} {'worst':>6}")
     for space in GPU_SPACES:
         known = max(r["best"] for r in rows if r["space"] == space)
         for kind in PREDICTORS:
             mine = [r for r in rows if r["space"] == space and r["predictor"] == kind]
             ratios = [r["smart_s"] / r["naive_s"] for r in mine]
             best = [r["best"] / known for r in mine]
-            print(f"{space:<26} {kind:<10} {' '.join(f'{x:.0%}' for x in ratios):<34} "
+            hours = (f"{statistics.median(r['smart_s'] for r in mine) / 3600:.2f} / "
+                     f"{statistics.median(r['naive_s'] for r in mine) / 3600:.2f}")
+            print(f"{space:<26} {kind:<10} {hours:>30}  {' '.join(f'{x:.0%}' for x in ratios):<30} "
                   f"{statistics.median(ratios):>7.0%} {max(ratios):>6.0%} "
                   f"{statistics.median(r['pruned'] for r in mine):>7.0f} "
                   f"{statistics.median(best):>19.1%} {min(best):>6.1%}")
