@@ -332,3 +332,27 @@ def test_refining_stops_when_the_incumbent_cannot_be_beaten():
     assert bounded.feasible and bounded.value <= free.value
     weak = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1.0)
     assert weak.attrs["loads"] == free.attrs["loads"]  # an incumbent it can beat changes nothing
+
+
+def test_vllm_defaults_run_first_and_are_moved_one_knob_when_snapping_makes_them_refuse():
+    from tuner.search import default_trials, num_heads
+    from tuner.sim.memory import plan_memory
+    from tuner.space import load_space
+
+    # vLLM 0.6.3 on V100 (no chunked prefill) defaults max-num-batched-tokens to max-model-len
+    # (8192), but the article-000 space stops at 4096: the snapped defaults would be refused
+    # ("max_num_batched_tokens (4096) is smaller than max_model_len (8192)").
+    space = load_space("article-000-v100-16gb")
+    space = space.bind(space.deployment, num_heads(space.deployment))
+    (params,) = default_trials(space)
+    config = space.config_from_params(params)
+    plan_memory(space.deployment, config)  # starts: raises ConfigRejected otherwise
+    assert config.enforce_eager is False  # vLLM's default, which the study must see working
+    assert config.max_num_batched_tokens == 4096 and config.max_model_len == 4096  # only max-model-len moved
+    # a space whose snapped defaults start keeps vLLM's values (H100, vLLM 0.26: 32k context)
+    default = load_space("default")
+    default = default.bind(default.deployment, num_heads(default.deployment))
+    for p in default_trials(default):
+        c = default.config_from_params(p)
+        plan_memory(default.deployment, c)
+        assert (c.gpu_memory_utilization, c.max_model_len, c.enforce_eager) == (0.9, 32768, False)

@@ -314,9 +314,39 @@ def default_trials(space: SearchSpace) -> list[dict[str, Any]]:
         params = {p.key: p.encode(p.nearest(facts.get(p.name, getattr(config, p.name)))) for p in space.params}
         if len(space.layout_choices) > 1:
             params["layout"] = layout
+        params = _startable(space, params)
         if params not in out:
             out.append(params)
     return out
+
+
+def _startable(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` if vLLM would start them, else the same with the fewest knobs moved: one
+    knob to the nearest of its grid values that the memory planner accepts (snapping vLLM's
+    defaults into a space can make them refuse, e.g. max-num-batched-tokens below
+    max-model-len without chunked prefill; a refused first trial would teach the sampler
+    that the rest of it is infeasible). Unchanged when no single knob helps."""
+    from tuner.sim.memory import plan_memory
+
+    def starts(candidate: dict[str, Any]) -> bool:
+        try:
+            plan_memory(space.deployment, space.config_from_params(candidate))
+        except (ConfigRejected, InputError):
+            return False
+        return True
+
+    if starts(params):
+        return params
+    grid = space.grid()
+    for p in space.params:
+        here = p.decode(params[p.key])
+        values = [p.encode(p.nearest(p.decode(v))) for v in grid.get(p.key, [])]
+        if isinstance(here, (int, float)) and not isinstance(here, bool):
+            values.sort(key=lambda v: abs(float(p.decode(v)) - float(here)))
+        for value in values:
+            if value != params[p.key] and starts({**params, p.key: value}):
+                return {**params, p.key: value}
+    return params
 
 
 def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
