@@ -97,7 +97,8 @@ class Predictor:
 
     def predict(self, config: ServeConfig) -> Prediction | None:
         """The prediction for ``config``; None when the simulator cannot model the
-        deployment (an unknown GPU or model)."""
+        deployment (an unknown GPU or model) or vLLM would refuse the configuration (the
+        search's pre-check records that)."""
         import json
 
         key = json.dumps(config.to_dict(), sort_keys=True)

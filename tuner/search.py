@@ -54,9 +54,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.predictor import Advice, Predictor
-
     from tuner.backends.base import Backend, RunControl
+    from tuner.predictor import Advice, Predictor
     from tuner.result import RunResult
     from tuner.space import SearchSpace, WorkloadSpec
     from tuner.traffic.workload import Workload
@@ -320,6 +319,15 @@ def default_trials(space: SearchSpace) -> list[dict[str, Any]]:
     return out
 
 
+def _snapped_grid(space: SearchSpace) -> dict[str, list[Any]]:
+    """``space.grid()`` with range values snapped onto their steps (valid trial params)."""
+    grid = space.grid()
+    for p in space.params:
+        if p.key in grid:
+            grid[p.key] = list(dict.fromkeys(p.encode(p.nearest(p.decode(v))) for v in grid[p.key]))
+    return grid
+
+
 def _startable(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` if vLLM would start them, else the same with the fewest knobs moved: one
     knob to the nearest of its grid values that the memory planner accepts (snapping vLLM's
@@ -337,10 +345,10 @@ def _startable(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
 
     if starts(params):
         return params
-    grid = space.grid()
+    grid = _snapped_grid(space)
     for p in space.params:
         here = p.decode(params[p.key])
-        values = [p.encode(p.nearest(p.decode(v))) for v in grid.get(p.key, [])]
+        values = list(grid.get(p.key, []))
         if isinstance(here, (int, float)) and not isinstance(here, bool):
             values.sort(key=lambda v: abs(float(p.decode(v)) - float(here)))
         for value in values:
@@ -627,7 +635,8 @@ def run_search(
                 load_kind=space.workload.load, max_replays=max_replays,
                 precheck=precheck, early_stop=early_stop, seed=seed + trial.number, phase=obs.on_phase,
                 incumbent=best if early_stop else None,
-                start_level=advice and advice.start_level, expected_value=advice and advice.expected_value,
+                start_level=advice.start_level if advice else None,
+                expected_value=advice.expected_value if advice else None,
             )
         except optuna.TrialPruned:
             raise
@@ -677,15 +686,10 @@ def _propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best
         return
     trials = study.get_trials(deepcopy=False)
     tried = {tuple(sorted(t.params.items())) for t in trials}
-    grid = space.grid()
     scored = []
-    for key, values in grid.items():
+    for key, values in _snapped_grid(space).items():
         for value in values:
-            params = dict(incumbent.params)
-            params[key] = value
-            param = next((p for p in space.params if p.key == key), None)
-            if param is not None:  # snap ranges onto their steps
-                params[key] = param.encode(param.nearest(param.decode(value)))
+            params = {**incumbent.params, key: value}
             if tuple(sorted(params.items())) in tried:
                 continue
             config = space.config_from_params(params)
