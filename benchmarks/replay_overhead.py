@@ -32,7 +32,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,16 +44,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tuner.backends.vllm import free_port, start_local_server  # noqa: E402
+from tuner.errors import BackendError  # noqa: E402
 from tuner.load import Concurrency  # noqa: E402
 from tuner.replay import replay  # noqa: E402
 from tuner.replay.prompts import prompt_ids  # noqa: E402
 from tuner.traffic.workload import Workload  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str):
@@ -66,18 +61,10 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "tuner.sim.server", args.model, "--gpu", args.gpu, "--port", str(port),
             "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(256, args.concurrency))]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"sim-serve exited with {proc.returncode}")
-            time.sleep(0.05)
-    raise SystemExit("sim-serve did not start")
+    try:
+        return start_local_server(argv, port, what="sim-serve", cwd=REPO)
+    except BackendError as err:
+        raise SystemExit(str(err)) from None
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -5,6 +5,7 @@ import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
+from test_search import FakeBackend, fake_space, small_workload
 
 from tuner.backends.sim import SimBackend
 from tuner.config import Deployment, ServeConfig
@@ -21,8 +22,6 @@ from tuner.predictor import (
 )
 from tuner.search import evaluate_config, run_search
 from tuner.traffic.synth import default_workload
-
-from test_search import FakeBackend, fake_space, small_workload
 
 
 def measured(number: int, config: ServeConfig, *, value: float, level: float, pred: Prediction) -> optuna.trial.FrozenTrial:

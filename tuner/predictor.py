@@ -246,4 +246,4 @@ def _chosen_level(attrs: dict[str, Any]) -> float | None:
     return max(passed) if passed else None
 
 
-__all__ = ["Advice", "Correction", "advise", "Prediction", "Predictor", "correction", "predicted_twins", "sim_predictor"]
+__all__ = ["Advice", "Correction", "Prediction", "Predictor", "advise", "correction", "predicted_twins", "sim_predictor"]

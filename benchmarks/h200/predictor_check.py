@@ -66,20 +66,19 @@ def compare(rows: list[dict]) -> list[dict]:
     return out
 
 
-def naive_gpu_s(rows: list[dict]) -> float:
-    """The same trials run naively: the real median startup each, plus the simulator's
-    seconds of a goodput search from the top with every replay run to its end."""
+def naive_gpu_s(rows: list[dict], startup_s: float) -> float:
+    """The same trials run naively: ``startup_s`` (the real median start) each, plus the
+    simulator's seconds of a goodput search from the top with every replay run to its end."""
     from tuner.backends.sim import SimBackend
     from tuner.config import ServeConfig
     from tuner.search import evaluate_config
 
     space, workload = scenario()
-    startup = statistics.median(r["startup_s"] for r in compare(rows))
     total = 0.0
     for r in rows:
         ev = evaluate_config(SimBackend(), space.deployment, ServeConfig.from_dict(r["user_attrs"]["config"]),
                              workload, space.workload.target_ttft_s, precheck=False, early_stop=False)
-        total += startup + sum(p["duration_s"] for p in ev.attrs["loads"])
+        total += startup_s + sum(p["duration_s"] for p in ev.attrs["loads"])
     return total
 
 
@@ -96,7 +95,7 @@ def main() -> None:
         cfg = c["config"]
         err = c["pred_tokens_per_s"] / c["tokens_per_s"] - 1
         first = f"{c['first_level']:.0f} {'pass' if c['first_passed'] else 'miss'}"
-        print(f"{c['trial']:>5} {cfg['max_num_seqs']:>5} {cfg['max_num_batched_tokens']:>5} {str(cfg['enforce_eager']):>5} "
+        print(f"{c['trial']:>5} {cfg['max_num_seqs']:>5} {cfg['max_num_batched_tokens']:>5} {cfg['enforce_eager']!s:>5} "
               f"{c['pred_level']:>16.0f} {c['level']:>9.0f} {c['pred_tokens_per_s']:>17,.0f} {c['tokens_per_s']:>9,.0f} "
               f"{err:>+7.1%} {first:>13} {c['gpu_s']:>6.0f}")
     errors = [abs(c["pred_tokens_per_s"] / c["tokens_per_s"] - 1) for c in rows_cmp]
@@ -107,7 +106,7 @@ def main() -> None:
         if r["state"] == "PRUNED":
             print(f"  pruned trial {r['number']}: {r['user_attrs']['pruned_reason']}")
     spent = sum(r["user_attrs"].get("gpu_s") or 0.0 for r in rows)
-    naive = naive_gpu_s(rows)
+    naive = naive_gpu_s(rows, statistics.median(c["startup_s"] for c in rows_cmp))
     print(f"\nGPU seconds: this study {spent:,.0f} s vs the same {len(rows)} trials run naively ~{naive:,.0f} s "
           f"= {spent / naive:.0%}")
 

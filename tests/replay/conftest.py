@@ -4,42 +4,23 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tuner.backends.vllm import free_port, start_local_server
 
 STUB = Path(__file__).with_name("stub_server.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_stub(*args: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(STUB), "--port", str(port), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"stub server exited with {proc.returncode}")
-            time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError("stub server did not start")
+    return start_local_server([sys.executable, str(STUB), "--port", str(port), *args], port,
+                              what="stub server", env=env)
 
 
 def stop_stub(proc: subprocess.Popen) -> None:

@@ -53,6 +53,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def start_local_server(argv: list[str], port: int, *, what: str = "server", timeout_s: float = 30.0,
+                       env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                       ) -> tuple[subprocess.Popen, str]:
+    """Start ``argv`` (a server that listens on ``port`` of 127.0.0.1) in a process group of
+    its own, output discarded, and wait until ``/health`` answers: ``(process, base URL)``.
+    Raises :class:`BackendError` when it exits first or does not answer within
+    ``timeout_s`` (then it is killed). For test and benchmark servers (``tuner sim-serve``,
+    stand-ins); real vLLM starts through :class:`VllmBackend`, which keeps its log."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None:
+                raise BackendError(f"{what} exited with {proc.returncode} before answering /health") from None
+            time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    raise BackendError(f"{what} did not answer {url}/health within {timeout_s:g} s")
+
+
 def _http(url: str, *, data: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
     body = None if data is None else json.dumps(data).encode()
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
