@@ -74,6 +74,18 @@ def main(folder: Path) -> None:
     so = summarize(ours)
     print(f"all   throughput Spearman at saturation over {len({o['trial'] for o in ours})} configs: "
           f"{so['throughput_spearman_saturation']:.2f}")
+    import yaml
+
+    doc = yaml.safe_load(profile.read_text())
+    table = load_calibration(get_gpu(dep.gpu))
+    print("\nfitted constants: value, 95 % interval, what determined it, class table value")
+    for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s", "request_latency_s"):
+        e = doc[name]
+        if "ci95" in e:
+            print(f"  {name:20s} {e['value']:<10.4g} [{e['ci95'][0]:.4g}, {e['ci95'][1]:.4g}]  {e['determined']:5s}"
+                  f"  table {getattr(table, name):.4g}")
+    for c in fit_info.get("correlated", []):
+        print(f"  correlated: {c}")
 
 
 if __name__ == "__main__":

@@ -164,12 +164,16 @@ def test_step_time_fit_moves_a_wrong_table_to_the_measurements():
                              {k: pred[k] for k in ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")}))
     start = load_calibration(get_gpu("H200"))                  # the class table
     before = [predict_load(p, H200, start)["ttft_p95_s"] / p.measured["ttft_p95_s"] for p in pts]
-    fitted, info = fit_step_time(pts, H200, start, max_nfev=8)
+    fitted, info = fit_step_time(pts, H200, start, noise={k: 0.02 for k in pts[0].measured})
     after = [predict_load(p, H200, fitted) for p in pts]
     assert max(abs(b - 1) for b in before) > 0.2                # the table misses TTFT (no API latency)
     for p, a in zip(pts, after):
         for k, v in p.measured.items():
             assert a[k] == pytest.approx(v, rel=0.05), (k, a[k], v)
+    # the API latency the table lacks is what the data determine, and the truth is inside its interval
+    latency = info["estimates"]["request_latency_s"]
+    assert latency["determined"] == "data"
+    assert latency["ci95"][0] <= truth.request_latency_s <= latency["ci95"][1]
 
 
 # ----------------------------------------------------------------------------- profile

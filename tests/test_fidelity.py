@@ -99,7 +99,7 @@ def test_held_out_load_points_meet_the_targets(table, profile):
     assert len(rows) == 12
     s = summarize(rows)
     assert s["output_tokens_per_s_mape"] <= 10.0, s   # achieved 5.2
-    assert s["ttft_p95_s_mape"] <= 20.0, s             # achieved 9.4
+    assert s["ttft_p95_s_mape"] <= 20.0, s             # achieved 9.3
     assert s["tpot_mean_s_mape"] <= 10.0, s            # achieved 6.8
     # the profile's own report says what this test sees
     reported = profile["fit"]["errors"]["check"]
@@ -149,16 +149,42 @@ def test_replicate_run_is_within_the_noise_the_targets_allow():
     assert float(np.mean(diffs)) < 0.10
 
 
-@pytest.mark.slow
-def test_shipped_profile_is_what_the_fit_gives_on_the_committed_data(rows, profile):
-    """Re-fit on the committed measurements (about a minute): the shipped constants are the
-    fit's, not hand-tuned."""
-    from tuner.calibrate import fit
+def test_shipped_constants_carry_intervals_and_say_what_the_data_determined(profile):
+    fitted = ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s", "request_latency_s")
+    for name in fitted:
+        entry = profile[name]
+        lo, hi = entry["ci95"]
+        assert lo <= entry["value"] <= hi and entry["determined"] in ("data", "prior"), name
+    # what one model shape can and cannot tell: prefill FLOPs, eager launches and the API
+    # latency are measured; HBM efficiency and the step overhead both lengthen every decode
+    # step by a fixed amount, so only their combination is (reported as a correlation)
+    assert profile["flops_efficiency"]["determined"] == "data"
+    assert profile["request_latency_s"]["determined"] == "data"
+    assert profile["launch_per_layer_s"]["determined"]["eager"] == "data"
+    assert profile["hbm_efficiency"]["determined"] == "prior"
+    assert any("hbm_efficiency ~ step_overhead_s" in c for c in profile["fit"]["correlated"])
+    assert profile["fit"]["start_spread_sd"] < 0.5      # every start found the same optimum
 
-    res = fit(rows, DEP, fit_trials=profile["fit"]["fit_trials"], max_nfev=12)
-    for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "request_latency_s"):
-        assert getattr(res.calibration, name) == pytest.approx(profile[name]["value"], rel=0.05), name
-    assert res.calibration.launch_per_layer_s["eager"] == pytest.approx(
-        profile["launch_per_layer_s"]["value"]["eager"], rel=0.05)
+
+@pytest.mark.slow
+def test_a_refit_on_the_committed_data_agrees_with_the_shipped_profile_within_its_intervals(rows, profile):
+    """Re-fit on the committed measurements (converged, from the class table): each constant
+    lands inside the shipped 95 % interval, and the held-back errors are the published ones.
+    The shipped constants are the fit's, not hand-tuned, and do not hang on the optimiser's path."""
+    from tuner.calibrate import fit, measurement_noise
+
+    noise = measurement_noise(rows, read_measurements(DATA / "replicate.jsonl"))
+    assert noise == pytest.approx(profile["fit"]["noise"], abs=1e-3)
+    res = fit(rows, DEP, fit_trials=profile["fit"]["fit_trials"], noise=noise)
+    est = res.info["step_time"]["estimates"]
+    assert res.info["step_time"]["status"] > 0          # converged (scipy: a tolerance was met)
+    for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s", "request_latency_s"):
+        lo, hi = profile[name]["ci95"]
+        assert lo <= est[name]["value"] <= hi, (name, est[name]["value"], (lo, hi))
+        assert est[name]["determined"] == profile[name]["determined"], name
+    lo, hi = profile["launch_per_layer_s"]["ci95"]["eager"]
+    assert lo <= res.calibration.launch_per_layer_s["eager"] <= hi
+    for k in ("output_tokens_per_s_mape", "ttft_p95_s_mape", "tpot_mean_s_mape"):
+        assert res.errors["check"][k] == pytest.approx(profile["fit"]["errors"]["check"][k], abs=0.5), k
     for k, v in profile["memory"].items():
         assert res.memory[k] == pytest.approx(v, rel=0.01, abs=1e-6), k

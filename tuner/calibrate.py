@@ -36,6 +36,7 @@ import numpy as np
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import BackendError, ConfigRejected, InputError
+from tuner.estimation import Param, fit_map, prior_starts
 from tuner.load import Concurrency
 
 if TYPE_CHECKING:
@@ -361,8 +362,6 @@ def install_sigterm_handler() -> None:
 # ----------------------------------------------------------------------------- analysis
 #: The metrics fitted and checked per load point (RunResult.summary() keys).
 METRICS = ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")
-#: Weight of each metric's log-error in the least-squares fit.
-METRIC_WEIGHTS = {"output_tokens_per_s": 1.0, "ttft_p95_s": 1.0, "tpot_mean_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -559,20 +558,34 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment) -> tuple[dict[
 
 
 # ----------------------------------------------------------------------------- fit: step time
-#: Step-time constants the fit moves: (name, scale of x, lower, upper). ``x * scale`` is the value.
+#: Step-time constants the fit moves: (name, scale of x, lower, upper, prior sd in units of
+#: x). The prior's centre is the GPU class table's value (``tuner/data/calibration/<class>.yaml``,
+#: whose sources say where each comes from); its sd says how far we would believe the data
+#: moves it: HBM efficiency of decode GEMVs 0.7-0.9 of peak, GEMM efficiency 0.45-0.75, a
+#: step overhead of a fraction of a millisecond to about 1.5 ms, a few microseconds per
+#: request, eager launches within a factor of two of the class table, API latency up to
+#: tens of milliseconds.
 STEP_PARAMS = (
-    ("hbm_efficiency", 1.0, 0.3, 1.0),
-    ("flops_efficiency", 1.0, 0.15, 1.0),
-    ("step_overhead_s", 1e-3, 0.0, 5.0),
-    ("per_seq_overhead_s", 1e-6, 0.0, 60.0),
-    ("launch_eager", 1e-6, 0.0, 2000.0),
-    ("launch_piecewise", 1e-6, 0.0, 500.0),
-    ("request_latency_s", 1e-3, 0.0, 50.0),
+    ("hbm_efficiency", 1.0, 0.3, 1.0, 0.10),
+    ("flops_efficiency", 1.0, 0.15, 1.0, 0.15),
+    ("step_overhead_s", 1e-3, 0.0, 5.0, 0.5),
+    ("per_seq_overhead_s", 1e-6, 0.0, 60.0, 4.0),
+    ("launch_eager", 1e-6, 0.0, 2000.0, 300.0),
+    ("launch_piecewise", 1e-6, 0.0, 500.0, 60.0),
+    ("request_latency_s", 1e-3, 0.0, 50.0, 20.0),
 )
+#: Run-to-run noise of each metric (sd of its log) when no replicate runs say otherwise:
+#: the H200 replicate (``h200-vllm-0.26.0/replicate.jsonl``) gave 0.08-0.10.
+DEFAULT_NOISE = {"output_tokens_per_s": 0.08, "ttft_p95_s": 0.08, "tpot_mean_s": 0.08}
+#: Smallest noise a metric is credited with (two runs that happen to agree prove little).
+MIN_NOISE = 0.02
+#: Relative finite-difference step of the Jacobian: the simulator is a discrete-event
+#: model, so its outputs move in small jumps; 3 % steps see the trend, not the jumps.
+DIFF_STEP = 0.03
 
 
 def _with_params(base: Any, x: np.ndarray) -> Any:
-    vals = {name: float(v * scale) for (name, scale, _, _), v in zip(STEP_PARAMS, x)}
+    vals = {name: float(v * scale) for (name, scale, *_), v in zip(STEP_PARAMS, x)}
     launch = dict(base.launch_per_layer_s)
     ratio = launch["compiled"] / launch["piecewise"] if launch.get("piecewise") else 2.0
     launch["eager"] = vals.pop("launch_eager")
@@ -587,18 +600,42 @@ def _params_of(calib: Any) -> np.ndarray:
             "launch_eager": calib.launch_per_layer_s["eager"],
             "launch_piecewise": calib.launch_per_layer_s["piecewise"],
             "request_latency_s": getattr(calib, "request_latency_s", 0.0)}
-    return np.array([min(max(vals[n] / s, lo), hi) for n, s, lo, hi in STEP_PARAMS])
+    return np.array([min(max(vals[n] / s, lo), hi) for n, s, lo, hi, _ in STEP_PARAMS])
+
+
+def step_params(prior: Any) -> list[Param]:
+    """The fitted constants as :class:`tuner.estimation.Param`, their priors centred on
+    ``prior`` (a :class:`~tuner.sim.calibration.Calibration`, normally the class table)."""
+    return [Param(name, scale, lo, hi, float(x), sd)
+            for (name, scale, lo, hi, sd), x in zip(STEP_PARAMS, _params_of(prior))]
+
+
+def measurement_noise(first: Iterable[dict[str, Any]], again: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Run-to-run noise per metric (sd of the log of one run) from load points measured
+    twice: ``first`` and ``again`` are measurement rows; pairs match by trial and users.
+    The log ratio of two runs has twice one run's variance."""
+    seen = {(p.trial, p.users): p for p in load_points(list(first))}
+    out = dict(DEFAULT_NOISE)
+    pairs = [(seen[(p.trial, p.users)], p) for p in load_points(list(again)) if (p.trial, p.users) in seen]
+    if len(pairs) >= 3:
+        for k in METRICS:
+            d = np.array([math.log(b.measured[k] / a.measured[k]) for a, b in pairs])
+            out[k] = max(MIN_NOISE, float(np.sqrt(np.mean(d**2) / 2)))
+    return out
 
 
 def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any, *,
-                  max_nfev: int = 12, log: Callable[[str], None] | None = None) -> tuple[Any, dict[str, Any]]:
-    """Least squares (``scipy.optimize.least_squares``, bounded trust region) of the
-    step-time constants to the measured load points: residuals are the weighted log
-    ratios predicted/measured of :data:`METRICS`."""
-    from scipy.optimize import least_squares
-
-    lo = np.array([p[2] for p in STEP_PARAMS])
-    hi = np.array([p[3] for p in STEP_PARAMS])
+                  noise: dict[str, float] | None = None, starts: int = 1, seed: int = 0,
+                  max_nfev: int | None = None, log: Callable[[str], None] | None = None,
+                  ) -> tuple[Any, dict[str, Any]]:
+    """MAP fit (:func:`tuner.estimation.fit_map`) of the step-time constants to the
+    measured load points, run to convergence: residuals are the log ratios
+    predicted/measured of :data:`METRICS`, each over its run-to-run ``noise``; priors are
+    centred on ``base``. ``starts`` > 1 also starts from draws of the priors (the info
+    says whether they found the same optimum). Returns the fitted calibration and an
+    info dict whose ``estimates`` give each constant's value, sd, 95 % interval and
+    whether the data determined it."""
+    sigma = {**DEFAULT_NOISE, **(noise or {})}
     calls = [0]
 
     def resid(x: np.ndarray) -> np.ndarray:
@@ -607,16 +644,18 @@ def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any
         for pt in points:
             pred = predict_load(pt, deployment, calib)
             for k in METRICS:
-                out.append(METRIC_WEIGHTS[k] * math.log(max(pred[k], 1e-9) / pt.measured[k]))
+                out.append(math.log(max(pred[k], 1e-9) / pt.measured[k]) / sigma[k])
         calls[0] += 1
-        if log and calls[0] % 7 == 0:
-            log(f"calibrate: fit evaluation {calls[0]}, cost {0.5 * float(np.sum(np.square(out))):.4f}")
+        if log and calls[0] % 25 == 0:
+            log(f"calibrate: fit evaluation {calls[0]}, chi-square {float(np.sum(np.square(out))):.2f}")
         return np.array(out)
 
-    x0 = _params_of(base)
-    sol = least_squares(resid, x0, bounds=(lo, hi), diff_step=0.03, x_scale="jac", max_nfev=max_nfev)
-    return _with_params(base, sol.x), {"cost": float(sol.cost), "evaluations": calls[0], "status": int(sol.status),
-                                      "message": str(sol.message)}
+    params = step_params(base)
+    outcome = fit_map(resid, params, starts=prior_starts(params, starts, seed), diff_step=DIFF_STEP,
+                      max_nfev=max_nfev)
+    info = {**outcome.info, "evaluations": calls[0], "noise": sigma,
+            "estimates": {e.name: e.to_dict() for e in outcome.estimates}}
+    return _with_params(base, outcome.x), info
 
 
 # ----------------------------------------------------------------------------- fit + profile
@@ -656,35 +695,38 @@ def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[
 
 
 def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: Sequence[str] | None = None,
-        max_nfev: int = 12, log: Callable[[str], None] | None = None) -> FitResult:
+        noise: dict[str, float] | None = None, starts: int = 1, max_nfev: int | None = None,
+        log: Callable[[str], None] | None = None) -> FitResult:
     """Fit memory and step-time constants on ``fit_trials`` (default: the first half of the
     trials with loads, in design order: the anchor, eager, a small batch cap, KV-limited)
-    and check on the rest. The memory fit runs first; the step-time fit sees its weights."""
+    and check on the rest. The memory fit runs first; the step-time fit sees its weights.
+    The step-time fit runs to convergence (``max_nfev`` caps it) from ``starts`` starts;
+    ``noise`` is each metric's run-to-run noise (:func:`measurement_noise`)."""
     import tempfile
 
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu
 
-    loads, starts = load_points(rows), startups(rows)
+    loads, started = load_points(rows), startups(rows)
     with_loads = list(dict.fromkeys(p.trial for p in loads))
     if fit_trials is None:
         fit_trials = with_loads[: max(1, len(with_loads) // 2)]
     fit_set = set(fit_trials)
-    check = tuple(t for t in dict.fromkeys([s.trial for s in starts] + with_loads) if t not in fit_set)
-    memory, mem_info = fit_memory([s for s in starts if s.trial in fit_set], deployment)
+    check = tuple(t for t in dict.fromkeys([s.trial for s in started] + with_loads) if t not in fit_set)
+    memory, mem_info = fit_memory([s for s in started if s.trial in fit_set], deployment)
     base = load_calibration(get_gpu(deployment.gpu))
     with tempfile.TemporaryDirectory() as tmp:
         # the memory constants reach plan_memory through Deployment.calibration
         prof = Path(tmp) / "profile.yaml"
         _write_yaml(prof, base, memory, match={}, extra={})
         dep = _dep_with(deployment, str(prof))
-        calib, step_info = fit_step_time([p for p in loads if p.trial in fit_set], dep, base,
-                                         max_nfev=max_nfev, log=log)
+        calib, step_info = fit_step_time([p for p in loads if p.trial in fit_set], dep, base, noise=noise,
+                                         starts=starts, max_nfev=max_nfev, log=log)
         table = []
         for row in compare_loads(loads, dep, calib):
             row["set"] = "fit" if row["trial"] in fit_set else "check"
             table.append(row)
-        kv_table = compare_startups(starts, dep)
+        kv_table = compare_startups(started, dep)
     for row in kv_table:
         row["set"] = "fit" if row["trial"] in fit_set else "check"
     errors = {name: summarize([r for r in table if r["set"] == name]) for name in ("fit", "check")
@@ -709,16 +751,31 @@ def _round(v: float) -> float:
 
 
 def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict[str, str],
-                extra: dict[str, Any], sources: dict[str, str] | None = None) -> None:
+                extra: dict[str, Any], sources: dict[str, str] | None = None,
+                estimates: dict[str, dict[str, Any]] | None = None) -> None:
     import yaml
 
     src = sources or {}
+    est = estimates or {}
+
+    def interval(name: str) -> dict[str, Any]:
+        e = est.get(name)
+        if not e:
+            return {}
+        return {"ci95": [_round(e["ci95"][0]), _round(e["ci95"][1])], "determined": e["determined"]}
+
     doc: dict[str, Any] = {"gpu_class": calib.gpu_class, "calibrated": True}
     for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
                  "request_latency_s", "allreduce_latency_s", "link_efficiency"):
-        doc[name] = {"value": _round(getattr(calib, name)), "source": src.get(name, calib.sources.get(name, ""))}
-    doc["launch_per_layer_s"] = {"value": {k: _round(v) for k, v in calib.launch_per_layer_s.items()},
-                                 "source": src.get("launch_per_layer_s", calib.sources.get("launch_per_layer_s", ""))}
+        doc[name] = {"value": _round(getattr(calib, name)), **interval(name),
+                     "source": src.get(name, calib.sources.get(name, ""))}
+    launch: dict[str, Any] = {"value": {k: _round(v) for k, v in calib.launch_per_layer_s.items()}}
+    modes = {m: interval(f"launch_{m}") for m in calib.launch_per_layer_s if interval(f"launch_{m}")}
+    if modes:
+        launch["ci95"] = {m: v["ci95"] for m, v in modes.items()}
+        launch["determined"] = {m: v["determined"] for m, v in modes.items()}
+    launch["source"] = src.get("launch_per_layer_s", calib.sources.get("launch_per_layer_s", ""))
+    doc["launch_per_layer_s"] = launch
     doc["memory"] = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in memory.items()}
     if match:
         doc["match"] = match
@@ -731,16 +788,29 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
                   meta: dict[str, Any] | None = None) -> Path:
     """Write the fitted profile YAML (hopper.yaml's format: ``value`` + ``source`` per
     constant, plus ``memory``, ``match`` and ``fit``): what ``tuner estimate``, ``tuner
-    search --backend sim`` and the pre-check load when GPU and vLLM version match."""
+    search --backend sim`` and the pre-check load when GPU and vLLM version match. Each
+    fitted constant also carries its 95 % interval and whether the data determined it
+    (``determined: data``) or it stayed at the class table's prior (``prior``)."""
     p = Path(path)
-    fitted = "fit: least squares on trials " + ", ".join(result.fit_trials) + " (tuner calibrate)"
+    step = result.info.get("step_time") or {}
+    fitted = ("fit: MAP least squares (class table as prior) on trials " + ", ".join(result.fit_trials)
+              + " (tuner calibrate)")
     sources = {k: fitted for k in ("hbm_efficiency", "flops_efficiency", "step_overhead_s",
                                    "per_seq_overhead_s", "request_latency_s", "launch_per_layer_s")}
     clean = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4) if isinstance(v, float) else v)  # noqa: E731
                        for k, v in d.items()}
-    extra = {"fit": {"fit_trials": list(result.fit_trials), "check_trials": list(result.check_trials),
+    how = {}
+    if step:
+        how = {"method": "maximum a posteriori least squares, run to convergence (tuner.estimation.fit_map)",
+               "noise": {k: round(float(v), 4) for k, v in (step.get("noise") or {}).items()},
+               "reduced_chi2": round(float(step.get("reduced_chi2", math.nan)), 3),
+               "starts": int(step.get("starts", 1)),
+               "start_spread_sd": round(float(step.get("start_spread_sd", 0.0)), 3),
+               "correlated": [f"{a} ~ {b}: {rho:+.2f}" for a, b, rho in step.get("correlated", [])],
+               "evaluations": int(step.get("evaluations", 0))}
+    extra = {"fit": {"fit_trials": list(result.fit_trials), "check_trials": list(result.check_trials), **how,
                      "errors": {k: clean(v) for k, v in result.errors.items()},
                      **({"meta": meta} if meta else {})}}
     _write_yaml(p, result.calibration, result.memory, match={"gpu": gpu, "vllm_version": vllm_version},
-                extra=extra, sources=sources)
+                extra=extra, sources=sources, estimates=step.get("estimates"))
     return p

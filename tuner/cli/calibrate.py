@@ -46,13 +46,16 @@ def calibrate(
     fit_only: bool = typer.Option(False, "--fit-only", help="Measure nothing; fit what --out already holds."),
     fit_trials: str | None = typer.Option(None, "--fit-trials", help="Trials the fit sees (default: the first "
                                           "half of those with loads); the others are held back and checked."),
-    max_evals: int = typer.Option(12, "--max-evals", help="Least-squares iterations of the step-time fit "
-                                  "(each simulates every fit load point ~7 times)."),
+    starts: int = typer.Option(3, "--starts", help="Starts of the step-time fit: the class table, then draws "
+                               "from its priors; the profile says whether they found the same optimum."),
+    max_evals: int | None = typer.Option(None, "--max-evals", help="Cap on simulator evaluations per start "
+                                         "(default: run to convergence, ~50-150 evaluations)."),
 ) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.calibrate import design_trials, fit, measure, read_measurements, write_profile
+    from tuner.calibrate import design_trials, fit, measure, measurement_noise, read_measurements, write_profile
+    from tuner.sim.calibration import profile_section
     from tuner.config import DEFAULT_VLLM_VERSION, Deployment
     from tuner.sim.hardware import get_gpu
 
@@ -96,8 +99,15 @@ def calibrate(
     if left:
         console.print(f"not measured yet: {', '.join(left)} (run again to continue)")
     chosen = [t.strip() for t in fit_trials.split(",")] if fit_trials else None
-    result = fit(rows, dep, fit_trials=chosen, max_nfev=max_evals, log=console.print)
-    path = write_profile(result, folder / "profile.yaml", gpu=gpu_name, vllm_version=version)
+    if starts < 1:
+        raise InputError(f"--starts must be >= 1, got {starts}")
+    # run-to-run noise from a replicate run beside the measurements (same trials started again), if any
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"))
+    result = fit(rows, dep, fit_trials=chosen, noise=noise, starts=starts, max_nfev=max_evals, log=console.print)
+    old_meta = profile_section(folder / "profile.yaml", "fit").get("meta")
+    meta = old_meta or next(({k: v for k, v in r.items() if k not in ("kind", "design")}
+                             for r in rows if r.get("kind") == "meta"), None)
+    path = write_profile(result, folder / "profile.yaml", gpu=gpu_name, vllm_version=version, meta=meta)
 
     table = Table(title=f"fit error ({gpu_name}, vLLM {version})")
     table.add_column("points")
@@ -110,6 +120,15 @@ def calibrate(
                       f"{e['output_tokens_per_s_mape']:.1f}", f"{e['ttft_p95_s_mape']:.1f}",
                       f"{e['tpot_mean_s_mape']:.1f}", f"{e.get('throughput_spearman_all', float('nan')):.2f}")
     console.print(table)
+    est = Table(title="fitted constants (95 % intervals; 'prior': the data did not determine it)")
+    for col in ("constant", "value", "95 % interval", "from"):
+        est.add_column(col, justify="right" if col != "constant" else "left")
+    for name, e in result.info["step_time"]["estimates"].items():
+        est.add_row(name, f"{e['value']:.4g}", f"{e['ci95'][0]:.4g} - {e['ci95'][1]:.4g}", e["determined"])
+    console.print(est)
+    for a, b, rho in result.info["step_time"].get("correlated", []):
+        console.print(f"{a} and {b} trade off (correlation {rho:+.2f}): their combination is determined, "
+                      "each alone is not")
     kv = result.errors["kv"]
     console.print(f"KV cache size: worst error {kv['max_abs_error_pct']:.2f}% over {int(kv['starts'])} starts; "
                   f"refusals predicted {int(kv['refusals_matched'])}")
