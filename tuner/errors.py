@@ -81,3 +81,24 @@ class NoFeasibleConfig(TunerError):
     """The study finished without any configuration meeting the target."""
 
     exit_code = 3
+
+
+class EnvironmentFault(TunerError):
+    """Something around the configuration failed, not the configuration: a port taken by
+    another process, a command that does not exist or rejects tuner's flags, a full or
+    read-only disk, a storage that cannot be written, a server that is not the one tuner
+    started. Never recorded as an infeasible configuration: a trial that meets one fails
+    as ``environment`` (not counted against the budget, nothing taught to the sampler,
+    measured again later); found before the first trial, it stops the run (exit 2).
+
+    ``kind``: ``port_in_use``, ``foreign_server``, ``command``, ``bad_flag``, ``disk_full``,
+    ``storage``, ``gpu``. ``retry`` says whether trying again (another port) may help."""
+
+    exit_code = 2
+
+    def __init__(self, kind: str, message: str, *, retry: bool = False, path: str | None = None) -> None:
+        self.kind = kind
+        self.message = message
+        self.retry = retry
+        self.path = path
+        super().__init__(message)

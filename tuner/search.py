@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected, InputError
+from tuner.errors import ConfigRejected, EnvironmentFault, InputError
+from tuner.interrupts import Deadline, Interrupted, current_deadline, deadline_scope
 from tuner.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.study import (
     count_finished,
@@ -89,6 +90,8 @@ class SearchObserver:
     def on_phase(self, text: str) -> None: ...
 
     def on_trial(self, trial: FrozenTrial, best: FrozenTrial | None, finished: int) -> None: ...
+
+    def on_warning(self, text: str) -> None: ...
 
 
 # -- one configuration -----------------------------------------------------------------
@@ -375,11 +378,16 @@ def _goodput_search(
 ) -> list[_Point]:
     points: list[_Point] = []
 
+    deadline = current_deadline()
+
     def run(level: float, kind: str) -> _Point:
         load = load_for(kind, level, workload, seed)
         say(f"replay {len(points) + 1}/{max_replays} at {load.label}")
-        stop = slo_stop_hook(target, len(workload)) if early_stop else None
+        deadline.check()
+        slo = slo_stop_hook(target, len(workload)) if early_stop else None
+        stop = slo if deadline.at is None else (lambda c: deadline.passed() or bool(slo and slo(c)))
         result = instance.run(workload, load, stop=stop)
+        deadline.check()  # a replay cut by --timeout measured nothing: the trial is interrupted
         summary = result.summary()
         p95 = summary.get("ttft_p95_s", math.nan)
         ok = (kind == load_kind and not result.stopped_early and math.isfinite(p95) and p95 <= target
@@ -518,6 +526,8 @@ class SearchOutcome:
     new_trials: int
     wall_s: float
     gpu_s: float  # startup + replay seconds of this session's trials
+    notes: list[str] = field(default_factory=list)
+    timed_out: bool = False
 
 
 def run_search(
@@ -538,6 +548,7 @@ def run_search(
     observer: SearchObserver | None = None,
     tags: dict[str, Any] | None = None,
     predictor: Predictor | str | None = "auto",
+    kill_stale: bool = False,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -549,11 +560,19 @@ def run_search(
     ``predictor`` (:mod:`tuner.predictor`): ``"auto"`` uses the simulator for the vLLM
     backend when it can model the deployment (a trial then starts its goodput search at
     the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
-    is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`."""
+    is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`.
+
+    Trials that measure nothing (:mod:`tuner.recovery`) — interrupted by a signal or by
+    ``timeout_s`` (which also cuts a hung start or replay), or failed by the environment
+    — do not use the budget and are queued again when the study resumes; two
+    environment faults in a row stop the run (:class:`EnvironmentFault`). Servers a
+    dead run left behind are reported through ``observer.on_warning`` and stopped only
+    with ``kill_stale``."""
 
     import optuna
 
     from tuner.predictor import advise
+    from tuner.recovery import requeue
 
     if budget < 1:
         raise InputError(f"--budget must be >= 1, got {budget}")
@@ -579,6 +598,10 @@ def run_search(
             "its trials' feasibility would mix two targets",
             hint=f"resume it with --target-ttft {float(stamped):g}s, or give --study a new name",
         )
+    preflight = getattr(backend_obj, "preflight", None)
+    if preflight is not None:
+        preflight(deployment)  # EnvironmentFault before any trial is recorded
+    _stale_servers(obs, kill_stale)
     finished = count_finished(st)
     obs.on_start(name, finished, budget)
     trials = st.get_trials(deepcopy=False)
@@ -640,10 +663,16 @@ def run_search(
             )
         except optuna.TrialPruned:
             raise
+        except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
+            why = f"interrupted ({err.reason})" if isinstance(err, Interrupted) else "interrupted (Ctrl-C)"
+            err.trial = trial.number  # type: ignore[attr-defined]  # for the CLI's one line
+            _failed(trial, config, run_facts, "interrupted", why)
+            raise
+        except EnvironmentFault as err:  # the machine, not the configuration
+            _failed(trial, config, run_facts, "environment", f"{err.kind}: {err.message}")
+            raise
         except Exception as err:  # a crash fails this trial only; the study goes on
-            trial.set_user_attr("config", config.to_dict())
-            trial.set_user_attr("error", f"{type(err).__name__}: {err}"[:2000])
-            trial.set_user_attr("run", run_facts)
+            _failed(trial, config, run_facts, "crash", f"{type(err).__name__}: {err}")
             raise
         session_gpu_s += ev.gpu_s
         attrs = dict(ev.attrs)
@@ -659,19 +688,98 @@ def run_search(
             trial.set_user_attr(key, _clean(value))
         return ev.value
 
+    env_faults: list[str] = []
+    notes: list[str] = []
+
     def after(st_: optuna.Study, trial: FrozenTrial) -> None:
         from tuner.study import best_feasible_trial
 
+        if trial.user_attrs.get("fail_kind") == "environment":
+            env_faults.append(str(trial.user_attrs.get("fail_reason")))
+            obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {env_faults[-1]}")
+            if len(env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
+                worker.halt = env_faults[-1]
+                st_.stop()
+        else:
+            env_faults.clear()
+            if trial.user_attrs.get("fail_kind") == "crash":
+                obs.on_warning(f"trial {trial.number} failed: {trial.user_attrs.get('fail_reason')}")
         obs.on_trial(trial, best_feasible_trial(st_), count_finished(st_))
 
+    interrupted: Interrupted | None = None
     with Worker(st, storage, budget=budget, timeout_s=timeout_s,
                 gpus=deployment.gpu_ids or deployment.gpu_count, attrs=tags) as worker:
-        worker.optimize(objective, catch=(Exception,), callbacks=[after])
+        for number in worker.leftovers:
+            obs.on_warning(f"trial {number} was left RUNNING by a run that is gone: failed as interrupted "
+                           "(not counted) and measured again")
+        again = requeue(st)
+        for g in again.given_up:
+            notes.append(f"configuration {g['params']} failed {g['failures']} times without a measurement "
+                         f"({'; '.join(str(r) for r in g['reasons'])[:300]}); not retried")
+            obs.on_warning(notes[-1])
+        try:
+            with deadline_scope(Deadline(timeout_s)), _quiet_optuna():
+                worker.optimize(objective, catch=(Exception,), callbacks=[after])
+        except Interrupted as err:
+            if err.reason != "timeout":
+                raise
+            interrupted = err  # --timeout cut a trial: it is measured again on resume
+            notes.append("--timeout reached during a trial: it was stopped, is not counted, and is measured "
+                         "again when the study resumes")
+    if worker.halt is not None:
+        raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults in "
+                               f"a row (no configuration was judged by them): {worker.halt}")
     from tuner.study import best_feasible_trial
 
     total = count_finished(st)
     return SearchOutcome(st, name, storage, best_feasible_trial(st), total, worker.ran,
-                         time.perf_counter() - t0, session_gpu_s)
+                         time.perf_counter() - t0, session_gpu_s, notes=notes, timed_out=interrupted is not None)
+
+
+#: Environment faults in a row after which the search stops (one may be a passing glitch).
+ENVIRONMENT_FAULTS_TO_STOP = 2
+
+
+def _failed(trial: optuna.Trial, config: ServeConfig, run_facts: dict[str, Any], kind: str, reason: str) -> None:
+    """What a trial that is about to FAIL stores: its config, why (``fail_kind``:
+    interrupted, environment or crash; :mod:`tuner.recovery`) and the run facts."""
+    from tuner.recovery import mark_failed
+
+    trial.set_user_attr("config", config.to_dict())
+    trial.set_user_attr("run", run_facts)
+    if kind == "crash":
+        trial.set_user_attr("error", reason[:2000])
+    mark_failed(trial.study, trial._trial_id, kind, reason)
+
+
+def _stale_servers(obs: SearchObserver, kill: bool) -> None:
+    """Report (and with ``kill``, stop) servers a dead tuner run left on this host."""
+    from tuner.processes import stale_servers, stop_group
+
+    for server in stale_servers():
+        if kill:
+            gone = stop_group(server.pgid)
+            obs.on_warning(f"stopped a server left by a dead run: {server.describe()}"
+                           + ("" if gone else " (it did not stop; see tuner doctor)"))
+        else:
+            obs.on_warning(f"a server left by a dead run is still running: {server.describe()}; "
+                           "stop it with --kill-stale or tuner doctor --kill-stale")
+
+
+class _quiet_optuna:
+    """Optuna logs every failed trial with its traceback at WARNING; the search reports
+    failures itself, in one line (``SearchObserver.on_warning``)."""
+
+    def __enter__(self) -> None:
+        import optuna
+
+        self.level = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+    def __exit__(self, *exc: object) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(self.level)
 
 
 def _propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best: float | None) -> None:

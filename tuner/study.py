@@ -87,8 +87,11 @@ def finished_states() -> tuple[Any, ...]:
 
 
 def count_finished(study: optuna.Study) -> int:
-    """Trials that count against ``--budget``."""
-    return len(study.get_trials(deepcopy=False, states=finished_states()))
+    """Trials that count against ``--budget``: finished, except failures that measured
+    nothing (interrupted, environment faults: :mod:`tuner.recovery`)."""
+    from tuner.recovery import not_measured
+
+    return sum(1 for t in study.get_trials(deepcopy=False, states=finished_states()) if not not_measured(t))
 
 
 def open_study(name: str, storage: str | None = None, *, sampler: Any = None) -> optuna.Study:

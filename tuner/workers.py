@@ -306,9 +306,12 @@ def _orphan(trial: Any, now: dt.datetime) -> bool:
 
 def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None) -> tuple[int, int]:
     """``(used, running)``: trials that count against the budget — COMPLETE, PRUNED,
-    FAIL unless retried, and (shared storage) RUNNING — and how many of them run.
+    FAIL unless retried or it measured nothing (interrupted, environment:
+    :mod:`tuner.recovery`), and (shared storage) RUNNING — and how many of them run.
     On SQLite a RUNNING trial is a leftover of a killed process and does not count."""
     from optuna.trial import TrialState
+
+    from tuner.recovery import not_measured
 
     now = dt.datetime.now()  # Optuna stamps trials with naive local time
     trials = study.get_trials(deepcopy=False)
@@ -320,7 +323,7 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             used += 1
         elif t.state == TrialState.FAIL:
-            used += t.number not in retried
+            used += t.number not in retried and not not_measured(t)
         elif t.state == TrialState.RUNNING and shared and not _orphan(t, now):
             used += 1
             running += 1
@@ -348,6 +351,8 @@ class Worker:
         self._writer_lock: StudyLock | None = None
         self.ran = 0  # trials this process started
         self._current: int | None = None
+        self.halt: str | None = None  # set (with study.stop()) to end the loop for a reason of ours
+        self.leftovers: list[int] = []  # RUNNING trials of a dead process, failed on entry (SQLite)
 
     def __enter__(self) -> Worker:
         if self.shared:
@@ -363,6 +368,10 @@ class Worker:
                     hint="to share a study between workers, use a server database: "
                          "--storage postgresql://user:password@host/db",
                 )
+            # we are the only writer: a RUNNING trial belongs to a process that is gone
+            from tuner.recovery import fail_leftovers
+
+            self.leftovers = fail_leftovers(self.study)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -400,7 +409,9 @@ class Worker:
                         if not self._taken_for_dead():
                             raise
                     if getattr(self.study, "_stop_flag", False):  # study.stop(): e.g. the grid is exhausted
-                        return
+                        if self.halt is not None or not self._waiting():
+                            return
+                        self.study._stop_flag = False  # the grid counts failed points as seen: run their retries
                     continue
             finally:
                 if lock is not None:
@@ -408,6 +419,11 @@ class Worker:
             if running == 0:
                 return
             time.sleep(self.poll_s)
+
+    def _waiting(self) -> bool:
+        from optuna.trial import TrialState
+
+        return bool(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     def _taken_for_dead(self) -> bool:
         from optuna.trial import TrialState

@@ -17,7 +17,7 @@ from tuner.backends import get_backend
 from tuner.backends.vllm import VllmBackend, _group_has_live_members, detect_version
 from tuner.backends.vllm_args import classify_failure, parse_startup, parse_version, render_flags
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError, ConfigRejected
+from tuner.errors import BackendError, ConfigRejected, EnvironmentFault
 from tuner.load import Concurrency
 from tuner.sim.memory import plan_memory
 from tuner.sim.server import build_parser
@@ -114,7 +114,6 @@ LOG_PREFIX = "(EngineCore_DP0 pid=123) ERROR 11-30 01:02:03 [core.py:708] "
      "Current capability: 70.", "quantization"),
     ("ValueError: Total number of attention heads (28) must be divisible by tensor parallel size (8).",
      "tensor_parallel"),
-    ("vllm serve: error: unrecognized arguments: --disable-log-requests", "bad_flag"),
     ("ValueError: max_num_batched_tokens (256) must be greater than or equal to max_num_seqs (512).",
      "batch_tokens"),
 ])
@@ -125,6 +124,20 @@ def test_failures_are_classified_with_vllms_line(line, kind):
     assert line.endswith(err.message) and len(err.message) > 40  # vLLM's sentence, whole
     assert not err.message.startswith(("ValueError", "torch."))  # without the exception type
     assert err.log_path == "x.log"
+
+
+@pytest.mark.parametrize("line, kind, retry", [
+    ("OSError: [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use",
+     "port_in_use", True),
+    ("OSError: [Errno 28] No space left on device", "disk_full", False),
+    ("vllm serve: error: unrecognized arguments: --disable-log-requests", "bad_flag", False),
+    ("ModuleNotFoundError: No module named 'vllm'", "command", False),
+])
+def test_faults_of_the_machine_are_environment_faults_not_refusals(line, kind, retry):
+    err = classify_failure(1, "INFO loading weights\n" + LOG_PREFIX + line + "\n", log_path="x.log")
+    assert isinstance(err, EnvironmentFault) and not isinstance(err, ConfigRejected)
+    assert err.kind == kind and err.retry is retry
+    assert line.split(": ", 1)[-1] in err.message and "x.log" in err.message
 
 
 def test_max_model_len_refusal_carries_vllms_estimate():
@@ -197,11 +210,12 @@ def test_refused_start_is_config_rejected_with_the_planners_message(backend):
     assert err.value.log_path and err.value.log_path.endswith("-r0.log")
 
 
-def test_bad_flag_is_rejected_as_bad_flag(tmp_path):
+def test_a_flag_the_server_rejects_is_an_environment_fault(tmp_path):
     b = VllmBackend(vllm_cmd=SIM, log_dir=tmp_path, extra_args=["--no-such-flag"], startup_timeout_s=30)
-    with pytest.raises(ConfigRejected) as err:
+    with pytest.raises(EnvironmentFault) as err:
         b.start(DEP, ServeConfig(max_model_len=4096))
     assert err.value.kind == "bad_flag" and "--no-such-flag" in err.value.message
+    assert "--vllm-version" in err.value.message  # what to check
 
 
 def test_slow_start_times_out_and_is_killed(tmp_path):

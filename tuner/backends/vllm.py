@@ -13,13 +13,24 @@ Replica ``k`` gets GPUs ``devices[k*TP:(k+1)*TP]`` as ``CUDA_VISIBLE_DEVICES``, 
 port, and a log at ``<log_dir>/<trial>-r<k>.log``. Start = spawn all, wait for
 ``/health`` (``startup_timeout_s``), one tiny warm-up completion, read the startup facts
 from the log and ``/metrics``. A failed start raises :class:`ConfigRejected` with the cause
-classified from exit code and log. Stop = SIGTERM to each process group, SIGKILL after
-``stop_grace_s``; only groups this backend created are signalled.
+classified from exit code and log, or :class:`~tuner.errors.EnvironmentFault` when the
+machine is at fault (a port another process took, retried on a new port; a full disk; a
+flag the server rejects; no such command). Stop = SIGTERM to each process group, SIGKILL
+after ``stop_grace_s``; only groups this backend created are signalled.
+
+Each replica carries tuner's marker (:mod:`tuner.processes`): the environment variable
+``TUNER_SERVER`` and a second served model name ``tuner-<token>``. A trial replays only
+against a port whose ``/v1/models`` lists its token, so a process that happens to answer
+``/health`` on the chosen port is reported, never measured. Servers are asked to die
+with the tuner process (Linux ``PR_SET_PDEATHSIG``), every live one is stopped by
+:func:`stop_all` on the CLI's way out, and a run killed with SIGKILL leaves servers a
+later run finds by the marker (``tuner doctor``).
 """
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -35,7 +46,9 @@ from typing import TYPE_CHECKING, Any
 from tuner.backends.base import StopHook
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
 from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
-from tuner.errors import BackendError, ConfigRejected, InputError
+from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
+from tuner.interrupts import current_deadline
+from tuner import processes
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
@@ -44,6 +57,26 @@ if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
 
 DEFAULT_CMD = "vllm serve"
+#: Defaults of the start and per-request timeouts (``--startup-timeout``, ``--request-timeout``):
+#: a 70B model over a slow disk can take ~20 minutes to load and capture graphs; one request
+#: of a long-context trace at saturation a few minutes.
+STARTUP_TIMEOUT_S = 1800.0
+REQUEST_TIMEOUT_S = 600.0
+#: Attempts at a start whose port another process took in the meantime.
+PORT_ATTEMPTS = 3
+#: A start is refused as an environment fault when the log folder has less free space.
+MIN_FREE_BYTES = 64 * 2**20
+#: Every replica this process started and has not stopped yet (see :func:`stop_all`).
+_LIVE: set[_Replica] = set()
+
+
+def stop_all(grace_s: float = 5.0) -> int:
+    """Stop every server this process started and has not stopped (the last thing the
+    CLI does on any exit); returns how many there were."""
+    left = list(_LIVE)
+    for r in left:
+        r.stop(grace_s)
+    return len(left)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -117,13 +150,17 @@ def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
 
 
 class _Replica:
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, argv: list[str], gpus: str) -> None:
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, argv: list[str], gpus: str,
+                 token: str = "", port: int = 0) -> None:
         self.proc = proc
         self.pgid = proc.pid  # start_new_session=True: the child leads its own group
         self.url = url
         self.log_path = log_path
         self.argv = argv
         self.gpus = gpus
+        self.token = token
+        self.port = port
+        _LIVE.add(self)
 
     def log_text(self, limit: int = 2_000_000) -> str:
         try:
@@ -166,7 +203,42 @@ class _Replica:
         except subprocess.TimeoutExpired:
             pass
         if not self.group_alive():
+            _LIVE.discard(self)
             remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
+
+
+def check_writable(folder: Path, *, what: str) -> None:
+    """``folder`` exists (made if need be), takes a file and has :data:`MIN_FREE_BYTES` free;
+    else :class:`EnvironmentFault` naming the path and what to do."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".tuner-write-check-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as err:
+        kind = "disk_full" if err.errno == 28 else "storage"
+        raise EnvironmentFault(kind, f"cannot write {what} {folder}: {err.strerror}", path=str(folder)) from err
+    free = shutil.disk_usage(folder).free
+    if free < MIN_FREE_BYTES:
+        raise EnvironmentFault("disk_full", f"{what} {folder} has {free / 2**20:.0f} MiB free; free at least "
+                               f"{MIN_FREE_BYTES / 2**20:.0f} MiB there (old logs: studies/*/logs/)", path=str(folder))
+
+
+def _listener_in_group(port: int, pgid: int) -> bool:
+    """True when the process listening on ``port`` is in process group ``pgid``."""
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return False
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            try:
+                return os.getpgid(c.pid) == pgid
+            except (ProcessLookupError, PermissionError):
+                return False
+    return False
 
 
 def _group_has_live_members(pgid: int) -> bool:
@@ -282,12 +354,12 @@ class VllmBackend:
         vllm_version: str | None = None,
         log_dir: str | Path = "studies/default/logs",
         host: str = "127.0.0.1",
-        startup_timeout_s: float = 1800.0,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
         stop_grace_s: float = 30.0,
         extra_args: list[str] | tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         router: str = "round_robin",
-        timeout_s: float = 600.0,
+        timeout_s: float = REQUEST_TIMEOUT_S,
         api: str = "completions",
         metrics: bool = True,
         platform: str = "auto",
@@ -340,7 +412,29 @@ class VllmBackend:
         self.layout(deployment, config)
         return {}
 
-    def argv(self, deployment: Deployment, config: ServeConfig, *, port: int, version: str) -> list[str]:
+    def preflight(self, deployment: Deployment) -> None:
+        """What must hold before the first trial, checked without starting anything:
+        the command exists and the log folder is writable with room to spare. Raises
+        :class:`EnvironmentFault` (the run stops before any trial is recorded)."""
+        cmd = shlex.split(self.vllm_cmd)
+        exe = cmd[0]
+        found = shutil.which(exe) if os.sep not in exe else (exe if os.access(exe, os.X_OK) else None)
+        if found is None:
+            raise EnvironmentFault("command", f"--vllm-cmd {self.vllm_cmd!r}: {exe!r} is not an executable "
+                                   "on PATH", path=exe)
+        check_writable(self.log_dir, what="the vLLM log folder")
+
+    def _served_names(self, deployment: Deployment, token: str) -> list[str]:
+        """``--served-model-name`` flags: the name vLLM would use by default, then the
+        trial's marker (so ``/v1/models`` proves the server is ours); none when the user
+        names the model in --extra-args or --vllm-cmd."""
+        if any(a == "--served-model-name" or a.startswith("--served-model-name=")
+               for a in [*shlex.split(self.vllm_cmd), *self.extra_args]):
+            return []
+        return ["--served-model-name", deployment.model, processes.NAME_PREFIX + token]
+
+    def argv(self, deployment: Deployment, config: ServeConfig, *, port: int, version: str,
+             token: str = "") -> list[str]:
         cmd = shlex.split(self.vllm_cmd)
         if any("{model}" in part for part in cmd):
             head = [part.replace("{model}", deployment.model) for part in cmd]
@@ -354,37 +448,61 @@ class VllmBackend:
         if any("sim-serve" in part or part == "tuner.sim.server" for part in cmd):
             # the simulated server also needs the GPU type and the version it follows
             flags += ["--gpu", deployment.gpu, "--vllm-version", version]
+        if token:
+            flags += self._served_names(deployment, token)
         return head + flags + self.extra_args
 
     # -- start ---------------------------------------------------------------------------
     def start(self, deployment: Deployment, config: ServeConfig, *, trial: str | None = None) -> VllmInstance:
-        """Start ``config.replicas`` replicas and wait until all answer; ConfigRejected if not."""
+        """Start ``config.replicas`` replicas and wait until all answer; ConfigRejected if
+        vLLM refuses, :class:`EnvironmentFault` for a fault of the machine (after
+        :data:`PORT_ATTEMPTS` tries when another process took a port)."""
         gpu_sets = self.layout(deployment, config)
         version = self.version(deployment)
         self._trial_counter += 1
         trial = trial or f"trial{self._trial_counter:04d}-{os.getpid()}"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        check_writable(self.log_dir, what="the vLLM log folder")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once(deployment, config, gpu_sets, version,
+                                        trial if attempt == 1 else f"{trial}-a{attempt}")
+            except EnvironmentFault as err:
+                if not err.retry or attempt == PORT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, deployment: Deployment, config: ServeConfig, gpu_sets: list[str], version: str,
+                    trial: str) -> VllmInstance:
         t_start = time.monotonic()
         replicas: list[_Replica] = []
         try:
             for k, gpus in enumerate(gpu_sets):
                 port = free_port(self.host)
-                argv = self.argv(deployment, config, port=port, version=version)
+                token = secrets.token_hex(6)
+                argv = self.argv(deployment, config, port=port, version=version, token=token)
                 log_path = self.log_dir / f"{trial}-r{k}.log"
-                env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
+                env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
+                       processes.MARKER_ENV: processes.marker(token)}
                 where = f"CUDA_VISIBLE_DEVICES={gpus}"
                 if self.platform() == "cpu":
                     env = self.cpu.env(config, env)
                     where = f"cpu: VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}"
-                with open(log_path, "wb") as log:
-                    log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
-                    log.flush()
-                    try:
+                try:
+                    log = open(log_path, "wb")
+                    with log:
+                        log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
+                        log.flush()
                         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env=env, start_new_session=True)
-                    except OSError as err:
-                        raise BackendError(f"cannot run {argv[0]!r}: {err} (check --vllm-cmd)") from err
-                replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus))
+                                                env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
+                except OSError as err:
+                    if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
+                        raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
+                                               f"cannot write the vLLM log {log_path}: {err.strerror}",
+                                               path=str(log_path)) from err
+                    raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
+                                           path=argv[0]) from err
+                replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
+                                         token=token, port=port))
             for r in replicas:
                 self._wait_healthy(r, t_start)
             model_name = self._model_name(replicas[0])
@@ -414,29 +532,58 @@ class VllmBackend:
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
 
     def _wait_healthy(self, r: _Replica, t_start: float) -> None:
+        """Until ``/health`` answers and ``/v1/models`` names this replica's marker. A port
+        that answers without the marker is another process's (found, reported, never
+        killed): :class:`EnvironmentFault` ``foreign_server``, retried on another port. The
+        wait is bounded by ``startup_timeout_s`` and by the run's deadline
+        (:func:`tuner.interrupts.current_deadline`)."""
+        deadline = current_deadline()
+        limit = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining())
         while True:
             code = r.proc.poll()
             if code is not None:
                 raise classify_failure(code, r.log_text(), log_path=str(r.log_path))
             try:
                 status, _ = _http(f"{r.url}/health", timeout=2.0)
-                if status == 200:
-                    return
             except (OSError, urllib.error.URLError):
-                pass
-            if time.monotonic() - t_start > self.startup_timeout_s:
+                status = 0
+            if status == 200:
+                if self._is_ours(r):
+                    return
+                who = processes.listener(r.port) or "a process tuner cannot see"
                 r.stop(self.stop_grace_s)
+                raise EnvironmentFault(
+                    "foreign_server", f"{r.url} answers, but it is not the server tuner started ({who}); "
+                    "it was left running and this trial moves to another port", retry=True)
+            if time.monotonic() - t_start > limit:
+                r.stop(self.stop_grace_s)
+                deadline.check()  # the run's --timeout, not this configuration: interrupted
                 err = classify_failure(None, r.log_text(), log_path=str(r.log_path))
-                if err.kind == "timeout":
-                    err = ConfigRejected("timeout", f"no healthy server after {self.startup_timeout_s:g} s; "
-                                         + err.message, log_path=str(r.log_path))
+                if isinstance(err, ConfigRejected) and err.kind == "timeout":
+                    err = ConfigRejected("timeout", f"no healthy server after {self.startup_timeout_s:g} s "
+                                         "(--startup-timeout); " + err.message, log_path=str(r.log_path))
                 raise err
             time.sleep(0.2)
+
+    def _is_ours(self, r: _Replica) -> bool:
+        """``/v1/models`` lists the replica's marker name (or, when the user named the
+        model, the port's listener belongs to the replica's process group)."""
+        try:
+            status, body = _http(f"{r.url}/v1/models", timeout=10.0)
+            names = {str(card.get("id")) for card in json.loads(body).get("data", [])} if status == 200 else set()
+        except (OSError, ValueError, AttributeError):
+            names = set()
+        if processes.NAME_PREFIX + r.token in names:
+            return True
+        if any("--served-model-name" in a for a in r.argv):
+            return False
+        return _listener_in_group(r.port, r.pgid)
 
     def _model_name(self, r: _Replica) -> str:
         try:
             status, body = _http(f"{r.url}/v1/models", timeout=30.0)
-            return str(json.loads(body)["data"][0]["id"])
+            ids = [str(card["id"]) for card in json.loads(body)["data"]]
+            return next((i for i in ids if not i.startswith(processes.NAME_PREFIX)), ids[0])
         except (OSError, ValueError, KeyError, IndexError) as err:
             raise BackendError(f"{r.url}/v1/models did not name a model ({err}) [log: {r.log_path}]") from err
 

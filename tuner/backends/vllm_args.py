@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigRejected, InputError
+from tuner.errors import ConfigRejected, EnvironmentFault, InputError
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
@@ -127,6 +127,20 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                                    r"greater than the number of available GPUs", re.I)),
     ("batch_tokens", re.compile(r"max_num_batched_tokens \(\d+\) (must be greater|is smaller)")),
 ]
+#: Faults of the machine, not of the configuration (checked before _PATTERNS): the search
+#: must not learn from them. ``bad_flag``: the flags tuner renders exist in the vLLM version
+#: it was told; one the server rejects means the version, --vllm-cmd or --extra-args is off.
+_ENVIRONMENT: list[tuple[str, re.Pattern[str], bool, str]] = [
+    ("port_in_use", re.compile(r"[Aa]ddress already in use|\[Errno 98\]"), True,
+     "the port was taken by another process between tuner choosing it and the server binding it"),
+    ("disk_full", re.compile(r"No space left on device|\[Errno 28\]"), False,
+     "free disk space where the server writes (its log folder, caches, /tmp)"),
+    ("bad_flag", re.compile(r"unrecognized arguments|No such option|no such option"), False,
+     "the server rejects a flag tuner passed: check --vllm-version (tuner renders flags for it), "
+     "--vllm-cmd and --extra-args"),
+    ("command", re.compile(r"No module named '?vllm|command not found|ModuleNotFoundError: No module named"), False,
+     "check --vllm-cmd: it must start vLLM in this environment"),
+]
 _EXC_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|AssertionError|torch\.OutOfMemoryError): (.+)$")
 
 
@@ -148,16 +162,22 @@ def _vllm_line(lines: list[str], rx: re.Pattern[str] | None) -> str:
 
 def classify_failure(
     exit_code: int | None, log_text: str, *, log_path: str | None = None
-) -> ConfigRejected:
+) -> ConfigRejected | EnvironmentFault:
     """Turn a dead (or hung) start into ConfigRejected with a kind the search learns from
-    and vLLM's own line as the message. ``exit_code`` None means it never became healthy
-    in time (``timeout``)."""
+    and vLLM's own line as the message, or into :class:`EnvironmentFault` when the log
+    shows a fault of the machine (a taken port, a full disk, a rejected flag, no vLLM).
+    ``exit_code`` None means it never became healthy in time (``timeout``)."""
     from tuner.backends.vllm_cpu import classify_failure as cpu_refusal  # CPU build's own refusals
 
-    if (cpu := cpu_refusal(log_text, log_path=log_path)) is not None:
-        return cpu
     lines = [ln for ln in log_text.splitlines() if ln.strip()]
     tail = "\n".join(lines[-400:])
+    for kind, rx, retry, advice in _ENVIRONMENT:
+        if rx.search(tail):
+            where = f" [log: {log_path}]" if log_path else ""
+            return EnvironmentFault(kind, f"{_vllm_line(lines[-400:], rx) or kind}: {advice}{where}",
+                                    retry=retry, path=log_path)
+    if (cpu := cpu_refusal(log_text, log_path=log_path)) is not None:
+        return cpu
     for kind, rx in _PATTERNS:
         if rx.search(tail):
             message = _vllm_line(lines[-400:], rx)

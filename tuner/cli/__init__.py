@@ -40,15 +40,50 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point. Typer handles usage errors itself (exit 2); TunerError becomes one line."""
+    """Entry point. Typer handles usage errors itself (exit 2); TunerError becomes one
+    line. SIGINT, SIGTERM and SIGHUP stop the run cleanly (:mod:`tuner.interrupts`): the
+    trial in progress is stopped with its servers and not counted, one line says so, and
+    the exit status is 128 + the signal (130, 143, 129). Whatever the exit, no server
+    this process started is left running."""
+    from tuner.interrupts import handle_signals, hold_signals
+
     _register()
-    try:
-        app(args=argv, prog_name="tuner")
-    except TunerError as err:
-        if os.environ.get("TUNER_DEBUG"):
-            raise
-        print(f"tuner: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        print("tuner: interrupted; finished trials are kept in the study", file=sys.stderr)
-        sys.exit(130)
+    code: int | str | None = 0
+    with handle_signals() as caught:
+        try:
+            app(args=argv, prog_name="tuner")
+        except TunerError as err:
+            if os.environ.get("TUNER_DEBUG"):
+                raise
+            print(f"tuner: {err}", file=sys.stderr)
+            code = err.exit_code
+        except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
+            code = err.code
+        except KeyboardInterrupt as err:
+            caught.interrupt = caught.interrupt or err  # type: ignore[assignment]
+        finally:
+            hold_signals()  # only cleanup is left: a further signal must not cut it short
+            _stop_servers()
+    if caught.interrupt is not None:
+        print(f"tuner: {_interrupted_line(caught.interrupt)}", file=sys.stderr)
+        code = getattr(caught.interrupt, "exit_code", 130)
+    sys.exit(code)
+
+
+def _interrupted_line(err: BaseException) -> str:
+    reason = getattr(err, "reason", "SIGINT")
+    trial = getattr(err, "trial", None)
+    where = (f"; trial {trial} was stopped with its servers (not counted: it is measured again when the "
+             "study resumes)") if trial is not None else ""
+    return f"interrupted by {reason}{where}; finished trials are kept in the study"
+
+
+def _stop_servers() -> None:
+    """Last resort on every exit: stop servers this process started and still holds."""
+    import sys as _sys
+
+    vllm = _sys.modules.get("tuner.backends.vllm")
+    if vllm is not None:
+        left = vllm.stop_all()
+        if left:
+            print(f"tuner: stopped {left} server(s) still running on exit", file=sys.stderr)

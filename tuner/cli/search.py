@@ -57,18 +57,36 @@ def deployment_changes(*, model: str | None = None, quantization: str | None = N
 
 
 def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
-                    endpoint: str | None = None) -> dict[str, Any]:
-    """Constructor options of the chosen backend: the vLLM logs go to studies/<study>/logs/."""
+                    endpoint: str | None = None, startup_timeout: str | None = None,
+                    request_timeout: str | None = None) -> dict[str, Any]:
+    """Constructor options of the chosen backend: the vLLM logs go to studies/<study>/logs/;
+    ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations."""
+    from tuner.space import parse_seconds
+
     options: dict[str, Any] = {}
+    if request_timeout and backend in ("vllm", "endpoint"):
+        options["timeout_s"] = parse_seconds(request_timeout, what="--request-timeout")
     if backend == "vllm":
         options["log_dir"] = f"studies/{study}/logs"
         if vllm_cmd:
             options["vllm_cmd"] = vllm_cmd
+        if startup_timeout:
+            options["startup_timeout_s"] = parse_seconds(startup_timeout, what="--startup-timeout")
     elif backend == "endpoint":
         if not endpoint:
             raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
         options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
     return options
+
+
+#: How long past --timeout the hard stop waits for the cooperative one (a hung start or
+#: replay is then interrupted wherever it is).
+TIMEOUT_GRACE_S = 10.0
+
+
+def warn(text: str) -> None:
+    """One line on stderr, as every tuner message."""
+    print(f"tuner: warning: {text}", file=sys.stderr, flush=True)
 
 
 class _Progress:
@@ -104,6 +122,12 @@ class _Progress:
         text = "-" if best is None else f"{best.value:,.0f} tok/s (#{best.number})"
         self.progress.update(self.task, completed=min(finished, self.budget), best=text, phase="")
 
+    def on_warning(self, text: str) -> None:
+        if self.progress.disable:
+            warn(text)
+        else:
+            self.progress.console.print(f"tuner: warning: {text}", markup=False, highlight=False)
+
 
 @app.command("search")
 def search_cmd(
@@ -127,6 +151,9 @@ def search_cmd(
     vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
     predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
+    startup_timeout: str | None = typer.Option(None, "--startup-timeout", help="vllm backend: a server not healthy after this long (30m, 900s) is recorded as a start timeout. Default 30m."),
+    request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),
+    kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop servers that a dead tuner run left on this host (found by tuner's marker; they are reported either way, never others' processes)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
 
@@ -136,7 +163,9 @@ def search_cmd(
 
     Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
 
-    Exit codes: 0 a feasible configuration was found, 2 bad input, 3 no configuration met the target (the closest miss is explained).
+    A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129; --timeout stops it too and exits normally. Such a trial, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
+
+    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 130/143/129 interrupted.
     """
     from tuner.search import (
         SAMPLERS,
@@ -177,8 +206,12 @@ def search_cmd(
     sp = sp.bind(dep, num_heads(dep))
     workload = build_workload(sp.workload, dep)
     name = study or study_name(dep, workload.fingerprint(), sp.name, backend, sp.workload.target_ttft_s)
-    options = backend_options(backend, name, vllm_cmd=vllm_cmd, endpoint=endpoint)
+    options = backend_options(backend, name, vllm_cmd=vllm_cmd, endpoint=endpoint,
+                              startup_timeout=startup_timeout, request_timeout=request_timeout)
     backend_obj = get_backend_by_name(backend, **options)
+    from tuner.interrupts import alarm
+
+    alarm(None if timeout is None else timeout + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress:
         enqueue = []
         if warm_start == "sim" and backend != "sim":
@@ -187,8 +220,9 @@ def search_cmd(
         outcome = run_search(
             sp, backend=backend_obj, workload=workload, budget=budget, timeout_s=timeout,
             storage=storage, study=name, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
-            predictor="auto" if predict else None,
+            predictor="auto" if predict else None, kill_stale=kill_stale,
         )
+    alarm(None)
     best = outcome.best
     report: dict[str, Any] = {
         "study": outcome.name, "storage": outcome.storage or f"sqlite:///studies/{outcome.name}.db",
@@ -196,7 +230,7 @@ def search_cmd(
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
         "target_ttft_s": sp.workload.target_ttft_s, "backend": backend_obj.name,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
-        "deployment": dep.to_dict(), "best": None,
+        "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
     }
     if best is not None:
         config = trial_config(best)

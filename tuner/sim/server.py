@@ -99,9 +99,11 @@ class SimServer:
         num_gpu_blocks: int | None = None,
         speed: float = 1.0,
         vllm_version: str = "sim",
+        aliases: tuple[str, ...] = (),
     ) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.names = (model_name, *aliases)  # vLLM: every --served-model-name is listed and answered
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.num_gpu_blocks = num_gpu_blocks
@@ -201,10 +203,10 @@ class SimServer:
         return web.json_response({"version": self.vllm_version})
 
     async def models(self, request: web.Request) -> web.Response:
-        card = {"id": self.model_name, "object": "model", "created": int(time.time()),
-                "owned_by": "vllm", "root": self.model_name, "parent": None,
-                "max_model_len": self.max_model_len, "permission": []}
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [{"id": name, "object": "model", "created": int(time.time()),
+                  "owned_by": "vllm", "root": self.model_name, "parent": None,
+                  "max_model_len": self.max_model_len, "permission": []} for name in self.names]
+        return web.json_response({"object": "list", "data": cards})
 
     async def debug_timings(self, request: web.Request) -> web.Response:
         return web.json_response(dict(self.timings))
@@ -286,7 +288,7 @@ class SimServer:
         return await self._generate(request, body, arrival, [], self._words(text), chat=True)
 
     async def _generate(self, request, body, arrival, ids, n_prompt, *, chat: bool):
-        if body.get("model") not in (None, self.model_name):
+        if body.get("model") not in (None, *self.names):
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         limit = self.max_model_len
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (
@@ -391,8 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="Model preset (e.g. qwen2.5-7b) or folder holding config.json.")
     p.add_argument("--host", default="127.0.0.1", help="Address to bind (default 127.0.0.1).")
     p.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
-    p.add_argument("--served-model-name", default=None,
-                   help="Model name clients use (default: the MODEL argument).")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="Model name(s) clients use (default: the MODEL argument); responses carry the first.")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="Fraction of total GPU memory vLLM may use (vLLM's default if unset).")
     p.add_argument("--max-num-seqs", type=int, default=None, help="Most requests running at once.")
@@ -461,7 +463,8 @@ def build_server(args: argparse.Namespace) -> SimServer:
 
         profile = load_calibration(plan.gpu, args.calibration)
     engine = EngineCore(plan, profile)
-    return SimServer(engine, model_name=args.served_model_name or args.model,
+    names = args.served_model_name or [args.model]
+    return SimServer(engine, model_name=names[0], aliases=tuple(names[1:]),
                      max_model_len=plan.max_model_len, block_size=plan.block_size,
                      num_gpu_blocks=plan.num_gpu_blocks, speed=args.speed, vllm_version=version)
 

@@ -1,0 +1,104 @@
+"""Trials that did not measure their configuration, and putting that right.
+
+A trial can end without saying anything about its configuration: the run was
+*interrupted* (a signal, ``--timeout``, a process killed so hard that its trial stayed
+RUNNING), or the *environment* failed (a taken port, a full disk, a command that rejects
+tuner's flags). Such a trial is FAIL with ``fail_kind`` ``interrupted`` or ``environment``
+in its user attrs; it does not use the budget, the sampler never sees it (Optuna's
+samplers learn from COMPLETE and PRUNED trials only), and when the study resumes its
+configuration is queued again (:func:`requeue`), so a grid study still measures every
+point. A configuration that failed :data:`MAX_FAILURES` times is not queued again: the
+search reports it instead of retrying it for ever.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+#: ``fail_kind`` values that say nothing about the configuration.
+NOT_MEASURED = ("interrupted", "environment")
+#: Failures of one configuration after which it is reported, not queued again.
+MAX_FAILURES = 2
+
+
+def not_measured(trial: Any) -> bool:
+    """A FAIL trial that says nothing about its configuration."""
+    from optuna.trial import TrialState
+
+    return trial.state == TrialState.FAIL and trial.user_attrs.get("fail_kind") in NOT_MEASURED
+
+
+def mark_failed(study: optuna.Study, trial_id: int, kind: str, reason: str) -> None:
+    """Record why a trial failed (before or after Optuna set its state)."""
+    storage = study._storage
+    storage.set_trial_user_attr(trial_id, "fail_kind", kind)
+    storage.set_trial_user_attr(trial_id, "fail_reason", reason[:2000])
+
+
+def fail_leftovers(study: optuna.Study) -> list[int]:
+    """Fail every RUNNING trial as ``interrupted`` (call it holding the study's only
+    writer lock, i.e. on SQLite: no other process can be running them). Returns their
+    numbers."""
+    from optuna.trial import TrialState
+
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = t.user_attrs.get("worker") or "a process that never claimed it"
+        here = t.user_attrs.get("host") in (None, socket.gethostname())
+        reason = f"left RUNNING by {who}, which is gone" + ("" if here else " (another host)")
+        mark_failed(study, t._trial_id, "interrupted", reason)
+        study.tell(t.number, state=TrialState.FAIL)
+        out.append(t.number)
+    return out
+
+
+@dataclass
+class Requeued:
+    """What :func:`requeue` did: trials queued again, and configurations given up on."""
+
+    queued: list[int] = field(default_factory=list)          # numbers of the failed trials
+    given_up: list[dict[str, Any]] = field(default_factory=list)  # {"params", "failures", "reasons"}
+
+
+def requeue(study: optuna.Study, max_failures: int = MAX_FAILURES) -> Requeued:
+    """Queue again (as WAITING trials with ``retry_of``) the configurations of failed
+    trials that measured nothing and were not retried yet, unless the configuration
+    failed ``max_failures`` times already."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
+    waiting = {_key(t.params) for t in trials if t.state == TrialState.WAITING}
+    failures: dict[tuple, list[Any]] = {}
+    for t in trials:
+        if t.state == TrialState.FAIL:
+            failures.setdefault(_key(t.params), []).append(t)
+    out = Requeued()
+    for t in trials:
+        if not not_measured(t) or t.number in retried or not t.params:
+            continue
+        key = _key(t.params)
+        if key in waiting:
+            continue
+        fails = failures.get(key, [])
+        if len(fails) >= max_failures:
+            if not any(g["params"] == t.params for g in out.given_up):
+                out.given_up.append({"params": dict(t.params), "failures": len(fails),
+                                     "reasons": [f.user_attrs.get("fail_reason") or f.user_attrs.get("error", "")
+                                                 for f in fails]})
+            continue
+        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        waiting.add(key)
+        out.queued.append(t.number)
+    return out
+
+
+def _key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+__all__ = ["MAX_FAILURES", "NOT_MEASURED", "Requeued", "fail_leftovers", "mark_failed", "not_measured", "requeue"]
