@@ -781,7 +781,9 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict
         doc["match"] = match
     doc.update(extra)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=110))
+    from tuner.files import write_atomic
+
+    write_atomic(path, yaml.safe_dump(doc, sort_keys=False, width=110))
 
 
 def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version: str,

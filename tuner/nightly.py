@@ -340,13 +340,15 @@ def write_nightly_report(study: optuna.Study, verdict: Verdict, history: list[Ni
     report (``report.html``, :mod:`tuner.report`) in ``folder``; returns nightly.html."""
     folder.mkdir(parents=True, exist_ok=True)
     text = render_markdown(verdict, history, study.study_name)
-    (folder / "nightly.md").write_text(text, encoding="utf-8")
-    (folder / "nightly.json").write_text(json.dumps({
+    from tuner.files import write_atomic
+
+    write_atomic(folder / "nightly.md", text)
+    write_atomic(folder / "nightly.json", json.dumps({
         "study": study.study_name, "headline": verdict.headline, "regression": verdict.regression,
         "change": verdict.change, "threshold": verdict.threshold, "workload_changed": verdict.workload_changed,
         "night": verdict.night.to_dict(),
         "baseline": None if verdict.baseline is None else verdict.baseline.to_dict(),
-    }, indent=2), encoding="utf-8")
+    }, indent=2))
     study_report = ""
     try:
         from tuner.report import write_report
@@ -357,9 +359,7 @@ def write_nightly_report(study: optuna.Study, verdict: Verdict, history: list[Ni
         pass
     page = (f"<!doctype html><meta charset=utf-8><title>{html.escape(study.study_name)} nightly</title>"
             f"<pre>{html.escape(text)}</pre>{study_report}")
-    path = folder / "nightly.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(folder / "nightly.html", page)
 
 
 __all__ = ["DEFAULT_THRESHOLD", "NIGHTS_ATTR", "REGRESSION_EXIT", "Night", "NightlyOutcome", "RegressionDetected",

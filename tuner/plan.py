@@ -605,11 +605,12 @@ def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     fig.suptitle(f"capacity at P95 TTFT ≤ {est.target_ttft_s:g} s: {est.max_load:.4g} "
                  f"{'users' if est.load_kind == 'concurrency' else 'req/s'}, {est.tokens_per_s:,.0f} tok/s")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from tuner.files import write_atomic
+    from tuner.plots import png_bytes
+
+    data = png_bytes(fig, dpi=110)
     plt.close(fig)
-    return path
+    return write_atomic(Path(path), data)
 
 
 def default_out_dir(est: CapacityEstimate) -> Path:
@@ -622,8 +623,9 @@ def write_plan_files(est: CapacityEstimate, out_dir: str | Path | None = None) -
     folder = Path(out_dir) if out_dir is not None else default_out_dir(est)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"plan-{est.target_ttft_s:g}s" + ("" if est.trial is None else f"-trial{est.trial}")
-    md = folder / f"{stem}.md"
-    md.write_text(render_markdown(est), encoding="utf-8")
+    from tuner.files import write_atomic
+
+    md = write_atomic(folder / f"{stem}.md", render_markdown(est))
     png = plot_plan(est, folder / f"{stem}.png")
     return md, png
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import best_trial, study_location, target_ttft_s, trials_frame
+from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
 from tuner.study import STUDIES_DIR
 
@@ -179,12 +180,10 @@ def write_report(study: optuna.Study, out_dir: str | Path | None = None) -> Path
     for name in CAPTIONS:  # a figure not drawn this time leaves no stale PNG behind
         png = folder / f"{name}.png"
         if name in pngs:
-            png.write_bytes(pngs[name])
+            write_atomic(png, pngs[name])  # whole or absent, even on a full disk
         else:
             png.unlink(missing_ok=True)
-    path = folder / REPORT_NAME
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(folder / REPORT_NAME, page)
 
 
 __all__ = ["REPORT_NAME", "default_report_dir", "render_report", "write_report"]

@@ -46,6 +46,7 @@ from tuner.interrupts import Deadline, Interrupted, current_deadline, deadline_s
 from tuner.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.study import (
     count_finished,
+    guard_storage,
     open_study,
     study_name,
     top_feasible_trials,
@@ -530,6 +531,7 @@ class SearchOutcome:
     timed_out: bool = False
 
 
+@guard_storage
 def run_search(
     space: SearchSpace,
     *,

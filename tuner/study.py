@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import ServeConfig
-from tuner.errors import InputError
+from tuner.errors import EnvironmentFault, InputError
 
 if TYPE_CHECKING:
     import optuna
@@ -98,20 +98,95 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     """Create the study, or load it when it exists (resume)."""
     import optuna
 
+    from tuner.urls import redact
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
         return optuna.create_study(
             study_name=name, storage=_storage(storage, name), sampler=sampler,
             direction="maximize", load_if_exists=True,
         )
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
-        raise InputError(f"cannot open study storage {storage!r}: {err}",
+        raise InputError(f"cannot open study storage {shown!r}: {redact(str(err))}",
                          hint="give an SQLAlchemy URL such as sqlite:///studies/x.db") from err
+    except OSError as err:  # the studies/ folder cannot be made or written
+        from tuner.files import write_fault
+
+        raise write_fault(Path(err.filename or STUDIES_DIR), err) from err
     except Exception as err:
+        fault = storage_fault(err, shown)
+        if fault is not None:
+            raise fault from err
         if type(err).__module__.startswith("sqlalchemy"):
-            raise InputError(f"cannot open study storage {storage!r}: {err}",
+            raise InputError(f"cannot open study storage {shown!r}: {redact(str(err).splitlines()[0])}",
                              hint="check the URL, the server and the credentials") from err
         raise
+
+
+#: What a database says when the study cannot be written (SQLite, PostgreSQL wording).
+_STORAGE_FAULTS = (
+    ("disk_full", ("database or disk is full", "no space left on device", "could not extend file")),
+    ("storage", ("attempt to write a readonly database", "unable to open database file", "disk i/o error",
+                 "server closed the connection", "connection refused", "could not connect to server",
+                 "terminating connection", "connection to server")),
+)
+
+
+def guard_storage(fn: Any) -> Any:
+    """Decorator: a failure to write the study anywhere inside ``fn`` (keyword ``storage``,
+    else the SQLite files under ``studies/``) becomes the one-line :func:`storage_fault`."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (EnvironmentFault, InputError):
+            raise
+        except Exception as err:
+            fault = storage_fault(err, kwargs.get("storage") or f"{STUDIES_DIR}/")
+            if fault is None:
+                raise
+            raise fault from err
+
+    return wrapper
+
+
+def _disk_full(where: str) -> bool:
+    import shutil
+
+    from tuner.workers import sqlite_path
+
+    path = sqlite_path(where) if where.startswith("sqlite") else Path(where)
+    folder = path if path is not None and path.is_dir() else (path.parent if path is not None else None)
+    try:
+        return folder is not None and shutil.disk_usage(folder).free < (1 << 20)
+    except OSError:
+        return False
+
+
+def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
+    """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
+    cannot be written (a full disk, a read-only file, a lost server), else None."""
+    from tuner.urls import redact
+
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).lower()
+        for kind, needles in _STORAGE_FAULTS:
+            if any(n in text for n in needles):
+                if kind == "storage" and _disk_full(where):
+                    kind = "disk_full"  # SQLite says "disk I/O error" when even its -shm file cannot grow
+                what = "no space left on its disk: free space there" if kind == "disk_full" else \
+                    "it cannot be written now (read-only, or the database server went away)"
+                return EnvironmentFault(kind, f"cannot write the study to {redact(where)}: {what}; every trial "
+                                        "finished before this is kept, and a trial cut short is measured again "
+                                        "on the next run", path=where)
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:

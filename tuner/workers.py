@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
+from tuner.study import storage_fault
 
 if TYPE_CHECKING:
     import optuna
@@ -59,6 +60,8 @@ DEFAULT_HEARTBEAT_S = 60
 GRACE_FACTOR = 3
 #: How often a retried configuration may run again.
 MAX_RETRY = 1
+#: A SQLite study's disk must have this much free before a trial starts.
+MIN_STUDY_FREE_BYTES = 1 << 20
 
 
 class StudyBusy(InputError):
@@ -398,16 +401,26 @@ class Worker:
                         optuna.storages.fail_stale_trials(self.study)
                 used, running = budget_used(self.study, shared=self.shared)
                 if used < self.budget:
+                    self._check_room()
                     # the trial is created under the lock; ``started`` releases it
                     try:
                         self.study.optimize(objective, n_trials=1, catch=catch, callbacks=list(callbacks),
                                             gc_after_trial=False, show_progress_bar=False)
-                    except (optuna.exceptions.UpdateFinishedTrialError, ValueError, AssertionError):
+                    except (optuna.exceptions.UpdateFinishedTrialError, ValueError, AssertionError) as err:
                         # Optuna could not record the result: when this process stalled past
                         # the grace period, another worker failed its trial (and queued the
-                        # retry); go on with the next one. Anything else is a real error.
+                        # retry); go on with the next one. A database that cannot be written
+                        # is the environment's fault; anything else is a real error.
+                        fault = storage_fault(err, self.url)
+                        if fault is not None:
+                            raise fault from err
                         if not self._taken_for_dead():
                             raise
+                    except Exception as err:
+                        fault = storage_fault(err, self.url)
+                        if fault is not None:
+                            raise fault from err
+                        raise
                     if getattr(self.study, "_stop_flag", False):  # study.stop(): e.g. the grid is exhausted
                         if self.halt is not None or not self._waiting():
                             return
@@ -419,6 +432,24 @@ class Worker:
             if running == 0:
                 return
             time.sleep(self.poll_s)
+
+    def _check_room(self) -> None:
+        """Before a trial on SQLite: stop cleanly when the study's disk is nearly full
+        (a trial writes tens of kB; failing mid-trial would leave it RUNNING)."""
+        import shutil
+
+        path = sqlite_path(self.url)
+        if path is None:
+            return
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            return
+        if free < MIN_STUDY_FREE_BYTES:
+            from tuner.errors import EnvironmentFault
+
+            raise EnvironmentFault("disk_full", f"the disk of {path} has {free / 1024:.0f} kB free; free space there "
+                                   "and run again (every finished trial is kept)", path=str(path))
 
     def _waiting(self) -> bool:
         from optuna.trial import TrialState

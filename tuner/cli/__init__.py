@@ -59,6 +59,14 @@ def main(argv: list[str] | None = None) -> None:
             code = err.exit_code
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
             code = err.code
+        except Exception as err:  # a study database that cannot be read or written, anywhere
+            from tuner.study import storage_fault
+
+            fault = storage_fault(err, _storage_arg(argv))
+            if fault is None or os.environ.get("TUNER_DEBUG"):
+                raise
+            print(f"tuner: {fault}", file=sys.stderr)
+            code = fault.exit_code
         except KeyboardInterrupt as err:
             caught.interrupt = caught.interrupt or err  # type: ignore[assignment]
         finally:
@@ -68,6 +76,17 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tuner: {_interrupted_line(caught.interrupt)}", file=sys.stderr)
         code = getattr(caught.interrupt, "exit_code", 130)
     sys.exit(code)
+
+
+def _storage_arg(argv: list[str] | None) -> str:
+    """The ``--storage`` the command was given, for messages (else the default folder)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(args):
+        if a == "--storage" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--storage="):
+            return a.split("=", 1)[1]
+    return "studies/"
 
 
 def _interrupted_line(err: BaseException) -> str:
