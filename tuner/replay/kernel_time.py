@@ -7,6 +7,10 @@ in ``tuner sim-serve`` (request arrival). Used through :func:`kernel_stamps`, wh
 the transport's socket for :class:`KernelStampedSocket` (asyncio's selector transports
 keep it in ``_sock``); anywhere that is not possible the callers fall back to
 ``time.perf_counter()`` at read time.
+
+The kernel stamps in ``CLOCK_REALTIME``; :func:`realtime_offset` converts to
+``perf_counter`` (``CLOCK_MONOTONIC``) with an offset read between two ``perf_counter``
+calls, so a preemption while it is taken cannot shift every stamp of a connection.
 """
 from __future__ import annotations
 
@@ -21,20 +25,44 @@ from typing import Any
 SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
 
 
+def realtime_offset(tries: int = 5) -> tuple[float, float]:
+    """``(offset, error)``: ``time.time() - time.perf_counter()`` in seconds, and how far
+    it can be off. Each try reads the real-time clock between two ``perf_counter`` reads;
+    the tightest pair wins (a try the scheduler interrupted is wide and loses), and the
+    error is half its width: microseconds, however busy the machine."""
+    best: tuple[int, int] | None = None
+    for _ in range(tries):
+        before = time.perf_counter_ns()
+        real = time.time_ns()
+        after = time.perf_counter_ns()
+        width = after - before
+        if best is None or width < best[1]:
+            best = (real - (before + after) // 2, width)
+    assert best is not None
+    return best[0] * 1e-9, best[1] * 0.5e-9
+
+
 class KernelStampedSocket:
     """Stands in for a connection's socket inside asyncio's transport: ``recv`` also reads
     the kernel's receive time of the data (SO_TIMESTAMPNS), so a chunk's arrival time does
     not depend on when this busy event loop got round to reading it. Everything else goes
-    to the real socket."""
+    to the real socket.
+
+    ``last_stamp`` is the receive time (``perf_counter`` seconds) of the data the last
+    read returned, or None when that read carried no stamp: the kernel turns stamping on
+    for the first socket that asks a moment later (a deferred work item), so the first
+    bytes may come unstamped; the caller then takes its own clock, never an older stamp.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self._real = sock
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self._space = socket.CMSG_SPACE(16)
-        self._offset = time.time() - time.perf_counter()  # realtime → perf_counter
+        self._offset, self.offset_error_s = realtime_offset()  # realtime → perf_counter
         self.last_stamp: float | None = None
 
     def _stamp(self, ancillary) -> None:
+        self.last_stamp = None
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
                 sec, nsec = struct.unpack("qq", payload[:16])
