@@ -24,7 +24,11 @@ class RunResult:
     ``ttft_s``/``e2e_s`` are NaN for failed requests. ``itl_s`` is every inter-token gap
     of every request, flattened (may be ``None`` when not recorded). ``server`` holds
     server-side readings (``kv_cache_usage_max``, ``num_preemptions``,
-    ``prefix_cache_hit_rate``, ``num_gpu_blocks``, ...).
+    ``prefix_cache_hit_rate``, ``num_gpu_blocks``, ...). ``issue_s`` (the streaming
+    client's) is when its scheduler started each request, in schedule order; ``send_s``
+    is when the request's bytes went to the socket, which for requests issued close
+    together on new connections need not be in that order. Both are relative to the
+    run's start; NaN for requests never sent.
     """
 
     send_s: np.ndarray
@@ -35,6 +39,7 @@ class RunResult:
     error: list[str | None]
     duration_s: float
     queue_s: np.ndarray | None = None
+    issue_s: np.ndarray | None = None
     cached_tokens: np.ndarray | None = None
     itl_s: np.ndarray | None = None
     server: dict[str, Any] = field(default_factory=dict)

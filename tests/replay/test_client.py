@@ -40,8 +40,14 @@ def test_open_loop_never_sends_before_the_schedule(stub):
     r = replay(stub, w, load, metrics=False)
     planned = arrival_times(load, w.arrival_s)
     assert r.error == [None] * 40
-    assert (r.send_s >= planned - 1e-3).all()
-    assert np.all(np.diff(r.send_s) >= -1e-3)  # sent in schedule order
+    assert planned[0] == 0 and planned[-1] > 0.5  # a real schedule, spread over most of a second
+    # the scheduler starts each request at or after its time, in schedule order (exact:
+    # a busy machine can only make it late) ...
+    assert (r.issue_s >= planned).all()
+    assert np.all(np.diff(r.issue_s) >= 0)
+    # ... and its bytes go to the socket after that (connection set-up may reorder sends
+    # issued close together, so send order is not asserted)
+    assert (r.send_s >= r.issue_s).all()
     assert r.load_label == "40 req/s"
 
 

@@ -5,6 +5,9 @@ Definitions follow ``vllm bench serve`` (``benchmarks/lib/endpoint_request_func.
 TTFT is send → first chunk whose ``choices`` is non-empty; ITL is the gap between
 successive content chunks (a chunk may carry several tokens); E2E is send → last content
 chunk; token counts come from the final ``usage`` chunk (``stream_options.include_usage``).
+The send is when the request's body is handed to the socket; ``issue_s`` records when
+the scheduler started the request (never before its scheduled time, in schedule order),
+before any connection set-up that may reorder sends issued close together.
 
 Each request forces its logged output length: ``max_tokens = min_tokens = output`` and
 ``ignore_eos``. Prompts are token-id lists of the exact logged length
@@ -43,6 +46,7 @@ APIS = ("completions", "chat")
 
 @dataclass(slots=True)
 class _Outcome:
+    issue: float = math.nan  # when the scheduler started the request (before any connection set-up)
     send: float = math.nan
     ttft: float = math.nan
     e2e: float = math.nan
@@ -321,15 +325,17 @@ async def replay_async(
             if stop is not None and not stopped.is_set() and stop(control):
                 stopped.set()
 
-        def launch(i: int) -> None:
+        def launch(i: int) -> asyncio.Task:
+            outcomes[i].issue = time.perf_counter() - t0
             task = asyncio.create_task(one(i))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
+            return task
 
         async def open_loop(send_at: np.ndarray) -> None:
             for i in range(n):
-                delay = t0 + float(send_at[i]) - time.perf_counter()
-                if delay > 0:
+                # asyncio may wake a timer a hair early: a request is never issued before its time
+                while (delay := t0 + float(send_at[i]) - time.perf_counter()) > 0:
                     await asyncio.sleep(delay)
                 if stopped.is_set():
                     return
@@ -344,9 +350,7 @@ async def replay_async(
             while not stopped.is_set() and next_i < n:
                 i = next_i
                 next_i += 1
-                task = asyncio.create_task(one(i))
-                inflight.add(task)
-                task.add_done_callback(inflight.discard)
+                task = launch(i)
                 try:
                     await task
                 except asyncio.CancelledError:
@@ -403,6 +407,7 @@ def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls
         server.update(poller.summary())
     return RunResult(
         send_s=send,
+        issue_s=np.array([o.issue for o in outcomes], dtype=np.float64),
         ttft_s=np.array([o.ttft for o in outcomes], dtype=np.float64),
         e2e_s=e2e,
         prompt_tokens=prompt,
