@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError, ConfigRejected, InputError
+from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.estimation import Param, fit_map, prior_starts
 from tuner.load import Concurrency
 
@@ -53,15 +53,36 @@ WORKLOAD_SEED = 2026
 
 
 @dataclass(frozen=True, slots=True)
+class Probe:
+    """One measured load on a started configuration: a workload reference and the load
+    it is offered under, both as JSON (:mod:`tuner.probes`)."""
+
+    workload: dict[str, Any]
+    load: dict[str, Any]
+    expected_s: float = 20.0    # replay time on the target GPU, to fit a probe into a lease
+
+    @property
+    def label(self) -> str:
+        from tuner.probes import label
+
+        return label(self.workload, self.load)
+
+
+@dataclass(frozen=True, slots=True)
 class Trial:
-    """One configuration of the design and the closed-loop loads (users) it is measured at.
-    ``loads`` empty means startup only (the refusal case, or a KV-size-only point)."""
+    """One configuration of the design and what it is measured at: closed-loop ``loads``
+    (users, on :func:`calibration_workload`) or general ``probes`` (any workload, any
+    load). Both empty means startup only (the refusal case, or a KV-size-only point).
+    ``model`` names the model shape (a preset) when a campaign spans several."""
 
     name: str
     config: ServeConfig
     loads: tuple[int, ...] = ()
     expect_refusal: bool = False
     purpose: str = ""
+    probes: tuple[Probe, ...] = ()
+    model: str | None = None
+    start_s: float | None = None   # expected start time (default: 105 s with graphs, 70 s eager)
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in " /\\"):
@@ -72,15 +93,11 @@ class Trial:
 
 def calibration_workload(n: int, *, seed: int = WORKLOAD_SEED, offset: int = 0) -> Workload:
     """``n`` requests (rows ``offset .. offset+n`` of one seeded sequence) with uniform
-    prompt and output lengths; arrivals are all 0 (closed-loop loads ignore them)."""
-    from tuner.traffic.workload import Workload
+    prompt and output lengths (:data:`PROMPT_RANGE`, :data:`OUTPUT_RANGE`); arrivals are
+    all 0 (closed-loop loads ignore them). The ``uniform`` shape of :mod:`tuner.probes`."""
+    from tuner.probes import synthetic
 
-    rng = np.random.default_rng(seed)
-    total = offset + n
-    prompts = rng.integers(PROMPT_RANGE[0], PROMPT_RANGE[1] + 1, size=total)
-    outputs = rng.integers(OUTPUT_RANGE[0], OUTPUT_RANGE[1] + 1, size=total)
-    return Workload(arrival_s=np.zeros(n), prompt_tokens=prompts[offset:], output_tokens=outputs[offset:],
-                    source=f"calibration(seed={seed}, offset={offset})")
+    return synthetic("uniform", n, seed=seed, offset=offset)
 
 
 def requests_for(users: int, eager: bool) -> int:
@@ -203,6 +220,21 @@ def _done_trials(rows: list[dict[str, Any]]) -> set[str]:
     return {r["trial"] for r in rows if r.get("kind") == "trial_end"}
 
 
+def _missing_probes(trial: Trial, rows: list[dict[str, Any]]) -> list[Probe]:
+    """The trial's probes without a complete row yet (any earlier start of it counts)."""
+    import json
+
+    have = {(json.dumps(r.get("workload"), sort_keys=True), json.dumps(r.get("load"), sort_keys=True))
+            for r in rows if r.get("kind") == "load" and r.get("trial") == trial.name and r.get("ok")
+            and not r.get("stopped_early") and r.get("load") is not None}
+    return [p for p in trial.probes
+            if (json.dumps(p.workload, sort_keys=True), json.dumps(p.load, sort_keys=True)) not in have]
+
+
+def _start_s(trial: Trial) -> float:
+    return trial.start_s if trial.start_s is not None else (70.0 if trial.config.enforce_eager else 105.0)
+
+
 def _estimate_trial_s(trial: Trial) -> float:
     """Seconds a trial takes on an H200-class GPU (startup 50-105 s with graphs, less
     eager; the loads about 10-20 s each): used to decide whether it fits the time left."""
@@ -210,7 +242,7 @@ def _estimate_trial_s(trial: Trial) -> float:
     if trial.expect_refusal:
         return 60.0
     per_load = 25.0 if trial.config.enforce_eager else 15.0
-    return start + per_load * len(trial.loads) + 10.0
+    return start + per_load * (len(trial.loads) + len(trial.probes)) + 10.0
 
 
 def measure(
@@ -222,6 +254,7 @@ def measure(
     budget_s: float | None = None,
     log: Callable[[str], None] = print,
     meta: dict[str, Any] | None = None,
+    deployment_for: Callable[[Trial], Deployment] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the trials not yet in ``out_dir/measurements.jsonl`` and append their rows.
 
@@ -230,7 +263,11 @@ def measure(
     maximum model length), ``load`` (users, requests, the run's summary, per-request
     prompt/output tokens, TTFT and E2E), ``trial_end``. With ``budget_s``, a trial is started
     only if its estimated time fits what is left, and a load run is cut at the budget
-    (the rows then say ``stopped_early``). Returns every row of the file."""
+    (the rows then say ``stopped_early``). ``deployment_for`` gives the deployment of a
+    trial whose ``model`` differs from ``deployment``'s (a campaign over several model
+    shapes). Probe rows carry the workload reference and the load (:mod:`tuner.probes`);
+    for rows of a shared trace the per-request lengths are not written (the reference
+    rebuilds them from the trace). Returns every row of the file."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / MEASUREMENTS
@@ -257,20 +294,26 @@ def measure(
     for trial in trials:
         if trial.name in done:
             continue
+        todo = _missing_probes(trial, rows)
+        if trial.probes and not todo:
+            emit({"kind": "trial_end", "trial": trial.name})
+            continue
         left = deadline - time.monotonic()
-        need = _estimate_trial_s(trial)
+        # a probe trial needs its start and its first missing probe; the rest resume next time
+        need = _estimate_trial_s(trial) if not trial.probes else _start_s(trial) + todo[0].expected_s
         if need > left:
             log(f"calibrate: {trial.name} needs ~{need:.0f} s, {left:.0f} s left; stopping here")
             break
         cfg = trial.config
-        log(f"calibrate: {trial.name}: starting {_flags(cfg)}")
+        dep = deployment_for(trial) if deployment_for is not None else deployment
+        log(f"calibrate: {trial.name}: starting {_flags(cfg)}" + (f" ({trial.model})" if trial.model else ""))
         t_start = time.monotonic()
         try:
-            instance = backend.start(deployment, cfg)
+            instance = backend.start(dep, cfg)
         except ConfigRejected as err:
             emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": False,
                   "expect_refusal": trial.expect_refusal, "rejected_kind": err.kind, "message": err.message,
-                  "estimated_max_model_len": err.estimated_max_model_len,
+                  "estimated_max_model_len": err.estimated_max_model_len, "model": trial.model,
                   "wall_s": time.monotonic() - t_start})
             log(f"calibrate: {trial.name}: refused ({err.kind}): {err.message[:300]}")
             if not trial.expect_refusal and err.kind in ("crash", "timeout", "bad_flag"):
@@ -280,10 +323,12 @@ def measure(
                 break
             emit({"kind": "trial_end", "trial": trial.name})
             continue
-        except BackendError as err:
+        except (BackendError, EnvironmentFault) as err:
+            kind = "environment" if isinstance(err, EnvironmentFault) else "backend_error"
             emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": False,
-                  "rejected_kind": "backend_error", "message": str(err), "wall_s": time.monotonic() - t_start})
-            log(f"calibrate: {trial.name}: backend error: {err}; stopping")
+                  "rejected_kind": kind, "message": str(err), "model": trial.model,
+                  "wall_s": time.monotonic() - t_start})
+            log(f"calibrate: {trial.name}: {kind.replace('_', ' ')}: {err}; stopping")
             break
         with instance:
             info = {k: v for k, v in instance.info.items() if k not in ("argv", "endpoints")}
@@ -293,7 +338,7 @@ def measure(
 
                 info = {**parse_startup("\n".join(info["log_lines"])), **info}
             emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": True,
-                  "expect_refusal": trial.expect_refusal, "facts": info,
+                  "expect_refusal": trial.expect_refusal, "facts": info, "model": trial.model,
                   "argv": instance.info.get("argv"), "wall_s": time.monotonic() - t_start})
             log(f"calibrate: {trial.name}: KV cache {info.get('kv_cache_tokens')} tokens, "
                 f"started in {time.monotonic() - t_start:.0f} s")
@@ -326,9 +371,50 @@ def measure(
                     f" ({n} requests, {time.monotonic() - t_run:.1f} s)")
                 if res.stopped_early:
                     break
+            cut = False
+            for probe in todo:
+                if probe.expected_s > deadline - time.monotonic():
+                    log(f"calibrate: {trial.name}: {probe.label} needs ~{probe.expected_s:.0f} s; resuming next time")
+                    cut = True
+                    break
+                if not _run_probe(instance, backend, trial, probe, emit, log, over_budget):
+                    cut = True
+                    break
+            if cut:
+                break
         if time.monotonic() <= deadline:
             emit({"kind": "trial_end", "trial": trial.name})
     return rows
+
+
+def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Callable[[dict[str, Any]], None],
+               log: Callable[[str], None], stop: Callable[[Any], bool]) -> bool:
+    """One probe's replay and its row; False when the trial should stop (an error or the budget)."""
+    from tuner.probes import build, load_from
+
+    work = build(probe.workload)
+    load = load_from(probe.load)
+    t_run = time.monotonic()
+    try:
+        res = instance.run(work, load, stop=stop)
+    except BackendError as err:
+        emit({"kind": "load", "trial": trial.name, "workload": probe.workload, "load": probe.load, "ok": False,
+              "message": str(err), "model": trial.model})
+        log(f"calibrate: {trial.name} {probe.label}: {err}")
+        return False
+    summ = res.summary()
+    row: dict[str, Any] = {
+        "kind": "load", "trial": trial.name, "config": trial.config.to_dict(), "model": trial.model,
+        "workload": probe.workload, "load": probe.load, "requests": len(work), "ok": True,
+        "stopped_early": res.stopped_early, "wall_s": time.monotonic() - t_run, "summary": summ,
+        "server": res.server, "send_s": res.send_s, "ttft_s": res.ttft_s, "e2e_s": res.e2e_s, "error": res.error}
+    if probe.workload.get("kind") != "trace":  # a trace's lengths stay in the trace
+        row.update(prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens)
+    emit(row)
+    log(f"calibrate: {trial.name} {probe.label}: {summ['output_tokens_per_s']:.0f} out tok/s, "
+        f"P95 TTFT {summ['ttft_p95_s'] * 1e3:.1f} ms, TPOT {summ['tpot_mean_s'] * 1e3:.2f} ms "
+        f"({len(work)} requests, {time.monotonic() - t_run:.1f} s)")
+    return not res.stopped_early
 
 
 def _log_tail(path: str | None, log: Callable[[str], None], lines: int = 25) -> None:
@@ -367,7 +453,8 @@ METRICS = ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")
 @dataclass(frozen=True)
 class LoadPoint:
     """One measured load: a trial's config at ``users`` closed-loop users over rows
-    ``offset .. offset+requests`` of :func:`calibration_workload`."""
+    ``offset .. offset+requests`` of :func:`calibration_workload`, or (a probe) the
+    workload reference and load of :mod:`tuner.probes`; ``model`` when not the fit's."""
 
     trial: str
     config: ServeConfig
@@ -375,6 +462,26 @@ class LoadPoint:
     requests: int
     offset: int
     measured: dict[str, float]
+    workload: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
+    model: str | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What identifies the point across runs (a replicate matches on it)."""
+        import json
+
+        if self.load is None:
+            return (self.trial, self.users)
+        return (self.trial, json.dumps(self.workload, sort_keys=True), json.dumps(self.load, sort_keys=True))
+
+    @property
+    def label(self) -> str:
+        if self.load is None:
+            return f"uniform x{self.requests} @ {self.users} users"
+        from tuner.probes import label
+
+        return label(self.workload or {}, self.load)
 
 
 @dataclass(frozen=True)
@@ -391,6 +498,8 @@ class Startup:
     rejected_kind: str | None = None
     message: str = ""
     estimated_max_model_len: int | None = None
+    model: str | None = None
+    peak_activation_gib: float | None = None
 
 
 def _latest_by_trial(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -418,28 +527,70 @@ def startups(rows: Iterable[dict[str, Any]]) -> list[Startup]:
             kv_cache_tokens=facts.get("kv_cache_tokens"), available_kv_gib=facts.get("available_kv_gib"),
             model_load_gib=facts.get("model_load_gib"), graph_capture_gib=facts.get("graph_capture_gib"),
             rejected_kind=r.get("rejected_kind"), message=r.get("message") or "",
-            estimated_max_model_len=r.get("estimated_max_model_len")))
+            estimated_max_model_len=r.get("estimated_max_model_len"), model=r.get("model"),
+            peak_activation_gib=facts.get("peak_activation_gib")))
     return out
 
 
 def load_points(rows: Iterable[dict[str, Any]]) -> list[LoadPoint]:
+    """Complete load rows: closed-loop ones of each trial's last start; probe rows of any
+    start of the trial (a campaign resumes a trial's probes across leases), the last row
+    of each probe winning."""
+    rows = list(rows)
     out = []
+    probes: dict[tuple[Any, ...], LoadPoint] = {}
+    for r in rows:
+        if r.get("kind") == "load" and r.get("load") is not None and r.get("ok") and not r.get("stopped_early"):
+            pt = _point(r["trial"], r)
+            probes[pt.key] = pt
     for trial, rs in _latest_by_trial(rows).items():
         for r in rs:
-            if r.get("kind") != "load" or not r.get("ok") or r.get("stopped_early"):
+            if r.get("kind") != "load" or not r.get("ok") or r.get("stopped_early") or r.get("load") is not None:
                 continue
-            out.append(LoadPoint(trial=trial, config=ServeConfig.from_dict(r["config"]), users=int(r["users"]),
-                                 requests=int(r["requests"]), offset=int(r.get("offset", 0)),
-                                 measured={k: float(r["summary"][k]) for k in METRICS}))
-    return out
+            out.append(_point(trial, r))
+    return out + list(probes.values())
+
+
+def _point(trial: str, r: dict[str, Any]) -> LoadPoint:
+    load = r.get("load")
+    users = int(r["users"]) if "users" in r else int((load or {}).get("users", 0))
+    return LoadPoint(trial=trial, config=ServeConfig.from_dict(r["config"]), users=users,
+                     requests=int(r["requests"]), offset=int(r.get("offset", 0)),
+                     measured={k: float(r["summary"][k]) for k in METRICS},
+                     workload=r.get("workload"), load=load, model=r.get("model"))
 
 
 def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) -> dict[str, float]:
-    """The simulator's summary for the same workload rows and load as ``point``."""
+    """The simulator's summary for the same workload rows and load as ``point`` (on the
+    point's own model shape when it names one)."""
+    import dataclasses
+
     from tuner.sim.engine import simulate
 
-    work = calibration_workload(point.requests, offset=point.offset)
-    return simulate(deployment, point.config, work, Concurrency(point.users), profile=calib).summary()
+    if point.load is None:
+        work, load = calibration_workload(point.requests, offset=point.offset), Concurrency(point.users)
+    else:
+        from tuner.probes import build, load_from
+
+        work, load = _built(point.workload), load_from(point.load)
+    if point.model and point.model != deployment.model:
+        deployment = dataclasses.replace(deployment, model=point.model)
+    return simulate(deployment, point.config, work, load, profile=calib).summary()
+
+
+_BUILT: dict[str, Any] = {}
+
+
+def _built(ref: dict[str, Any] | None) -> Any:
+    """:func:`tuner.probes.build`, once per reference (a fit simulates each point often)."""
+    import json
+
+    from tuner.probes import build
+
+    key = json.dumps(ref, sort_keys=True)
+    if key not in _BUILT:
+        _BUILT[key] = build(ref or {})
+    return _BUILT[key]
 
 
 def predict_startup(config: ServeConfig, deployment: Deployment) -> dict[str, Any]:
@@ -614,9 +765,9 @@ def measurement_noise(first: Iterable[dict[str, Any]], again: Iterable[dict[str,
     """Run-to-run noise per metric (sd of the log of one run) from load points measured
     twice: ``first`` and ``again`` are measurement rows; pairs match by trial and users.
     The log ratio of two runs has twice one run's variance."""
-    seen = {(p.trial, p.users): p for p in load_points(list(first))}
+    seen = {p.key: p for p in load_points(list(first))}
     out = dict(DEFAULT_NOISE)
-    pairs = [(seen[(p.trial, p.users)], p) for p in load_points(list(again)) if (p.trial, p.users) in seen]
+    pairs = [(seen[p.key], p) for p in load_points(list(again)) if p.key in seen]
     if len(pairs) >= 3:
         for k in METRICS:
             d = np.array([math.log(b.measured[k] / a.measured[k]) for a, b in pairs])

@@ -89,6 +89,11 @@ _FACTS = {
     "available_kv_gib": re.compile(r"Available KV cache memory: ([\d.-]+) GiB"),
     # Older lines (V0 0.6): "# GPU blocks: 27000, # CPU blocks: 2048"
     "num_gpu_blocks": re.compile(r"# (?:GPU|cuda) blocks: ([\d,]+)"),
+    # 0.2x (gpu_worker.py): "Actual usage is 14.29 GiB for weight, 1.06 GiB for peak activation,
+    # 0.22 GiB for non-torch memory, and 0.89 GiB for CUDAGraph memory."
+    "peak_activation_gib": re.compile(r"([\d.]+) GiB for peak activation"),
+    "non_torch_gib": re.compile(r"([\d.]+) GiB for non-torch memory"),
+    "cudagraph_gib": re.compile(r"([\d.]+) GiB for CUDAGraph memory"),
 }
 
 

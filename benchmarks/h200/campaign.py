@@ -1,0 +1,239 @@
+"""The second H200 calibration campaign: workload shapes and model shapes beyond the first
+campaign's one closed-loop shape (see README.md beside this file).
+
+    python benchmarks/h200/campaign.py plan                 # the design, with time estimates
+    python benchmarks/h200/campaign.py prepare [.campaign]  # plan.json + trace rows for the device
+    python benchmarks/h200/campaign.py run --out DIR --budget-s S [--vllm-cmd CMD]   # on the device
+    python benchmarks/h200/campaign.py dry-run --out /tmp/c  # the whole thing against tuner sim-serve
+
+Trials (one vLLM start each) and their probes (a workload reference of tuner.probes and a
+load), most informative first so that a lease cut short still holds the anchors:
+
+* ``q7-base``: Qwen2.5-7B shape, vLLM's defaults at gmu 0.9 with max-model-len 32768: the
+  built-in mix at 1/64/256 users, prefill-heavy (prompts ~2,100, outputs ~24) at 16/64,
+  decode-heavy at 64/256, 16k-30k-token prompts at 2 users, Poisson and gamma(0.25) arrivals
+  near saturation, the Azure conversation trace's own timestamps compressed 8x, and
+  Mooncake requests that share prefixes, replayed as they are and with the prefixes made
+  unique (prefix caching's benefit on the same server).
+* ``q32-base``: Qwen2.5-32B shape (dense, 64 layers, 65 GB of weights).
+* ``moe-base``: Qwen3-30B-A3B shape (MoE: 128 experts, 8 active).
+* ``q7-mbt2048``: max-num-batched-tokens 2048 against the default 8192 (the crossover at 64
+  and 256 users, and prefill-heavy traffic).
+* ``q7-fp8``: fp8 KV cache.
+
+Resumable: a call runs the probes not yet measured that fit its budget (a trial's probes
+resume across calls, re-starting vLLM once); rows go to DIR/measurements.jsonl as in the
+first campaign (tuner.calibrate.measure).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tuner.calibrate import Probe, Trial, measure  # noqa: E402
+from tuner.config import Deployment, ServeConfig  # noqa: E402
+from tuner.probes import cache_workload, ref_of, trace_ref  # noqa: E402
+
+VLLM_VERSION = "0.26.0"
+MODELS = {"q7": "qwen2.5-7b", "q32": "qwen2.5-32b", "moe": "qwen3-30b-a3b"}
+
+
+def c(users: int) -> dict:
+    return {"kind": "concurrency", "users": users}
+
+
+def plan() -> list[Trial]:
+    """The campaign's trials, in the order they run."""
+    mooncake = trace_ref("mooncake_fast25_synthetic", (0, 64), max_tokens=32000, groups=4)
+    azure = trace_ref("azure_llm_2023_conv", (0, 400))
+    q7 = ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768)
+    short = ServeConfig(gpu_memory_utilization=0.9, max_model_len=8192)
+    return [
+        Trial("q7-base", q7, model=MODELS["q7"], start_s=110, purpose="workload shapes on vLLM's defaults", probes=(
+            Probe(ref_of("mix", 5, seed=11), c(1), 9),
+            Probe(ref_of("mix", 256, seed=12), c(64), 15),
+            Probe(ref_of("mix", 512, seed=13), c(256), 17),
+            Probe(ref_of("prefill", 96, seed=14), c(16), 8),
+            Probe(ref_of("prefill", 256, seed=15), c(64), 15),
+            Probe(ref_of("decode", 128, seed=16), c(64), 12),
+            Probe(ref_of("decode", 384, seed=17), c(256), 14),
+            Probe(ref_of("long", 6, seed=18), c(2), 9),
+            Probe(ref_of("mix", 300, seed=19), {"kind": "poisson", "rate": 32.0, "burstiness": 1.0, "seed": 1}, 14),
+            Probe(ref_of("mix", 300, seed=19), {"kind": "poisson", "rate": 32.0, "burstiness": 0.25, "seed": 1}, 14),
+            Probe(azure, {"kind": "trace", "multiplier": 8.0}, 20),
+            Probe(mooncake, c(8), 22),
+            Probe({**mooncake, "unique_prefixes": True}, c(8), 24),
+        )),
+        Trial("q32-base", short, model=MODELS["q32"], start_s=170, purpose="a dense 32B shape", probes=(
+            Probe(ref_of("mix", 2, seed=21), c(1), 14),
+            Probe(ref_of("mix", 128, seed=22), c(64), 28),
+            Probe(ref_of("mix", 256, seed=23), c(128), 38),
+            Probe(ref_of("prefill", 64, seed=24), c(16), 14),
+            Probe(ref_of("decode", 64, seed=25), c(64), 18),
+        )),
+        Trial("moe-base", short, model=MODELS["moe"], start_s=170, purpose="an MoE shape (8 of 128 experts)", probes=(
+            Probe(ref_of("mix", 4, seed=31), c(1), 12),
+            Probe(ref_of("mix", 192, seed=32), c(64), 22),
+            Probe(ref_of("mix", 512, seed=33), c(256), 25),
+            Probe(ref_of("prefill", 96, seed=34), c(16), 8),
+            Probe(ref_of("decode", 96, seed=35), c(64), 16),
+        )),
+        Trial("q7-mbt2048", short.replace(max_num_batched_tokens=2048), model=MODELS["q7"], start_s=95,
+              purpose="2048-token chunks against the default 8192", probes=(
+                  Probe(ref_of("mix", 256, seed=12), c(64), 15),
+                  Probe(ref_of("mix", 512, seed=13), c(256), 17),
+                  Probe(ref_of("prefill", 96, seed=14), c(16), 9),
+                  Probe(ref_of("prefill", 256, seed=15), c(64), 16),
+              )),
+        Trial("q7-fp8", q7.replace(kv_cache_dtype="fp8"), model=MODELS["q7"], start_s=110,
+              purpose="fp8 KV cache", probes=(
+                  Probe(ref_of("mix", 5, seed=11), c(1), 9),
+                  Probe(ref_of("mix", 512, seed=13), c(256), 17),
+                  Probe(ref_of("decode", 384, seed=17), c(256), 14),
+                  Probe(ref_of("long", 6, seed=18), c(2), 9),
+              )),
+    ]
+
+
+def estimate(trials: list[Trial]) -> float:
+    return sum((t.start_s or 105) + sum(p.expected_s for p in t.probes) for t in trials)
+
+
+def write_plan(trials: list[Trial], folder: Path) -> Path:
+    """plan.json (trials as JSON) and the trace rows their probes need, for the device."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for t in trials:
+        for p in t.probes:
+            if p.workload.get("kind") == "trace":
+                cache_workload(p.workload, folder / "workloads")
+    doc = [{"name": t.name, "config": t.config.to_dict(), "model": t.model, "start_s": t.start_s,
+            "purpose": t.purpose, "probes": [{"workload": p.workload, "load": p.load, "expected_s": p.expected_s}
+                                             for p in t.probes]} for t in trials]
+    path = folder / "plan.json"
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
+def read_plan(path: Path) -> list[Trial]:
+    return [Trial(d["name"], ServeConfig.from_dict(d["config"]), model=d["model"], start_s=d["start_s"],
+                  purpose=d["purpose"], probes=tuple(Probe(p["workload"], p["load"], p["expected_s"])
+                                                     for p in d["probes"]))
+            for d in json.loads(path.read_text())]
+
+
+def make_models(root: Path, kit: Path, presets: set[str]) -> dict[str, Path]:
+    """Weight-less model folders (config.json of tuner's preset, the kit's synthetic
+    byte-level tokenizer sized to the vocabulary) for ``--load-format dummy``."""
+    out = {}
+    for preset in sorted(presets):
+        folder = root / preset
+        out[preset] = folder
+        if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
+            continue
+        cfg = json.loads((ROOT / "tuner" / "data" / "models" / preset / "config.json").read_text())
+        vocab = int(cfg["vocab_size"])
+        subprocess.run([sys.executable, str(kit / "make_model.py"), str(folder),
+                        "--tokenizer-size", str(min(vocab, 152064))], check=True)
+        base = json.loads((folder / "config.json").read_text())  # the kit's Qwen2.5-7B config, eos ids set
+        merged = {**base, **{k: v for k, v in cfg.items() if not k.startswith("_")}}
+        for key in ("max_window_layers", "use_sliding_window", "sliding_window"):
+            if cfg.get("model_type") != "qwen2":
+                merged.pop(key, None)
+        if cfg.get("model_type") == "qwen3_moe":
+            merged.setdefault("decoder_sparse_step", 1)
+            merged.setdefault("mlp_only_layers", [])
+            merged.setdefault("norm_topk_prob", True)
+            merged.setdefault("output_router_logits", False)
+        (folder / "config.json").write_text(json.dumps(merged, indent=2))
+    return out
+
+
+def vllm_command() -> str:
+    exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
+    return f"{exe} serve" if Path(exe).exists() else f"{sys.executable} -m vllm.entrypoints.cli.main serve"
+
+
+def run(args: argparse.Namespace, *, dry: bool = False) -> None:
+    from tuner.backends.vllm import VllmBackend
+    from tuner.calibrate import install_sigterm_handler
+
+    install_sigterm_handler()
+    out = Path(args.out)
+    trials = read_plan(Path(args.plan)) if args.plan else plan()
+    if args.trials:
+        keep = args.trials.split(",")
+        trials = [t for t in trials if t.name in keep]
+    if dry:
+        models = {p: Path(p) for p in {t.model for t in trials}}  # presets: sim-serve reads them by name
+        cmd = args.vllm_cmd or f"{sys.executable} -m tuner sim-serve --speed {args.speed:g}"
+        extra: list[str] = []
+    else:
+        models = make_models(Path(args.models), Path(args.kit), {t.model for t in trials})
+        cmd = args.vllm_cmd or vllm_command()
+        extra = ["--load-format", "dummy"]
+    backend = VllmBackend(vllm_cmd=cmd, vllm_version=VLLM_VERSION, log_dir=out / "logs", extra_args=extra,
+                          env={"VLLM_USE_FLASHINFER_SAMPLER": "0"}, startup_timeout_s=400.0, stop_grace_s=20.0,
+                          timeout_s=300.0, platform="cuda")
+
+    def deployment_for(trial: Trial) -> Deployment:
+        return Deployment(model=str(models[trial.model]), gpu="H200", vllm_version=VLLM_VERSION)
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else ""
+    meta = {"campaign": 2, "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+            "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
+            "design": [{"name": t.name, "model": t.model, "config": t.config.to_dict(), "purpose": t.purpose,
+                        "probes": [p.label for p in t.probes]} for t in trials]}
+    print(f"campaign: {len(trials)} trials, ~{estimate(trials):.0f} s in all, budget {args.budget_s:.0f} s", flush=True)
+    rows = measure(backend, deployment_for(trials[0]), trials, out, budget_s=args.budget_s, meta=meta,
+                   deployment_for=deployment_for)
+    done = {r["trial"] for r in rows if r.get("kind") == "trial_end"}
+    print(f"campaign: done {sorted(done)}; left {[t.name for t in trials if t.name not in done]}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("plan")
+    prep = sub.add_parser("prepare")
+    prep.add_argument("folder", nargs="?", default=str(ROOT / ".campaign"))
+    for name in ("run", "dry-run"):
+        r = sub.add_parser(name)
+        r.add_argument("--out", required=True)
+        r.add_argument("--budget-s", type=float, default=540.0)
+        r.add_argument("--plan", default=None, help="plan.json written by prepare (default: plan())")
+        r.add_argument("--trials", default="")
+        r.add_argument("--vllm-cmd", default=None)
+        r.add_argument("--models", default="/root/models")
+        r.add_argument("--kit", default="/root/kit/p6")
+        r.add_argument("--speed", type=float, default=20.0, help="dry-run: sim-serve's speed")
+    a = ap.parse_args()
+    if a.cmd == "plan":
+        trials = plan()
+        for t in trials:
+            print(f"{t.name:11s} {t.model:14s} start ~{t.start_s:.0f} s  {t.purpose}")
+            for p in t.probes:
+                print(f"    ~{p.expected_s:3.0f} s  {p.label}")
+        print(f"in all ~{estimate(trials):.0f} s of device time for starts and replays")
+    elif a.cmd == "prepare":
+        print(write_plan(plan(), Path(a.folder)))
+    else:
+        if a.cmd == "run" and os.environ.get("TUNER_WORKLOAD_CACHE") is None and a.plan:
+            os.environ["TUNER_WORKLOAD_CACHE"] = str(Path(a.plan).parent / "workloads")
+        run(a, dry=a.cmd == "dry-run")
+
+
+if __name__ == "__main__":
+    main()
