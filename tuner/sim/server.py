@@ -8,8 +8,10 @@ message on stderr, exit 1), logs vLLM's startup lines, and serves ``/health``,
 format, with the ``include_usage`` chunk; non-streaming too), ``/metrics`` with vLLM's
 metric names, ``/version``, and ``/debug/timings`` (the server's own per-request TTFT and
 E2E, keyed by the ``X-Request-Id`` header; used to check the client's measurements: arrival
-is the kernel's receive stamp of the request where the connection has one, the first token
-is when its chunk is handed to the socket).
+is the kernel's receive stamp of the request where the connection has one, else when the
+handler starts; the first and last token are stamped just before their chunk is handed to
+the socket. The client stamps its send before the bytes go out and a chunk by the kernel's
+receive stamp, so its TTFT and E2E of a request are never shorter than these).
 
 An asyncio task steps the engine and sleeps each step's simulated duration (divided by
 ``--speed``), then hands each request the tokens that step produced: one SSE chunk per
@@ -147,15 +149,15 @@ class SimServer:
                     continue
                 live.emitted += k
                 tr = live.transport
-                if tr is not None:
-                    if tr.is_closing():
-                        self._client_gone(rid, live)
-                        continue
-                    tr.write(live.chunk(k, rid in finished and live.emitted >= live.max_tokens))
-                now = perf()
+                if tr is not None and tr.is_closing():
+                    self._client_gone(rid, live)
+                    continue
+                now = perf()  # before the write: the client cannot have the chunk earlier
                 if live.first is None:
                     live.first = now
                 live.last = now
+                if tr is not None:
+                    tr.write(live.chunk(k, rid in finished and live.emitted >= live.max_tokens))
             for rid in finished:
                 live = self.live.get(rid)
                 if live is not None:
