@@ -7,6 +7,8 @@ planner and the argv renderer resolve defaults for the vLLM version at hand.
 from __future__ import annotations
 
 import dataclasses
+import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,44 @@ QUANTIZATIONS = (None, "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compr
 
 #: vLLM version assumed when none is given (the newest line the simulator follows).
 DEFAULT_VLLM_VERSION = "0.26.0"
+
+# The ranges tuner plans for. A value outside them is a typo (an extra zero, bytes where
+# tokens belong) that would otherwise cost minutes or gigabytes before the first trial.
+#: GPUs in one deployment (and the most a TP group or a replica count can use): well above
+#: the largest fleets one study tunes, small enough that every layout list stays short.
+MAX_GPUS = 4096
+#: max_model_len and max_num_batched_tokens: the longest context any current model
+#: advertises (10M tokens); vLLM refuses a longer max_model_len than the model's own.
+MAX_TOKENS = 10_000_000
+#: max_num_seqs: 64x vLLM's largest default (1024); a batch never gets near it.
+MAX_NUM_SEQS = 65_536
+#: block_size in tokens: vLLM's --block-size choices stop at a few hundred.
+MAX_BLOCK_SIZE = 1024
+_INT_LIMITS = {
+    "max_num_seqs": MAX_NUM_SEQS,
+    "max_model_len": MAX_TOKENS,
+    "block_size": MAX_BLOCK_SIZE,
+    "max_num_batched_tokens": MAX_TOKENS,
+    "tensor_parallel_size": MAX_GPUS,
+    "replicas": MAX_GPUS,
+}
+_VERSION_RE = re.compile(r"\s*v?\d{1,6}(\.\d{1,6}){0,2}\b")
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 3, 60, 60
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a readable length (a YAML alias can make a value enormous)."""
+    return _SHORT.repr(value)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,23 +77,30 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         gmu = self.gpu_memory_utilization
-        if gmu is not None and not 0.0 < gmu <= 1.0:
+        if gmu is not None and not (is_number(gmu) and 0.0 < gmu <= 1.0):
             raise InputError(
-                f"gpu_memory_utilization must be in (0, 1], got {gmu}",
+                f"gpu_memory_utilization must be in (0, 1], got {shown(gmu)}",
                 hint="vLLM takes a fraction of total GPU memory, e.g. 0.9",
             )
         for name in ("max_num_seqs", "max_model_len", "block_size", "max_num_batched_tokens"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise InputError(f"{name} must be a positive integer, got {value!r}")
-        if self.tensor_parallel_size < 1 or self.replicas < 1:
+            if value is not None and (not is_int(value) or not 1 <= value <= _INT_LIMITS[name]):
+                raise InputError(
+                    f"{name} must be an integer in 1-{_INT_LIMITS[name]:,}, got {shown(value)}",
+                    hint=None if not is_int(value) or value < 1 else "larger is more than tuner plans for",
+                )
+        tp, replicas = self.tensor_parallel_size, self.replicas
+        if not (is_int(tp) and is_int(replicas) and tp >= 1 and replicas >= 1):
             raise InputError(
-                f"tensor_parallel_size and replicas must be >= 1, got "
-                f"{self.tensor_parallel_size} x {self.replicas}"
+                f"tensor_parallel_size and replicas must be >= 1, got {shown(tp)} x {shown(replicas)}"
+            )
+        if tp > MAX_GPUS or replicas > MAX_GPUS:
+            raise InputError(
+                f"layout tp{tp}x{replicas} uses more GPUs than tuner plans for (1-{MAX_GPUS})"
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InputError(
-                f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}"
+                f"kv_cache_dtype {shown(self.kv_cache_dtype)} is not one of {', '.join(KV_CACHE_DTYPES)}"
             )
 
     @property
@@ -98,15 +145,39 @@ class Deployment:
     calibration: str | None = None
 
     def __post_init__(self) -> None:
-        if self.gpu_count < 1:
-            raise InputError(f"gpu_count must be >= 1, got {self.gpu_count}")
+        for name in ("model", "gpu"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise InputError(f"{name} must be a name, got {shown(value)}")
+        if not is_int(self.gpu_count) or self.gpu_count < 1:
+            raise InputError(f"gpu_count must be a whole number of GPUs >= 1, got {shown(self.gpu_count)}")
+        if self.gpu_count > MAX_GPUS:
+            raise InputError(
+                f"{self.gpu_count} GPUs is more than tuner plans for (1-{MAX_GPUS})",
+                hint="gpus counts GPUs, not GPU memory or device ids",
+            )
+        if not isinstance(self.vllm_version, str) or not _VERSION_RE.match(self.vllm_version):
+            raise InputError(
+                f"vllm_version must be a version such as \"{DEFAULT_VLLM_VERSION}\", got {shown(self.vllm_version)}",
+                hint="quote it in YAML: 0.10 would read as the number 0.1",
+            )
         if self.dtype not in DTYPES:
-            raise InputError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+            raise InputError(f"dtype {shown(self.dtype)} is not one of {', '.join(DTYPES)}")
         if self.quantization not in QUANTIZATIONS:
             raise InputError(
-                f"quantization {self.quantization!r} is not one of "
+                f"quantization {shown(self.quantization)} is not one of "
                 f"{', '.join(q for q in QUANTIZATIONS if q)}"
             )
+        if self.calibration is not None and (not isinstance(self.calibration, str) or not self.calibration):
+            raise InputError(f"calibration must be the path of a profile YAML, got {shown(self.calibration)}")
+        if not isinstance(self.gpu_ids, tuple) or not all(
+                is_int(i) and 0 <= i < MAX_GPUS for i in self.gpu_ids):
+            raise InputError(
+                f"gpu_ids must be device ids 0-{MAX_GPUS - 1}, got {shown(self.gpu_ids)}",
+                hint="e.g. gpu_ids: [0, 1, 2, 3]",
+            )
+        if len(set(self.gpu_ids)) != len(self.gpu_ids):
+            raise InputError(f"gpu_ids {shown(list(self.gpu_ids))} names a device twice")
         if self.gpu_ids and len(self.gpu_ids) != self.gpu_count:
             raise InputError(
                 f"{len(self.gpu_ids)} GPU ids given for gpu_count {self.gpu_count}"
