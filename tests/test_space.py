@@ -78,10 +78,10 @@ def test_suggested_configs_stay_inside_the_space():
         ("parameters:\n  gpu_memory_utilization: {low: 0.5, high: 1.5}\n", 2, "gpu_memory_utilization"),
         ("parameters:\n  enforce_eager: {low: 0, high: 1}\n", 2, "choices"),
         ("workload:\n  target_ttft_s: soon\n", 2, "soon"),
-        ("workload:\n  load: burst\n", 1, "burst"),
+        ("workload:\n  load: burst\n", 2, "burst"),
         ("layouts: [tp2x4, 2x4]\n", 1, "2x4"),
         ("name: x\nfoo: 1\n", 2, "foo"),
-        ("deployment:\n  gpus: 0\n", 1, "gpu_count"),
+        ("deployment:\n  gpus: 0\n", 2, "deployment.gpus"),
         ("parameters: {max_num_seqs: {low: 1, high: 4\n", None, "YAML"),
     ],
 )
@@ -187,3 +187,76 @@ def test_numeric_choices_are_ordered_for_the_sampler():
 def test_repeated_choices_are_bad_input():
     with pytest.raises(InputError, match="repeat"):
         parse_space("parameters:\n  max_num_seqs: {choices: [32, 32, 64]}\n", path="my.yaml")
+
+
+# -- absurd values and damaged files: one line, file:line, the allowed range -------------------
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("deployment:\n  gpus: 1000000\n", 2, "deployment.gpus: 1000000 GPUs is more than tuner plans for (1-4096)"),
+        ("deployment:\n  model: 7\n", 2, "deployment.model: must be a name, got 7"),
+        ("deployment:\n  model: no-such-model\n", 2, "deployment.model: unknown model"),
+        ("deployment:\n  gpu: no-such-gpu\n", 2, "deployment.gpu: unknown GPU"),
+        ("deployment:\n  vllm_version: 0.10\n", 2, "quote it"),
+        ("workload:\n  requests: 1e15\n", 2, "workload.requests: must be a whole number in 1-10,000,000"),
+        ("workload:\n  requests: 12.5\n", 2, "1-10,000,000"),
+        ("workload:\n  seed: -1\n", 2, "workload.seed: must be a whole number in 0-4294967295"),
+        ("workload:\n  rate: .inf\n", 2, "workload.rate: must be in 1e-06-1e+06 requests/s"),
+        ("workload:\n  rate: .nan\n", 2, "requests/s"),
+        ("workload:\n  target_ttft_s: 2d\n", 2, "(0, 86400]"),
+        ("workload:\n  trace: no/such/log.csv\n", 2, "no such file"),
+        ("parameters:\n  max_model_len: 1000000000000\n", 2, "max_model_len: must be an integer in 1-10,000,000"),
+        ("parameters:\n  max_num_seqs: {low: 1, high: 100000000}\n", 2, "max_num_seqs.high: must be an integer in 1-65,536"),
+        ("parameters:\n  gpu_memory_utilization: 5\n", 2, "(0, 1]"),
+        ("parameters:\n  gpu_memory_utilization: {low: .nan, high: 0.9}\n", 2, "(0, 1]"),
+        ("parameters:\n  kv_cache_dtype: null\n", 2, "leave the key out"),
+        ("parameters:\n  max_num_seqs: {low: 1, high: 8, log: 'yes'}\n", 2, "true or false"),
+        ("layouts: [tp1x1000000]\n", 1, "(1-4096)"),
+        ("name: x\nname: y\n", 2, "'name' is given twice (lines 1 and 2)"),
+        ("name: " + "[" * 40 + "]" * 40 + "\n", 1, "nested more than 32 levels"),
+        ("name: " + "9" * 5000 + "\n", 1, "a number of 5,000 characters"),
+        ("name: x\n---\nname: y\n", 2, "second YAML document"),
+        ("", 1, "holds nothing"),
+        ("- a\n- b\n", 1, "holds a list"),
+        ("a: 1\nb: \x00\n", 2, "character #x0000"),
+    ],
+)
+def test_absurd_values_and_damaged_files_are_refused_at_their_line(text, line, words):
+    err = _error(text)
+    assert (err.path, err.line) == ("my.yaml", line)
+    assert str(err).startswith(f"my.yaml:{line}: ") and "\n" not in str(err)
+    assert words in str(err)
+
+
+def test_values_at_the_limits_are_read():
+    space = parse_space("deployment: {gpus: 4096}\nworkload: {requests: 10000000, seed: 4294967295, rate: 1e6}\n"
+                        "parameters:\n  max_model_len: 10000000\n  max_num_seqs: {low: 1, high: 65536, log: true}\n",
+                        path="my.yaml")
+    assert space.deployment.gpu_count == 4096 and space.workload.requests == 10_000_000
+    assert space.workload.rate == 1e6  # "1e6" is text to PyYAML (YAML 1.1), a number to users
+    bound = space.bind(space.deployment, num_heads=28)
+    assert bound.layouts == ((1, 4096), (2, 2048), (4, 1024))
+
+
+def test_non_utf8_bytes_are_refused_at_their_line(tmp_path):
+    path = tmp_path / "latin.yaml"
+    path.write_bytes(b"name: x\ndescription: caf\xe9\n")
+    with pytest.raises(InputError) as info:
+        load_space(path)
+    assert str(info.value).startswith(f"{path}:2: not UTF-8 text: byte 0xe9 at column 17")
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it():
+    bomb = "[&a [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
+        f"&{chr(97 + k)} [" + ", ".join([f"*{chr(96 + k)}"] * 10) + "]" for k in range(1, 9)) + "]"
+    err = _error(f"name: {bomb}\n")  # 10**9 leaves, if anything walked or printed them all
+    assert err.line == 1 and "name: must be text" in str(err) and len(str(err)) < 300
+
+
+def test_a_space_names_its_calibration_profile_problems(tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("hbm_efficiency: {value: 0.8, source: fit}\nmemory:\n  non_torch_bytes: lots\n")
+    err = _error(f"deployment:\n  gpu: H200\n  calibration: {profile}\n")
+    assert str(err).startswith(f"{profile}:3: memory.non_torch_bytes must be a number")
+    err = _error("deployment:\n  calibration: no/such/profile.yaml\n")
+    assert err.line == 2 and "no calibration profile" in str(err)

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from tuner.config import KV_CACHE_DTYPES, Deployment, ServeConfig
+from tuner.config import KV_CACHE_DTYPES, MAX_GPUS, Deployment, ServeConfig, is_int, is_number, shown
 from tuner.errors import InputError
 
 if TYPE_CHECKING:
@@ -46,31 +46,53 @@ _LAYOUT_RE = re.compile(r"^tp(\d+)x(\d+)$")
 #: Folder of the spaces shipped with the repository.
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 
+# The ranges a workload may take (see also tuner.config's MAX_GPUS, MAX_TOKENS). Beyond
+# them the value is a typo that would cost gigabytes or hours before the first trial.
+#: Synthetic requests: every trial replays them a few times; 10M rows are ~0.5 GB of
+#: columns, a day of busy traffic.
+MAX_REQUESTS = 10_000_000
+#: Seeds: numpy and Optuna take 32-bit seeds (0 <= seed < 2**32).
+SEED_LIMIT = 2**32
+#: Synthetic arrival rates, requests/s: from one request in 11.6 days to a million a
+#: second; outside, arrival times stop being meaningful (1/rate overflows, or all at t=0).
+MIN_RATE, MAX_RATE = 1e-6, 1e6
+#: The P95 TTFT target: a day. A longer wait is not a latency target.
+MAX_TTFT_S = 86_400.0
+#: Choices of one knob: a sampler learns nothing over more; write a range.
+MAX_CHOICES = 1024
+#: Space names end up in study and file names (255 bytes on most file systems).
+MAX_NAME = 100
+
 
 def parse_seconds(value: str | float | int, *, what: str = "time") -> float:
     """``"5s"``, ``"500ms"``, ``"2m"``, ``"24h"``, ``"1d"`` or a bare number of seconds → seconds (> 0)."""
     if isinstance(value, bool):
         raise InputError(f"{what} must be a duration such as 5s or 500ms, got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?\d+)?)\s*(ms|s|sec|m|min|h|d)?\s*", str(value).lower())
         if not m:
             raise InputError(
-                f"cannot read {what} {value!r}", hint="write a duration such as 5s, 500ms or 5"
+                f"cannot read {what} {shown(value)}", hint="write a duration such as 5s, 500ms or 5"
             )
         units = {"ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
         seconds = float(m.group(1)) * units.get(m.group(2) or "s", 1.0)
     if not seconds > 0 or not math.isfinite(seconds):
-        raise InputError(f"{what} must be > 0, got {value!r}")
+        raise InputError(f"{what} must be > 0 and finite, got {shown(value)}")
     return seconds
 
 
 def parse_layout(text: str) -> tuple[int, int]:
     """``"tp2x4"`` → ``(2, 4)``: tensor-parallel size 2, 4 replicas."""
-    m = _LAYOUT_RE.match(str(text).strip().lower())
-    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-        raise InputError(f"cannot read layout {text!r}", hint="write tp<TP>x<replicas>, e.g. tp2x4")
+    m = _LAYOUT_RE.match(str(text).strip().lower()) if isinstance(text, str) else None
+    if not m or m.group(1).strip("0") == "" or m.group(2).strip("0") == "":
+        raise InputError(f"cannot read layout {shown(text)}", hint="write tp<TP>x<replicas>, e.g. tp2x4")
+    if max(len(m.group(1)), len(m.group(2))) > 6 or max(int(m.group(1)), int(m.group(2))) > MAX_GPUS:
+        raise InputError(f"layout {shown(text)} uses more GPUs than tuner plans for (1-{MAX_GPUS})")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -197,12 +219,27 @@ class WorkloadSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.target_ttft_s > 0:
-            raise InputError(f"target_ttft_s must be > 0, got {self.target_ttft_s}")
+        ttft = self.target_ttft_s
+        if not is_number(ttft) or not 0 < ttft <= MAX_TTFT_S:
+            raise InputError(
+                f"target_ttft_s must be in (0, {MAX_TTFT_S:g}] seconds (a day), got {shown(ttft)}",
+                hint="write a duration such as 2s or 500ms",
+            )
+        if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
+            raise InputError(f"trace must be the path of a request log, got {shown(self.trace)}")
         if self.load not in LOAD_KINDS:
-            raise InputError(f"load {self.load!r} is not one of {', '.join(LOAD_KINDS)}")
-        if self.requests < 1 or not self.rate > 0:
-            raise InputError(f"requests must be >= 1 and rate > 0, got {self.requests}, {self.rate}")
+            raise InputError(f"load {shown(self.load)} is not one of {', '.join(LOAD_KINDS)}")
+        if not is_int(self.requests) or not 1 <= self.requests <= MAX_REQUESTS:
+            raise InputError(
+                f"requests must be a whole number in 1-{MAX_REQUESTS:,}, got {shown(self.requests)}",
+                hint="more is more than tuner plans for; give a trace for real traffic",
+            )
+        if not is_number(self.rate) or not MIN_RATE <= self.rate <= MAX_RATE:
+            raise InputError(
+                f"rate must be in {MIN_RATE:g}-{MAX_RATE:g} requests/s, got {shown(self.rate)}"
+            )
+        if not is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT:
+            raise InputError(f"seed must be a whole number in 0-{SEED_LIMIT - 1}, got {shown(self.seed)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,13 +334,9 @@ class SearchSpace:
 
     def error(self, message: str, key: tuple[Any, ...], *, hint: str | None = None) -> InputError:
         """An :class:`InputError` pointing at ``key`` (a path of YAML keys) in the file."""
-        line = None
-        for n in range(len(key), 0, -1):
-            line = self.lines.get(tuple(key[:n]))
-            if line is not None:
-                break
+        line = _line_of(self.lines, key)
         dotted = ".".join(str(k) for k in key)
-        return InputError(f"{dotted}: {message}", path=self.path, line=line, hint=hint)
+        return InputError(f"{dotted}: {message}" if dotted else message, path=self.path, line=line, hint=hint)
 
 
 def _replace(obj: Any, **changes: Any) -> Any:
@@ -337,106 +370,155 @@ def resolve_space_path(name_or_path: str | Path) -> Path:
 def load_space(name_or_path: str | Path = "default") -> SearchSpace:
     """Read and validate a search space (a shipped name or a YAML path)."""
     path = resolve_space_path(name_or_path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(f"cannot read search space: {err.strerror}", path=path) from err
-    return parse_space(text, path=str(path))
+    return _space_from(read_yaml(path, what="search space"))
 
 
 def parse_space(text: str, *, path: str = "<space>") -> SearchSpace:
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise InputError(
-            f"not valid YAML: {getattr(err, 'problem', None) or err}",
-            path=path, line=None if mark is None else mark.line + 1,
-            hint="check indentation and colons",
-        ) from err
-    lines = _line_index(node)
+    """Validate the search space in ``text`` (errors name ``path`` and the line)."""
+    return _space_from(parse_yaml(text, path=path, what="search space"))
+
+
+def _space_from(doc: YamlDoc) -> SearchSpace:
+    path, data = doc.path, doc.data
     default_name = Path(path).stem if path != "<space>" else "space"
-    stub = SearchSpace(default_name, Deployment(), WorkloadSpec(), path=path, lines=lines)
+    stub = SearchSpace(default_name, Deployment(), WorkloadSpec(), path=path, lines=doc.lines)
     if not isinstance(data, dict):
-        raise stub.error("a search space is a mapping of keys", (), hint="see search_spaces/default.yaml")
+        raise stub.error(f"a search space is a mapping of keys, this file holds {_kind(data)}", (),
+                         hint="see search_spaces/default.yaml")
     _check_keys(stub, data, _TOP_KEYS, ())
-    deployment = _parse_deployment(stub, data.get("deployment") or {})
-    workload = _parse_workload(stub, data.get("workload") or {})
-    params, fixed = _parse_parameters(stub, data.get("parameters") or {})
+    name = _text(stub, data.get("name"), ("name",), limit=MAX_NAME) or default_name
+    description = _text(stub, data.get("description"), ("description",), limit=10_000)
+    deployment = _parse_deployment(stub, _section(data, "deployment"))
+    workload = _parse_workload(stub, _section(data, "workload"))
+    params, fixed = _parse_parameters(stub, _section(data, "parameters"))
     layouts = _parse_layouts(stub, data.get("layouts", "auto"))
+    _check_references(stub, deployment, workload)
     return SearchSpace(
-        name=str(data.get("name") or default_name),
+        name=name,
         deployment=deployment,
         workload=workload,
         params=params,
         fixed=fixed,
         layouts=layouts,
-        description=str(data.get("description") or ""),
+        description=description,
         path=path,
-        lines=lines,
+        lines=doc.lines,
     )
 
 
-def _line_index(node: yaml.Node | None) -> dict[tuple[Any, ...], int]:
-    """Key path → 1-based line of that key in the YAML text."""
-    out: dict[tuple[Any, ...], int] = {}
+def _kind(value: Any) -> str:
+    """What a YAML value is, in words: "a list", "text", "nothing"."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return "true/false"
+    kinds = {str: "text", int: "a number", float: "a number", list: "a list", dict: "a mapping"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
 
-    def walk(n: yaml.Node, path: tuple[Any, ...]) -> None:
-        out.setdefault(path, n.start_mark.line + 1)
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                out[path + (k.value,)] = k.start_mark.line + 1
-                walk(v, path + (k.value,))
-        elif isinstance(n, yaml.SequenceNode):
-            for i, v in enumerate(n.value):
-                walk(v, path + (i,))
 
-    if node is not None:
-        walk(node, ())
-    return out
+def _section(data: dict[Any, Any], key: str) -> Any:
+    """A section's mapping; an absent or empty one (``workload:``) is ``{}``."""
+    value = data.get(key)
+    return {} if value is None else value
+
+
+def _text(space: SearchSpace, value: Any, where: tuple[Any, ...], *, limit: int) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise space.error(f"must be text, got {shown(value)}", where)
+    text = str(value)
+    if len(text) > limit:
+        raise space.error(f"is {len(text):,} characters long, more than {limit:,}", where,
+                          hint="keep it short: it becomes part of study names" if limit == MAX_NAME else None)
+    return text
 
 
 def _check_keys(space: SearchSpace, data: Any, known: Any, where: tuple[Any, ...]) -> None:
     if not isinstance(data, dict):
-        raise space.error(f"expected a mapping, got {type(data).__name__}", where)
+        raise space.error(f"expected a mapping of keys, got {_kind(data)}: {shown(data)}", where)
     for key in data:
         if key not in known:
             raise space.error(
-                f"unknown key {key!r}", where + (key,), hint=f"known keys: {', '.join(sorted(known))}"
+                f"unknown key {shown(key)}", where + (key,), hint=f"known keys: {', '.join(sorted(known))}"
             )
 
 
 def _parse_deployment(space: SearchSpace, data: Any) -> Deployment:
     _check_keys(space, data, _DEPLOYMENT_KEYS, ("deployment",))
-    values = dict(data)
-    if "gpus" in values:
-        values["gpu_count"] = values.pop("gpus")
-    if "gpu_ids" in values:
-        values["gpu_ids"] = tuple(values["gpu_ids"] or ())
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = "gpu_count" if key == "gpus" else key
+        where = ("deployment", key)
+        if name == "gpu_ids":
+            if value is None:
+                value = ()
+            elif not isinstance(value, list):
+                raise space.error(f"must be a list of device ids, got {shown(value)}", where, hint="e.g. gpu_ids: [0, 1]")
+            value = tuple(value)
+            probe: dict[str, Any] = {"gpu_ids": value, "gpu_count": max(len(value), 1)}
+        else:
+            probe = {name: value}
+        try:  # one field at a time, so that the message points at its line
+            Deployment(**probe)
+        except InputError as err:
+            raise space.error(_own(err.message, name), where, hint=err.hint) from err
+        values[name] = value
     try:
         return Deployment(**values)
-    except (InputError, TypeError) as err:
-        raise space.error(str(getattr(err, "message", err)), ("deployment",)) from err
+    except InputError as err:
+        where = ("deployment", "gpu_ids") if "gpu_ids" in data else ("deployment",)
+        raise space.error(err.message, where, hint=err.hint) from err
+
+
+def _own(message: str, name: str) -> str:
+    """``message`` without a leading ``name`` (the key in front of it says it already)."""
+    return message[len(name) + 1:] if message.startswith(f"{name} ") else message
+
+
+_EXPONENT = re.compile(r"\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]{1,4}\s*")
+
+
+def _numeric(value: Any) -> Any:
+    """``"1e6"`` (text to PyYAML, which wants ``1.0e+6``; a number in YAML 1.2) as a float;
+    anything else unchanged."""
+    if isinstance(value, str) and _EXPONENT.fullmatch(value):
+        return _float(float(value))
+    return value
+
+
+def _whole(value: Any) -> Any:
+    """An integral float (``1.0e+3``) as an int; anything else unchanged."""
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    return value
 
 
 def _parse_workload(space: SearchSpace, data: Any) -> WorkloadSpec:
     _check_keys(space, data, _WORKLOAD_KEYS, ("workload",))
-    values = dict(data)
-    key = ("workload", "target_ttft_s")
+    values: dict[str, Any] = {}
+    for name, value in data.items():
+        where = ("workload", name)
+        try:
+            if name == "target_ttft_s":
+                value = parse_seconds(value, what="target_ttft_s")
+            elif name in ("requests", "seed", "rate"):
+                value = _numeric(value)
+                if not is_number(value):
+                    raise InputError(f"must be a number, got {shown(value)}")
+                value = _float(value) if name == "rate" else _whole(value)
+            WorkloadSpec(**{name: value})
+        except InputError as err:
+            raise space.error(_own(err.message, name), where, hint=err.hint) from err
+        values[name] = value
+    return WorkloadSpec(**values)
+
+
+def _float(value: int | float) -> float:
     try:
-        if "target_ttft_s" in values:
-            values["target_ttft_s"] = parse_seconds(values["target_ttft_s"], what="target_ttft_s")
-        for name, typ in (("requests", int), ("rate", float), ("seed", int)):
-            if name in values:
-                key = ("workload", name)
-                if isinstance(values[name], bool) or not isinstance(values[name], (int, float)):
-                    raise InputError(f"must be a number, got {values[name]!r}")
-                values[name] = typ(values[name])
-        key = ("workload",)
-        return WorkloadSpec(**values)
-    except InputError as err:
-        raise space.error(err.message, key, hint=err.hint) from err
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...], tuple[tuple[str, Any], ...]]:
@@ -449,11 +531,15 @@ def _parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...],
         if isinstance(spec, dict):
             _check_keys(space, spec, ("low", "high", "step", "log", "choices"), where)
             if "choices" in spec:
-                if set(spec) - {"choices"} or not isinstance(spec["choices"], list) or not spec["choices"]:
+                choices_in = spec["choices"]
+                if set(spec) - {"choices"} or not isinstance(choices_in, list) or not choices_in:
                     raise space.error(
                         "choices must be a non-empty list, alone", where, hint="e.g. {choices: [16, 32]}"
                     )
-                choices = tuple(_typed(space, name, v, where) for v in spec["choices"])
+                if len(choices_in) > MAX_CHOICES:
+                    raise space.error(f"{len(choices_in):,} choices are more than {MAX_CHOICES}", where,
+                                      hint="write a range: {low: ..., high: ..., log: true}")
+                choices = tuple(_typed(space, name, v, where + ("choices", i)) for i, v in enumerate(choices_in))
                 if len(set(choices)) != len(choices):
                     raise space.error("choices repeat a value", where, hint="list each value once")
                 params.append(choice_param(name, choices))
@@ -464,7 +550,9 @@ def _parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...],
                 raise space.error("a range needs low and high", where, hint="e.g. {low: 16, high: 512}")
             low, high = (_typed(space, name, spec[k], where + (k,)) for k in ("low", "high"))
             step = None if spec.get("step") is None else _typed(space, name, spec["step"], where + ("step",))
-            log = bool(spec.get("log", False))
+            log = spec.get("log", False)
+            if not isinstance(log, bool):
+                raise space.error(f"log must be true or false, got {shown(log)}", where + ("log",))
             if not low < high:
                 raise space.error(f"low ({low}) must be below high ({high})", where, hint="swap them or fix a value")
             if log and step is not None:
@@ -475,31 +563,43 @@ def _parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...],
                 raise space.error(f"step must be > 0, got {step}", where + ("step",))
             params.append(Param(name, "int" if typ is int else "float", low=low, high=high, step=step, log=log))
         elif isinstance(spec, list):
-            raise space.error("a list of values must be written as choices", where, hint=f"write {name}: {{choices: {spec}}}")
+            raise space.error("a list of values must be written as choices", where,
+                              hint=f"write {name}: {{choices: {shown(spec)}}}")
+        elif spec is None:
+            if name not in _DEFAULT_NONE:
+                raise space.error(f"{name} cannot be null", where, hint="leave the key out for vLLM's default")
+            fixed.append((name, None))
         else:
-            fixed.append((name, None if spec is None else _typed(space, name, spec, where)))
+            fixed.append((name, _typed(space, name, spec, where)))
     return tuple(params), tuple(fixed)
+
+
+#: Knobs whose ``null`` means "vLLM's default" (ServeConfig fields that default to None).
+_DEFAULT_NONE = {f.name for f in fields(ServeConfig) if f.default is None}
 
 
 def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) -> Any:
     """``value`` checked against knob ``name``'s type and ServeConfig's own validation."""
     typ = KNOBS[name]
+    if typ in (int, float):
+        value = _numeric(value)
+        value = _whole(value) if typ is int else value
     ok = (
         (typ is bool and isinstance(value, bool))
-        or (typ is int and isinstance(value, int) and not isinstance(value, bool))
-        or (typ is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (typ is int and is_int(value))
+        or (typ is float and is_number(value))
         or (typ is str and isinstance(value, str))
     )
     if not ok:
-        raise space.error(f"{name} takes {typ.__name__} values, got {value!r}", where)
+        raise space.error(f"{name} takes {typ.__name__} values, got {shown(value)}", where)
     if name == "kv_cache_dtype" and value not in KV_CACHE_DTYPES:
-        raise space.error(f"kv_cache_dtype {value!r} is unknown", where, hint=f"use one of {', '.join(KV_CACHE_DTYPES)}")
-    value = typ(value)
+        raise space.error(f"kv_cache_dtype {shown(value)} is unknown", where, hint=f"use one of {', '.join(KV_CACHE_DTYPES)}")
+    value = _float(value) if typ is float else typ(value)
     if typ in (int, float):
         try:
             ServeConfig(**{name: value})
         except InputError as err:
-            raise space.error(err.message, where, hint=err.hint) from err
+            raise space.error(_own(err.message, name), where, hint=err.hint) from err
     return value
 
 
@@ -508,7 +608,7 @@ def _parse_layouts(space: SearchSpace, data: Any) -> tuple[tuple[int, int], ...]
         return None
     if not isinstance(data, list) or not data:
         raise space.error(
-            f"layouts must be 'auto' or a list, got {data!r}", ("layouts",),
+            f"layouts must be 'auto' or a list, got {shown(data)}", ("layouts",),
             hint="e.g. layouts: [tp1x8, tp2x4, tp4x2]",
         )
     out = []
@@ -518,3 +618,246 @@ def _parse_layouts(space: SearchSpace, data: Any) -> tuple[tuple[int, int], ...]
         except InputError as err:
             raise space.error(err.message, ("layouts", i), hint=err.hint) from err
     return tuple(dict.fromkeys(out))
+
+
+def _check_references(space: SearchSpace, deployment: Deployment, workload: WorkloadSpec) -> None:
+    """The files and names the space refers to exist: model, GPU, calibration profile and
+    trace (a problem inside one of those files is reported at that file's own line)."""
+    from tuner.sim.calibration import load_calibration, memory_overrides
+    from tuner.sim.hardware import get_gpu
+    from tuner.sim.model import load_model
+
+    def check(key: tuple[str, str], call: Any) -> Any:
+        try:
+            return call()
+        except InputError as err:
+            if err.path is not None:  # the referenced file's own fault, with its own line
+                raise
+            raise space.error(err.message, key, hint=err.hint) from err
+
+    check(("deployment", "model"), lambda: load_model(deployment.model))
+    gpu = check(("deployment", "gpu"), lambda: get_gpu(deployment.gpu))
+    if deployment.calibration is not None:
+        if not Path(deployment.calibration).expanduser().is_file():
+            raise space.error(f"no calibration profile {deployment.calibration!r}", ("deployment", "calibration"),
+                              hint="give the path of a profile.yaml (tuner calibrate writes one)")
+        check(("deployment", "calibration"), lambda: load_calibration(gpu, deployment.calibration))
+        check(("deployment", "calibration"),
+              lambda: memory_overrides(gpu.name, deployment.vllm_version, deployment.calibration))
+    if workload.trace is not None and not Path(workload.trace).expanduser().is_file():
+        raise space.error(f"no such file {workload.trace!r}", ("workload", "trace"),
+                          hint="give the path of a request log, or null for the synthetic mix")
+
+
+# -- reading YAML ------------------------------------------------------------------------
+# Search spaces, calibration profiles and GPU catalogs are read here. These limits keep a
+# damaged file (binary junk, a runaway paste, an alias bomb) from costing minutes or
+# gigabytes before its one-line message.
+#: Bytes in one file: the shipped ones are under 10 KiB.
+MAX_YAML_BYTES = 1 << 20
+#: Nesting levels: the schemas use at most five.
+MAX_YAML_DEPTH = 32
+#: Digits of one plain number: more is a typo (and Python refuses ints of over 4,300).
+MAX_NUMBER_CHARS = 100
+_NUMBERISH = re.compile(r"[-+]?(0x[0-9a-fA-F_]+|0o?[0-7_]+|[0-9][0-9_:]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?|\.[0-9_]+([eE][-+]?[0-9]+)?)")
+
+
+@dataclass(frozen=True, slots=True)
+class YamlDoc:
+    """A YAML document: its data, its path, and the 1-based line of every key path
+    (``("deployment", "gpus")``; list items by position)."""
+
+    data: Any
+    path: str
+    lines: dict[tuple[Any, ...], int]
+
+    def line(self, key: Sequence[Any] = ()) -> int | None:
+        """The line of ``key``, else of its nearest parent that has one."""
+        return _line_of(self.lines, tuple(key))
+
+
+def _line_of(lines: dict[tuple[Any, ...], int], key: tuple[Any, ...]) -> int | None:
+    parts = tuple(str(k) for k in key)
+    for n in range(len(parts), -1, -1):
+        line = lines.get(parts[:n])
+        if line is not None:
+            return line
+    return None
+
+
+def read_yaml(path: str | Path, *, what: str) -> YamlDoc:
+    """Read the YAML file at ``path`` (``what`` names it in messages: "search space").
+    Errors are one-line :class:`InputError`s with the path and, where the text is at
+    fault, the line."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read {what}: {err.strerror}", path=path) from err
+    if len(raw) > MAX_YAML_BYTES:
+        raise InputError(f"the {what} is {len(raw):,} bytes, more than the {MAX_YAML_BYTES:,} tuner reads "
+                         "(the whole file is at fault, not one line)", path=path,
+                         hint="is this the right file?")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise InputError(f"not UTF-8 text: byte 0x{raw[err.start]:02x} at column {column}", path=path,
+                         line=line, hint="save the file as UTF-8") from None
+    return parse_yaml(text, path=str(path), what=what)
+
+
+def parse_yaml(text: str, *, path: str, what: str) -> YamlDoc:
+    """:func:`read_yaml` for text already read."""
+    if len(text) > MAX_YAML_BYTES:
+        raise InputError(f"the {what} is {len(text):,} characters, more than the {MAX_YAML_BYTES:,} "
+                         "tuner reads (the whole file is at fault, not one line)", path=path)
+    try:
+        node = _compose(yaml.parse(text, Loader=_LOADER))
+        lines = _line_index(node)
+        data = _construct(node)
+    except yaml.YAMLError as err:
+        raise _yaml_error(err, text, path, what) from None
+    except _Refused as err:
+        raise InputError(err.message, path=path, line=err.line, hint=err.hint) from None
+    return YamlDoc(data, path, lines)
+
+
+#: libyaml's parser when PyYAML was built with it (ten times faster), else PyYAML's own.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, line: int, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.line, self.hint = message, line, hint
+
+
+def _compose(events: Iterator[yaml.Event]) -> yaml.Node | None:
+    """The node tree of a one-document stream, built from the parser's events without
+    recursion (PyYAML's composer recurses, and a deep file overflows the stack). Refuses
+    nesting deeper than :data:`MAX_YAML_DEPTH` and plain numbers longer than
+    :data:`MAX_NUMBER_CHARS`."""
+    resolver = yaml.resolver.Resolver()
+    anchors: dict[str, yaml.Node] = {}
+    stack: list[list[Any]] = []  # [collection node, pending mapping key]
+    root: yaml.Node | None = None
+    documents = 0
+    for event in events:
+        line = event.start_mark.line + 1 if event.start_mark is not None else 1
+        if isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if documents > 1:
+                raise _Refused("a second YAML document (---) in one file", line, hint="keep one document")
+            continue
+        if isinstance(event, (yaml.StreamStartEvent, yaml.StreamEndEvent, yaml.DocumentEndEvent)):
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            stack.pop()
+            continue
+        node: yaml.Node
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor not in anchors:
+                raise _Refused(f"alias *{shown(event.anchor)} names no anchor", line)
+            node = anchors[event.anchor]
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMBERISH.fullmatch(event.value):
+                raise _Refused(f"a number of {len(event.value):,} characters, more than the "
+                               f"{MAX_NUMBER_CHARS} tuner reads", line)
+            tag = event.tag if event.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, event.value, event.implicit)
+            node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+        else:
+            kind = yaml.SequenceNode if isinstance(event, yaml.SequenceStartEvent) else yaml.MappingNode
+            tag = event.tag if event.tag not in (None, "!") else resolver.resolve(kind, None, event.implicit)
+            node = kind(tag, [], event.start_mark, event.end_mark, flow_style=event.flow_style)
+        if getattr(event, "anchor", None) is not None and not isinstance(event, yaml.AliasEvent):
+            anchors[event.anchor] = node
+        if stack:
+            parent = stack[-1]
+            if isinstance(parent[0], yaml.SequenceNode):
+                parent[0].value.append(node)
+            elif parent[1] is None:
+                parent[1] = node
+            else:
+                parent[0].value.append((parent[1], node))
+                parent[1] = None
+        else:
+            root = node
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(stack) >= MAX_YAML_DEPTH:
+                raise _Refused(f"nested more than {MAX_YAML_DEPTH} levels deep", line,
+                               hint="a missing closing bracket?")
+            stack.append([node, None])
+    return root
+
+
+def _yaml_error(err: yaml.YAMLError, text: str, path: str, what: str) -> InputError:
+    if isinstance(err, yaml.reader.ReaderError):
+        line = text.count("\n", 0, err.position) + 1
+        return InputError(f"not valid YAML: character #x{err.character:04x} is not allowed in a {what}",
+                          path=path, line=line, hint="is this a text file?")
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    words = [w for w in (getattr(err, "context", None), getattr(err, "problem", None)) if w]
+    message = " ".join(" ".join(words).split()) if words else "cannot parse it"
+    return InputError(f"not valid YAML: {message}", path=path, line=None if mark is None else mark.line + 1,
+                      hint="check indentation and colons")
+
+
+def _line_index(root: yaml.Node | None) -> dict[tuple[Any, ...], int]:
+    """Key path (of ``str`` parts) → 1-based line of that key; refuses a key given twice
+    in one mapping. Iterative, and each node once (aliases repeat nodes)."""
+    out: dict[tuple[Any, ...], int] = {}
+    if root is None:
+        out[()] = 1
+        return out
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple[Any, ...]]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        out.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: dict[str, int] = {}
+            for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    stack.append((v, path + ("?",)))
+                    continue
+                line = k.start_mark.line + 1
+                if k.value in keys and k.tag != "tag:yaml.org,2002:merge":
+                    dotted = ".".join(path + (k.value,))
+                    raise _Refused(f"{shown(dotted)} is given twice (lines {keys[k.value]} and {line})", line,
+                                   hint="keep one")
+                keys[k.value] = line
+                out[path + (k.value,)] = line
+                stack.append((v, path + (k.value,)))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                stack.append((v, path + (str(i),)))
+    return out
+
+
+def _construct(node: yaml.Node | None) -> Any:
+    if node is None:
+        return None
+    try:
+        return yaml.constructor.SafeConstructor().construct_document(node)
+    except (ValueError, OverflowError, TypeError, RecursionError) as err:
+        # a scalar the constructor cannot turn into a value: find which one
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if isinstance(n, yaml.ScalarNode):
+                try:
+                    yaml.constructor.SafeConstructor().construct_object(n)
+                except (ValueError, OverflowError, TypeError):
+                    raise _Refused(f"cannot read the value {shown(n.value)}", n.start_mark.line + 1) from None
+            elif isinstance(n, yaml.MappingNode):
+                stack += [x for pair in n.value for x in pair]
+            elif isinstance(n, yaml.SequenceNode):
+                stack += n.value
+        raise _Refused(f"cannot read the document: {type(err).__name__}", node.start_mark.line + 1) from None
