@@ -9,17 +9,18 @@ profile (``Deployment.calibration`` or ``path=``) is a YAML file with the same k
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from tuner.config import is_number, shown
 from tuner.errors import InputError
 
 if TYPE_CHECKING:
     from tuner.sim.hardware import GPU
+    from tuner.space import YamlDoc
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
@@ -28,6 +29,38 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 #: outside the graphs); ``compiled``: torch.compile code without graphs (batches above the
 #: capture size); ``eager``: ``--enforce-eager`` (no compile, no graphs).
 LAUNCH_MODES = ("graph", "piecewise", "compiled", "eager")
+
+_EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency")
+_SECONDS = ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s")
+#: Upper bound of every per-step or per-request cost, seconds: real ones are micro- to
+#: milliseconds, so seconds mean a unit slip (ms written as s) or a failed fit.
+MAX_COST_S = 10.0
+#: Upper bound of a ``memory`` override: 1 TiB, more than any GPU holds.
+MAX_MEMORY_VALUE = float(1 << 40)
+
+
+def _problem(name: str, value: Any) -> str | None:
+    """What is wrong with constant ``name`` = ``value``, or None."""
+    if name == "gpu_class":
+        return None if isinstance(value, str) and value else f"gpu_class must be a name, got {shown(value)}"
+    if name == "calibrated":
+        return None if isinstance(value, bool) else f"calibrated must be true or false, got {shown(value)}"
+    if name == "launch_per_layer_s":
+        if not isinstance(value, dict):
+            return f"launch_per_layer_s must map launch modes to seconds, got {shown(value)}"
+        for mode, seconds in value.items():
+            if mode not in LAUNCH_MODES:
+                return f"launch_per_layer_s: unknown launch mode {shown(mode)} (known: {', '.join(LAUNCH_MODES)})"
+            if not is_number(seconds) or not 0 <= seconds <= MAX_COST_S:
+                return f"launch_per_layer_s.{mode} must be in 0-{MAX_COST_S:g} s, got {shown(seconds)}"
+        return None
+    if name in _EFFICIENCIES:
+        if not is_number(value) or not 0.0 < value <= 1.0:
+            return f"calibration {name} must be in (0, 1], got {shown(value)}"
+        return None
+    if name in _SECONDS and (not is_number(value) or not 0 <= value <= MAX_COST_S):
+        return f"calibration {name} must be in 0-{MAX_COST_S:g} s (>= 0), got {shown(value)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,13 +81,10 @@ class Calibration:
     path: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("hbm_efficiency", "flops_efficiency", "link_efficiency"):
-            v = getattr(self, name)
-            if not 0.0 < v <= 1.0:
-                raise InputError(f"calibration {name} must be in (0, 1], got {v}", path=self.path or None)
-        for name in ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s"):
-            if getattr(self, name) < 0:
-                raise InputError(f"calibration {name} must be >= 0", path=self.path or None)
+        for name in ("gpu_class", "launch_per_layer_s", *_EFFICIENCIES, *_SECONDS):
+            problem = _problem(name, getattr(self, name))
+            if problem:
+                raise InputError(problem, path=self.path or None)
         missing = [m for m in LAUNCH_MODES if m not in self.launch_per_layer_s]
         if missing:
             raise InputError(
@@ -90,32 +120,55 @@ EXTRA_SECTIONS = ("memory", "match", "fit", "fit_error", "errors", "notes", "met
 
 
 def _read_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"cannot read calibration: {exc}", path=path) from exc
+    from tuner.space import read_yaml
+
+    doc = read_yaml(path, what="calibration profile")
+    raw = doc.data
     if not isinstance(raw, dict):
-        raise InputError("calibration file must be a mapping of keys to {value, source}", path=path)
+        raise InputError("calibration file must be a mapping of keys to {value, source}", path=path,
+                         line=doc.line())
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     known = {f.name for f in fields(Calibration)} - {"sources", "path"}
     for key, entry in raw.items():
+        if key in ("memory", "match"):  # read elsewhere, checked here: a profile given by name says what is wrong
+            _check_section(doc, key)
         if key in EXTRA_SECTIONS:
             continue
         if key not in known:
-            raise InputError(f"unknown calibration key {key!r}", path=path,
+            raise InputError(f"unknown calibration key {shown(key)}", path=path, line=doc.line((key,)),
                              hint=f"known: {', '.join(sorted(known))}")
+        where = (key,)
         if isinstance(entry, dict) and "value" in entry:
-            values[key] = entry["value"]
-            if entry.get("source"):
-                sources[key] = str(entry["source"])
+            value = entry["value"]
+            source = entry.get("source")
+            if source is not None and not isinstance(source, (str, int, float)):
+                raise InputError(f"{key}.source must be text, got {shown(source)}", path=path,
+                                 line=doc.line((key, "source")))
+            if source:
+                sources[key] = str(source)
+            where = (key, "value")
         else:
-            values[key] = entry
-    if "launch_per_layer_s" in values:
-        if not isinstance(values["launch_per_layer_s"], dict):
-            raise InputError("launch_per_layer_s must map launch modes to seconds", path=path)
-        values["launch_per_layer_s"] = {k: float(v) for k, v in values["launch_per_layer_s"].items()}
+            value = entry
+        if isinstance(value, dict):
+            value = dict(value)
+        problem = _problem(key, value)
+        if problem:
+            raise InputError(problem, path=path, line=doc.line(where + _bad_mode(value)),
+                             hint="see tuner/data/calibration/hopper.yaml for the layout")
+        if key == "launch_per_layer_s":
+            value = {k: float(v) for k, v in value.items()}
+        values[key] = float(value) if key in _EFFICIENCIES + _SECONDS else value
     return values, sources
+
+
+def _bad_mode(value: Any) -> tuple[str, ...]:
+    """The launch mode at fault in a ``launch_per_layer_s`` mapping, for its line."""
+    if isinstance(value, dict):
+        for mode, seconds in value.items():
+            if mode not in LAUNCH_MODES or _problem("launch_per_layer_s", {mode: seconds}):
+                return (str(mode),)
+    return ()
 
 
 def _from_yaml(path: Path, base: Calibration | None = None) -> Calibration:
@@ -127,14 +180,14 @@ def _from_yaml(path: Path, base: Calibration | None = None) -> Calibration:
         merged["launch_per_layer_s"] = {**base.launch_per_layer_s, **values.get("launch_per_layer_s", {})}
         merged["sources"] = {**base.sources, **sources}
         merged["path"] = str(path)
-        try:
-            return Calibration(**merged)
-        except TypeError as exc:
-            raise InputError(f"bad calibration: {exc}", path=path) from exc
-    try:
-        return Calibration(**values, sources=sources, path=str(path))
-    except TypeError as exc:
-        raise InputError(f"incomplete calibration: {exc}", path=path) from exc
+        return Calibration(**merged)
+    required = [f.name for f in fields(Calibration) if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise InputError(f"incomplete calibration: it lacks {', '.join(missing)}", path=path,
+                         hint="a full table gives every constant; see tuner/data/calibration/hopper.yaml")
+    return Calibration(**values, sources=sources, path=str(path))
 
 
 def load_calibration(gpu: GPU, path: str | None = None, vllm_version: str | None = None) -> Calibration:
@@ -188,23 +241,79 @@ def _gpu_key(name: str) -> str:
 
 
 @lru_cache(maxsize=128)
-def _profile_section(path: str, mtime: float, section: str) -> dict[str, Any]:
+def _profile_doc(path: str, mtime: float) -> YamlDoc:
+    from tuner.space import read_yaml
+
+    return read_yaml(path, what="calibration profile")
+
+
+@lru_cache(maxsize=256)
+def _profile_section(path: str, mtime: float, section: str, strict: bool) -> dict[str, Any]:
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
+        doc = _profile_doc(path, mtime)
+    except InputError:
+        if strict:
+            raise
         return {}
-    value = raw.get(section) if isinstance(raw, dict) else None
-    return dict(value) if isinstance(value, dict) else {}
+    raw = doc.data
+    if not isinstance(raw, dict):
+        if strict:
+            raise InputError("calibration file must be a mapping of keys to {value, source}", path=path,
+                             line=doc.line())
+        return {}
+    value = raw.get(section)
+    if value is None or isinstance(value, dict):
+        return dict(value or {})
+    if strict:
+        raise InputError(f"{section} must be a mapping, got {shown(value)}", path=path, line=doc.line((section,)))
+    return {}
 
 
-def profile_section(path: str | Path, section: str) -> dict[str, Any]:
-    """One section (``match``, ``memory``, ``fit``) of a profile YAML, cached per file version."""
+def profile_section(path: str | Path, section: str, *, strict: bool = False) -> dict[str, Any]:
+    """One section (``match``, ``memory``, ``fit``) of a profile YAML, cached per file version.
+    Tolerant (``{}`` for an unreadable file or section) unless ``strict``: then a problem is
+    an :class:`InputError` naming the file and line."""
     p = Path(path)
     try:
         mtime = p.stat().st_mtime
-    except OSError:
+    except OSError as err:
+        if strict:
+            raise InputError(f"cannot read calibration profile: {err.strerror}", path=p) from None
         return {}
-    return _profile_section(str(p), mtime, section)
+    return _profile_section(str(p), mtime, section, strict)
+
+
+def _check_section(doc: YamlDoc, name: str) -> dict[str, Any]:
+    """The ``memory`` or ``match`` section of a profile, checked: a mapping (memory: of
+    names to numbers, the overrides of :data:`tuner.sim.memory.EMPIRICAL`; match: ``gpu``
+    and ``vllm_version`` as text)."""
+    section = doc.data.get(name) if isinstance(doc.data, dict) else None
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise InputError(f"{name} must be a mapping, got {shown(section)}", path=doc.path, line=doc.line((name,)))
+    for key, value in section.items():  # keys it does not know stay (another tuner version wrote them)
+        line = doc.line((name, key))
+        if not isinstance(key, str):
+            raise InputError(f"{name}: a key must be a name, got {shown(key)}", path=doc.path, line=line)
+        if name == "match":
+            if key not in ("gpu", "vllm_version"):
+                continue
+            if not isinstance(value, str) or not value:
+                raise InputError(f"match.{key} must be text, got {shown(value)}", path=doc.path, line=line,
+                                 hint='quote versions: vllm_version: "0.26.0"')
+            continue
+        top = 1.0 if key == "cudagraph_kv_fraction" else MAX_MEMORY_VALUE
+        if not is_number(value) or not 0 <= value <= top:
+            raise InputError(f"memory.{key} must be a number in 0-{top:g}, got {shown(value)}", path=doc.path, line=line)
+    return dict(section)
+
+
+@lru_cache(maxsize=64)
+def _memory_section(path: str, mtime: float) -> dict[str, float]:
+    """The ``memory`` section of the profile at ``path``, every value checked."""
+    _profile_section(path, mtime, "memory", True)  # the file reads, and is a mapping
+    return {str(k): float(v) for k, v in _check_section(_profile_doc(path, mtime), "memory").items()}
 
 
 def find_profile(gpu_name: str, vllm_version: str) -> str | None:
@@ -216,8 +325,9 @@ def find_profile(gpu_name: str, vllm_version: str) -> str | None:
             continue
         for file in sorted(d.glob(f"*/{PROFILE_FILE}")):
             match = profile_section(file, "match")
-            if (match and _gpu_key(match.get("gpu", "")) == want_gpu
-                    and _version_key(match.get("vllm_version", "")) == want_version):
+            gpu, version = match.get("gpu"), match.get("vllm_version")
+            if (isinstance(gpu, str) and isinstance(version, str) and _gpu_key(gpu) == want_gpu
+                    and _version_key(version) == want_version):
                 return str(file)
     return None
 
@@ -229,4 +339,8 @@ def memory_overrides(gpu_name: str, vllm_version: str, path: str | None = None) 
         path = find_profile(gpu_name, vllm_version)
     if path is None:
         return {}
-    return {str(k): float(v) for k, v in profile_section(path, "memory").items()}
+    try:
+        mtime = Path(path).stat().st_mtime
+    except OSError as err:
+        raise InputError(f"cannot read calibration profile: {err.strerror}", path=path) from None
+    return dict(_memory_section(str(path), mtime))

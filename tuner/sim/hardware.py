@@ -9,16 +9,19 @@ True
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from tuner.config import is_int, is_number, shown
 from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    from tuner.space import YamlDoc
 
 GB = 1e9
 GiB = 1 << 30
@@ -35,6 +38,15 @@ _REQUIRED = (
 )
 _OPTIONAL = ("int8_tops", "device_name", "aliases", "bf16", "fp8")
 _INTERCONNECTS = ("nvlink", "pcie")
+#: Ceilings of a catalog entry's figures, far above any part (today: under 300 GiB, 10 TB/s,
+#: a few thousand dense TFLOP/s): a larger figure is a unit slip (MiB for GiB, MB/s for GB/s).
+_LIMITS = {
+    "memory_gib": 16_384.0,
+    "hbm_bandwidth_gbs": 1e6,
+    "fp16_tflops": 1e6,
+    "int8_tops": 1e6,
+    "link_bandwidth_gbs": 1e6,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +69,14 @@ class GPU:
     aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.memory_bytes <= 0 or self.hbm_bandwidth <= 0 or self.fp16_flops <= 0:
+        figures = (self.memory_bytes, self.hbm_bandwidth, self.fp16_flops)
+        if not all(is_number(v) and 0 < v < math.inf for v in figures):
             raise InputError(f"GPU {self.name}: memory, bandwidth and FLOP/s must be > 0")
         if self.interconnect not in _INTERCONNECTS:
             raise InputError(
                 f"GPU {self.name}: interconnect {self.interconnect!r} is not one of nvlink, pcie"
             )
-        if self.link_bandwidth <= 0:
+        if not (is_number(self.link_bandwidth) and 0 < self.link_bandwidth < math.inf):
             raise InputError(f"GPU {self.name}: link_bandwidth must be > 0")
 
     @property
@@ -89,56 +102,70 @@ def _user_catalog_path() -> Path | None:
     return default if default.exists() else None
 
 
-def _parse_cc(value: Any, where: str, path: str) -> tuple[int, int]:
-    text = str(value).strip()
-    try:
-        major, minor = text.split(".")
+def _parse_cc(value: Any, where: str, path: str, line: int | None = None) -> tuple[int, int]:
+    text = str(value).strip() if isinstance(value, (str, int, float)) and not isinstance(value, bool) else ""
+    major, dot, minor = text.partition(".")
+    if dot and major.isdigit() and minor.isdigit() and 1 <= int(major) <= 99 and 0 <= int(minor) <= 9:
         return int(major), int(minor)
-    except ValueError:
-        raise InputError(
-            f"{where}.compute_capability must look like \"8.9\", got {value!r}", path=path
-        ) from None
+    raise InputError(
+        f"{where}.compute_capability must look like \"8.9\" (major 1-99, minor 0-9), got {shown(value)}",
+        path=path, line=line,
+    )
 
 
-def _gpu_from_entry(name: str, entry: Any, path: str) -> GPU:
+def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None) -> GPU:
+    def line(*key: str) -> int | None:
+        return None if doc is None else doc.line((name, *key))
+
+    def fail(message: str, *key: str, hint: str | None = None) -> InputError:
+        return InputError(message, path=path, line=line(*key), hint=hint)
+
     if not isinstance(entry, dict):
-        raise InputError(f"GPU {name!r} must be a mapping of fields", path=path)
+        raise fail(f"GPU {name!r} must be a mapping of fields, got {shown(entry)}")
     missing = [k for k in _REQUIRED if k not in entry]
     if missing:
-        raise InputError(
-            f"GPU {name!r} lacks {', '.join(missing)}",
-            path=path,
-            hint="see the header of tuner/data/gpus.yaml for the fields",
-        )
-    unknown = sorted(set(entry) - set(_REQUIRED) - set(_OPTIONAL))
+        raise fail(f"GPU {name!r} lacks {', '.join(missing)}",
+                   hint="see the header of tuner/data/gpus.yaml for the fields")
+    unknown = sorted((k for k in entry if k not in _REQUIRED + _OPTIONAL), key=str)
     if unknown:
-        raise InputError(
-            f"GPU {name!r} has unknown key(s) {', '.join(unknown)}",
-            path=path,
-            hint=f"known: {', '.join(_REQUIRED + _OPTIONAL)}",
-        )
+        raise fail(f"GPU {name!r} has unknown key(s) {', '.join(shown(k) for k in unknown)}", str(unknown[0]),
+                   hint=f"known: {', '.join(_REQUIRED + _OPTIONAL)}")
 
     def number(key: str, *, optional: bool = False) -> float | None:
         value = entry.get(key)
         if value is None and optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise InputError(f"{name}.{key} must be a positive number, got {value!r}", path=path)
+        top = _LIMITS[key]
+        if not is_number(value) or not 0 < value <= top:
+            raise fail(f"{name}.{key} must be a number in (0, {top:g}], got {shown(value)}", key)
         return float(value)
 
-    cc = _parse_cc(entry["compute_capability"], name, path)
-    interconnect = str(entry["interconnect"]).lower()
+    def text(key: str) -> str:
+        value = entry.get(key)
+        if value is None:
+            return ""
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise fail(f"{name}.{key} must be text, got {shown(value)}", key)
+        return str(value)
+
+    cc = _parse_cc(entry["compute_capability"], name, path, line("compute_capability"))
+    interconnect = str(entry["interconnect"]).lower() if isinstance(entry["interconnect"], str) else None
     if interconnect not in _INTERCONNECTS:
-        raise InputError(
-            f"{name}.interconnect must be nvlink or pcie, got {entry['interconnect']!r}", path=path
-        )
+        raise fail(f"{name}.interconnect must be nvlink or pcie, got {shown(entry['interconnect'])}", "interconnect")
     pcie_gen = entry["pcie_gen"]
-    if not isinstance(pcie_gen, int) or not 1 <= pcie_gen <= 7:
-        raise InputError(f"{name}.pcie_gen must be an integer 1-7, got {pcie_gen!r}", path=path)
+    if not is_int(pcie_gen) or not 1 <= pcie_gen <= 7:
+        raise fail(f"{name}.pcie_gen must be an integer 1-7, got {shown(pcie_gen)}", "pcie_gen")
     int8 = number("int8_tops", optional=True)
     aliases = entry.get("aliases") or []
-    if not isinstance(aliases, list):
-        raise InputError(f"{name}.aliases must be a list of names", path=path)
+    if not isinstance(aliases, list) or not all(
+            (isinstance(a, str) and a) or is_int(a) for a in aliases):
+        raise fail(f"{name}.aliases must be a list of names, got {shown(aliases)}", "aliases")
+    for flag in ("fp8", "bf16"):
+        if flag in entry and not isinstance(entry[flag], bool):
+            raise fail(f"{name}.{flag} must be true or false, got {shown(entry[flag])}", flag)
+    source = text("source")
+    if not source:
+        raise fail(f"{name}.source must say where the figures come from", "source")
     return GPU(
         name=name,
         memory_bytes=int(number("memory_gib") * GiB),
@@ -146,34 +173,35 @@ def _gpu_from_entry(name: str, entry: Any, path: str) -> GPU:
         fp16_flops=number("fp16_tflops") * 1e12,
         int8_ops=None if int8 is None else int8 * 1e12,
         # Native fp8 tensor cores arrived with Ada/Hopper (CC 8.9); bf16 with Ampere (CC 8.0).
-        fp8=bool(entry.get("fp8", cc >= (8, 9))),
-        bf16=bool(entry.get("bf16", cc >= (8, 0))),
+        fp8=entry.get("fp8", cc >= (8, 9)),
+        bf16=entry.get("bf16", cc >= (8, 0)),
         compute_capability=cc,
         interconnect=interconnect,
         link_bandwidth=number("link_bandwidth_gbs") * GB,
         pcie_gen=pcie_gen,
-        source=str(entry["source"]),
-        device_name=str(entry.get("device_name") or ""),
+        source=source,
+        device_name=text("device_name"),
         aliases=tuple(str(a) for a in aliases),
     )
 
 
 def load_catalog(path: str | Path) -> dict[str, GPU]:
-    """Read one catalog YAML: ``{name: {field: value}}``. Raises InputError naming file and key."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise InputError(f"cannot read GPU catalog: {err.strerror}", path=path) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise InputError(f"GPU catalog is not valid YAML: {err}", path=path, line=line) from None
+    """Read one catalog YAML: ``{name: {field: value}}``. Raises InputError naming file and line."""
+    from tuner.space import read_yaml
+
+    doc = read_yaml(path, what="GPU catalog")
+    data = doc.data
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError("GPU catalog must be a mapping of GPU name to fields", path=path)
-    return {str(name): _gpu_from_entry(str(name), entry, str(path)) for name, entry in data.items()}
+        raise InputError(f"GPU catalog must be a mapping of GPU name to fields, got {shown(data)}",
+                         path=path, line=doc.line())
+    out: dict[str, GPU] = {}
+    for name, entry in data.items():
+        if isinstance(name, bool) or not isinstance(name, (str, int, float)) or not str(name).strip():
+            raise InputError(f"GPU name must be text, got {shown(name)}", path=path, line=doc.line((name,)))
+        out[str(name)] = _gpu_from_entry(str(name), entry, str(path), doc)
+    return out
 
 
 @lru_cache(maxsize=1)
