@@ -89,19 +89,28 @@ def plan() -> list[Trial]:
             Probe(ref_of("prefill", 96, seed=34), c(16), 8),
             Probe(ref_of("decode", 96, seed=35), c(64), 16),
         )),
-        Trial("q7-mbt2048", short.replace(max_num_batched_tokens=2048), model=MODELS["q7"], start_s=95,
+        Trial("q7-mbt2048", short.replace(max_num_batched_tokens=2048), model=MODELS["q7"], start_s=140,
               purpose="2048-token chunks against the default 8192", probes=(
                   Probe(ref_of("mix", 256, seed=12), c(64), 15),
                   Probe(ref_of("mix", 512, seed=13), c(256), 17),
                   Probe(ref_of("prefill", 96, seed=14), c(16), 9),
                   Probe(ref_of("prefill", 256, seed=15), c(64), 16),
               )),
-        Trial("q7-fp8", q7.replace(kv_cache_dtype="fp8"), model=MODELS["q7"], start_s=110,
+        Trial("q7-fp8", q7.replace(kv_cache_dtype="fp8"), model=MODELS["q7"], start_s=150,
               purpose="fp8 KV cache", probes=(
                   Probe(ref_of("mix", 5, seed=11), c(1), 9),
                   Probe(ref_of("mix", 512, seed=13), c(256), 17),
                   Probe(ref_of("decode", 384, seed=17), c(256), 14),
                   Probe(ref_of("long", 6, seed=18), c(2), 9),
+              )),
+        Trial("q7-base-again", q7, model=MODELS["q7"], start_s=150,
+              purpose="q7-base started again: run-to-run noise of a fresh start", probes=(
+                  Probe(ref_of("mix", 256, seed=12), c(64), 15),
+                  Probe(ref_of("mix", 512, seed=13), c(256), 19),
+                  Probe(ref_of("prefill", 256, seed=15), c(64), 15),
+                  Probe(ref_of("decode", 384, seed=17), c(256), 20),
+                  Probe(ref_of("mix", 300, seed=19), {"kind": "poisson", "rate": 32.0, "burstiness": 0.25, "seed": 1},
+                        15),
               )),
     ]
 

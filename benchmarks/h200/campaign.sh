@@ -33,5 +33,5 @@ echo "ready after $(( $(date +%s) - T0 )) s; measuring for $LEFT s" | tee -a "$R
 timeout -k 8 -s TERM $(( LEFT + 20 )) python3 benchmarks/h200/campaign.py run --out "$RES" --budget-s "$LEFT" \
   --plan .campaign/plan.json --models /root/models --kit "$KIT/p6" 2>&1 | tee -a "$RES/driver.log"
 echo "=== end at $(date -u +%FT%TZ) after $(( $(date +%s) - T0 )) s" | tee -a "$RES/driver.log"
-tar czf "${OUT:-/tmp}/h200-campaign.tgz" -C "$(dirname "$RES")" "$(basename "$RES")" --exclude='*.whl'
+tar czf "${OUT:-/tmp}/h200-campaign.tgz" --exclude='*.whl' -C "$(dirname "$RES")" "$(basename "$RES")"
 ls -la "${OUT:-/tmp}"
