@@ -582,6 +582,10 @@ def run_search(
     t0 = time.perf_counter()
     deployment = space.deployment
     backend_obj = get_backend_by_name(backend) if isinstance(backend, str) else backend
+    _check_gpu(space, backend_obj, obs)
+    preflight = getattr(backend_obj, "preflight", None)
+    if preflight is not None:
+        preflight(deployment)  # EnvironmentFault before any study or trial is written
     if workload is None:
         obs.on_phase("building workload")
         workload = build_workload(space.workload, deployment)
@@ -600,9 +604,6 @@ def run_search(
             "its trials' feasibility would mix two targets",
             hint=f"resume it with --target-ttft {float(stamped):g}s, or give --study a new name",
         )
-    preflight = getattr(backend_obj, "preflight", None)
-    if preflight is not None:
-        preflight(deployment)  # EnvironmentFault before any trial is recorded
     _stale_servers(obs, kill_stale)
     finished = count_finished(st)
     obs.on_start(name, finished, budget)
@@ -752,6 +753,22 @@ def _failed(trial: optuna.Trial, config: ServeConfig, run_facts: dict[str, Any],
     if kind == "crash":
         trial.set_user_attr("error", reason[:2000])
     mark_failed(trial.study, trial._trial_id, kind, reason)
+
+
+def _check_gpu(space: SearchSpace, backend: Backend, obs: SearchObserver) -> None:
+    """A GPU tuner's catalog does not know: the simulator cannot run it (bad input, with
+    the space file's line); a real vLLM can, without pre-check or prediction (a warning)."""
+    from tuner.sim.hardware import get_gpu
+
+    try:
+        get_gpu(space.deployment.gpu)
+    except InputError as err:
+        simulated = backend.name == "sim" or any(
+            "sim-serve" in a or a == "tuner.sim.server" for a in str(getattr(backend, "vllm_cmd", "")).split())
+        if simulated:
+            raise space.error(err.message, ("deployment", "gpu"), hint=err.hint) from err
+        obs.on_warning(f"{err.message}: no pre-check and no prediction for this GPU (add it to "
+                       "~/.config/tuner/gpus.yaml to get both)")
 
 
 def _stale_servers(obs: SearchObserver, kill: bool) -> None:

@@ -249,6 +249,10 @@ def search_cmd(
     else:
         _print_report(report)
     if best is None:
+        if outcome.finished == 0 and outcome.timed_out:
+            raise NoFeasibleConfig(f"no trial finished within --timeout {timeout:g} s; the trial it stopped is "
+                                   "measured again when the study resumes (run the same command with a longer "
+                                   "--timeout)")
         raise NoFeasibleConfig(
             f"no configuration met P95 TTFT <= {sp.workload.target_ttft_s:g} s in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),
@@ -265,6 +269,8 @@ def _print_report(report: dict[str, Any]) -> None:
         f"{report['new_trials']} new in {report['wall_s']:.1f} s"
         + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else "")
     )
+    for note in report.get("notes") or []:
+        console.print(f"note: {note}", markup=False, highlight=False)
     best = report["best"]
     if best is None:
         return

@@ -1,0 +1,459 @@
+"""Faults an unattended ``tuner search`` meets, each staged with real processes on loopback:
+``tuner sim-serve`` as the vLLM command, stand-in servers, a small tmpfs, signals.
+
+Each scenario runs in its own folder and returns an :class:`Outcome`: what happened, the
+study's finished trials before and after the fault (and after a rerun where one belongs),
+the tuner-marked processes left running (must be 0) and the verdict. ``tests/faults/``
+asserts them one by one; ``python benchmarks/faults.py`` prints them as one table.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+#: A small grid: 4 configurations, short outputs, sim-serve 50x real time: a trial takes ~1-3 s.
+SPACE = """\
+name: faults
+deployment: {model: qwen2.5-7b, gpu: H100-SXM, gpus: 1}
+workload: {target_ttft_s: 2s, requests: 24}
+parameters:
+  max_num_seqs: {choices: [16, 64]}
+  max_model_len: 4096
+  enforce_eager: {choices: [false, true]}
+layouts: [tp1x1]
+"""
+GRID = 4
+SIM = f"{sys.executable} -m tuner sim-serve --speed 50"
+
+
+@dataclass
+class Outcome:
+    fault: str
+    happened: str
+    before: int | None = None       # finished trials when the fault struck
+    after: int | None = None        # finished trials once the run ended (and a rerun, if any)
+    left: int = 0                   # tuner-marked processes still running
+    ok: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> tuple[str, str, str, str, str]:
+        fmt = lambda v: "-" if v is None else str(v)  # noqa: E731
+        return (self.fault, self.happened, f"{fmt(self.before)} -> {fmt(self.after)}", str(self.left),
+                "survived" if self.ok else "FAILED")
+
+
+# -- helpers ------------------------------------------------------------------------------
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def tuner(folder: Path, *args: str, **kw: Any) -> subprocess.Popen:
+    """``python -m tuner ARGS`` in ``folder`` (its own session: a signal to it reaches only it)."""
+    return subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=folder, env=env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kw)
+
+
+def search_args(*extra: str, vllm_cmd: str = SIM, budget: int = GRID) -> list[str]:
+    return ["search", "--space", "space.yaml", "--backend", "vllm", "--vllm-cmd", vllm_cmd, "--sampler", "grid",
+            "--budget", str(budget), "--no-predict", "--output", "json", *extra]
+
+
+def prepare(folder: Path, space: str = SPACE) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "space.yaml").write_text(space)
+    return folder
+
+
+def study_db(folder: Path) -> Path | None:
+    dbs = sorted((folder / "studies").glob("*.db"))
+    return dbs[0] if dbs else None
+
+
+def trials(folder: Path) -> list[Any]:
+    import optuna
+
+    db = study_db(folder)
+    if db is None:
+        return []
+    url = f"sqlite:///{db}"
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    name = optuna.get_all_study_names(url)[0]
+    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+
+
+def finished(folder: Path) -> int:
+    """Trials that count against the budget (what tuner itself reports)."""
+    from tuner.recovery import not_measured
+    from optuna.trial import TrialState
+
+    return sum(1 for t in trials(folder) if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+               and not not_measured(t))
+
+
+def measured_configs(folder: Path) -> collections.Counter:
+    """COMPLETE trials per configuration (repeats of an earlier result left out)."""
+    from optuna.trial import TrialState
+
+    return collections.Counter(tuple(sorted(t.params.items())) for t in trials(folder)
+                               if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs)
+
+
+def marked(owner: int | None = None) -> list[psutil.Process]:
+    """Live processes carrying tuner's marker (of ``owner``, when given)."""
+    from tuner.processes import marked_processes
+
+    out = []
+    for p in marked_processes():
+        if owner is None or p.owner_pid == owner:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(p.pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+    return out
+
+
+def wait_for(pred, timeout: float = 120.0, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+def wait_gone(owner: int | None, timeout: float = 30.0) -> int:
+    wait_for(lambda: not marked(owner), timeout)
+    return len(marked(owner))
+
+
+def one_line(stderr: str) -> bool:
+    """tuner's contract: messages are lines starting 'tuner:', never a traceback."""
+    return "Traceback" not in stderr and all(line.startswith("tuner:") for line in stderr.splitlines() if line.strip())
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240.0) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return proc.returncode, out, err
+
+
+# -- scenarios ----------------------------------------------------------------------------
+def stop_signal(folder: Path, sig: signal.Signals) -> Outcome:
+    """A signal while a trial's server runs: exit 128+n, one line, the server stopped, the
+    trial FAIL 'interrupted' and not counted; the rerun measures every configuration once."""
+    prepare(folder)
+    proc = tuner(folder, *search_args())
+    started = wait_for(lambda: len(marked(proc.pid)) > 0 and finished(folder) >= 1)
+    before = finished(folder)
+    proc.send_signal(sig)
+    code, _, err = finish(proc)
+    left = wait_gone(proc.pid, timeout=45)
+    interrupted = [t for t in trials(folder) if t.user_attrs.get("fail_kind") == "interrupted"]
+    rerun = tuner(folder, *search_args())
+    rcode, rout, rerr = finish(rerun)
+    counts = measured_configs(folder)
+    expected = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}[sig]
+    ok = (started and code == expected and one_line(err) and "interrupted by" in err and left == 0
+          and len(interrupted) == 1 and rcode == 0 and len(counts) == GRID and max(counts.values()) == 1
+          and finished(folder) == GRID and not marked(rerun.pid))
+    return Outcome(f"{sig.name} mid-trial", f"exit {code}, '{err.strip()[:60]}...'; rerun exit {rcode}, "
+                   f"{len(counts)}/{GRID} configurations measured once", before, finished(folder), left, ok,
+                   {"code": code, "stderr": err, "rerun_code": rcode, "rerun_stderr": rerr, "counts": counts,
+                    "interrupted": len(interrupted)})
+
+
+def sigkill(folder: Path) -> Outcome:
+    """SIGKILL (nothing can be handled): the kernel stops the server (PR_SET_PDEATHSIG); the
+    rerun fails the trial left RUNNING as interrupted, says so, and measures every configuration."""
+    prepare(folder)
+    proc = tuner(folder, *search_args())
+    started = wait_for(lambda: len(marked(proc.pid)) > 0 and finished(folder) >= 1)
+    before = finished(folder)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    left = wait_gone(proc.pid, timeout=30)
+    rerun = tuner(folder, *search_args())
+    rcode, _, rerr = finish(rerun)
+    counts = measured_configs(folder)
+    leftover = [t for t in trials(folder) if "left RUNNING" in str(t.user_attrs.get("fail_reason"))]
+    ok = (started and left == 0 and rcode == 0 and "left RUNNING" in rerr and len(leftover) == 1
+          and len(counts) == GRID and max(counts.values()) == 1)
+    return Outcome("SIGKILL mid-trial", f"server gone with tuner; rerun: '{rerr.strip()[:50]}...', "
+                   f"{len(counts)}/{GRID} measured", before, finished(folder), left, ok,
+                   {"rerun_stderr": rerr, "counts": counts})
+
+
+def stale_server(folder: Path) -> Outcome:
+    """A server a dead run left (marker with a gone owner) is reported by search and doctor,
+    stopped only by --kill-stale; an unmarked bystander is never touched."""
+    prepare(folder)
+    port = free_port()
+    dead_owner = 2**22 + 12345
+    server = subprocess.Popen([sys.executable, "-m", "tuner", "sim-serve", "qwen2.5-7b", "--port", str(port),
+                               "--max-model-len", "4096"], env={**env(), "TUNER_SERVER": f"{socket.gethostname()}:"
+                              f"{dead_owner}:stale"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        wait_for(lambda: bool(marked(dead_owner)), 30)
+        code1, _, err1 = finish(tuner(folder, *search_args(budget=1)))
+        reported = "left by a dead run is still running" in err1 and server.poll() is None
+        dcode, dout, _ = finish(tuner(folder, "doctor", "--output", "json"))
+        listed = any(s["stale"] and s["pid"] == server.pid for s in json.loads(dout)["servers"])
+        code2, _, err2 = finish(tuner(folder, *search_args("--kill-stale", budget=2)))
+        stopped = wait_for(lambda: server.poll() is not None, 20)
+        ok = (code1 == 0 and reported and dcode == 1 and listed and code2 == 0 and "stopped a server" in err2
+              and stopped and bystander.poll() is None)
+        return Outcome("server left by a dead run", "reported by search and doctor (exit 1), stopped by --kill-stale; "
+                       "bystander untouched", None, finished(folder), len(marked(dead_owner)), ok,
+                       {"stderr": err1 + err2, "doctor": dout})
+    finally:
+        for p in (server, bystander):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+FOREIGN = """\
+import http.server, json, sys
+hits = []
+class H(http.server.BaseHTTPRequestHandler):
+    def _ok(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/hits": return self._ok({"hits": hits})
+        self._ok({"object": "list", "data": [{"id": "someone-elses-model"}]} if "models" in self.path else {})
+    def do_POST(self):
+        hits.append(self.path); self._ok({"choices": [{"text": "x"}]})
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def foreign_server(folder: Path) -> Outcome:
+    """Another process answers /health on the port tuner chose: it is reported, never
+    replayed against nor killed, and the trial runs on another port."""
+    import urllib.request
+
+    from tuner.backends import vllm as vllm_backend
+    from tuner.config import Deployment, ServeConfig
+    from tuner.errors import EnvironmentFault
+    from tuner.load import Concurrency
+    from tuner.traffic.synth import default_workload
+
+    prepare(folder)
+    port = free_port()
+    foreign = subprocess.Popen([sys.executable, "-c", FOREIGN, str(port)], start_new_session=True)
+    picks = iter([port])
+    real = vllm_backend.free_port
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), 20)
+        vllm_backend.free_port = lambda host="127.0.0.1": next(picks, None) or real(host)
+        backend = vllm_backend.VllmBackend(vllm_cmd=SIM, log_dir=folder / "logs", stop_grace_s=5)
+        dep = Deployment(model="qwen2.5-7b", gpu="H100-SXM")
+        faults: list[str] = []
+        try:
+            inst = backend.start(dep, ServeConfig(max_model_len=4096, max_num_seqs=16))
+        except EnvironmentFault as err:  # would only happen if every attempt hit a foreign server
+            faults.append(str(err))
+            inst = None
+        result = None
+        if inst is not None:
+            with inst:
+                moved = all(not u.endswith(f":{port}") for u in inst.urls)
+                result = inst.run(default_workload(seed=0, n=12), Concurrency(4))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/hits", timeout=5) as resp:
+            hits = json.load(resp)["hits"]
+        logs = sorted((folder / "logs").glob("*.log"))
+        ok = (inst is not None and moved and result is not None and result.error == [None] * 12
+              and hits == [] and foreign.poll() is None and len(logs) == 2)
+        return Outcome("foreign server on the port", f"not measured ({len(hits)} requests reached it), left "
+                       f"running; trial moved to another port ({len(logs)} starts)", None, None,
+                       len(marked(os.getpid())), ok, {"faults": faults, "hits": hits})
+    finally:
+        vllm_backend.free_port = real
+        os.killpg(foreign.pid, signal.SIGKILL)
+        foreign.wait()
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=1)
+        return True
+    except OSError:
+        return False
+
+
+def port_taken(folder: Path) -> Outcome:
+    """The chosen port is taken before the server binds it ([Errno 98]): an environment
+    fault, retried on another port; nothing is recorded against the configuration."""
+    from tuner.backends import vllm as vllm_backend
+    from tuner.config import Deployment, ServeConfig
+
+    prepare(folder)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused, binds fail
+    port = holder.getsockname()[1]
+    picks = iter([port])
+    real = vllm_backend.free_port
+    try:
+        vllm_backend.free_port = lambda host="127.0.0.1": next(picks, None) or real(host)
+        backend = vllm_backend.VllmBackend(vllm_cmd=SIM, log_dir=folder / "logs", stop_grace_s=5)
+        with backend.start(Deployment(model="qwen2.5-7b", gpu="H100-SXM"),
+                           ServeConfig(max_model_len=4096, max_num_seqs=16)) as inst:
+            moved = all(not u.endswith(f":{port}") for u in inst.urls)
+        first_log = next(p for p in (folder / "logs").glob("*.log") if "-a" not in p.stem).read_text()
+        ok = moved and "address already in use" in first_log.lower()
+        return Outcome("port taken before the bind", "[Errno 98] seen, started again on another port; no trial "
+                       "recorded against the configuration", None, None, len(marked(os.getpid())), ok)
+    finally:
+        vllm_backend.free_port = real
+        holder.close()
+
+
+def bad_command(folder: Path) -> Outcome:
+    """A --vllm-cmd that does not exist: exit 2 before any study or trial is written."""
+    prepare(folder)
+    code, _, err = finish(tuner(folder, *search_args(vllm_cmd="no-such-vllm serve")))
+    ok = code == 2 and one_line(err) and "not an executable" in err and study_db(folder) is None
+    return Outcome("wrong --vllm-cmd", f"exit {code}: '{err.strip()[:70]}'", 0, finished(folder), len(marked()), ok,
+                   {"stderr": err})
+
+
+def rejected_flag(folder: Path) -> Outcome:
+    """A server that rejects a flag tuner passes: two environment faults in a row stop the
+    run (exit 2); neither is counted nor taught; a fixed command measures every configuration."""
+    prepare(folder)
+    code, _, err = finish(tuner(folder, *search_args(vllm_cmd=SIM + " --no-such-flag")))
+    kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
+    before = finished(folder)
+    rcode, _, _ = finish(tuner(folder, *search_args()))
+    counts = measured_configs(folder)
+    ok = (code == 2 and one_line(err) and "environment faults in a row" in err and kinds == ["environment"] * 2
+          and before == 0 and rcode == 0 and len(counts) == GRID)
+    return Outcome("flag the server rejects", f"exit {code} after 2 environment faults, 0 counted; fixed rerun "
+                   f"measured {len(counts)}/{GRID}", before, finished(folder), len(marked()), ok, {"stderr": err})
+
+
+def unknown_gpu(folder: Path) -> Outcome:
+    """An unknown GPU in the space file: exit 2 naming file:line, nothing written."""
+    prepare(folder, SPACE.replace("gpu: H100-SXM", "gpu: RTX-9999"))
+    code, _, err = finish(tuner(folder, *search_args()))
+    ok = code == 2 and one_line(err) and "space.yaml:2:" in err and study_db(folder) is None
+    return Outcome("unknown GPU in the space", f"exit {code}: '{err.strip()[:60]}...'", 0, finished(folder),
+                   len(marked()), ok, {"stderr": err})
+
+
+def hung_start(folder: Path) -> Outcome:
+    """A start that never becomes healthy under --timeout 4: the run stops near the limit
+    (not after the 30 min start timeout), the server is stopped, the trial is not counted."""
+    prepare(folder)
+    t0 = time.monotonic()
+    code, out, err = finish(tuner(folder, *search_args("--timeout", "4", vllm_cmd=SIM + " --startup-delay-s 600")))
+    wall = time.monotonic() - t0
+    kinds = [(t.state.name, t.user_attrs.get("fail_kind")) for t in trials(folder)]
+    ok = wall < 60 and kinds == [("FAIL", "interrupted")] and finished(folder) == 0 and len(marked()) == 0 \
+        and "--timeout" in err
+    return Outcome("hung start, --timeout 4", f"stopped after {wall:.0f} s, exit {code}; trial interrupted, not "
+                   "counted", 0, finished(folder), len(marked()), ok, {"stderr": err, "wall_s": wall})
+
+
+def startup_timeout(folder: Path) -> Outcome:
+    """--startup-timeout 2 on a server that needs 600 s: the start is refused as a timeout
+    (recorded with the reason), its server stopped, the study goes on."""
+    prepare(folder)
+    code, out, err = finish(tuner(folder, *search_args("--startup-timeout", "2s", budget=2,
+                                                       vllm_cmd=SIM + " --startup-delay-s 600")))
+    reasons = [str(t.user_attrs.get("infeasible_reason", "")) for t in trials(folder)]
+    ok = code == 3 and all("--startup-timeout" in r for r in reasons) and len(reasons) == 2 and not marked()
+    return Outcome("--startup-timeout 2s", f"exit {code}: both trials 'timeout' with the flag named", 0,
+                   finished(folder), len(marked()), ok, {"reasons": reasons})
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A tmpfs of ``size`` at ``path``; None when this machine does not let us mount one."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def disk_full(folder: Path) -> Outcome | None:
+    """The studies folder fills up mid-study (a 1.5 MB tmpfs): one line naming the path,
+    the study's file passes integrity_check, no 0-byte or partial file; `tuner report` on
+    the full disk is one line too. None when no tmpfs can be mounted here."""
+    import sqlite3
+
+    prepare(folder)
+    with small_disk(folder / "studies", "1500k") as mnt:
+        if mnt is None:
+            return None
+        code, _, err = finish(tuner(folder, "search", "--budget", "40"))
+        db = study_db(folder)
+        integrity = sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] if db else "no file"
+        before = finished(folder)
+        for f in mnt.rglob("*.png"):
+            f.unlink()
+        with open(mnt / "fill", "wb") as fh:  # fill what is left
+            with contextlib.suppress(OSError):
+                fh.write(b"\0" * 4_000_000)
+        rcode, _, rerr = finish(tuner(folder, "report"))
+        # a report, plan or figure must never be left empty (SQLite's own -wal/-shm and lock files may be)
+        empty = [str(p) for p in mnt.rglob("*") if p.is_file() and p.stat().st_size == 0
+                 and p.suffix in (".png", ".html", ".md", ".json")]
+        partial = [str(p) for p in mnt.rglob(".*.tmp-*")]
+        ok = (code == 2 and one_line(err) and "free space" in err and integrity == "ok" and before >= 1
+              and rcode == 2 and one_line(rerr) and not empty and not partial)
+        return Outcome("disk full mid-study", f"exit {code}: '{err.strip()[:50]}...'; integrity {integrity}; "
+                       f"report exit {rcode}, no empty files", before, before, len(marked()), ok,
+                       {"stderr": err, "report_stderr": rerr, "empty": empty})
+
+
+ALL = [
+    ("sigterm", lambda f: stop_signal(f, signal.SIGTERM)),
+    ("sigint", lambda f: stop_signal(f, signal.SIGINT)),
+    ("sighup", lambda f: stop_signal(f, signal.SIGHUP)),
+    ("sigkill", sigkill),
+    ("stale_server", stale_server),
+    ("foreign_server", foreign_server),
+    ("port_taken", port_taken),
+    ("bad_command", bad_command),
+    ("rejected_flag", rejected_flag),
+    ("unknown_gpu", unknown_gpu),
+    ("hung_start", hung_start),
+    ("startup_timeout", startup_timeout),
+    ("disk_full", disk_full),
+]
