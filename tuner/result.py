@@ -13,14 +13,23 @@ from typing import Any
 import numpy as np
 
 PERCENTILES = (50, 90, 95, 99)
+#: Error kinds of requests a stopped run never finished (never sent, or cancelled in
+#: flight): what the stop did, not failures of the server.
+UNFINISHED = ("not_sent", "cancelled")
 
 
 @dataclass(frozen=True, eq=False)
 class RunResult:
     """Per-request columns (numpy arrays, one row per request offered) and run facts.
 
-    ``error`` holds ``None`` for a good request or a short kind (``http_503``,
-    ``timeout``, ``disconnect``, ``not_sent`` for requests a stopped run never sent).
+    ``error`` holds ``None`` for a good request or a short kind: ``http_<status>`` (an
+    answer other than 200: ``http_429``, ``http_500``...), ``timeout`` (no complete answer
+    within the request timeout), ``disconnect`` (the connection failed or closed mid-body),
+    ``stream_error`` (a body that is not a well-formed stream: a line that is not SSE, a
+    chunk that is not JSON or not a completion chunk, an error object mid-stream, no
+    ``[DONE]``, token counts that do not add up), ``short_output`` (fewer output tokens
+    than forced), and ``not_sent`` / ``cancelled`` for requests a stopped run never sent or
+    cut (:data:`UNFINISHED`). ``error_detail`` holds the first message seen per kind.
     ``ttft_s``/``e2e_s`` are NaN for failed requests. ``itl_s`` is every inter-token gap
     of every request, flattened (may be ``None`` when not recorded). ``server`` holds
     server-side readings (``kv_cache_usage_max``, ``num_preemptions``,
@@ -45,6 +54,7 @@ class RunResult:
     server: dict[str, Any] = field(default_factory=dict)
     stopped_early: bool = False
     load_label: str = ""
+    error_detail: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.send_s)
@@ -62,8 +72,18 @@ class RunResult:
         tpot[(out <= 1) | ~self.ok] = np.nan
         return tpot
 
+    def error_counts(self, *, unfinished: bool = False) -> dict[str, int]:
+        """Failed requests per error kind, most first; the :data:`UNFINISHED` kinds of a
+        stopped run only with ``unfinished``."""
+        counts: dict[str, int] = {}
+        for e in self.error:
+            if e is not None and (unfinished or e not in UNFINISHED):
+                counts[e] = counts.get(e, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def summary(self) -> dict[str, float]:
-        """Flat dict of aggregates: ``ttft_mean_s``, ``ttft_p95_s``, ..., ``tokens_per_s``."""
+        """Flat dict of aggregates: ``ttft_mean_s``, ``ttft_p95_s``, ..., ``tokens_per_s``,
+        and ``errors_<kind>`` (failed requests of each kind seen, :meth:`error_counts`)."""
         ok = self.ok
         n_ok = int(ok.sum())
         dur = self.duration_s if self.duration_s > 0 else float("nan")
@@ -76,6 +96,8 @@ class RunResult:
             "output_tokens_per_s": float(self.output_tokens[ok].sum()) / dur,
             "tokens_per_s": float(self.output_tokens[ok].sum() + self.prompt_tokens[ok].sum()) / dur,
         }
+        for kind, n in self.error_counts().items():
+            out[f"errors_{kind}"] = float(n)
         columns = {"ttft": self.ttft_s[ok], "tpot": self.tpot_s[ok], "e2e": self.e2e_s[ok]}
         if self.itl_s is not None:
             columns["itl"] = self.itl_s
@@ -87,3 +109,13 @@ class RunResult:
             for p in PERCENTILES:
                 out[f"{name}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else math.nan
         return out
+
+
+def describe_errors(counts: dict[str, int] | None, *, limit: int = 4) -> str:
+    """``http_429 x400, timeout x3`` (the ``limit`` most frequent kinds, then ``+N more``);
+    ``""`` for none."""
+    items = sorted(((str(k), int(v)) for k, v in (counts or {}).items() if v), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{k} x{v}" for k, v in items[:limit])
+    if len(items) > limit:
+        text += f", +{len(items) - limit} more kinds"
+    return text

@@ -12,7 +12,18 @@ before any connection set-up that may reorder sends issued close together.
 Each request forces its logged output length: ``max_tokens = min_tokens = output`` and
 ``ignore_eos``. Prompts are token-id lists of the exact logged length
 (:mod:`tuner.replay.prompts`). The client stays light: SSE is split on raw bytes and
-only the usage chunk is parsed as JSON, so 256 concurrent streams fit in one core.
+each ``data:`` payload parsed with ``json.loads``, so 256 concurrent streams fit in one core.
+
+Parsing is strict, stricter than ``vllm bench serve`` (which skips what it cannot read
+and counts a stream without ``[DONE]`` as served): a request only counts when its whole
+answer is a well-formed stream. Otherwise it is an error of its kind
+(:class:`~tuner.result.RunResult`): ``stream_error`` for a line that is not SSE, a
+payload that is not JSON or has no ``choices`` list, a choice without a completion's
+``text`` (chat: ``delta``), an error object mid-stream, data after ``[DONE]``, a stream
+that ends without ``[DONE]``, no usage chunk, or token counts that do not add up (more
+output tokens than forced, more content chunks than tokens, for completions a prompt
+count other than the ids sent); ``short_output`` for fewer output tokens than forced;
+``http_<status>`` for an answer other than 200; ``timeout``; ``disconnect``.
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ from tuner.replay.metrics import MetricsPoller
 from tuner.replay.prompts import prompt_ids, prompt_text
 from tuner.replay.routing import Router
 from tuner.result import RunResult
+from tuner.urls import bearer, redact, split_credentials
 
 if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
@@ -55,13 +67,75 @@ class _Outcome:
     cached_tokens: int = -1
     error: str | None = "not_sent"
     itl: list[float] | None = None
+    detail: str | None = None  # what was wrong, for an error (short, credentials masked)
 
 
-def _usage_of(payload: bytes) -> dict[str, Any] | None:
+class _Bad(Exception):
+    """The answer is not a well-formed stream (kind ``stream_error`` unless given)."""
+
+    def __init__(self, detail: str, kind: str = "stream_error") -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+#: SSE fields other than ``data`` (ignored, as a browser does), and comments (``:``).
+_SSE_OTHER = (b"event:", b"id:", b"retry:", b":")
+
+
+def _quote(raw: bytes, n: int = 60) -> str:
+    return repr(raw[:n]) + ("..." if len(raw) > n else "")
+
+
+def _payload(event: bytes) -> bytes | None:
+    """The data of one SSE event (``None`` for an event without data lines)."""
+    if event.startswith(b"data:") and b"\n" not in event:  # vLLM's events: one data line
+        return event[5:].strip()
+    data = []
+    for line in event.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            data.append(line[5:].strip())
+        elif line and not line.startswith(_SSE_OTHER):
+            raise _Bad(f"a line that is not SSE: {_quote(line)}")
+    return b"\n".join(data) if data else None
+
+
+def _check_choices(choices: list, chat: bool) -> int:
+    """Content pieces in ``choices`` (non-empty ``text``/``delta.content``); raises _Bad
+    for a choice that is not a completion's."""
+    pieces = 0
+    for c in choices:
+        if chat:
+            delta = c.get("delta") if isinstance(c, dict) else None
+            content = delta.get("content") if isinstance(delta, dict) else 0
+            if not (content is None or isinstance(content, str)):
+                raise _Bad("a chat choice without a delta (content)")
+        else:
+            content = c.get("text") if isinstance(c, dict) else None
+            if not isinstance(content, str):
+                raise _Bad("a completion choice without text")
+        pieces += bool(content)
+    return pieces
+
+
+def _count(usage: dict[str, Any], key: str) -> int:
+    value = usage.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Bad(f"the usage chunk's {key} is {value!r}, not a count")
+    return value
+
+
+def _answer_detail(raw: bytes) -> str:
+    """The message of an error answer (OpenAI/vLLM ``{"error": {"message": ...}}``), else its start."""
     try:
-        return json.loads(payload).get("usage")
+        data = json.loads(raw)
+        err = data.get("error", data) if isinstance(data, dict) else data
+        msg = err.get("message") or err.get("detail") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:160]
     except (ValueError, AttributeError):
-        return None
+        pass
+    return raw[:160].decode("utf-8", "replace").strip()
 
 
 class _StampedBuffer(collections.deque):
@@ -118,18 +192,27 @@ async def stream_request(
     out: _Outcome,
     t0: float,
     record_itl: bool = True,
+    api: str = "completions",
+    expect_output: int | None = None,
+    expect_prompt: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """POST one streaming request and fill ``out`` (times relative to the send).
 
     The send time is when the request body is handed to the socket (when the session has
     :func:`trace_config`), else when the POST is issued; chunk times are when their bytes
-    reach the connection (:class:`_StampedBuffer`)."""
+    reach the connection (:class:`_StampedBuffer`). ``expect_output`` (the forced output
+    length) and ``expect_prompt`` (prompt ids sent) are checked against the usage chunk;
+    any departure from a well-formed stream is an error (see the module docstring)."""
     itl: list[float] = []
     first = last = None
-    chunks = 0
+    pieces = 0  # content pieces (a chunk carries one or more tokens)
     usage: dict[str, Any] | None = None
     done = False
-    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    chat = api == "chat"
+    hdrs = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    if headers:
+        hdrs.update(headers)
     box: dict[str, float | None] = {"sent": None}
     issued = time.perf_counter()
     out.send = issued - t0
@@ -137,13 +220,12 @@ async def stream_request(
     stamps: collections.deque = collections.deque()
     try:
         async with session.post(
-            url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            url, data=body, headers=hdrs, timeout=aiohttp.ClientTimeout(total=timeout_s),
             trace_request_ctx=box,
         ) as resp:
             if resp.status != 200:
-                await resp.read()
-                out.error = f"http_{resp.status}"
-                return
+                raw = await resp.read()
+                raise _Bad(_answer_detail(raw), f"http_{resp.status}")
             try:
                 content = resp.content
                 content._buffer = _StampedBuffer(content._buffer, stamps, kernel_stamps(resp.connection.transport if resp.connection else None))
@@ -161,60 +243,93 @@ async def stream_request(
                         break
                     event = buf[start:k]
                     start = k + 2
-                    if not event.startswith(b"data:"):
+                    payload = _payload(event)
+                    if payload is None:
                         continue
-                    payload = event[5:].strip()
+                    if done:
+                        raise _Bad(f"data after [DONE]: {_quote(payload)}")
                     if payload == b"[DONE]":
                         done = True
-                    elif b'"choices":[]' in payload or b'"choices": []' in payload:
-                        usage = _usage_of(payload) or usage
-                    elif b'"choices"' in payload:
-                        t = now
-                        if stamps:
-                            end = consumed + start
-                            while len(stamps) > 1 and stamps[0][0] < end:
-                                stamps.popleft()
-                            if stamps[0][0] >= end:
-                                t = stamps[0][1]
-                        if first is None:
-                            first = t
-                        elif record_itl:
-                            itl.append(t - last)
-                        last = t
-                        chunks += 1
-                        if b'"usage":{' in payload or b'"usage": {' in payload:
-                            usage = _usage_of(payload) or usage  # continuous usage stats
-                    else:  # {"error": ...} or {"object": "error", ...} mid-stream
-                        out.error = "stream_error"
-                        return
+                        continue
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:
+                        raise _Bad(f"a chunk that is not JSON: {_quote(payload)}") from None
+                    if not isinstance(chunk, dict):
+                        raise _Bad(f"a chunk that is not a JSON object: {_quote(payload)}")
+                    if "error" in chunk or chunk.get("object") == "error":  # {"error": ...} mid-stream
+                        raise _Bad("the server sent an error mid-stream: " + _answer_detail(payload))
+                    choices = chunk.get("choices")
+                    if not isinstance(choices, list):
+                        raise _Bad(f"a chunk without a choices list: {_quote(payload)}")
+                    u = chunk.get("usage")
+                    if u is not None:  # the final usage chunk, or continuous usage stats
+                        if not isinstance(u, dict):
+                            raise _Bad(f"a usage that is not an object: {_quote(payload)}")
+                        usage = u
+                    if not choices:
+                        continue
+                    pieces += _check_choices(choices, chat)
+                    t = now
+                    if stamps:
+                        end = consumed + start
+                        while len(stamps) > 1 and stamps[0][0] < end:
+                            stamps.popleft()
+                        if stamps[0][0] >= end:
+                            t = stamps[0][1]
+                    if first is None:
+                        first = t
+                    elif record_itl:
+                        itl.append(t - last)
+                    last = t
                 if start:
                     buf = buf[start:]
                     consumed += start
+            if buf.strip():
+                raise _Bad(f"the stream ended inside an event: {_quote(buf.strip())}")
+            if not done:
+                raise _Bad("the stream ended without [DONE]")
+            if usage is None:
+                raise _Bad("no usage chunk (the request asks for stream_options.include_usage)")
+            n_out = _count(usage, "completion_tokens")
+            n_prompt = _count(usage, "prompt_tokens")
+            if expect_output is not None and n_out < expect_output:
+                raise _Bad(f"{n_out} of the {expect_output} output tokens forced", "short_output")
+            if expect_output is not None and n_out > expect_output:
+                raise _Bad(f"usage says {n_out} output tokens, {expect_output} were forced")
+            if pieces > n_out:
+                raise _Bad(f"{pieces} content chunks but usage says {n_out} output tokens")
+            if expect_prompt is not None and n_prompt != expect_prompt:
+                raise _Bad(f"usage says {n_prompt} prompt tokens, {expect_prompt} were sent")
+            if first is None:
+                raise _Bad(f"usage says {n_out} output tokens, but no content chunk came")
+    except _Bad as bad:
+        out.error, out.detail = bad.kind, redact(str(bad))
+        return
     except asyncio.TimeoutError:
-        out.error = "timeout"
+        out.error, out.detail = "timeout", f"no complete answer within {timeout_s:g} s"
         return
-    except (aiohttp.ClientError, ConnectionError, OSError):
-        out.error = "disconnect"
-        return
-    if not done or first is None:
-        out.error = "disconnect"
+    except (aiohttp.ClientError, ConnectionError, OSError) as err:
+        out.error, out.detail = "disconnect", redact(f"{type(err).__name__}: {err}")[:160]
         return
     sent = box["sent"] or issued
     out.send = sent - t0
     out.ttft = first - sent
     out.e2e = last - sent
     out.itl = itl
-    if usage:
-        out.prompt_tokens = int(usage.get("prompt_tokens", -1))
-        out.output_tokens = int(usage.get("completion_tokens", chunks))
-        details = usage.get("prompt_tokens_details") or {}
-        if details.get("cached_tokens") is not None:
-            out.cached_tokens = int(details["cached_tokens"])
-    else:
-        out.output_tokens = chunks
+    out.prompt_tokens = n_prompt
+    out.output_tokens = n_out
+    details = usage.get("prompt_tokens_details") or {}
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        out.cached_tokens = int(details["cached_tokens"])
 
 
 def _body(workload: Workload, i: int, model: str, api: str, salt: int) -> bytes:
+    return _request(workload, i, model, api, salt)[0]
+
+
+def _request(workload: Workload, i: int, model: str, api: str, salt: int) -> tuple[bytes, int, int | None]:
+    """Request ``i``'s body, its forced output length and (completions) its prompt ids' count."""
     out_len = max(1, int(workload.output_tokens[i]))
     ids = prompt_ids(workload, i, salt=salt)
     common: dict[str, Any] = {
@@ -230,30 +345,60 @@ def _body(workload: Workload, i: int, model: str, api: str, salt: int) -> bytes:
         common["messages"] = [{"role": "user", "content": prompt_text(ids)}]
     else:
         common["prompt"] = ids
-    return json.dumps(common, separators=(",", ":")).encode()
+    body = json.dumps(common, separators=(",", ":")).encode()
+    return body, out_len, (len(ids) if api != "chat" else None)
 
 
-async def fetch_model(session: aiohttp.ClientSession, base: str) -> str:
+async def fetch_model(session: aiohttp.ClientSession, base: str, headers: dict[str, str] | None = None) -> str:
     """The first model id ``/v1/models`` lists."""
     try:
-        async with session.get(f"{base}/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        async with session.get(f"{base}/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            if resp.status in (401, 403):
+                raise BackendError(f"{base}/v1/models answered {resp.status}: {_denied(headers)}")
             data = await resp.json()
         return str(data["data"][0]["id"])
-    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError) as err:
-        raise BackendError(
+    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, IndexError, ValueError, TypeError) as err:
+        raise BackendError(redact(
             f"cannot read the model name from {base}/v1/models ({type(err).__name__}: {err}); "
             "is the server up? pass model= to skip this"
-        ) from err
+        )) from err
+
+
+def _denied(headers: dict[str, str] | None) -> str:
+    """What to do about a 401/403."""
+    if headers and "Authorization" in headers:
+        return ("the server refused the credentials given (check the key in --api-key-file, OPENAI_API_KEY "
+                "or VLLM_API_KEY, or the URL's)")
+    return "the server wants an API key (give --api-key-file PATH, or set OPENAI_API_KEY or VLLM_API_KEY)"
 
 
 def _normalise(endpoints: Sequence[str] | str) -> list[str]:
+    """Base URLs (``http://host:port``, no ``/v1``, credentials taken out)."""
+    return [u for u, _ in _endpoints(endpoints)]
+
+
+def _endpoints(endpoints: Sequence[str] | str, api_key: str | None = None) -> list[tuple[str, dict[str, str]]]:
+    """``(base URL, headers)`` per endpoint: the base without ``/v1`` and without the
+    credentials a URL carried; the headers carry ``api_key`` as a bearer token, or else
+    the URL's credentials (:func:`tuner.urls.split_credentials`)."""
     if isinstance(endpoints, str):
         endpoints = [endpoints]
-    urls = [e.rstrip("/").removesuffix("/v1") for e in endpoints]
-    for u in urls:
-        if not u.startswith(("http://", "https://")):
-            raise InputError(f"endpoint {u!r} is not an http(s) URL", hint="write http://host:port")
-    return urls
+    out = []
+    for e in endpoints:
+        e = str(e).strip()
+        if not e.startswith(("http://", "https://")):
+            raise InputError(f"endpoint {redact(e)!r} is not an http(s) URL", hint="write http://host:port")
+        url, auth = split_credentials(e)
+        if "?" in url or "#" in url:
+            raise InputError(f"endpoint {redact(e)!r} has a query string",
+                             hint="give the base URL (http://host:port); an API key goes in --api-key-file, "
+                                  "OPENAI_API_KEY or VLLM_API_KEY")
+        if auth is not None and api_key is not None:
+            raise InputError(f"endpoint {redact(e)!r} carries credentials and an API key was given too",
+                             hint="give one: take them out of the URL, or unset OPENAI_API_KEY/VLLM_API_KEY")
+        headers = bearer(api_key) if api_key is not None else ({"Authorization": auth} if auth else {})
+        out.append((url.rstrip("/").removesuffix("/v1").rstrip("/"), headers))
+    return out
 
 
 async def replay_async(
@@ -271,6 +416,7 @@ async def replay_async(
     record_itl: bool = True,
     salt: int = 0,
     tag: str | None = None,
+    api_key: str | None = None,
 ) -> RunResult:
     """Offer ``workload`` under ``load`` to ``endpoints`` (base URLs, one per replica).
 
@@ -280,11 +426,14 @@ async def replay_async(
     second run over the same workload does not hit the first run's prefix cache).
     Request ``i`` carries the header ``X-Request-Id: <tag>-<i>`` (vLLM uses it as its
     request id; ``tuner sim-serve`` keys ``/debug/timings`` by it); ``tag`` defaults to a
-    fresh ``tuner-<hex>``.
+    fresh ``tuner-<hex>``. ``api_key`` goes to every endpoint as ``Authorization: Bearer``
+    (credentials in a URL are sent the same way, as the header they meant).
     """
     if api not in APIS:
         raise InputError(f"unknown api {api!r}", hint="use completions or chat")
-    urls = _normalise(endpoints)
+    eps = _endpoints(endpoints, api_key)
+    urls = [u for u, _ in eps]
+    auth = [h for _, h in eps]
     route = Router(len(urls), router)
     n = len(workload)
     times = arrival_times(load, workload.arrival_s)
@@ -298,20 +447,21 @@ async def replay_async(
     connector = _StampingConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
         if model is None:
-            model = await fetch_model(session, urls[0])
-        poller = MetricsPoller(urls, metrics_interval_s) if metrics else None
+            model = await fetch_model(session, urls[0], auth[0])
+        poller = MetricsPoller(urls, metrics_interval_s, headers=auth) if metrics else None
         polling_done = asyncio.Event()
         poll_task = asyncio.create_task(poller.run(session, polling_done)) if poller else None
         t0 = time.perf_counter()
 
         async def one(i: int) -> None:
-            body = _body(workload, i, model, api, salt)
+            body, out_len, prompt_len = _request(workload, i, model, api, salt)
             ep = route.pick()
             control.sent += 1
             try:
                 await stream_request(
                     session, urls[ep] + path, body, request_id=f"{run_tag}-{i}",
                     timeout_s=timeout_s, out=outcomes[i], t0=t0, record_itl=record_itl,
+                    api=api, expect_output=out_len, expect_prompt=prompt_len, headers=auth[ep],
                 )
             except asyncio.CancelledError:
                 outcomes[i].error = "cancelled"
@@ -386,6 +536,10 @@ async def replay_async(
 
 def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls) -> RunResult:
     ok = [o.error is None for o in outcomes]
+    detail: dict[str, str] = {}
+    for o in outcomes:
+        if o.error is not None and o.detail and o.error not in detail:
+            detail[o.error] = o.detail
     send = np.array([o.send for o in outcomes], dtype=np.float64)
     e2e = np.array([o.e2e for o in outcomes], dtype=np.float64)
     ends = send + e2e
@@ -402,7 +556,7 @@ def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls
     if record_itl:
         gaps = [g for o in outcomes if o.error is None and o.itl for g in o.itl]
         itl = np.array(gaps, dtype=np.float64)
-    server: dict[str, Any] = {"endpoints": list(urls)}
+    server: dict[str, Any] = {"endpoints": [redact(u) for u in urls]}
     if poller is not None:
         server.update(poller.summary())
     return RunResult(
@@ -419,6 +573,7 @@ def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls
         server=server,
         stopped_early=stopped,
         load_label=getattr(load, "label", str(load)),
+        error_detail=detail,
     )
 
 

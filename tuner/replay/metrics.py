@@ -79,16 +79,20 @@ def snapshot(metrics: dict) -> dict[str, float]:
 
 @dataclass
 class MetricsPoller:
-    """Polls ``/metrics`` of each endpoint every ``interval_s`` until stopped."""
+    """Polls ``/metrics`` of each endpoint every ``interval_s`` until stopped
+    (``headers[i]``, when given, go with endpoint ``i``'s requests: its credentials)."""
 
     endpoints: list[str]
     interval_s: float = 0.5
     samples: list[list[dict[str, float]]] = field(default_factory=list)
     failures: int = 0
+    headers: list[dict[str, str]] | None = field(default=None, repr=False)
 
-    async def read(self, session: aiohttp.ClientSession, base: str) -> dict[str, float] | None:
+    async def read(self, session: aiohttp.ClientSession, base: str,
+                   headers: dict[str, str] | None = None) -> dict[str, float] | None:
         try:
-            async with session.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            async with session.get(f"{base}/metrics", headers=headers or None,
+                                   timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status != 200:
                     return None
                 return snapshot(parse_prometheus(await resp.text()))
@@ -96,7 +100,8 @@ class MetricsPoller:
             return None
 
     async def poll_once(self, session: aiohttp.ClientSession) -> None:
-        readings = await asyncio.gather(*(self.read(session, b) for b in self.endpoints))
+        hdrs = self.headers or [None] * len(self.endpoints)
+        readings = await asyncio.gather(*(self.read(session, b, h) for b, h in zip(self.endpoints, hdrs)))
         if any(r is None for r in readings):
             self.failures += 1
         self.samples.append([r or {} for r in readings])
