@@ -356,3 +356,107 @@ def test_vllm_defaults_run_first_and_are_moved_one_knob_when_snapping_makes_them
         c = default.config_from_params(p)
         plan_memory(default.deployment, c)
         assert (c.gpu_memory_utilization, c.max_model_len, c.enforce_eager) == (0.9, 32768, False)
+
+
+class ErrorInstance(FakeInstance):
+    """Every ``every``-th request fails with ``kind`` (all when every=1); the rest take
+    0.1 s to their first token. Honours the stop hook like a replay: a failed request
+    finishes without a TTFT."""
+
+    def __init__(self, config, kind: str, every: int) -> None:
+        super().__init__(config, 0.0)
+        self.kind, self.every = kind, every
+
+    def run(self, workload, load, *, stop=None) -> RunResult:
+        n = len(workload)
+        control = RunControl(total=n)
+        errors: list[str | None] = ["not_sent"] * n
+        ttft = np.full(n, np.nan)
+        stopped = False
+        for i in range(n):
+            control.finished += 1
+            if i % self.every == 0:
+                errors[i] = self.kind
+            else:
+                errors[i], ttft[i] = None, 0.1
+                control.ttft_s.append(0.1)
+            if stop is not None and stop(control):
+                stopped = True
+                break
+        return RunResult(send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 1.0, prompt_tokens=workload.prompt_tokens,
+                         output_tokens=workload.output_tokens, error=errors, duration_s=10.0, stopped_early=stopped,
+                         load_label=load.label, error_detail={self.kind: "rate limit reached"})
+
+
+class ErrorBackend(FakeBackend):
+    def __init__(self, kind: str = "http_429", every: int = 1) -> None:
+        super().__init__()
+        self.kind, self.every = kind, every
+
+    def start(self, deployment, config):
+        inst = ErrorInstance(config, self.kind, self.every)
+        self.instances.append(inst)
+        return inst
+
+
+def test_a_replay_stops_once_more_than_one_percent_of_its_requests_failed():
+    from tuner.search import error_stop_hook
+
+    stop = error_stop_hook(total=200)  # 2 of 200 may fail
+    control = RunControl(total=200, finished=52, ttft_s=[0.1] * 50)
+    assert not stop(control)
+    control.finished += 1
+    assert stop(control)
+
+
+def test_errors_fail_every_load_and_the_reason_names_them_not_a_latency():
+    w = small_workload(200)
+    ev = evaluate_config(ErrorBackend("http_429"), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
+    assert not ev.feasible and ev.value == 0.0 and ev.constraint >= 1.0
+    reason = ev.attrs["infeasible_reason"]
+    assert "requests failed at" in reason and "http_429 x" in reason and "rate limit reached" in reason
+    assert "P95 TTFT" not in reason and "nan" not in reason
+    assert ev.attrs["failed_by"] == "errors" and set(ev.attrs["errors"]) == {"http_429"}
+    assert ev.attrs["error_detail"] == {"http_429": "rate limit reached"}
+    # the replay stopped at the third failure (2 of 200 allowed), not after 200
+    assert all(p["errors"] == {"http_429": 3} and p["stopped_early"] and not p["passed"] for p in ev.attrs["loads"])
+    assert ev.attrs["summary"]["errors_http_429"] == 3
+
+
+def test_errors_under_the_limit_are_kept_on_a_feasible_trial():
+    w = small_workload(200)  # one request in 200 fails: 0.5%, under the 1% allowed
+    ev = evaluate_config(ErrorBackend("timeout", every=200), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
+    assert ev.feasible and ev.attrs["errors"] == {"timeout": 1}
+    assert all(p["errors"] == {"timeout": 1} for p in ev.attrs["loads"])
+    # two in 100 fail: 2%, over it
+    ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
+    assert not ev.feasible and "short_output x" in ev.attrs["infeasible_reason"]
+
+
+def test_a_study_that_errors_failed_explains_itself_by_its_errors(tmp_path):
+    from tuner.study import error_totals, miss_explanation
+
+    out = run_search(fake_space(), backend=ErrorBackend("http_500"), workload=small_workload(100), budget=3,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=1)
+    assert out.best is None
+    miss = closest_miss(out.study)
+    text = miss_explanation(miss)
+    assert "requests failed" in text and "http_500 x" in text and "came closest" not in text
+    ran = [t for t in out.study.trials if t.user_attrs.get("loads")]
+    assert ran and error_totals(out.study) == {"http_500": sum(
+        p["errors"]["http_500"] for t in ran for p in t.user_attrs["loads"])}
+    assert all(t.user_attrs["errors"] == {"http_500": 2} for t in ran)  # 1 of 100 allowed: stopped at 2
+
+
+def test_a_latency_miss_is_still_closer_than_an_error_miss(tmp_path):
+    import optuna as _optuna
+
+    st = _optuna.create_study(storage=f"sqlite:///{tmp_path}/m.db", study_name="m")
+    for attrs in ({"failed_by": "errors", "p95_ttft_at_lowest_load_s": 0.01, "infeasible_reason": "24 of 24 ..."},
+                  {"failed_by": "latency", "p95_ttft_at_lowest_load_s": 3.0, "target_ttft_s": 1.0}):
+        t = st.ask()
+        for k, v in attrs.items():
+            t.set_user_attr(k, v)
+        t.set_user_attr("feasible", False)
+        st.tell(t, 0.0)
+    assert closest_miss(st).number == 1

@@ -13,9 +13,12 @@ Per trial (:func:`evaluate_config`):
    configuration can hold (max-num-seqs x replicas, capped by its KV cache and the
    workload size); on a miss, the next load is interpolated from the P95 TTFT measured,
    then bisected. A replay stops early once more than 5% of all its requests have already
-   exceeded the target (P95 cannot recover); that load point fails. If every load point
-   fails, the trial is infeasible, with the evidence stored. Refining also stops once
-   even the failing load could not beat the study's best trial (Little's law bound).
+   exceeded the target (P95 cannot recover), or once more than 1% of them have failed
+   (``MAX_ERROR_RATE``: an HTTP error, a timeout, a broken or short stream); that load
+   point fails. If every load point fails, the trial is infeasible, with the evidence
+   stored; when errors failed the lowest load, the reason names them (``400 of 400
+   requests failed at 64 users: http_429 x400``), never a latency. Refining also stops
+   once even the failing load could not beat the study's best trial (Little's law bound).
 
 The P95 TTFT constraint goes to the sampler as an Optuna constraint
 (``trial.set_constraint``, which replaced ``constraints_func`` in Optuna 5.0; TPE and GP
@@ -27,7 +30,10 @@ A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_tri
 
 Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
 ``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
-load point), ``server`` (server readings), ``loads`` (every load point tried),
+load point), ``server`` (server readings), ``loads`` (every load point tried, each with
+its ``errors``), ``errors`` (failed requests per kind at the chosen load, or at the
+lowest load when infeasible; ``error_detail`` the first message of each kind),
+``failed_by`` (``errors`` or ``latency``, for an infeasible trial that ran),
 ``infeasible_reason``, ``gpu_s`` (startup + replay seconds; simulated for the
 simulator), ``run`` (workload fingerprint, backend, vLLM version, hardware, seed,
 sampler, log paths, plan facts).
@@ -44,6 +50,7 @@ from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, current_deadline, deadline_scope
 from tuner.load import Concurrency, Load, Poisson, TraceReplay
+from tuner.result import describe_errors
 from tuner.study import (
     count_finished,
     guard_storage,
@@ -51,6 +58,7 @@ from tuner.study import (
     study_name,
     top_feasible_trials,
 )
+from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
     import optuna
@@ -71,7 +79,7 @@ N_STARTUP_TRIALS = 5
 CONSTRAINT = "p95_ttft_over_target"
 #: A load point whose replay has more than this share of all requests over the target fails.
 EARLY_STOP_SHARE = 0.05
-#: Share of failed requests a load point tolerates.
+#: Share of failed requests a load point tolerates (more: the replay stops, the point fails).
 MAX_ERROR_RATE = 0.01
 #: From a passing predicted load with no failing one above, the next load tried (x).
 STEP_UP = 1.15
@@ -127,6 +135,18 @@ def slo_stop_hook(target_ttft_s: float, total: int, share: float = EARLY_STOP_SH
     return stop
 
 
+def error_stop_hook(total: int, share: float = MAX_ERROR_RATE) -> Callable[[RunControl], bool]:
+    """Stop hook: True once more than ``share`` of ``total`` requests have failed — the
+    load point fails whatever the rest do (a hung or refusing server costs one burst of
+    timeouts or errors, not the whole workload)."""
+    allowed = math.floor(share * total)
+
+    def stop(control: RunControl) -> bool:
+        return control.finished - len(control.ttft_s) > allowed
+
+    return stop
+
+
 def _clean(value: Any) -> Any:
     """JSON-safe copy: NaN/inf → None, numpy scalars → Python."""
     if isinstance(value, dict):
@@ -159,6 +179,26 @@ class _Point:
         lower bound of the full replay's, already over the target."""
         p = self.summary.get("ttft_p95_s", math.nan)
         return p if math.isfinite(p) else math.inf
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Failed requests per kind (requests a stopped replay never finished left out)."""
+        return self.result.error_counts()
+
+    @property
+    def failed_by_errors(self) -> bool:
+        """More than ``MAX_ERROR_RATE`` of the requests offered failed."""
+        return sum(self.errors.values()) > MAX_ERROR_RATE * len(self.result)
+
+    def error_reason(self) -> str:
+        """``400 of 400 requests failed at 64 users: http_429 x400 ('rate limit reached'); ...``"""
+        errors = self.errors
+        top = next(iter(errors), None)
+        detail = self.result.error_detail.get(top) if top else None
+        stopped = " before the replay was stopped" if self.result.stopped_early else ""
+        return (f"{sum(errors.values())} of {len(self.result)} requests failed at {self.load.label}{stopped}: "
+                f"{describe_errors(errors)}" + (f" (first {top}: {detail[:100]!r})" if detail else "")
+                + f"; at most {MAX_ERROR_RATE:.0%} may fail")
 
 
 def load_for(kind: str, level: float, workload: Workload, seed: int = 0) -> Load:
@@ -250,7 +290,7 @@ def evaluate_config(
     attrs["loads"] = [
         _clean({"load": p.load.label, "level": p.level, "p95_ttft_s": p.summary.get("ttft_p95_s"),
                 "tokens_per_s": p.summary.get("tokens_per_s"), "error_rate": p.summary.get("error_rate"),
-                "duration_s": p.result.duration_s, "stopped_early": p.result.stopped_early,
+                "errors": p.errors, "duration_s": p.result.duration_s, "stopped_early": p.result.stopped_early,
                 "passed": p.passed})
         for p in points
     ]
@@ -260,16 +300,24 @@ def evaluate_config(
     attrs["lowest_load"] = lowest.load.label
     if not passed:
         over = lowest.p95 if math.isfinite(lowest.p95) else 2 * target_ttft_s
+        constraint = over / target_ttft_s - 1.0
+        if lowest.failed_by_errors:
+            # errors failed the load, whatever its P95 (that of the few requests served)
+            reason = lowest.error_reason()
+            if math.isfinite(lowest.p95) and lowest.p95 > target_ttft_s:
+                reason += f"; P95 TTFT {lowest.p95:.3g} s over the {target_ttft_s:g} s target too"
+            constraint = max(constraint, 1.0)
+        elif math.isfinite(lowest.p95):
+            reason = (f"P95 TTFT {lowest.p95:.3g} s over the {target_ttft_s:g} s target even at {lowest.load.label}"
+                      + (" (replay stopped early: >5% of requests already over)" if lowest.result.stopped_early
+                         else ""))
+        else:
+            reason = f"no request completed at {lowest.load.label}"
         attrs.update(
-            feasible=False,
-            constraint=over / target_ttft_s - 1.0,
-            infeasible_reason=(
-                f"P95 TTFT {lowest.summary.get('ttft_p95_s', math.nan):.3g} s over the {target_ttft_s:g} s "
-                f"target even at {lowest.load.label}"
-                + (" (replay stopped early: >5% of requests already over)" if lowest.result.stopped_early else "")
-            ),
-            summary=_clean(lowest.summary), server=_clean(lowest.result.server),
-            tokens_per_s=0.0, output_tokens_per_s=0.0,
+            feasible=False, constraint=constraint, infeasible_reason=reason,
+            failed_by="errors" if lowest.failed_by_errors else "latency",
+            summary=_clean(lowest.summary), server=_clean(redact_value(lowest.result.server)),
+            tokens_per_s=0.0, output_tokens_per_s=0.0, **_error_attrs(lowest),
         )
         return Evaluation(False, 0.0, attrs["constraint"], attrs, gpu_s)
     best = max(passed, key=lambda p: p.level)
@@ -277,11 +325,20 @@ def evaluate_config(
     attrs.update(
         feasible=True,
         constraint=s["ttft_p95_s"] / target_ttft_s - 1.0,
-        summary=_clean(s), server=_clean(best.result.server),
+        summary=_clean(s), server=_clean(redact_value(best.result.server)),
         tokens_per_s=float(s["tokens_per_s"]), output_tokens_per_s=float(s["output_tokens_per_s"]),
-        error_rate=float(s["error_rate"]), chosen_load=best.load.label,
+        error_rate=float(s["error_rate"]), chosen_load=best.load.label, **_error_attrs(best),
     )
     return Evaluation(True, float(s["tokens_per_s"]), attrs["constraint"], attrs, gpu_s)
+
+
+def _error_attrs(point: _Point) -> dict[str, Any]:
+    """``errors`` (kind -> count) of a load point, and ``error_detail`` when any failed."""
+    errors = point.errors
+    out: dict[str, Any] = {"errors": errors}
+    if errors:
+        out["error_detail"] = {k: redact(v)[:300] for k, v in point.result.error_detail.items() if k in errors}
+    return out
 
 
 def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
@@ -364,7 +421,7 @@ def _startable(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
 def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
     attrs.update(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
-        infeasible_reason=f"{err.kind}: {err.message}", rejected_kind=err.kind,
+        infeasible_reason=f"{err.kind}: {redact(err.message)}", rejected_kind=err.kind,
         rejected_at="start" if launched else "pre-check", gpu_s=gpu_s,
     )
     if err.log_path:
@@ -386,8 +443,12 @@ def _goodput_search(
         say(f"replay {len(points) + 1}/{max_replays} at {load.label}")
         deadline.check()
         slo = slo_stop_hook(target, len(workload)) if early_stop else None
-        stop = slo if deadline.at is None else (lambda c: deadline.passed() or bool(slo and slo(c)))
-        result = instance.run(workload, load, stop=stop)
+        errs = error_stop_hook(len(workload)) if early_stop else None
+
+        def stop(c: RunControl) -> bool:
+            return deadline.passed() or bool(errs and errs(c)) or bool(slo and slo(c))
+
+        result = instance.run(workload, load, stop=stop if early_stop or deadline.at is not None else None)
         deadline.check()  # a replay cut by --timeout measured nothing: the trial is interrupted
         summary = result.summary()
         p95 = summary.get("ttft_p95_s", math.nan)
@@ -748,6 +809,7 @@ def _failed(trial: optuna.Trial, config: ServeConfig, run_facts: dict[str, Any],
     interrupted, environment or crash; :mod:`tuner.recovery`) and the run facts."""
     from tuner.recovery import mark_failed
 
+    reason = redact(reason)  # a message may name an endpoint with its credentials
     trial.set_user_attr("config", config.to_dict())
     trial.set_user_attr("run", run_facts)
     if kind == "crash":
@@ -924,6 +986,6 @@ def serve_command(deployment: Deployment, config: ServeConfig) -> str:
 
 __all__ = [
     "Evaluation", "SearchObserver", "SearchOutcome", "build_workload", "default_trials",
-    "evaluate_config", "make_sampler", "planner_precheck", "run_search", "serve_command",
+    "error_stop_hook", "evaluate_config", "make_sampler", "planner_precheck", "run_search", "serve_command",
     "slo_stop_hook", "warm_start_configs",
 ]

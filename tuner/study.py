@@ -261,28 +261,53 @@ def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
 
 def closest_miss(study: optuna.Study) -> FrozenTrial | None:
     """The trial that missed the target by the least: smallest P95 TTFT overshoot among
-    the trials that ran; else the first config the planner rejected."""
+    the trials that latency failed; else the first one that errors failed (too many
+    requests failed); else the first config the planner rejected."""
     from optuna.trial import TrialState
 
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if not is_feasible(t)]
-    measured = [t for t in done if t.user_attrs.get("p95_ttft_at_lowest_load_s") is not None]
+    measured = [t for t in done if t.user_attrs.get("p95_ttft_at_lowest_load_s") is not None
+                and t.user_attrs.get("failed_by") != "errors"]
     if measured:
         return min(measured, key=lambda t: (t.user_attrs["p95_ttft_at_lowest_load_s"], t.number))
+    by_errors = [t for t in done if t.user_attrs.get("failed_by") == "errors"]
+    if by_errors:
+        return by_errors[0]
     return done[0] if done else None
 
 
+def error_totals(study: optuna.Study) -> dict[str, int]:
+    """Failed requests per error kind over every load point of every trial that ran
+    (repeats of an earlier trial counted once), most first."""
+    from optuna.trial import TrialState
+
+    totals: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if "repeat_of" in t.user_attrs:
+            continue
+        for point in t.user_attrs.get("loads") or []:
+            for kind, n in ((point or {}).get("errors") or {}).items():
+                totals[str(kind)] = totals.get(str(kind), 0) + int(n)
+    return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def miss_explanation(trial: FrozenTrial) -> str:
-    """One line: why this trial was infeasible, and by how much it missed."""
+    """One line: why this trial was infeasible, and by how much it missed (for one that
+    errors failed: how many requests failed, of which kinds)."""
+    from tuner.urls import redact
+
     attrs = trial.user_attrs
     target = attrs.get("target_ttft_s")
     p95 = attrs.get("p95_ttft_at_lowest_load_s")
+    if attrs.get("failed_by") == "errors":
+        return f"trial {trial.number}: {redact(str(attrs.get('infeasible_reason')))}"
     if p95 is not None and target:
         load = attrs.get("lowest_load", "the lowest load")
         return (
             f"trial {trial.number} came closest: P95 TTFT {p95:.3g} s at {load} vs the {target:.3g} s "
             f"target ({p95 - target:+.3g} s, {p95 / target - 1:+.0%})"
         )
-    return f"trial {trial.number}: {attrs.get('infeasible_reason', 'no measurement')}"
+    return f"trial {trial.number}: {redact(str(attrs.get('infeasible_reason', 'no measurement')))}"
 
 
 def trial_config(trial: FrozenTrial) -> ServeConfig:
