@@ -59,3 +59,60 @@ def test_unreachable_url_is_a_backend_error():
         port = s.getsockname()[1]
     with pytest.raises(BackendError, match="did not answer"):
         EndpointBackend(f"http://127.0.0.1:{port}").start(Deployment(), ServeConfig())
+
+
+BAD = __import__("pathlib").Path(__file__).resolve().parents[1] / "replay" / "bad_server.py"
+KEY = "sk-endpoint-test-0123456789"
+
+
+@pytest.fixture
+def keyed():
+    """The bad-answer stand-in (tests/replay/bad_server.py) demanding KEY; its base URL."""
+    from tuner.backends.vllm import free_port, start_local_server
+
+    port = free_port()
+    proc, url = start_local_server([sys.executable, str(BAD), "--port", str(port), "--key", KEY], port,
+                                   what="bad server")
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def test_the_key_is_checked_before_a_study_and_sent_with_every_request(keyed):
+    from tuner.errors import InputError
+
+    with pytest.raises(InputError) as err:  # no key: one line naming the URL, saying what to do
+        EndpointBackend(keyed).preflight(Deployment())
+    assert f"{keyed}/v1/models answered 401" in str(err.value) and "--api-key-file" in str(err.value)
+    with pytest.raises(InputError, match="refused the credentials"):
+        EndpointBackend(keyed, api_key="sk-wrong-0123456789").preflight(Deployment())
+    backend = EndpointBackend(keyed, api_key=KEY)
+    backend.preflight(Deployment())
+    assert KEY not in repr(backend) and KEY not in repr(backend.replay_options)
+    w = Workload(arrival_s=np.zeros(6), prompt_tokens=np.full(6, 30), output_tokens=np.full(6, 5))
+    with backend.start(Deployment(), ServeConfig()) as inst:
+        assert inst.info["model_name"] == "ok" and KEY not in repr(inst.info)
+        r = inst.run(w, Concurrency(3))
+    assert r.error == [None] * 6 and KEY not in repr(r.server)
+
+
+def test_credentials_in_the_url_are_used_and_masked_in_every_message(keyed):
+    from tuner.errors import InputError
+
+    host = keyed.removeprefix("http://")
+    backend = EndpointBackend(f"http://user:{KEY}@{host}/v1")
+    assert backend.urls == [keyed]  # the credentials left the URL for a header
+    backend.preflight(Deployment())
+    with backend.start(Deployment(), ServeConfig()) as inst:
+        assert KEY not in repr(inst.info)
+    with pytest.raises(InputError) as err:
+        EndpointBackend(f"http://user:sk-wrong-0123456789@{host}").preflight(Deployment())
+    assert "sk-wrong" not in str(err.value) and "http://***@" not in str(err.value)  # the URL shown has none
+    with pytest.raises(BackendError) as err:  # an unreachable URL with a key in it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        EndpointBackend(f"http://user:{KEY}@127.0.0.1:{port}").preflight(Deployment())
+    assert KEY not in str(err.value) and "did not answer" in str(err.value)

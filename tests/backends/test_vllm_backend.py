@@ -261,3 +261,13 @@ def test_get_backend_builds_each_backend(tmp_path):
     assert get_backend("vllm", vllm_cmd=SIM, log_dir=tmp_path).name == "vllm"
     assert get_backend("endpoint", urls=["http://127.0.0.1:1"]).name == "endpoint"
     assert get_backend("sim").name == "sim"
+
+
+def test_a_vllm_api_key_in_the_environment_does_not_reach_the_servers_tuner_starts(backend, monkeypatch):
+    # vLLM would demand it from every request; tuner starts the server and sends none
+    monkeypatch.setenv("VLLM_API_KEY", "sk-not-for-the-server")
+    with backend.start(DEP, ServeConfig(max_model_len=4096, max_num_seqs=16)) as inst:
+        pid = inst.replicas[0].proc.pid
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        assert not any(v.startswith(b"VLLM_API_KEY=") for v in environ)
+        assert inst.run(_workload(8), Concurrency(4)).error == [None] * 8

@@ -4,6 +4,11 @@ Nothing is started or stopped; one trial is one load against the given URLs (one
 replica). ``start`` only checks that every URL answers ``/v1/models`` and reads what
 ``/metrics`` tells about the KV cache; the ServeConfig is not applied (the operator owns
 the server's flags), so a study with this backend sweeps loads, not configurations.
+
+``api_key`` is sent to every URL as ``Authorization: Bearer <key>`` (credentials written
+into a URL are taken out of it and sent as a header too). It lives only in this object:
+``preflight`` checks it before any study is written (a 401 or 403 is one line naming the
+URL, credentials masked), and nothing that is stored, logged or printed holds it.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.backends.base import StopHook
 from tuner.backends.vllm import _http
 from tuner.errors import BackendError, InputError
+from tuner.urls import redact
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
@@ -31,8 +37,8 @@ class EndpointInstance:
         import time
 
         # a fresh salt per run: the server outlives us, and a rerun must not hit an earlier run's prefix cache
-        result = replay(self.backend.urls, workload, load, model=self.info.get("model_name"), stop=stop,
-                        salt=time.time_ns() % 2**31, **self.backend.replay_options)
+        result = replay(self.backend.given, workload, load, model=self.info.get("model_name"), stop=stop,
+                        salt=time.time_ns() % 2**31, api_key=self.backend._api_key, **self.backend.replay_options)
         if "num_gpu_blocks" in self.info:
             result.server.setdefault("num_gpu_blocks", self.info["num_gpu_blocks"])
         return result
@@ -49,7 +55,8 @@ class EndpointInstance:
 
 class EndpointBackend:
     """``EndpointBackend(urls, model=None, router="round_robin", timeout_s=600, api="completions",
-    metrics=True)``; ``urls`` are base URLs (``http://host:8000``), one per replica."""
+    metrics=True, api_key=None)``; ``urls`` are base URLs (``http://host:8000``), one per
+    replica; ``urls`` holds them without credentials."""
 
     name = "endpoint"
 
@@ -62,38 +69,69 @@ class EndpointBackend:
         timeout_s: float = 600.0,
         api: str = "completions",
         metrics: bool = True,
+        api_key: str | None = None,
     ) -> None:
-        from tuner.replay.client import _normalise
+        from tuner.replay.client import _endpoints
 
-        self.urls = _normalise(urls)
+        self.given = [urls] if isinstance(urls, str) else list(urls)
+        endpoints = _endpoints(self.given, api_key)
+        self.urls = [u for u, _ in endpoints]
+        self._headers = [h for _, h in endpoints]
+        self._api_key = api_key
         if not self.urls:
             raise InputError("the endpoint backend needs at least one URL", hint="pass --endpoint http://host:8000")
         self.model = model
         self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
 
+    def __repr__(self) -> str:
+        return f"EndpointBackend({self.urls!r})"
+
     def precheck(self, deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
         return {}
+
+    def preflight(self, deployment: Deployment) -> None:
+        """Before any study is written: every URL answers ``/v1/models`` and takes the
+        credentials (:class:`InputError` for a 401/403, :class:`BackendError` when a URL
+        does not answer)."""
+        for url, headers in zip(self.urls, self._headers):
+            self._models(url, headers)
+
+    def _models(self, url: str, headers: dict[str, str]) -> dict[str, Any]:
+        """The first model card ``url/v1/models`` lists."""
+        import json
+
+        from tuner.replay.client import _denied
+
+        try:
+            status, body = _http(f"{url}/v1/models", timeout=10.0, headers=headers)
+        except OSError as err:
+            raise BackendError(redact(f"{url}/v1/models did not answer ({getattr(err, 'reason', err)}); is the "
+                                      "server up and is the URL right?")) from None
+        if status in (401, 403):
+            raise InputError(redact(f"{url}/v1/models answered {status}: {_denied(headers)}"))
+        try:
+            card = json.loads(body)["data"][0] if status == 200 else None
+            model = str(card["id"]) if isinstance(card, dict) else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            model = None
+        if model is None:
+            raise BackendError(redact(f"{url}/v1/models did not answer with a model list (HTTP {status}); is the "
+                                      "server up and is the URL right?"))
+        return card
 
     def start(self, deployment: Deployment, config: ServeConfig) -> EndpointInstance:
         from tuner.replay.metrics import parse_prometheus, snapshot
 
-        import json
-
         model = self.model
-        info: dict[str, Any] = {"startup_s": 0.0, "endpoints": list(self.urls), "argv": [], "log_paths": []}
-        for url in self.urls:
-            try:
-                status, body = _http(f"{url}/v1/models", timeout=10.0)
-                card = json.loads(body)["data"][0] if status == 200 else None
-            except (OSError, ValueError, KeyError, IndexError):
-                card = None
-            if card is None:
-                raise BackendError(f"{url}/v1/models did not answer; is the server up and is the URL right?")
+        info: dict[str, Any] = {"startup_s": 0.0, "endpoints": [redact(u) for u in self.urls], "argv": [],
+                                "log_paths": []}
+        for url, headers in zip(self.urls, self._headers):
+            card = self._models(url, headers)
             model = model or str(card["id"])
             if card.get("max_model_len"):
                 info.setdefault("max_model_len", int(card["max_model_len"]))
             try:
-                status, body = _http(f"{url}/metrics", timeout=10.0)
+                status, body = _http(f"{url}/metrics", timeout=10.0, headers=headers)
             except OSError:
                 continue
             if status == 200:

@@ -111,9 +111,10 @@ def start_local_server(argv: list[str], port: int, *, what: str = "server", time
     raise BackendError(f"{what} did not answer {url}/health within {timeout_s:g} s")
 
 
-def _http(url: str, *, data: dict | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
+def _http(url: str, *, data: dict | None = None, timeout: float = 5.0,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
@@ -481,7 +482,10 @@ class VllmBackend:
                 token = secrets.token_hex(6)
                 argv = self.argv(deployment, config, port=port, version=version, token=token)
                 log_path = self.log_dir / f"{trial}-r{k}.log"
-                env = {**os.environ, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
+                # VLLM_API_KEY would make the server demand a key tuner does not send (and
+                # /v1/models answer 401 to the check that the server is ours)
+                inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+                env = {**inherited, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
                        processes.MARKER_ENV: processes.marker(token)}
                 where = f"CUDA_VISIBLE_DEVICES={gpus}"
                 if self.platform() == "cpu":

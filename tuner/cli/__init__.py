@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         except TunerError as err:
             if os.environ.get("TUNER_DEBUG"):
                 raise
-            print(f"tuner: {err}", file=sys.stderr)
+            from tuner.urls import redact
+
+            print(f"tuner: {redact(str(err))}", file=sys.stderr)
             code = err.exit_code
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
             code = err.code
@@ -65,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
             fault = storage_fault(err, _storage_arg(argv))
             if fault is None or os.environ.get("TUNER_DEBUG"):
                 raise
-            print(f"tuner: {fault}", file=sys.stderr)
+            from tuner.urls import redact
+
+            print(f"tuner: {redact(str(fault))}", file=sys.stderr)
             code = fault.exit_code
         except KeyboardInterrupt as err:
             caught.interrupt = caught.interrupt or err  # type: ignore[assignment]

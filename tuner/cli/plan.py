@@ -76,6 +76,9 @@ def plan_cmd(
                                  "'vllm serve' or 'python -m tuner sim-serve --speed 20'."),
     endpoint: str = typer.Option(None, "--endpoint", help="Base URL(s) of a running server, comma-separated "
                                  "(endpoint backend)."),
+    api_key_file: str = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's "
+                                     "API key (sent as a bearer token; never stored or printed). Default: "
+                                     "$OPENAI_API_KEY, else $VLLM_API_KEY."),
     time_scale: float = typer.Option(None, "--time-scale", help="Multiply measured times by this (a server "
                                      "running N times faster than real time). Default: sim-serve's --speed."),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop users to sweep, comma-"
@@ -144,10 +147,18 @@ def plan_cmd(
     options: dict[str, Any] = {}
     if backend == "vllm" and vllm_cmd:
         options["vllm_cmd"] = vllm_cmd
+    if api_key_file and backend != "endpoint":
+        raise InputError(f"--api-key-file is for --backend endpoint, not {backend}",
+                         hint="tuner starts the vllm and sim servers itself; they need no key")
     if backend == "endpoint":
+        from tuner.urls import read_api_key
+
         if not endpoint:
             raise InputError("the endpoint backend needs --endpoint http://host:8000")
         options["urls"] = [u for u in endpoint.split(",") if u]
+        key = read_api_key(api_key_file)
+        if key is not None:
+            options["api_key"] = key
     say = _progress(output == "table" and sys.stderr.isatty())
     est = plan_capacity(
         target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,

@@ -58,11 +58,17 @@ def deployment_changes(*, model: str | None = None, quantization: str | None = N
 
 def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
                     endpoint: str | None = None, startup_timeout: str | None = None,
-                    request_timeout: str | None = None) -> dict[str, Any]:
+                    request_timeout: str | None = None, api_key_file: str | None = None) -> dict[str, Any]:
     """Constructor options of the chosen backend: the vLLM logs go to studies/<study>/logs/;
-    ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations."""
+    ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations;
+    the endpoint's API key from ``--api-key-file`` or the environment
+    (:func:`tuner.urls.read_api_key`: ``OPENAI_API_KEY``, ``VLLM_API_KEY``)."""
     from tuner.space import parse_seconds
+    from tuner.urls import read_api_key
 
+    if api_key_file and backend != "endpoint":
+        raise InputError(f"--api-key-file is for --backend endpoint, not {backend}",
+                         hint="tuner starts the vllm and sim servers itself; they need no key")
     options: dict[str, Any] = {}
     if request_timeout and backend in ("vllm", "endpoint"):
         options["timeout_s"] = parse_seconds(request_timeout, what="--request-timeout")
@@ -76,6 +82,9 @@ def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
         if not endpoint:
             raise InputError("--backend endpoint needs --endpoint URL", hint="e.g. --endpoint http://127.0.0.1:8000")
         options["urls"] = [u.strip() for u in endpoint.split(",") if u.strip()]
+        key = read_api_key(api_key_file)
+        if key is not None:
+            options["api_key"] = key
     return options
 
 
@@ -85,8 +94,10 @@ TIMEOUT_GRACE_S = 10.0
 
 
 def warn(text: str) -> None:
-    """One line on stderr, as every tuner message."""
-    print(f"tuner: warning: {text}", file=sys.stderr, flush=True)
+    """One line on stderr, as every tuner message (credentials masked)."""
+    from tuner.urls import redact
+
+    print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
 
 
 class _Progress:
@@ -123,10 +134,12 @@ class _Progress:
         self.progress.update(self.task, completed=min(finished, self.budget), best=text, phase="")
 
     def on_warning(self, text: str) -> None:
+        from tuner.urls import redact
+
         if self.progress.disable:
             warn(text)
         else:
-            self.progress.console.print(f"tuner: warning: {text}", markup=False, highlight=False)
+            self.progress.console.print(f"tuner: warning: {redact(text)}", markup=False, highlight=False)
 
 
 @app.command("search")
@@ -149,7 +162,8 @@ def search_cmd(
     output: str = typer.Option("text", "--output", help="text: a table and the vllm serve command; json: one JSON object on stdout."),
     warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
     vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
-    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend); several, comma-separated, are replicas."),
+    api_key_file: str | None = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's API key, sent as 'Authorization: Bearer KEY'. Default: $OPENAI_API_KEY, else $VLLM_API_KEY. The key is never stored, logged or printed."),
     predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
     startup_timeout: str | None = typer.Option(None, "--startup-timeout", help="vllm backend: a server not healthy after this long (30m, 900s) is recorded as a start timeout. Default 30m."),
     request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),
@@ -207,7 +221,8 @@ def search_cmd(
     workload = build_workload(sp.workload, dep)
     name = study or study_name(dep, workload.fingerprint(), sp.name, backend, sp.workload.target_ttft_s)
     options = backend_options(backend, name, vllm_cmd=vllm_cmd, endpoint=endpoint,
-                              startup_timeout=startup_timeout, request_timeout=request_timeout)
+                              startup_timeout=startup_timeout, request_timeout=request_timeout,
+                              api_key_file=api_key_file)
     backend_obj = get_backend_by_name(backend, **options)
     from tuner.interrupts import alarm
 
@@ -223,14 +238,18 @@ def search_cmd(
             predictor="auto" if predict else None, kill_stale=kill_stale,
         )
     alarm(None)
+    from tuner.study import error_totals
+    from tuner.urls import redact, redact_value
+
     best = outcome.best
     report: dict[str, Any] = {
-        "study": outcome.name, "storage": outcome.storage or f"sqlite:///studies/{outcome.name}.db",
+        "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
         "target_ttft_s": sp.workload.target_ttft_s, "backend": backend_obj.name,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
+        "errors_total": error_totals(outcome.study),
     }
     if best is not None:
         config = trial_config(best)
@@ -239,11 +258,13 @@ def search_cmd(
             "output_tokens_per_s": best.user_attrs.get("output_tokens_per_s"),
             "ttft_p95_s": (best.user_attrs.get("summary") or {}).get("ttft_p95_s"),
             "load": best.user_attrs.get("chosen_load"), "config": config.to_dict(),
-            "command": serve_command(dep, config),
+            "command": serve_command(dep, config), "errors": best.user_attrs.get("errors") or {},
         }
     else:
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
+        report["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
+    report = redact_value(report)
     if output == "json":
         print(json.dumps(report, indent=2))
     else:
@@ -269,8 +290,13 @@ def _print_report(report: dict[str, Any]) -> None:
         f"{report['new_trials']} new in {report['wall_s']:.1f} s"
         + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else "")
     )
+    from tuner.result import describe_errors
+
     for note in report.get("notes") or []:
         console.print(f"note: {note}", markup=False, highlight=False)
+    if report.get("errors_total"):
+        console.print(f"failed requests over the study's trials: {describe_errors(report['errors_total'])} "
+                      "(tuner studies show NAME has them per trial)", markup=False, highlight=False)
     best = report["best"]
     if best is None:
         return
@@ -283,6 +309,8 @@ def _print_report(report: dict[str, Any]) -> None:
     if best.get("ttft_p95_s") is not None:
         table.add_row("P95 TTFT", f"{best['ttft_p95_s']:.3f} s (target {report['target_ttft_s']:g} s)")
     table.add_row("at load", str(best.get("load")))
+    if best.get("errors"):
+        table.add_row("failed requests", describe_errors(best["errors"]))
     for key, value in best["config"].items():
         table.add_row(key, "default" if value is None else str(value))
     console.print(table)
@@ -304,7 +332,9 @@ def studies_list(
     from tuner.study import list_studies
 
     rows = list_studies(storage)
-    table = Table(title=f"studies in {storage or 'studies/'}")
+    from tuner.urls import redact
+
+    table = Table(title=f"studies in {redact(storage) if storage else 'studies/'}")
     table.add_column("study", no_wrap=True)
     for col in ("finished", "feasible", "best tok/s", "best trial"):
         table.add_column(col, justify="right")
@@ -325,24 +355,37 @@ def studies_show(
     from optuna.trial import TrialState
 
     from tuner.config import Deployment
+    from tuner.result import describe_errors
     from tuner.search import serve_command
-    from tuner.study import best_feasible_trial, closest_miss, load_study_by_name, miss_explanation, trial_config
+    from tuner.study import (
+        best_feasible_trial,
+        closest_miss,
+        error_totals,
+        load_study_by_name,
+        miss_explanation,
+        trial_config,
+    )
+    from tuner.urls import redact_value
 
     st = load_study_by_name(name, storage)
     trials = st.get_trials(deepcopy=False)
     counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     best = best_feasible_trial(st)
-    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": {k: v for k, v in counts.items() if v}}
+    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": {k: v for k, v in counts.items() if v},
+                            "errors_total": error_totals(st)}
     if best is not None:
         dep_data = dict(st.user_attrs.get("deployment") or {})
         dep_data["gpu_ids"] = tuple(dep_data.get("gpu_ids") or ())
         dep = Deployment(**dep_data) if dep_data else Deployment()
         info["best"] = {"trial": best.number, "tokens_per_s": best.value,
                         "summary": best.user_attrs.get("summary"), "config": best.user_attrs.get("config"),
+                        "errors": best.user_attrs.get("errors") or {},
                         "command": serve_command(dep, trial_config(best))}
     else:
         miss = closest_miss(st)
         info["closest_miss"] = None if miss is None else miss_explanation(miss)
+        info["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
+    info = redact_value(info)
     if output == "json":
         print(json.dumps(info, indent=2, default=str))
         return
@@ -350,11 +393,18 @@ def studies_show(
     from rich.pretty import Pretty
 
     console = Console()
+    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
     console.print(f"[bold]{name}[/]  trials: " + ", ".join(f"{k} {v}" for k, v in info["trials"].items()))
     console.print(Pretty(info["attrs"]))
+    if info["errors_total"]:
+        say(f"failed requests over all trials: {describe_errors(info['errors_total'], limit=8)}")
     if best is None:
-        console.print(f"no feasible trial; {info.get('closest_miss')}")
+        say(f"no feasible trial; {info.get('closest_miss')}")
+        if info.get("closest_miss_errors"):
+            say(f"its failed requests: {describe_errors(info['closest_miss_errors'], limit=8)}")
         return
     console.print(f"best feasible trial #{best.number}: {best.value:,.0f} tok/s")
+    if info["best"]["errors"]:
+        say(f"its failed requests: {describe_errors(info['best']['errors'], limit=8)}")
     console.print(Pretty(info["best"]["config"]))
     print(info["best"]["command"])
