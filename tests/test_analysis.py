@@ -158,3 +158,34 @@ def test_the_study_stays_readable_by_plain_optuna(sim_study_db):
         json.dumps(trial.user_attrs, allow_nan=False)
         json.dumps(trial.params, allow_nan=False)
     assert any(k.startswith("plan/") for k in study.user_attrs)
+
+
+def _errors_study(storage: str | None = None) -> optuna.Study:
+    """One trial that errors failed, one feasible with a few failures, and a crash whose
+    message (written before redaction existed) names an endpoint with its key."""
+    study = optuna.create_study(direction="maximize", storage=storage)
+    dist = {"layout": CategoricalDistribution(["tp1x1"])}
+    config = {"tensor_parallel_size": 1, "replicas": 1, "max_num_seqs": 64}
+    study.add_trial(create_trial(value=0.0, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
+        "config": config, "feasible": False, "failed_by": "errors", "errors": {"http_429": 24},
+        "infeasible_reason": "24 of 24 requests failed at 8 users: http_429 x24; at most 1% may fail",
+        "loads": [{"load": "8 users", "errors": {"http_429": 24}}],
+        "server": {"endpoints": ["http://me:sk-old-secret-1234@h:8000"]}}))
+    study.add_trial(create_trial(value=900.0, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
+        "config": config, "feasible": True, "errors": {"timeout": 1}, "summary": {"ttft_p95_s": 0.5},
+        "loads": [{"load": "4 users", "errors": {"timeout": 1}}, {"load": "8 users", "errors": {"timeout": 3}}]}))
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"layout": "tp1x1"}, distributions=dist,
+                                 user_attrs={"config": config,
+                                             "error": "BackendError: http://me:sk-old-secret-1234@h:8000 died"}))
+    return study
+
+
+def test_trials_frame_shows_the_error_kinds_beside_the_reason_and_masks_keys():
+    from tuner.study import error_totals
+
+    study = _errors_study()
+    frame = trials_frame(study)
+    assert list(frame["errors"])[:2] == ["http_429 x24", "timeout x1"] and pd.isna(frame.loc[2, "errors"])
+    assert frame.loc[0, "failed_by"] == "errors" and "http_429 x24" in frame.loc[0, "reason"]
+    assert "sk-old-secret" not in frame.to_csv() and "http://***@h:8000" in frame.loc[2, "reason"]
+    assert error_totals(study) == {"http_429": 24, "timeout": 4}

@@ -90,3 +90,14 @@ def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert colourful_share(shot2.read_bytes()) < 0.001
+
+
+def test_the_report_shows_failed_requests_and_no_credential(tmp_path):
+    from test_analysis import _errors_study
+
+    study = _errors_study(f"sqlite:///{tmp_path}/e.db")
+    page = write_report(study, tmp_path / "out").read_text(encoding="utf-8")
+    assert "<h2>Failed requests</h2>" in page and "http_429 x24, timeout x4" in page
+    assert "http_429 x24</td>" in page  # the errors column beside the reason
+    assert "timeout x1</td>" in page    # and in the top feasible trials
+    assert "sk-old-secret" not in page and "http://***@h:8000" in page

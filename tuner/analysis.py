@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
+from tuner.result import describe_errors
 from tuner.study import best_feasible_trial, is_feasible, load_study_by_name
+from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
     import optuna
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 #: Trial statuses in :func:`trials_frame` (column ``status``), in plotting order.
 STATUSES = ("feasible", "infeasible", "refused", "failed", "pruned", "running")
 #: Columns every :func:`trials_frame` has, whatever the study holds.
-BASE_COLUMNS = ("number", "state", "status", "feasible", "value", "constraint", "reason", "layout",
+BASE_COLUMNS = ("number", "state", "status", "feasible", "value", "constraint", "reason", "errors", "layout",
                 "tensor_parallel_size", "replicas", "tokens_per_s", "ttft_p95_s", "repeat_of",
                 "datetime_start", "duration_s")
 #: Plan facts of the memory planner worth a column (``plan_<name>``).
@@ -117,6 +119,11 @@ def _status(trial: FrozenTrial) -> str:
 
 
 def _reason(trial: FrozenTrial, status: str) -> str | None:
+    text = _why(trial, status)
+    return None if text is None else redact(text)  # a study written before redaction may hold a key
+
+
+def _why(trial: FrozenTrial, status: str) -> str | None:
     attrs = trial.user_attrs
     if status in ("infeasible", "refused"):
         return str(attrs.get("infeasible_reason") or "did not meet the target")
@@ -147,6 +154,7 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
         "number": trial.number, "state": trial.state.name, "status": status,
         "feasible": status == "feasible", "value": _number(trial.value),
         "constraint": _number(attrs.get("constraint")), "reason": _reason(trial, status),
+        "errors": describe_errors(attrs.get("errors"), limit=8) or None,
         "layout": f"tp{tp}x{replicas}", "tensor_parallel_size": tp, "replicas": replicas,
         "repeat_of": _number(attrs.get("repeat_of")),
         "datetime_start": trial.datetime_start, "duration_s": duration,
@@ -160,12 +168,12 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     row.setdefault("tokens_per_s", math.nan)
     row.setdefault("ttft_p95_s", math.nan)
     for key in ("chosen_load", "lowest_load", "p95_ttft_at_lowest_load_s", "gpu_s", "rejected_kind",
-                "rejected_at"):
+                "rejected_at", "failed_by"):
         if key in attrs:
             row[key] = _number(attrs[key])
     row["n_loads"] = len(attrs.get("loads") or [])
     for key, value in (attrs.get("server") or {}).items():
-        row[f"server_{key}"] = _number(value)
+        row[f"server_{key}"] = _number(redact_value(value))
     plan = (attrs.get("run") or {}).get("plan") or attrs.get("plan") or {}
     for key in PLAN_FACTS:
         if key in plan:
@@ -177,7 +185,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """Every trial of ``study`` as a row (see :func:`trial_row`), by trial number.
 
     ``status`` is one of :data:`STATUSES`; ``reason`` says why a trial did not count
-    (vLLM's refusal, the TTFT miss with its numbers, the crash); ``value`` is the
+    (vLLM's refusal, the TTFT miss with its numbers, the requests that failed, the crash);
+    ``errors`` the failed requests per kind at the trial's chosen (or lowest) load
+    (``http_429 x400, timeout x3``; the counts are also columns ``errors_<kind>``, with the
+    summary); credentials in any text are masked; ``value`` is the
     objective (0 for infeasible trials) while ``tokens_per_s`` / ``ttft_p95_s`` are what
     the trial measured at its chosen load (at its lowest load when infeasible).
     """

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 from tuner.analysis import best_trial, study_location, target_ttft_s, trials_frame
 from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
-from tuner.study import STUDIES_DIR
+from tuner.result import describe_errors
+from tuner.study import STUDIES_DIR, error_totals
+from tuner.urls import redact
 
 if TYPE_CHECKING:
     import optuna
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 REPORT_NAME = "report.html"
 #: Columns of the top-trials table.
-TOP_COLUMNS = ("number", "tokens_per_s", "ttft_p95_s", "chosen_load", "layout", "gpu_memory_utilization",
+TOP_COLUMNS = ("number", "tokens_per_s", "ttft_p95_s", "chosen_load", "errors", "layout", "gpu_memory_utilization",
                "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
                "enable_prefix_caching", "enforce_eager", "kv_cache_dtype")
 
@@ -54,7 +56,7 @@ def default_report_dir(study: optuna.Study) -> Path:
 
 def _url(study: optuna.Study) -> str:
     db = study_location(study)
-    return f"sqlite:///{db}" if db is not None else "<your --storage URL>"
+    return redact(f"sqlite:///{db}") if db is not None else "<your --storage URL>"
 
 
 def _fmt(value: Any) -> str:
@@ -74,13 +76,14 @@ def _table(frame: pd.DataFrame, columns: list[str], left: tuple[str, ...] = ()) 
     head = "".join(f"<th class='{'l' if c in left else ''}'>{html.escape(c)}</th>" for c in cols)
     body = []
     for _, row in frame.iterrows():
-        cells = "".join(f"<td class='{'l' if c in left else ''}'>{html.escape(_fmt(row[c]))}</td>" for c in cols)
+        cells = "".join(f"<td class='{'l' if c in left else ''}'>{html.escape(redact(_fmt(row[c])))}</td>"
+                        for c in cols)
         body.append(f"<tr>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def _pairs(rows: list[tuple[str, str]]) -> str:
-    body = "".join(f"<tr><th class='l'>{html.escape(a)}</th><td class='l'>{html.escape(b)}</td></tr>"
+    body = "".join(f"<tr><th class='l'>{html.escape(a)}</th><td class='l'>{html.escape(redact(b))}</td></tr>"
                    for a, b in rows)
     return f"<table>{body}</table>"
 
@@ -94,12 +97,16 @@ def _answer(study: optuna.Study) -> str:
     if best is None:
         miss = closest_miss(study)
         text = "No configuration met the target." + (f" {miss_explanation(miss)}." if miss is not None else "")
-        return f"<p class='skipped'>{html.escape(text)}</p>"
+        if miss is not None and miss.user_attrs.get("errors"):
+            text += f" Its failed requests: {describe_errors(miss.user_attrs['errors'], limit=8)}."
+        return f"<p class='skipped'>{html.escape(redact(text))}</p>"
     config = trial_config(best)
     rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{best.value:,.0f}")]
     summary = best.user_attrs.get("summary") or {}
     if summary.get("ttft_p95_s") is not None:
         rows.append(("P95 TTFT", f"{summary['ttft_p95_s']:.3g} s at {best.user_attrs.get('chosen_load', '?')}"))
+    if best.user_attrs.get("errors"):
+        rows.append(("failed requests", describe_errors(best.user_attrs["errors"], limit=8)))
     rows += [(k, _fmt(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
     dep = study.user_attrs.get("deployment")
@@ -161,14 +168,23 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     feasible = frame[frame["feasible"].astype(bool)] if len(frame) else frame
     if len(feasible):
         top = feasible.sort_values(["tokens_per_s", "number"], ascending=[False, True]).head(10)
-        parts += ["<h2>Top feasible trials</h2>", _table(top, list(TOP_COLUMNS), left=("chosen_load", "layout",
-                                                                                       "kv_cache_dtype"))]
+        columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
+        parts += ["<h2>Top feasible trials</h2>", _table(top, columns, left=("chosen_load", "errors", "layout",
+                                                                              "kv_cache_dtype"))]
     bad = frame[frame["reason"].notna()] if len(frame) else frame
     if len(bad):
+        columns = ["number", "status", "layout", "reason"] + (["errors"] if bad["errors"].notna().any() else [])
         parts += ["<h2>Trials that did not count</h2>",
-                  _table(bad, ["number", "status", "layout", "reason"], left=("status", "layout", "reason"))]
+                  _table(bad, columns, left=("status", "layout", "reason", "errors"))]
+    totals = error_totals(study)
+    if totals:
+        parts += ["<h2>Failed requests</h2>",
+                  f"<p>Over every load point of every trial: {html.escape(describe_errors(totals, limit=12))}. "
+                  "A load point fails when more than 1% of its requests fail (an HTTP error, a timeout, a "
+                  "broken or short stream); the first message of each kind is stored on the trial "
+                  "(<code>error_detail</code>).</p>"]
     parts.append("</body></html>")
-    return "\n".join(parts), pngs
+    return redact("\n".join(parts)), pngs  # a last pass: no credential reaches the page
 
 
 def write_report(study: optuna.Study, out_dir: str | Path | None = None) -> Path:
