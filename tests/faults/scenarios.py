@@ -57,12 +57,16 @@ class Outcome:
 
 # -- helpers ------------------------------------------------------------------------------
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    """The environment of tuner's processes here (no API key of the person running them)."""
+    keep = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "VLLM_API_KEY")}
+    return {**keep, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
 
 
 def tuner(folder: Path, *args: str, **kw: Any) -> subprocess.Popen:
-    """``python -m tuner ARGS`` in ``folder`` (its own session: a signal to it reaches only it)."""
-    return subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=folder, env=env(), text=True,
+    """``python -m tuner ARGS`` in ``folder`` (its own session: a signal to it reaches only it);
+    ``env=`` replaces :func:`env`."""
+    environment = kw.pop("env", None) or env()
+    return subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=folder, env=environment, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kw)
 
 
@@ -442,6 +446,153 @@ def disk_full(folder: Path) -> Outcome | None:
                        {"stderr": err, "report_stderr": rerr, "empty": empty})
 
 
+# -- bad answers and credentials ------------------------------------------------------------
+BAD_SERVER = REPO / "tests" / "replay" / "bad_server.py"
+SECRET = "sk-faults-secret-7f3a9c01"
+
+
+@contextlib.contextmanager
+def bad_server(*args: str):
+    """tests/replay/bad_server.py (``--mode``, ``--key``) on a free port; yields its base URL.
+    It is no tuner-marked server: the scenarios count only the processes tuner leaves."""
+    from tuner.backends.vllm import start_local_server
+
+    port = free_port()
+    proc, url = start_local_server([sys.executable, str(BAD_SERVER), "--port", str(port), *args], port,
+                                   what="bad server", env=env())
+    try:
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _run(folder: Path, *args: str, left: list[int], **kw: Any) -> tuple[int, str, str]:
+    """:func:`tuner` to its end; appends the tuner-marked processes it left (its own only:
+    other runs on this host may hold theirs) to ``left``."""
+    proc = tuner(folder, *args, **kw)
+    code, out, err = finish(proc)
+    left.append(wait_gone(proc.pid, timeout=10))
+    return code, out, err
+
+
+def endpoint_args(url: str, *extra: str, budget: int = 2) -> list[str]:
+    return ["search", "--space", "space.yaml", "--backend", "endpoint", "--endpoint", url, "--sampler", "grid",
+            "--budget", str(budget), "--output", "json", *extra]
+
+
+def _bad_answers(folder: Path, mode: str, kind: str, *extra: str) -> Outcome:
+    """Every answer of the endpoint is bad in one way (``mode``): no trial is feasible,
+    each stores the failed requests under ``kind`` and no tokens; the run exits 3 with one
+    line naming the kind (never 'P95 TTFT nan'); tuner studies show counts them."""
+    from tuner.result import describe_errors
+
+    prepare(folder)
+    left: list[int] = []
+    t0 = time.monotonic()
+    with bad_server("--mode", mode) as url:
+        code, out, err = _run(folder, *endpoint_args(url, *extra), left=left)
+    wall = time.monotonic() - t0
+    done = [t for t in trials(folder) if t.state.name == "COMPLETE"]
+    scode, sout, _ = _run(folder, "studies", "show", json.loads(out)["study"], "--output", "json", left=left) \
+        if out.strip() else (None, "{}", "")
+    shown = json.loads(sout or "{}")
+    ok = (code == 3 and one_line(err) and f"{kind} x" in err and "nan" not in err and len(done) == 2
+          and all(not t.user_attrs.get("feasible") and t.user_attrs.get("failed_by") == "errors"
+                  and set(t.user_attrs.get("errors", {})) == {kind} and t.user_attrs.get("tokens_per_s") == 0
+                  for t in done)
+          and scode == 0 and kind in (shown.get("errors_total") or {}) and kind in str(shown.get("closest_miss")))
+    why = err.strip().split("; trial ", 1)[-1]
+    return Outcome(f"endpoint: {mode.replace('_', ' ')}", f"exit {code} in {wall:.0f} s, no trial feasible, "
+                   f"{describe_errors(shown.get('errors_total'))} in all; 'trial {why[:60]}...'", 0,
+                   finished(folder), sum(left), ok,
+                   {"code": code, "stderr": err, "shown": shown, "wall_s": wall,
+                    "errors": [t.user_attrs.get("errors") for t in done]})
+
+
+def garbage_stream(folder: Path) -> Outcome:
+    """A stream whose token chunks are broken JSON holding "choices": stream_error, no tokens
+    counted (it once scored 163,533 tok/s, feasible, exit 0)."""
+    return _bad_answers(folder, "garbage", "stream_error")
+
+
+def all_429(folder: Path) -> Outcome:
+    return _bad_answers(folder, "http_429", "http_429")
+
+
+def all_500(folder: Path) -> Outcome:
+    return _bad_answers(folder, "http_500", "http_500")
+
+
+def hang_mid_stream(folder: Path) -> Outcome:
+    """A server that sends one chunk then nothing: --request-timeout 1s makes every request a
+    timeout; each replay stops after one burst of them (not after the whole workload)."""
+    o = _bad_answers(folder, "hang", "timeout", "--request-timeout", "1s")
+    o.ok = o.ok and o.details["wall_s"] < 90
+    return o
+
+
+def _leaks(folder: Path, *texts: str) -> list[str]:
+    """Where SECRET shows: the study's files (database, -wal), reports, and the texts given."""
+    found = [str(p) for p in folder.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    return found + [f"output {i}" for i, t in enumerate(texts) if SECRET in t]
+
+
+def key_in_url(folder: Path) -> Outcome:
+    """An endpoint whose URL carries the key (http://user:KEY@host): the key is sent, and
+    is in no study file, no output, no report; a wrong key in the URL is one line, exit 2,
+    with the URL masked and nothing written."""
+    prepare(folder)
+    left: list[int] = []
+    with bad_server("--key", SECRET) as url:
+        host = url.removeprefix("http://")
+        wcode, wout, werr = _run(folder, *endpoint_args(f"http://me:sk-wrong-00000000@{host}"), left=left)
+        nothing = study_db(folder) is None
+        code, out, err = _run(folder, *endpoint_args(f"http://me:{SECRET}@{host}/v1"), left=left)
+    study = json.loads(out)["study"] if out.strip() else ""
+    scode, sout, serr = _run(folder, "studies", "show", study, left=left)
+    jcode, jout, jerr = _run(folder, "studies", "show", study, "--output", "json", left=left)
+    rcode, rout, rerr = _run(folder, "report", left=left)
+    leaks = _leaks(folder, werr, wout, out, err, sout, serr, jout, jerr, rout, rerr)
+    ok = (wcode == 2 and one_line(werr) and "answered 401" in werr and "sk-wrong" not in werr and nothing
+          and code == 0 and scode == 0 and jcode == 0 and rcode == 0
+          and (folder / "studies" / study / "report.html").is_file() and not leaks)
+    return Outcome("endpoint: key in the URL", f"wrong key: exit {wcode}, one line; right key: exit {code}; "
+                   f"key found in {len(leaks)} files/outputs (db, stderr, report.html, studies show)", 0,
+                   finished(folder), sum(left), ok,
+                   {"wrong": (wcode, werr), "code": code, "stderr": err, "leaks": leaks})
+
+
+def api_key(folder: Path) -> Outcome:
+    """An endpoint that wants a key: without one, exit 2 before any study is written, one
+    line saying how to give it; with --api-key-file, or OPENAI_API_KEY, the study runs and
+    the key is in no file and no output."""
+    import urllib.request
+
+    prepare(folder)
+    (folder / "key.txt").write_text(SECRET + "\n")
+    left: list[int] = []
+    with bad_server("--key", SECRET) as url:
+        ncode, _, nerr = _run(folder, *endpoint_args(url), left=left)
+        nothing = study_db(folder) is None
+        fcode, fout, ferr = _run(folder, *endpoint_args(url, "--api-key-file", "key.txt", budget=1), left=left)
+        ecode, eout, eerr = _run(folder, *endpoint_args(url, budget=2), env={**env(), "OPENAI_API_KEY": SECRET},
+                                 left=left)
+        with urllib.request.urlopen(f"{url}/debug/auth", timeout=10) as resp:
+            seen = json.load(resp)
+    (folder / "key.txt").unlink()
+    study = json.loads(fout)["study"] if fout.strip() else ""
+    rcode, rout, rerr = _run(folder, "report", left=left)
+    scode, sout, serr = _run(folder, "studies", "show", study, "--output", "json", left=left)
+    leaks = _leaks(folder, nerr, fout, ferr, eout, eerr, rout, rerr, sout, serr)
+    ok = (ncode == 2 and one_line(nerr) and "--api-key-file" in nerr and nothing and fcode == 0 and ecode == 0
+          and rcode == 0 and scode == 0 and seen["ok"] > 0 and not leaks)
+    return Outcome("endpoint wants an API key", f"no key: exit {ncode}, one line; --api-key-file: exit {fcode}; "
+                   f"OPENAI_API_KEY: exit {ecode}; key found in {len(leaks)} files/outputs", 0, finished(folder),
+                   sum(left), ok, {"no_key": (ncode, nerr), "file": (fcode, ferr), "env": (ecode, eerr),
+                                       "leaks": leaks, "seen": seen})
+
+
 ALL = [
     ("sigterm", lambda f: stop_signal(f, signal.SIGTERM)),
     ("sigint", lambda f: stop_signal(f, signal.SIGINT)),
@@ -456,4 +607,10 @@ ALL = [
     ("hung_start", hung_start),
     ("startup_timeout", startup_timeout),
     ("disk_full", disk_full),
+    ("garbage_stream", garbage_stream),
+    ("all_429", all_429),
+    ("all_500", all_500),
+    ("hang_mid_stream", hang_mid_stream),
+    ("key_in_url", key_in_url),
+    ("api_key", api_key),
 ]

@@ -2,40 +2,8 @@
 check that no process a test started outlives it."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-from tuner.backends.vllm import free_port, start_local_server
-
-STUB = Path(__file__).with_name("stub_server.py")
-BAD = Path(__file__).with_name("bad_server.py")
-REPO = Path(__file__).resolve().parents[2]
-
-
-def start_stub(*args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return start_local_server([sys.executable, str(STUB), "--port", str(port), *args], port,
-                              what="stub server", env=env)
-
-
-def start_bad(*args: str) -> tuple[subprocess.Popen, str]:
-    """The stand-in that answers badly on purpose (bad_server.py; ``--mode``, ``--key``)."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return start_local_server([sys.executable, str(BAD), "--port", str(port), *args], port,
-                              what="bad server", env=env)
-
-
-def stop_stub(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+from stand_ins import start_bad, start_stub, stop_stub
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import start_stub, stop_stub
+from stand_ins import start_stub, stop_stub
 
 from tuner.errors import BackendError, InputError
 from tuner.load import Concurrency, Poisson, TraceReplay, arrival_times

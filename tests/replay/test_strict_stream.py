@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import start_bad, stop_stub
+from stand_ins import start_bad, stop_stub
 
 from tuner.errors import BackendError, InputError
 from tuner.load import Concurrency
