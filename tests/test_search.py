@@ -414,7 +414,8 @@ def test_errors_fail_every_load_and_the_reason_names_them_not_a_latency():
     ev = evaluate_config(ErrorBackend("http_429"), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
     assert not ev.feasible and ev.value == 0.0 and ev.constraint >= 1.0
     reason = ev.attrs["infeasible_reason"]
-    assert "requests failed at" in reason and "http_429 x" in reason and "rate limit reached" in reason
+    assert reason.startswith("the first 3 requests answered failed at ") and "http_429 x3" in reason
+    assert "rate limit reached" in reason and "so the replay stopped" in reason
     assert "P95 TTFT" not in reason and "nan" not in reason
     assert ev.attrs["failed_by"] == "errors" and set(ev.attrs["errors"]) == {"http_429"}
     assert ev.attrs["error_detail"] == {"http_429": "rate limit reached"}
@@ -430,7 +431,12 @@ def test_errors_under_the_limit_are_kept_on_a_feasible_trial():
     assert all(p["errors"] == {"timeout": 1} for p in ev.attrs["loads"])
     # two in 100 fail: 2%, over it
     ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
-    assert not ev.feasible and "short_output x" in ev.attrs["infeasible_reason"]
+    assert not ev.feasible and ev.attrs["infeasible_reason"].startswith("3 of the first 101 requests answered failed")
+    ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0,
+                         early_stop=False)  # every request answered
+    assert ev.attrs["infeasible_reason"].startswith("4 of 200 requests failed at ")
+    assert ev.attrs["infeasible_reason"].endswith("short_output x4 (first short_output: 'rate limit reached'); "
+                                                  "at most 1% may fail")
 
 
 def test_a_study_that_errors_failed_explains_itself_by_its_errors(tmp_path):
@@ -441,7 +447,7 @@ def test_a_study_that_errors_failed_explains_itself_by_its_errors(tmp_path):
     assert out.best is None
     miss = closest_miss(out.study)
     text = miss_explanation(miss)
-    assert "requests failed" in text and "http_500 x" in text and "came closest" not in text
+    assert "requests answered failed at" in text and "http_500 x2" in text and "came closest" not in text
     ran = [t for t in out.study.trials if t.user_attrs.get("loads")]
     assert ran and error_totals(out.study) == {"http_500": sum(
         p["errors"]["http_500"] for t in ran for p in t.user_attrs["loads"])}

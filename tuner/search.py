@@ -191,14 +191,22 @@ class _Point:
         return sum(self.errors.values()) > MAX_ERROR_RATE * len(self.result)
 
     def error_reason(self) -> str:
-        """``400 of 400 requests failed at 64 users: http_429 x400 ('rate limit reached'); ...``"""
+        """``400 of 400 requests failed at 64 users: http_429 x400 (first http_429: 'rate
+        limit reached'); at most 1% may fail`` (for a replay stopped by its failures: of the
+        first requests answered, and that it stopped)."""
         errors = self.errors
+        failed = sum(errors.values())
         top = next(iter(errors), None)
         detail = self.result.error_detail.get(top) if top else None
-        stopped = " before the replay was stopped" if self.result.stopped_early else ""
-        return (f"{sum(errors.values())} of {len(self.result)} requests failed at {self.load.label}{stopped}: "
-                f"{describe_errors(errors)}" + (f" (first {top}: {detail[:100]!r})" if detail else "")
-                + f"; at most {MAX_ERROR_RATE:.0%} may fail")
+        kinds = describe_errors(errors) + (f" (first {top}: {detail[:100]!r})" if detail else "")
+        n = len(self.result)
+        answered = failed + int(self.result.ok.sum())
+        if self.result.stopped_early and answered < n:
+            which = (f"the first {answered} {'request' if answered == 1 else 'requests'} answered"
+                     if failed == answered else f"{failed} of the first {answered} requests answered")
+            return (f"{which} failed at {self.load.label}: {kinds}; more than {MAX_ERROR_RATE:.0%} of all {n} had "
+                    "failed, so the replay stopped")
+        return f"{failed} of {n} requests failed at {self.load.label}: {kinds}; at most {MAX_ERROR_RATE:.0%} may fail"
 
 
 def load_for(kind: str, level: float, workload: Workload, seed: int = 0) -> Load:
