@@ -305,10 +305,9 @@ def test_missing_study_and_trial_are_bad_input(tmp_path, monkeypatch):
 
 # -- through real processes and HTTP --------------------------------------------------------
 # A plan made through tuner sim-serve, started by the vLLM backend and replayed by the
-# streaming client, agrees with the same plan on the in-process simulator within 10%.
-# One V100 (decode steps of ~40-60 ms: slow enough that HTTP and event-loop overheads of a
-# loaded 2-core CI machine stay small against them), 8 running sequences, short outputs,
-# so the target breaks between 4 and 8 users and each run takes seconds in real time.
+# streaming client, against the same plan on the in-process simulator. One V100 (decode
+# steps of ~40-60 ms: slow enough that HTTP and event-loop overheads stay small against
+# them), 32 running sequences, short outputs, so each run takes seconds in real time.
 AGREEMENT_SPACE = """\
 name: sim-serve-agreement
 deployment: {model: qwen2.5-7b, gpu: V100-32GB-SXM2, gpus: 1, dtype: float16}
@@ -319,20 +318,22 @@ parameters:
 layouts: [tp1x1]
 """
 SPEED = 1.0  # sim-serve in real time: faster speeds let per-step overheads show (TPOT +15-25% at 2x here)
+PLAN_FIGURES = ("max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s", "conversations_per_min")
 
 
-def agreement_workload() -> Workload:
-    # 64 requests, a 2 s target: the crossing lands near 11-13 users, where one user of
-    # jitter between real and virtual time is under the 10 % the plans must agree within
-    # (with 32 requests and a 1 s target it sat at 5-6 users: one user was 20 %).
+def agreement_workload(n: int = 32) -> Workload:
+    # A 2 s target: P95 TTFT here is the first wave's prefill queue (~0.16 s a user, for 32
+    # requests as for 64), so the crossing lands at 11 users, where one user of jitter
+    # between real and virtual time is under the 10 % the plans must agree within (with a
+    # 1 s target it sat at 5-6 users: one user was 20 %). Levels 8 and 16 bracket it.
     rng = np.random.default_rng(0)
-    n = 64
     return Workload(arrival_s=np.zeros(n), prompt_tokens=rng.integers(200, 400, n),
                     output_tokens=rng.integers(20, 40, n), source="agreement")
 
 
-#: Steps ending this late at P95 (a tenth of a ~40 ms decode step) mean a starved CPU, not a wrong plan.
-LATE_S = 0.004
+#: Steps ending this late at P95 (a fifth of a ~40 ms decode step) mean a starved CPU, not a wrong
+#: plan (an idle 2-core machine sees ~2-5 ms, where the plans agree within 2 %).
+LATE_S = 0.008
 
 
 class LateWatch:
@@ -372,30 +373,41 @@ class LateWatch:
 @pytest.mark.timeout(240)
 def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
     pytest.importorskip("aiohttp")
-    try:
-        from tuner.backends import get_backend
-        get_backend("vllm", vllm_cmd="true")
-    except Exception as err:  # the vLLM backend has not landed in this checkout
-        pytest.skip(f"vLLM backend unavailable: {err}")
+    from tuner.backends import get_backend
+
     space = parse_space(AGREEMENT_SPACE, path="agreement.yaml")
     space = space.bind(space.deployment, num_heads=28)
     wl = agreement_workload()
-    options = {"vllm_cmd": f"{sys.executable} -m tuner sim-serve --speed {SPEED:g}", "log_dir": str(tmp_path / "logs")}
     storage = f"sqlite:///{tmp_path}/s.db"
-    backend = get_backend("vllm", **options)
-    out = run_search(space, backend=backend, workload=wl, budget=1, storage=storage, study="agree", max_replays=2)
-    assert out.best is not None, "the study on sim-serve found no feasible configuration"
-    levels = [8, 16, 32]
-    watched = LateWatch(backend)
-    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=levels, max_extensions=1,
+    # the configuration to plan: the study's one trial, on the in-process simulator (a
+    # search through sim-serve is tests/faults' and the live tier's)
+    out = run_search(space, backend="sim", workload=wl, budget=1, storage=storage, study="agree", max_replays=2)
+    assert out.best is not None
+    options = {"vllm_cmd": f"{sys.executable} -m tuner sim-serve --speed {SPEED:g}", "log_dir": str(tmp_path / "logs")}
+    watched = LateWatch(get_backend("vllm", **options))
+    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=[8, 16], max_extensions=1,
                          backend=watched)
-    sim = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=levels, max_extensions=1,
+    sim = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=[8, 16], max_extensions=1,
                         backend="sim", store=False)
     assert real.backend == "vllm" and sim.backend == "sim"
-    for key in ("max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s", "conversations_per_min"):
+    assert sim.max_concurrency >= 11  # the crossing where one user is under 10 % of the answer
+    # through real processes the plan completes: the target broke between the levels, the
+    # answer was verified at the target, every request was served, and the study keeps it
+    assert real.bound == "interpolated" and real.ttft_p95_s <= 2.0
+    assert {p.level for p in real.sweep if p.role == "sweep"} == {8.0, 16.0}
+    assert any(p.role == "verify" for p in real.sweep) and all(p.error_rate == 0 for p in real.sweep)
+    assert load_plan("agree", storage=storage, target_ttft_s=2.0) == real
+    # a busy machine only makes the real path slower (a step never ends before its simulated
+    # time): it never holds more than the simulator says, beyond one user of jitter
+    for key in PLAN_FIGURES:
         ours, ref = getattr(real, key), getattr(sim, key)
-        if ours != pytest.approx(ref, rel=0.10) and watched.late_p95_s > LATE_S:
-            pytest.skip(f"{key}: sim-serve {ours:.4g} vs in-process {ref:.4g}, but the server could not keep real "
-                        f"time (steps ended {watched.late_p95_s * 1e3:.1f} ms late at P95): the machine is busy")
+        assert ours <= ref * 1.10, f"{key}: sim-serve {ours:.4g} > in-process {ref:.4g} + 10%"
+    if watched.late_p95_s > LATE_S:
+        pytest.skip(f"two-sided agreement not checked: sim-serve could not keep real time (steps ended "
+                    f"{watched.late_p95_s * 1e3:.1f} ms late at P95, over {LATE_S * 1e3:g} ms), the machine is "
+                    "busy; the stored, feasible plan and the one-sided bound were checked "
+                    "(benchmarks/plan_agreement.py prints the agreement)")
+    # while the server kept real time, the two plans agree within 10 %
+    for key in PLAN_FIGURES:
+        ours, ref = getattr(real, key), getattr(sim, key)
         assert ours == pytest.approx(ref, rel=0.10), f"{key}: sim-serve {ours:.4g} vs in-process {ref:.4g}"
-    assert real.ttft_p95_s <= 2.0
