@@ -51,7 +51,7 @@ class ConfigRejected(TunerError):
     ``kind`` is a short machine-readable cause the search learns from:
     ``oom``, ``no_kv_memory``, ``max_model_len``, ``dtype``, ``quantization``,
     ``tensor_parallel``, ``block_size``, ``batch_tokens``, ``bad_flag``,
-    ``layout``, ``timeout``, ``crash``. ``message`` carries vLLM's own wording.
+    ``layout``, ``attention``, ``timeout``, ``crash``. ``message`` carries vLLM's own wording.
     ``estimated_max_model_len`` is set for ``max_model_len`` refusals.
     """
 

@@ -66,3 +66,39 @@ def test_prompt_longer_than_max_model_len_is_refused_per_request() -> None:
     w = Workload(arrival_s=np.zeros(2), prompt_tokens=np.array([5000, 100]), output_tokens=np.array([10, 10]))
     res = simulate(H200, H200_CFG, w, Poisson(rate=10))
     assert res.error == ["http_400", None]
+
+
+def _with_front_end(cost_s: float):
+    from tuner.sim.calibration import load_calibration
+    from tuner.sim.hardware import get_gpu
+
+    return load_calibration(get_gpu("H200"), vllm_version="0.26.0").replace(frontend_per_token_s=cost_s)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_slow_front_end_delivers_tokens_at_its_own_pace(fast: bool) -> None:
+    # one user, 40 output tokens: the engine decodes a token in ~4.7 ms, the front end
+    # hands one over every 20 ms; the user sees the front end's pace, FIFO after the engine
+    slow = _with_front_end(0.020)
+    res = simulate(H200, H200_CFG, fixed(1, 200, 40), Concurrency(1), profile=slow, fast=fast)
+    assert float(res.tpot_s[0]) == pytest.approx(0.020, rel=1e-6)
+    plain = simulate(H200, H200_CFG, fixed(1, 200, 40), Concurrency(1), fast=fast,
+                     profile=_with_front_end(0.0))
+    # the first token: the prefill step, then 20 ms in the front end
+    assert float(res.ttft_s[0]) == pytest.approx(float(plain.ttft_s[0]) + 0.020, rel=1e-6)
+    assert float(plain.tpot_s[0]) < 0.006
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_front_end_queue_is_shared_by_every_request_of_a_replica(fast: bool) -> None:
+    # 4 users: each engine step emits 4 tokens, 4 x 5 ms = 20 ms of front end a step, so each
+    # user gets a token every 20 ms although the engine steps every ~5 ms; the next request
+    # of a closed-loop user goes out when its user got the last token
+    res = simulate(H200, H200_CFG, fixed(8, 200, 30), Concurrency(4), profile=_with_front_end(0.005), fast=fast)
+    assert all(e is None for e in res.error)
+    assert np.nanmedian(res.tpot_s) == pytest.approx(0.020, rel=0.05)
+    done = res.send_s + res.e2e_s
+    for t in res.send_s[4:]:
+        assert np.isclose(done, t).any()
+    # throughput is the front end's: at most 1 / 5 ms = 200 output tokens/s
+    assert res.summary()["output_tokens_per_s"] <= 200 * 1.001

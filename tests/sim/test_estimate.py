@@ -44,14 +44,27 @@ def test_refusal_prints_vllms_message_and_exits_1(capsys):
     assert memory["error_kind"] == "dtype"
 
 
-def test_seed000_shows_the_arithmetic_with_the_refusal(capsys):
-    code, out, _ = run(capsys, "--gpu", "v100-16gb", "--model", "gemma-2-27b-gptq", "--max-model-len",
-                       "8192", "--gpu-memory-utilization", "0.92", "--enforce-eager",
-                       "--vllm-version", "0.6.3", "-o", "json")
+def test_weights_that_fill_the_budget_show_the_arithmetic_with_the_refusal(capsys):
+    # 16 GB of fp16 Llama-3.1-8B weights on a 16 GB V100: vLLM loads them, profiles, and finds
+    # nothing left for the cache; estimate shows why in bytes.
+    code, out, _ = run(capsys, "--gpu", "v100-16gb", "--model", "llama-3.1-8b", "--dtype", "float16",
+                       "--max-model-len", "8192", "--gpu-memory-utilization", "0.92",
+                       "--enforce-eager", "--vllm-version", "0.6.3", "-o", "json")
     memory = json.loads(out)["memory"]
     assert code == 1 and memory["error_kind"] == "no_kv_memory"
     assert memory["weight_bytes"] > memory["budget_bytes"] * 0.95
     assert memory["kv_bytes"] < 0
+
+
+def test_gemma2_on_volta_is_refused_for_soft_capping_before_memory(capsys):
+    # Volta has no FlashAttention, so vLLM 0.6 picks XFormers, which refuses Gemma-2's logit soft
+    # capping when the model is built: before any memory is profiled.
+    code, out, _ = run(capsys, "--gpu", "v100-16gb", "--model", "gemma-2-27b-gptq", "--max-model-len",
+                       "8192", "--gpu-memory-utilization", "0.92", "--enforce-eager",
+                       "--vllm-version", "0.6.3", "-o", "json")
+    memory = json.loads(out)["memory"]
+    assert code == 1 and memory["error_kind"] == "attention"
+    assert "soft capping" in memory["error"] and memory["num_gpu_blocks"] is None
 
 
 def test_bad_input_exits_2(capsys):

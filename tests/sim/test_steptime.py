@@ -23,6 +23,9 @@ class Model:
     num_heads = 8
     head_dim = 100
     hidden_size = 800
+    is_moe = False
+    num_experts = 0
+    num_experts_per_tok = 0
 
     def kv_bytes_per_token(self, tp: int, kv_bytes: int) -> int:
         return 100_000 // tp
@@ -30,12 +33,33 @@ class Model:
     def active_param_count(self) -> int:
         return 1_000_000_000
 
+    def active_expert_params(self) -> int:
+        return 0
 
-def plan(tp: int = 1, eager: bool = False, max_num_seqs: int = 256) -> SimpleNamespace:
+    def expert_bytes(self, quantization=None) -> int:
+        return 0
+
+
+class MoE(Model):
+    """1e9 active parameters of which 6e8 in experts (2 of 8 a token); 2e9 bytes of weights
+    of which 1.6e9 are the 8 experts' (2e8 each)."""
+
+    is_moe = True
+    num_experts = 8
+    num_experts_per_tok = 2
+
+    def active_expert_params(self) -> int:
+        return 600_000_000
+
+    def expert_bytes(self, quantization=None) -> int:
+        return 1_600_000_000
+
+
+def plan(tp: int = 1, eager: bool = False, max_num_seqs: int = 256, model=None) -> SimpleNamespace:
     gpu = SimpleNamespace(hbm_bandwidth=1e12, fp16_flops=1e14, link_bandwidth=1e11)
-    return SimpleNamespace(gpu=gpu, model=Model(), tensor_parallel_size=tp, enforce_eager=eager,
+    return SimpleNamespace(gpu=gpu, model=model or Model(), tensor_parallel_size=tp, enforce_eager=eager,
                            max_num_seqs=max_num_seqs, weight_bytes=2_000_000_000 // tp,
-                           kv_cache_dtype_bytes=2)
+                           kv_cache_dtype_bytes=2, quantization=None)
 
 
 def test_hand_computed_mixed_batch() -> None:
@@ -74,6 +98,25 @@ def test_tensor_parallel_adds_all_reduce_but_splits_weights() -> None:
     # 20 all-reduces x (10 us + 2 x 1/2 x 800 x 2 B / 5e10 B/s)
     ar = 20 * (1e-5 + 800 * 2 / 5e10)
     assert d2 == pytest.approx((d1 - 0.001) / 2 + 0.001 + ar, rel=1e-6)
+
+
+def test_an_moe_decode_reads_only_the_experts_its_tokens_use() -> None:
+    # one token: 2 of 8 experts -> 0.4e9 dense + 1.6e9 x 2/8 = 0.8e9 B at 5e11 B/s = 1.6 ms (+ 1 ms fixed);
+    # 4 tokens: 1 - (6/8)^4 = 68.36 % of the experts: 0.4e9 + 1.09375e9 B = 2.9875 ms (+ 1 ms)
+    moe = StepTimer(plan(model=MoE()), CAL)
+    assert moe.step(1, 1, True, 0, 0) == pytest.approx(0.0016 + 0.001, rel=1e-9)
+    assert moe.step(4, 4, True, 0, 0) == pytest.approx(0.0029875 + 0.001, rel=1e-9)
+    # a large batch touches every expert: the whole 2e9 B, as the dense model reads
+    dense = StepTimer(plan(), CAL)
+    assert moe.step(64, 64, True, 0, 0) == pytest.approx(dense.step(64, 64, True, 0, 0), rel=1e-6)
+
+
+def test_moe_expert_flops_run_at_their_own_efficiency() -> None:
+    # 1000 prefill tokens: dense 4e8 x 2 x 1000 FLOPs at 5e13, experts 6e8 x 2 x 1000 at half that
+    slow = CAL.replace(moe_flops_efficiency=0.5)
+    t = StepTimer(plan(model=MoE()), slow)
+    assert t.s_token_flops * 1000 == pytest.approx(8e11 / 5e13 + 1.2e12 / 2.5e13, rel=1e-12)
+    assert StepTimer(plan(model=MoE()), CAL).s_token_flops == pytest.approx(2e9 / 5e13, rel=1e-12)
 
 
 def test_decode_run_equals_repeated_steps() -> None:

@@ -131,6 +131,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                                    r"tensor[_ ]parallel|tensor_parallel_size .* exceeds|"
                                    r"greater than the number of available GPUs", re.I)),
     ("batch_tokens", re.compile(r"max_num_batched_tokens \(\d+\) (must be greater|is smaller)")),
+    ("attention", re.compile(r"does not support attention logits soft capping")),
 ]
 #: Faults of the machine, not of the configuration (checked before _PATTERNS): the search
 #: must not learn from them. ``bad_flag``: the flags tuner renders exist in the vLLM version
@@ -149,19 +150,24 @@ _ENVIRONMENT: list[tuple[str, re.Pattern[str], bool, str]] = [
 _EXC_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|AssertionError|torch\.OutOfMemoryError): (.+)$")
 
 
+# vLLM's log prefix: "ERROR 11-30 00:24:29 [core.py:123] " (V1), "ERROR 12-06 14:41:08
+# engine.py:366] " (V0), either behind "(EngineCore_DP0 pid=12) " or "(VllmWorker rank=0 pid=9) ".
+_LOG_PREFIX = re.compile(
+    r"^(?:\([^)]*\)\s*)?(?:ERROR|WARNING|INFO|DEBUG|CRITICAL)\s+\d\d-\d\d\s+[\d:.]+\s+\[?[\w./-]+:\d+\]\s*")
+
+
 def _vllm_line(lines: list[str], rx: re.Pattern[str] | None) -> str:
-    """vLLM's own line: the last exception line matching ``rx`` (prefix stripped)."""
-    for line in reversed(lines):
+    """vLLM's own line: the last exception line matching ``rx`` (log prefix stripped)."""
+    bare = [_LOG_PREFIX.sub("", line.strip()) for line in lines]
+    for line in reversed(bare):
         if rx is not None and not rx.search(line):
             continue
-        m = _EXC_LINE.match(line.strip())
+        m = _EXC_LINE.match(line)
         if m:
             return m.group(1).strip()
-    for line in reversed(lines):
+    for line, raw in zip(reversed(bare), reversed(lines)):
         if rx is None or rx.search(line):
-            # strip "ERROR 11-30 00:24:29 [core.py:123] " style prefixes
-            return re.sub(r"^\(?[\w:-]*\)?\s*(ERROR|WARNING|INFO|CRITICAL)\s+\S+\s+\S+\s+\[[^\]]*\]\s*", "",
-                          line.strip()) or line.strip()
+            return line or raw.strip()
     return ""
 
 

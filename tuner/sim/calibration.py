@@ -30,8 +30,9 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 #: capture size); ``eager``: ``--enforce-eager`` (no compile, no graphs).
 LAUNCH_MODES = ("graph", "piecewise", "compiled", "eager")
 
-_EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency")
-_SECONDS = ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s")
+_EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency", "moe_flops_efficiency")
+_SECONDS = ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s",
+            "frontend_per_token_s")
 #: Upper bound of every per-step or per-request cost, seconds: real ones are micro- to
 #: milliseconds, so seconds mean a unit slip (ms written as s) or a failed fit.
 MAX_COST_S = 10.0
@@ -77,6 +78,13 @@ class Calibration:
     link_efficiency: float                 # fraction of link_bandwidth an all-reduce reaches
     calibrated: bool = False               # True when fitted to real measurements of this class
     request_latency_s: float = 0.0         # send -> engine sees the request (API server, HTTP); run_plan only
+    # The API server streams every token the engine emits (detokenise, frame, send) in one
+    # process beside the engine: a step's tokens cannot reach users faster than this many
+    # seconds each, whatever the GPU does (0: not modelled).
+    frontend_per_token_s: float = 0.0
+    # Routed-expert GEMMs of an MoE layer (grouped, few tokens per expert) reach this share
+    # of what the dense GEMMs reach (flops_efficiency); 1.0: the same.
+    moe_flops_efficiency: float = 1.0
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
 

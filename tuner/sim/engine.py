@@ -107,7 +107,9 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     stopped = False
 
     def finish_one(j: int, t: float, ttft: float) -> bool:
-        """Book a finished request; returns True when the stop hook ends the run."""
+        """Book a finished request (``t``: when its user got the last token, which the
+        front end may deliver after the engine's step ended); True when the stop hook
+        ends the run."""
         nonlocal seq, next_send, t_last_done
         delivered[j] = True
         t_last_done = max(t_last_done, t)
@@ -193,11 +195,12 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             fin = core.commit_run() if core.run_pending else pending[r]
             pending[r] = None
             t_first = core.t_first
+            t_done = core.t_done
             for j in fin.tolist():
                 outstanding[r] -= 1
                 if core.rejected and j in core.rejected:
                     error[j] = "kv_cache_too_small"
-                if finish_one(j, t, t_first[j] - send[j]):
+                if finish_one(j, max(t, float(t_done[j])), t_first[j] - send[j]):
                     stopped = True
                     break
             if stopped:

@@ -58,6 +58,9 @@ EMPIRICAL = {
     "weight_overhead_bytes": 0,
     "activation_fixed_bytes": 0,
     "cudagraph_kv_fraction": 1.0,
+    # MoE layers add routed-token buffers to the profile run's peak: bytes per batched token
+    # per routed expert slot (num_experts_per_tok) per hidden unit; 0 until a fit sets it.
+    "moe_activation_bytes_per_token_per_hidden": 0.0,
 }
 
 
@@ -224,6 +227,16 @@ def uses_v1_engine(gpu: GPU, version: tuple[int, int, int]) -> bool:
     return version >= V1_SINCE and (gpu.cc >= 80 or version >= V1_PRE_AMPERE_SINCE)
 
 
+def activation_tokens(max_num_batched_tokens: int, default_tokens: int, eager: bool) -> int:
+    """Tokens the profile run's peak activation scales with. vLLM 0.26.0 on an H200 logged
+    the same ~1.05 GiB of peak activation for the Qwen2.5-7B shape at max-num-batched-tokens
+    1024, 2048, 4096 and 8192 with torch.compile and CUDA graphs, but 0.10 GiB eager at 512
+    (calibration data h200-vllm-0.26.0, both campaigns): compiled, the peak follows the
+    compiled range, which reaches the default batched tokens whatever the flag; eager, it
+    follows the flag."""
+    return max_num_batched_tokens if eager else max(max_num_batched_tokens, default_tokens)
+
+
 def default_batch_limits(
     gpu: GPU, version: tuple[int, int, int], max_model_len: int
 ) -> tuple[int, int]:
@@ -273,10 +286,26 @@ def resolve_dtype(deployment: Deployment, model: ModelSpec, gpu: GPU, quant: str
     return "float16"
 
 
-def attention_backend(gpu: GPU, version: tuple[int, int, int]) -> str:
+def attention_backend(gpu: GPU, version: tuple[int, int, int], kv_cache_dtype: str = "auto") -> str:
+    """The attention backend vLLM picks. V0 (``attention/selector.py``): FlashAttention-2
+    needs compute capability 8.0 and cannot serve an FP8 KV cache ("Cannot use
+    FlashAttention-2 backend for FP8 KV cache."): XFormers otherwise. V1 (``platforms/
+    cuda.py``): FLASH_ATTN on 8.0+, but FP8 KV only through FlashAttention 3 (Hopper), so
+    Ampere and Ada fall to TRITON_ATTN for it; TRITON_ATTN below 8.0."""
+    fp8 = kv_cache_dtype.startswith("fp8")
     if not uses_v1_engine(gpu, version):
-        return "FLASH_ATTN" if gpu.cc >= 80 else "XFORMERS"
-    return "FLASH_ATTN" if gpu.cc >= 80 else "TRITON_ATTN"
+        return "FLASH_ATTN" if gpu.cc >= 80 and not fp8 else "XFORMERS"
+    if gpu.cc >= 90 or (gpu.cc >= 80 and not fp8):
+        return "FLASH_ATTN"
+    return "TRITON_ATTN"
+
+
+def check_attention(model: ModelSpec, backend: str) -> None:
+    """What the chosen backend cannot run: XFormers has no attention-logit soft capping
+    (Gemma 2), ``vllm/attention/backends/xformers.py``: "XFormers does not support attention
+    logits soft capping." (Gemma 2 on a V100 or T4 with vLLM 0.6.x, or with an FP8 KV cache)."""
+    if backend == "XFORMERS" and model.attn_logit_softcapping:
+        raise ConfigRejected("attention", "XFormers does not support attention logits soft capping.")
 
 
 def check_block_size(block_size: int, backend: str) -> None:
@@ -386,8 +415,12 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
         )
 
     v1 = uses_v1_engine(gpu, version)
-    backend = attention_backend(gpu, version)
+    backend = attention_backend(gpu, version, config.kv_cache_dtype)
+    check_attention(model, backend)
     notes: list[str] = []
+    if backend == "XFORMERS" and gpu.cc >= 80 and config.kv_cache_dtype.startswith("fp8"):
+        notes.append("vLLM's V0 engine serves an FP8 KV cache with XFormers, not FlashAttention-2 "
+                     "(\"Cannot use FlashAttention-2 backend for FP8 KV cache.\"): slower attention")
     if deployment.dtype == "auto" and model.torch_dtype == "bfloat16" and dtype == "float16" \
             and not gpu.bf16:
         notes.append(f"{gpu.name} has no bfloat16 (compute capability "
@@ -443,10 +476,13 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     weights += int(emp["weight_overhead_bytes"])
     budget = math.ceil(gpu.memory_bytes * gmu)
     hidden = model.hidden_size
+    tokens = activation_tokens(max_num_batched_tokens, default_tokens, config.enforce_eager)
     activations = int(
         emp["activation_fixed_bytes"]
-        + max_num_batched_tokens * hidden * emp["activation_bytes_per_token_per_hidden"]
+        + tokens * hidden * emp["activation_bytes_per_token_per_hidden"]
         + max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
+        + (tokens * model.num_experts_per_tok * hidden
+           * emp["moe_activation_bytes_per_token_per_hidden"] if model.is_moe else 0)
     )
     non_torch = int(emp["non_torch_bytes"] + (emp["non_torch_tp_bytes"] if tp > 1 else 0))
     if not v1:

@@ -51,6 +51,7 @@ class ModelSpec:
     quant_bits: int = 16
     quant_group_size: int = 128
     sliding_window: int | None = None
+    attn_logit_softcapping: float | None = None   # Gemma 2: tanh soft cap of attention logits
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -122,6 +123,22 @@ class ModelSpec:
             + self.embedding_params()
             + self.hidden_size  # final norm
         )
+
+    def expert_params(self) -> int:
+        """Parameters of all routed experts (0 for a dense model)."""
+        if not self.is_moe:
+            return 0
+        return self.num_layers * self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+
+    def expert_bytes(self, quantization: str | None = None) -> int:
+        """Weight bytes of all routed experts (quantised like the other linear layers)."""
+        return int(round(self.expert_params() * self.linear_bytes_per_param(quantization)))
+
+    def active_expert_params(self) -> int:
+        """Routed-expert parameters one token runs through (``num_experts_per_tok`` per layer)."""
+        if not self.is_moe:
+            return 0
+        return self.num_layers * self.num_experts_per_tok * 3 * self.hidden_size * self.moe_intermediate_size
 
     def active_param_count(self) -> int:
         """Parameters touched per token: MoE models only run ``num_experts_per_tok`` experts."""
@@ -197,6 +214,10 @@ def _int(cfg: dict[str, Any], key: str, where: str, default: int | None = None) 
     return value
 
 
+def _softcap(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
 def spec_from_config(cfg: dict[str, Any], name: str, where: str = "config.json") -> ModelSpec:
     """Build a :class:`ModelSpec` from a parsed Hugging Face ``config.json``."""
     if not isinstance(cfg, dict):
@@ -256,6 +277,7 @@ def spec_from_config(cfg: dict[str, Any], name: str, where: str = "config.json")
         quant_bits=bits,
         quant_group_size=group,
         sliding_window=text.get("sliding_window") if text.get("use_sliding_window", True) else None,
+        attn_logit_softcapping=_softcap(text.get("attn_logit_softcapping")),
     )
 
 

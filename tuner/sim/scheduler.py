@@ -113,6 +113,8 @@ class EngineCore:
         self.fast = fast
         self.record_itl = record_itl
         self.now = 0.0
+        self.fe_cost = float(getattr(self.calib, "frontend_per_token_s", 0.0))
+        self.fe_free = 0.0              # when the front end has streamed everything emitted so far
         self._last_start = 0.0
         self.last_emitted = _EMPTY      # requests that got a token in the last single step
         self._run: tuple | None = None  # planned decode run (start, k, k_fin, durs, cum, remaining)
@@ -404,15 +406,16 @@ class EngineCore:
         self.out[idx] += k
         self.generation_tokens += n * k
         end = start + float(cum[k - 1])
+        seen = self._deliver_run(start + cum[:k], n)   # when users get each step's tokens
         first = np.isnan(self.t_first[idx])    # a prompt whose last token is computed now
         if first.any():
-            self.t_first[idx[first]] = start + durs[0]
+            self.t_first[idx[first]] = seen[0]
         if self.record_itl:
-            gaps = start + durs[0] - self.t_last[idx]
+            gaps = seen[0] - self.t_last[idx]
             self.itl_chunks.append(gaps[~first])
             if k > 1:
-                self.itl_chunks.append(np.repeat(durs[1:k], n))
-        self.t_last[idx] = end
+                self.itl_chunks.append(np.repeat(np.diff(seen), n))
+        self.t_last[idx] = seen[-1]
         self.now = end
         self.steps += k
         if self.step_log is not None:
@@ -421,8 +424,30 @@ class EngineCore:
         if u > self.usage_max:
             self.usage_max = u
         if k == k_fin:
-            return self._finish(np.flatnonzero(remaining == k), end)
+            return self._finish(np.flatnonzero(remaining == k), float(seen[-1]))
         return _EMPTY
+
+    # -- the front end ----------------------------------------------------------------------
+    def _deliver(self, end: float, tokens: int) -> float:
+        """When the front end has handed over the ``tokens`` a step ending at ``end`` emitted:
+        vLLM's API server streams every token (detokenise, frame, send) in one process beside
+        the engine, first come first served at ``frontend_per_token_s`` each; the engine does
+        not wait for it. Without that constant, at once."""
+        if not self.fe_cost:
+            return end
+        self.fe_free = max(self.fe_free, end) + tokens * self.fe_cost
+        return self.fe_free
+
+    def _deliver_run(self, ends: np.ndarray, n: int) -> np.ndarray:
+        """:meth:`_deliver` for consecutive steps of ``n`` tokens each ending at ``ends``:
+        D_i = max(D_{i-1}, e_i) + c, in closed form D_i = (i+1)c + max(D_-1, max_{j<=i}(e_j - jc))."""
+        if not self.fe_cost:
+            return ends
+        c = n * self.fe_cost
+        i = np.arange(len(ends), dtype=np.float64)
+        out = (i + 1) * c + np.maximum(self.fe_free, np.maximum.accumulate(ends - i * c))
+        self.fe_free = float(out[-1])
+        return out
 
     def _finish(self, cols: np.ndarray, t: float) -> np.ndarray:
         """Retire finished running columns: their blocks go back uncached (private content
@@ -618,6 +643,7 @@ class EngineCore:
         finished = _EMPTY
         if len(cols):
             js = R[self.IDX, cols]
+            seen = self._deliver(end, len(cols))      # when the front end hands these tokens to users
             self.last_emitted = js
             self.out[js] += 1
             R[self.NTOK, cols] += 1
@@ -625,11 +651,11 @@ class EngineCore:
             tf = self.t_first[js]
             first = np.isnan(tf)
             if first.any():
-                self.t_first[js[first]] = end
+                self.t_first[js[first]] = seen
             if self.record_itl:
-                gaps = end - self.t_last[js]
+                gaps = seen - self.t_last[js]
                 self.itl_chunks.append(gaps[~first])
-            self.t_last[js] = end
+            self.t_last[js] = seen
             if self.pending:
                 # cache the shared units of prompts whose prefill just ended
                 pub = cols[R[self.PUB, cols] > 0]
@@ -645,7 +671,7 @@ class EngineCore:
                     self._pool_version += 1
             done = self.out[js] >= self.max_out[js]
             if done.any():
-                finished = self._finish(cols[done], end)
+                finished = self._finish(cols[done], seen)
         u = self.pool.usage()
         if u > self.usage_max:
             self.usage_max = u

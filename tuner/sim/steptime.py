@@ -18,6 +18,14 @@ For a step that schedules ``T`` tokens over ``n`` requests, per tensor-parallel 
   ``latency + 2(tp-1)/tp × T × hidden × 2 bytes / (link_bandwidth × link_efficiency)``,
   ring all-reduce).
 
+Mixture-of-experts layers read only the experts the step's tokens are routed to: with
+``k`` of ``E`` experts per token and routing spread over the experts, ``T`` tokens touch
+``E(1 - (1 - k/E)^T)`` of them per layer, so a one-user decode step reads about ``k/E`` of
+the expert weights and a large batch all of them. Their FLOPs (``k`` experts a token) run
+at ``flops_efficiency x moe_flops_efficiency`` (grouped GEMMs of a few tokens each), the
+rest at ``flops_efficiency``.
+
+
 The constants come from :class:`tuner.sim.calibration.Calibration`.
 """
 from __future__ import annotations
@@ -52,9 +60,15 @@ class StepTimer:
         bw = gpu.hbm_bandwidth * calib.hbm_efficiency
         fl = gpu.fp16_flops * calib.flops_efficiency
         # seconds per unit of work, per rank
-        self.s_weights = plan.weight_bytes / bw
+        expert_bytes = model.expert_bytes(plan.quantization) / tp if model.is_moe else 0.0
+        self.s_weights = (plan.weight_bytes - expert_bytes) / bw   # read by every step
+        self.s_experts = expert_bytes / bw                          # read in the share the step touches
+        self.moe_keep = 1.0 - model.num_experts_per_tok / model.num_experts if model.is_moe else 1.0
         self.s_kv_token = model.kv_bytes_per_token(tp, plan.kv_cache_dtype_bytes) / bw
-        self.s_token_flops = 2.0 * model.active_param_count() / tp / fl
+        expert_active = model.active_expert_params()
+        moe_fl = fl * min(getattr(calib, "moe_flops_efficiency", 1.0), 1.0)
+        self.s_token_flops = (2.0 * (model.active_param_count() - expert_active) / tp / fl
+                              + 2.0 * expert_active / tp / moe_fl)
         heads_rank = max(1, model.num_heads // tp)
         self.s_attn_pair = 4.0 * model.num_layers * heads_rank * model.head_dim / fl
         layers = model.num_layers
@@ -77,6 +91,12 @@ class StepTimer:
             return "graph"
         return "piecewise" if num_tokens <= self.capture else "compiled"
 
+    def experts_read(self, num_tokens: float | np.ndarray) -> float | np.ndarray:
+        """Seconds reading the experts ``num_tokens`` tokens are routed to (0 when dense)."""
+        if not self.s_experts:
+            return 0.0
+        return self.s_experts * (1.0 - self.moe_keep ** np.asarray(num_tokens, dtype=np.float64))
+
     def step(self, num_tokens: int, num_seqs: int, decode_only: bool,
              ctx_tokens: float, attn_pairs: float) -> float:
         """Seconds for a step scheduling ``num_tokens`` over ``num_seqs`` requests.
@@ -84,7 +104,7 @@ class StepTimer:
         ``attn_pairs``: query-key pairs, Σ new × (computed + (new+1)/2)."""
         if num_tokens <= 0:
             return 0.0
-        t_mem = self.s_weights + self.s_kv_token * ctx_tokens
+        t_mem = self.s_weights + float(self.experts_read(num_tokens)) + self.s_kv_token * ctx_tokens
         t_fl = self.s_token_flops * num_tokens + self.s_attn_pair * attn_pairs
         t_launch = self.launch[self.mode(num_tokens, num_seqs, decode_only)]
         return (max(t_mem, t_fl, t_launch) + self.fixed + self.per_seq * num_seqs
@@ -96,7 +116,7 @@ class StepTimer:
         Equal, to float rounding, to calling :meth:`step` k times."""
         t = np.arange(k, dtype=np.float64)
         ctx = ctx0 + n * (t + 1.0)
-        t_mem = self.s_weights + self.s_kv_token * ctx
+        t_mem = self.s_weights + float(self.experts_read(n)) + self.s_kv_token * ctx
         t_fl = self.s_token_flops * n + self.s_attn_pair * ctx
         t_launch = self.launch[self.mode(n, n, True)]
         serial = self.fixed + self.per_seq * n + self.ar_fixed + self.ar_token * n
