@@ -35,8 +35,9 @@ def test_predicted_tokens_per_s_at_the_edge_is_within_10_percent_of_real_vllm(co
         assert c["pred_tokens_per_s"] == pytest.approx(c["tokens_per_s"], rel=0.10), c
 
 
-def test_predicted_edge_load_is_within_20_percent_of_the_measured_one(compared):
-    # the measured edge is the highest passing load of at most four replays (a lower bound,
-    # to within the last step); the predicted one is to the user
+def test_predicted_edge_load_is_within_20_percent_of_what_was_measured(compared):
+    # the real edge lies between the highest passing load and the lowest failing one above it
+    # (at most four replays); the predicted edge must fall within 20 % of that bracket
     for c in compared:
-        assert c["pred_level"] == pytest.approx(c["level"], rel=0.20), c
+        low, high = c["level"], c["failed_level"] or c["level"]
+        assert 0.8 * low <= c["pred_level"] <= 1.2 * high, c

@@ -448,6 +448,8 @@ def install_sigterm_handler() -> None:
 # ----------------------------------------------------------------------------- analysis
 #: The metrics fitted and checked per load point (RunResult.summary() keys).
 METRICS = ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")
+#: Also compared (reported, not fitted): prompt + output tokens/s and mean TTFT.
+REPORTED = METRICS + ("tokens_per_s", "ttft_mean_s")
 
 
 @dataclass(frozen=True)
@@ -474,6 +476,15 @@ class LoadPoint:
         if self.load is None:
             return (self.trial, self.users)
         return (self.trial, json.dumps(self.workload, sort_keys=True), json.dumps(self.load, sort_keys=True))
+
+    @property
+    def what(self) -> tuple[Any, ...]:
+        """The same load on the same configuration and model, whatever the trial's name:
+        a fresh start of a trial under another name replicates it."""
+        import json
+
+        return (json.dumps(self.config.to_dict(), sort_keys=True), self.model,
+                json.dumps(self.workload, sort_keys=True), json.dumps(self.load, sort_keys=True), self.users)
 
     @property
     def label(self) -> str:
@@ -556,15 +567,13 @@ def _point(trial: str, r: dict[str, Any]) -> LoadPoint:
     users = int(r["users"]) if "users" in r else int((load or {}).get("users", 0))
     return LoadPoint(trial=trial, config=ServeConfig.from_dict(r["config"]), users=users,
                      requests=int(r["requests"]), offset=int(r.get("offset", 0)),
-                     measured={k: float(r["summary"][k]) for k in METRICS},
+                     measured={k: float(r["summary"][k]) for k in REPORTED if k in r["summary"]},
                      workload=r.get("workload"), load=load, model=r.get("model"))
 
 
 def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) -> dict[str, float]:
     """The simulator's summary for the same workload rows and load as ``point`` (on the
     point's own model shape when it names one)."""
-    import dataclasses
-
     from tuner.sim.engine import simulate
 
     if point.load is None:
@@ -573,9 +582,13 @@ def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) ->
         from tuner.probes import build, load_from
 
         work, load = _built(point.workload), load_from(point.load)
-    if point.model and point.model != deployment.model:
-        deployment = dataclasses.replace(deployment, model=point.model)
-    return simulate(deployment, point.config, work, load, profile=calib).summary()
+    return simulate(_dep_model(deployment, point.model), point.config, work, load, profile=calib).summary()
+
+
+def _dep_model(deployment: Deployment, model: str | None) -> Deployment:
+    import dataclasses
+
+    return deployment if not model or model == deployment.model else dataclasses.replace(deployment, model=model)
 
 
 _BUILT: dict[str, Any] = {}
@@ -617,9 +630,12 @@ def compare_loads(points: Sequence[LoadPoint], deployment: Deployment, calib: An
     out = []
     for pt in points:
         pred = predict_load(pt, deployment, calib)
-        out.append({"trial": pt.trial, "users": pt.users, "requests": pt.requests,
-                    **{f"{k}_measured": pt.measured[k] for k in METRICS},
-                    **{f"{k}_predicted": float(pred[k]) for k in METRICS}})
+        out.append({"trial": pt.trial, "name": point_name(pt), "model": pt.model or deployment.model,
+                    "users": pt.users, "requests": pt.requests,
+                    "workload": (pt.workload or {}).get("kind", "uniform"), "load": (pt.load or {}).get("kind",
+                                                                                                    "concurrency"),
+                    **{f"{k}_measured": pt.measured[k] for k in REPORTED if k in pt.measured},
+                    **{f"{k}_predicted": float(pred[k]) for k in REPORTED if k in pt.measured}})
     return out
 
 
@@ -649,33 +665,41 @@ def summarize(table: Sequence[dict[str, Any]]) -> dict[str, float]:
 GiB = 1 << 30
 
 
-def fit_memory(points: Sequence[Startup], deployment: Deployment) -> tuple[dict[str, float], dict[str, Any]]:
-    """Least squares of the memory planner's empirical constants to measured starts.
+def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fraction: float | None = None,
+               ) -> tuple[dict[str, float], dict[str, Any]]:
+    """Least squares of the memory planner's empirical constants to measured starts (each
+    on its own model shape: ``Startup.model``, else the deployment's).
 
     vLLM's ``available KV = ceil(total x gmu) - weights - peak activation - non-torch``
-    (``v1/worker/gpu_worker.py``). "Model loading took X GiB" gives the weights (the overhead
-    over the shapes' bytes is kept); the rest, ``budget - weights - available``, is fitted as
-    ``fixed + a x max_num_batched_tokens x hidden + b x max_num_seqs x vocab + g x
-    graph_estimate`` with every coefficient >= 0 and ``g`` in [0, 1] (the share of the
-    planner's CUDA-graph estimate that really comes out of the KV budget)."""
+    (``v1/worker/gpu_worker.py``). "Model loading took X GiB" gives each start's weights
+    (the median overhead over the shapes' bytes is kept for the planner); the rest,
+    ``budget - weights - available``, is fitted as ``fixed + a x tokens x hidden + b x
+    max_num_seqs x vocab + m x tokens x experts_per_token x hidden (MoE) + g x
+    graph_estimate`` (``tokens``: :func:`tuner.sim.memory.activation_tokens`) with every coefficient >= 0 and ``g`` in [0, 1]
+    (the share of the planner's CUDA-graph estimate that really comes out of the KV
+    budget). Where vLLM also logged the peak activation ("Actual usage is ... GiB for peak
+    activation"), that value is a second residual of the start. ``graph_fraction`` fixes
+    ``g`` instead of fitting it (what the starts show directly: an eager and a graph start
+    of one configuration with the same KV cache mean 0)."""
     from scipy.optimize import least_squares
 
     from tuner.sim.hardware import get_gpu
-    from tuner.sim.memory import EMPIRICAL, _cudagraph_sizes, default_batch_limits, parse_version
+    from tuner.sim.memory import EMPIRICAL, _cudagraph_sizes, activation_tokens, default_batch_limits, parse_version
     from tuner.sim.model import load_model
 
-    gpu, model = get_gpu(deployment.gpu), load_model(deployment.model)
+    gpu = get_gpu(deployment.gpu)
     version = parse_version(deployment.vllm_version)
     ok = [s for s in points if s.ok and s.available_kv_gib is not None]
     if not ok:
         raise InputError("no successful start with 'Available KV cache memory' to fit the memory planner to")
-    loads = [s.model_load_gib for s in ok if s.model_load_gib]
-    shapes_weights = model.weight_bytes_per_rank(None, 1)
-    weight_overhead = max(0.0, float(np.median(loads)) * GiB - shapes_weights) if loads else 0.0
-    weights = shapes_weights + weight_overhead
     non_torch = float(EMPIRICAL["non_torch_bytes"])
-    rows, y = [], []
+    overheads, rows, y, act_rows, act_y = [], [], [], [], []
     for s in ok:
+        model = load_model(s.model or deployment.model)
+        shapes = model.weight_bytes_per_rank(None, 1)
+        weights = s.model_load_gib * GiB if s.model_load_gib else shapes
+        if s.model_load_gib:
+            overheads.append(weights - shapes)
         c = s.config
         mml = c.max_model_len or model.max_position_embeddings
         d_seqs, d_tokens = default_batch_limits(gpu, version, mml)
@@ -683,28 +707,43 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment) -> tuple[dict[
         mbt = c.max_num_batched_tokens or (min(d_tokens, seqs * mml) if c.max_num_seqs else d_tokens)
         graphs = 0.0 if c.enforce_eager else (EMPIRICAL["cudagraph_bytes_per_layer_per_size"]
                                               * model.num_layers * _cudagraph_sizes(seqs))
+        tokens = activation_tokens(mbt, d_tokens, c.enforce_eager)
+        moe = tokens * model.num_experts_per_tok * model.hidden_size if model.is_moe else 0.0
+        act = [1.0, tokens * model.hidden_size, seqs * model.vocab_size, moe]
         budget = math.ceil(gpu.memory_bytes * (c.gpu_memory_utilization or 0.92))
-        rows.append([1.0, mbt * model.hidden_size, seqs * model.vocab_size, graphs])
+        rows.append([*act, graphs])
         y.append(budget - weights - non_torch - s.available_kv_gib * GiB)
-    a, target = np.array(rows), np.array(y)
-    scale = np.array([GiB, 1.0, 1.0, 1.0])
+        if s.peak_activation_gib is not None:
+            act_rows.append([*act, 0.0])
+            act_y.append(s.peak_activation_gib * GiB)
+    a = np.array(rows + act_rows)
+    target = np.array(y + act_y)
+    scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0])
 
     def resid(x: np.ndarray) -> np.ndarray:
         return (a @ (x * scale) - target) / GiB
 
-    x0 = np.array([0.5, EMPIRICAL["activation_bytes_per_token_per_hidden"], EMPIRICAL["sampler_bytes_per_logit"], 0.5])
-    sol = least_squares(resid, x0, bounds=([0, 0, 0, 0], [20, 64, 16, 1]))
-    fixed, per_tok, per_logit, g = sol.x
+    x0 = np.array([0.5, EMPIRICAL["activation_bytes_per_token_per_hidden"], EMPIRICAL["sampler_bytes_per_logit"],
+                   1.0, 0.5])
+    lo, hi = [0, 0, 0, 0, 0], [20, 64, 16, 256, 1]
+    if graph_fraction is not None:
+        x0[4] = graph_fraction
+        lo[4], hi[4] = graph_fraction, graph_fraction + 1e-12
+    sol = least_squares(resid, x0, bounds=(lo, hi))
+    fixed, per_tok, per_logit, per_moe, g = sol.x
+    weight_overhead = max(0.0, float(np.median(overheads))) if overheads else 0.0
     memory = {
         "weight_overhead_bytes": round(weight_overhead),
         "activation_fixed_bytes": round(fixed * GiB),
         "activation_bytes_per_token_per_hidden": round(float(per_tok), 4),
         "sampler_bytes_per_logit": round(float(per_logit), 4),
+        "moe_activation_bytes_per_token_per_hidden": round(float(per_moe), 4),
         "cudagraph_kv_fraction": round(float(g), 3),
         "non_torch_bytes": round(non_torch),
     }
-    info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(sol.fun ** 2))),
-            "residual_gib_max": float(np.max(np.abs(sol.fun)))}
+    kv = sol.fun[:len(rows)]
+    info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(kv ** 2))),
+            "residual_gib_max": float(np.max(np.abs(kv))), "peak_activations": len(act_rows)}
     return memory, info
 
 
@@ -724,6 +763,8 @@ STEP_PARAMS = (
     ("launch_eager", 1e-6, 0.0, 2000.0, 300.0),
     ("launch_piecewise", 1e-6, 0.0, 500.0, 60.0),
     ("request_latency_s", 1e-3, 0.0, 50.0, 20.0),
+    ("frontend_per_token_s", 1e-6, 0.0, 500.0, 40.0),
+    ("moe_flops_efficiency", 1.0, 0.05, 1.0, 0.3),
 )
 #: Run-to-run noise of each metric (sd of its log) when no replicate runs say otherwise:
 #: the H200 replicate (``h200-vllm-0.26.0/replicate.jsonl``) gave 0.08-0.10.
@@ -750,7 +791,9 @@ def _params_of(calib: Any) -> np.ndarray:
             "step_overhead_s": calib.step_overhead_s, "per_seq_overhead_s": calib.per_seq_overhead_s,
             "launch_eager": calib.launch_per_layer_s["eager"],
             "launch_piecewise": calib.launch_per_layer_s["piecewise"],
-            "request_latency_s": getattr(calib, "request_latency_s", 0.0)}
+            "request_latency_s": getattr(calib, "request_latency_s", 0.0),
+            "frontend_per_token_s": getattr(calib, "frontend_per_token_s", 0.0),
+            "moe_flops_efficiency": getattr(calib, "moe_flops_efficiency", 1.0)}
     return np.array([min(max(vals[n] / s, lo), hi) for n, s, lo, hi, _ in STEP_PARAMS])
 
 
@@ -761,13 +804,25 @@ def step_params(prior: Any) -> list[Param]:
             for (name, scale, lo, hi, sd), x in zip(STEP_PARAMS, _params_of(prior))]
 
 
-def measurement_noise(first: Iterable[dict[str, Any]], again: Iterable[dict[str, Any]]) -> dict[str, float]:
+def replicate_pairs(rows: Iterable[dict[str, Any]]) -> list[tuple[LoadPoint, LoadPoint]]:
+    """Load points measured twice on separate starts of the same configuration (a trial
+    started again under another name, e.g. ``q7-base`` and ``q7-base-again``)."""
+    by: dict[tuple[Any, ...], list[LoadPoint]] = {}
+    for p in load_points(list(rows)):
+        by.setdefault(p.what, []).append(p)
+    return [(ps[0], q) for ps in by.values() if len({x.trial for x in ps}) > 1 for q in ps[1:]
+            if q.trial != ps[0].trial]
+
+
+def measurement_noise(first: Iterable[dict[str, Any]], again: Iterable[dict[str, Any]] = (),
+                      *, pairs: Sequence[tuple[LoadPoint, LoadPoint]] = ()) -> dict[str, float]:
     """Run-to-run noise per metric (sd of the log of one run) from load points measured
-    twice: ``first`` and ``again`` are measurement rows; pairs match by trial and users.
-    The log ratio of two runs has twice one run's variance."""
+    twice: ``first`` and ``again`` are measurement rows (pairs match by trial and load),
+    ``pairs`` more pairs (:func:`replicate_pairs`). The log ratio of two runs has twice
+    one run's variance."""
     seen = {p.key: p for p in load_points(list(first))}
     out = dict(DEFAULT_NOISE)
-    pairs = [(seen[p.key], p) for p in load_points(list(again)) if p.key in seen]
+    pairs = [(seen[p.key], p) for p in load_points(list(again)) if p.key in seen] + list(pairs)
     if len(pairs) >= 3:
         for k in METRICS:
             d = np.array([math.log(b.measured[k] / a.measured[k]) for a, b in pairs])
@@ -826,10 +881,13 @@ class FitResult:
 
 
 def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[dict[str, Any]]:
+    """Per start: measured and predicted KV cache tokens (or the refusal), each on its model."""
     out = []
     for s in points:
-        pred = predict_startup(s.config, deployment)
-        row: dict[str, Any] = {"trial": s.trial, "measured_ok": s.ok, "predicted_ok": pred["ok"]}
+        dep = _dep_model(deployment, s.model)
+        pred = predict_startup(s.config, dep)
+        row: dict[str, Any] = {"trial": s.trial, "model": s.model or deployment.model, "measured_ok": s.ok,
+                               "predicted_ok": pred["ok"]}
         if s.ok and pred["ok"]:
             row.update(measured=s.kv_cache_tokens, predicted=pred["kv_cache_tokens"],
                        error_pct=100.0 * (pred["kv_cache_tokens"] - s.kv_cache_tokens) / s.kv_cache_tokens)
@@ -845,50 +903,98 @@ def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[
     return out
 
 
+def point_name(p: LoadPoint) -> str:
+    """``trial: probe label``, how a profile names one load point in ``fit_points``."""
+    return f"{p.trial}: {p.label}"
+
+
 def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: Sequence[str] | None = None,
-        noise: dict[str, float] | None = None, starts: int = 1, max_nfev: int | None = None,
+        fit_points: Sequence[str] | None = None, noise: dict[str, float] | None = None, starts: int = 1,
+        max_nfev: int | None = None, graph_fraction: float | None = None, exclude: Sequence[str] = (),
         log: Callable[[str], None] | None = None) -> FitResult:
     """Fit memory and step-time constants on ``fit_trials`` (default: the first half of the
     trials with loads, in design order: the anchor, eager, a small batch cap, KV-limited)
-    and check on the rest. The memory fit runs first; the step-time fit sees its weights.
-    The step-time fit runs to convergence (``max_nfev`` caps it) from ``starts`` starts;
-    ``noise`` is each metric's run-to-run noise (:func:`measurement_noise`)."""
+    and check on the rest. ``fit_points`` instead names what the fit sees, point by point
+    (:func:`point_name`, ``"q7-base: mix x5 @ 1 users"``) or whole trials; the memory fit
+    sees the starts of the trials named. The memory fit runs first; the step-time fit sees
+    its weights. The step-time fit runs to convergence (``max_nfev`` caps it) from
+    ``starts`` starts; ``noise`` is each metric's run-to-run noise (:func:`measurement_noise`).
+    Points named in ``exclude`` are neither fitted nor checked (a replay a known artefact
+    spoiled; the profile says why)."""
     import tempfile
 
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu
 
-    loads, started = load_points(rows), startups(rows)
+    dropped = set(exclude)
+    loads, started = [p for p in load_points(rows) if point_name(p) not in dropped], startups(rows)
     with_loads = list(dict.fromkeys(p.trial for p in loads))
-    if fit_trials is None:
-        fit_trials = with_loads[: max(1, len(with_loads) // 2)]
+    if fit_points is not None:
+        chosen = set(fit_points)
+        in_fit = lambda p: p.trial in chosen or point_name(p) in chosen  # noqa: E731
+        fit_trials = tuple(dict.fromkeys([p.trial for p in loads if in_fit(p)]
+                                         + [t for t in chosen if ":" not in t]))
+    else:
+        if fit_trials is None:
+            fit_trials = with_loads[: max(1, len(with_loads) // 2)]
+        in_fit = lambda p: p.trial in set(fit_trials)  # noqa: E731
     fit_set = set(fit_trials)
-    check = tuple(t for t in dict.fromkeys([s.trial for s in started] + with_loads) if t not in fit_set)
-    memory, mem_info = fit_memory([s for s in started if s.trial in fit_set], deployment)
+    check = tuple(t for t in dict.fromkeys([s.trial for s in started] + with_loads)
+                  if t not in fit_set or any(p.trial == t and not in_fit(p) for p in loads))
+    memory, mem_info = fit_memory([s for s in started if s.trial in fit_set], deployment,
+                                  graph_fraction=graph_fraction)
     base = load_calibration(get_gpu(deployment.gpu))
     with tempfile.TemporaryDirectory() as tmp:
         # the memory constants reach plan_memory through Deployment.calibration
         prof = Path(tmp) / "profile.yaml"
         _write_yaml(prof, base, memory, match={}, extra={})
         dep = _dep_with(deployment, str(prof))
-        calib, step_info = fit_step_time([p for p in loads if p.trial in fit_set], dep, base, noise=noise,
+        calib, step_info = fit_step_time([p for p in loads if in_fit(p)], dep, base, noise=noise,
                                          starts=starts, max_nfev=max_nfev, log=log)
         table = []
-        for row in compare_loads(loads, dep, calib):
-            row["set"] = "fit" if row["trial"] in fit_set else "check"
+        for pt, row in zip(loads, compare_loads(loads, dep, calib)):
+            row["set"] = "fit" if in_fit(pt) else "check"
             table.append(row)
         kv_table = compare_startups(started, dep)
     for row in kv_table:
         row["set"] = "fit" if row["trial"] in fit_set else "check"
     errors = {name: summarize([r for r in table if r["set"] == name]) for name in ("fit", "check")
               if any(r["set"] == name for r in table)}
-    kv_err = [abs(r["error_pct"]) for r in kv_table if not math.isnan(r.get("error_pct", math.nan))]
+    kv_err = [abs(r["error_pct"]) for r in kv_table
+              if r["measured_ok"] and not math.isnan(r.get("error_pct", math.nan))]
+    refusal_err = [abs(r["error_pct"]) for r in kv_table
+                   if not r["measured_ok"] and not math.isnan(r.get("error_pct", math.nan))]
     errors["kv"] = {"max_abs_error_pct": max(kv_err) if kv_err else math.nan,
-                    "starts": float(len(kv_table)),
-                    "refusals_matched": float(sum(1 for r in kv_table if not r["measured_ok"] and not r["predicted_ok"]))}
+                    "starts": float(len(kv_err)),
+                    "refusals_matched": float(sum(1 for r in kv_table if not r["measured_ok"] and not r["predicted_ok"])),
+                    "refusal_max_model_len_error_pct": max(refusal_err) if refusal_err else math.nan}
     return FitResult(calibration=calib.replace(calibrated=True), memory=memory, fit_trials=tuple(fit_trials),
                      check_trials=check, table=table, kv_table=kv_table, errors=errors,
-                     info={"memory": mem_info, "step_time": step_info})
+                     info={"memory": mem_info, "step_time": step_info,
+                           **({"fit_points": list(fit_points)} if fit_points is not None else {}),
+                           **({"excluded": list(exclude)} if exclude else {})})
+
+
+def read_names(path: str | Path) -> list[str]:
+    """Point or trial names, one a line (``#`` starts a comment; the text after `` # `` on a
+    line is a reason, kept out of the name): ``fit_points.txt``, ``excluded_points.txt``."""
+    out = []
+    for raw in Path(path).read_text(encoding="utf-8").splitlines():
+        line = raw.split(" # ", 1)[0].strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def campaign_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """Every measurement of a profile folder: ``measurements.jsonl`` and ``campaign*.jsonl``
+    (later campaigns on the same GPU and vLLM version; ``replicate.jsonl`` stays apart, it
+    repeats trials under the same names)."""
+    p = Path(folder)
+    rows = read_measurements(p / MEASUREMENTS)
+    for extra in sorted(p.glob("campaign*.jsonl")):
+        rows += read_measurements(extra)
+    return rows
 
 
 def _dep_with(deployment: Deployment, calibration: str | None) -> Deployment:
@@ -917,7 +1023,8 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict
 
     doc: dict[str, Any] = {"gpu_class": calib.gpu_class, "calibrated": True}
     for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
-                 "request_latency_s", "allreduce_latency_s", "link_efficiency"):
+                 "request_latency_s", "frontend_per_token_s", "moe_flops_efficiency", "allreduce_latency_s",
+                 "link_efficiency"):
         doc[name] = {"value": _round(getattr(calib, name)), **interval(name),
                      "source": src.get(name, calib.sources.get(name, ""))}
     launch: dict[str, Any] = {"value": {k: _round(v) for k, v in calib.launch_per_layer_s.items()}}
@@ -948,8 +1055,9 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
     step = result.info.get("step_time") or {}
     fitted = ("fit: MAP least squares (class table as prior) on trials " + ", ".join(result.fit_trials)
               + " (tuner calibrate)")
-    sources = {k: fitted for k in ("hbm_efficiency", "flops_efficiency", "step_overhead_s",
-                                   "per_seq_overhead_s", "request_latency_s", "launch_per_layer_s")}
+    sources = {k: fitted for k in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
+                                   "request_latency_s", "frontend_per_token_s", "moe_flops_efficiency",
+                                   "launch_per_layer_s")}
     clean = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4) if isinstance(v, float) else v)  # noqa: E731
                        for k, v in d.items()}
     how = {}
@@ -959,9 +1067,11 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
                "reduced_chi2": round(float(step.get("reduced_chi2", math.nan)), 3),
                "starts": int(step.get("starts", 1)),
                "start_spread_sd": round(float(step.get("start_spread_sd", 0.0)), 3),
+               "start_costs": [round(float(c), 3) for c in step.get("start_costs", [])],
                "correlated": [f"{a} ~ {b}: {rho:+.2f}" for a, b, rho in step.get("correlated", [])],
                "evaluations": int(step.get("evaluations", 0))}
-    extra = {"fit": {"fit_trials": list(result.fit_trials), "check_trials": list(result.check_trials), **how,
+    chosen = {k: result.info[k] for k in ("fit_points", "excluded") if k in result.info}
+    extra = {"fit": {"fit_trials": list(result.fit_trials), "check_trials": list(result.check_trials), **chosen, **how,
                      "errors": {k: clean(v) for k, v in result.errors.items()},
                      **({"meta": meta} if meta else {})}}
     _write_yaml(p, result.calibration, result.memory, match={"gpu": gpu, "vllm_version": vllm_version},

@@ -59,8 +59,10 @@ def compare(rows: list[dict]) -> list[dict]:
         a = r["user_attrs"]
         pred = predictor.predict(ServeConfig.from_dict(a["config"]))
         first = a["loads"][0]
+        fails = [p["level"] for p in a["loads"] if not p["passed"] and p.get("level") is not None]
         out.append({"trial": r["number"], "config": a["config"], "pred_level": pred.level,
                     "pred_tokens_per_s": pred.tokens_per_s, "level": edge(a), "tokens_per_s": r["value"],
+                    "failed_level": min((f for f in fails if f > edge(a)), default=None),
                     "first_level": first["level"], "first_passed": first["passed"], "gpu_s": a["gpu_s"],
                     "startup_s": a["run"]["startup_s"]})
     return out

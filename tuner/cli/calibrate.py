@@ -46,6 +46,15 @@ def calibrate(
     fit_only: bool = typer.Option(False, "--fit-only", help="Measure nothing; fit what --out already holds."),
     fit_trials: str | None = typer.Option(None, "--fit-trials", help="Trials the fit sees (default: the first "
                                           "half of those with loads); the others are held back and checked."),
+    fit_points: Path | None = typer.Option(None, "--fit-points", help="File of the load points (or whole trials) the "
+                                           "fit sees, one a line ('trial: probe label'); the rest are held back "
+                                           "and checked. Default: the folder's fit_points.txt, else --fit-trials."),
+    exclude_points: Path | None = typer.Option(None, "--exclude-points", help="File of load points neither fitted nor "
+                                               "checked (reason after ' # '). Default: the folder's "
+                                               "excluded_points.txt."),
+    graph_kv_fraction: float | None = typer.Option(None, "--graph-kv-fraction", help="Share of vLLM's CUDA-graph "
+                                                   "estimate taken from the KV budget, fixed instead of fitted "
+                                                   "(0 for vLLM 0.26.0: eager and graph starts get the same KV)."),
     starts: int = typer.Option(3, "--starts", help="Starts of the step-time fit: the class table, then draws "
                                "from its priors; the profile says whether they found the same optimum."),
     max_evals: int | None = typer.Option(None, "--max-evals", help="Cap on simulator evaluations per start "
@@ -54,7 +63,17 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.calibrate import design_trials, fit, measure, measurement_noise, read_measurements, write_profile
+    from tuner.calibrate import (
+        campaign_rows,
+        design_trials,
+        fit,
+        measure,
+        measurement_noise,
+        read_measurements,
+        read_names,
+        replicate_pairs,
+        write_profile,
+    )
     from tuner.sim.calibration import profile_section
     from tuner.config import DEFAULT_VLLM_VERSION, Deployment
     from tuner.sim.hardware import get_gpu
@@ -93,7 +112,7 @@ def calibrate(
         measure(runner, dep, design, folder, budget_s=budget_s, log=console.print,
                 meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
                       "extra_args": extra_args, "model": model})
-    rows = read_measurements(folder)
+    rows = campaign_rows(folder)
     done = {r["trial"] for r in rows if r.get("kind") == "trial_end"}
     left = [t.name for t in design if t.name not in done]
     if left:
@@ -102,8 +121,13 @@ def calibrate(
     if starts < 1:
         raise InputError(f"--starts must be >= 1, got {starts}")
     # run-to-run noise from a replicate run beside the measurements (same trials started again), if any
-    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"))
-    result = fit(rows, dep, fit_trials=chosen, noise=noise, starts=starts, max_nfev=max_evals, log=console.print)
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows))
+    points_file = fit_points or (folder / "fit_points.txt" if (folder / "fit_points.txt").is_file() else None)
+    excluded_file = exclude_points or (folder / "excluded_points.txt"
+                                       if (folder / "excluded_points.txt").is_file() else None)
+    result = fit(rows, dep, fit_trials=chosen, fit_points=read_names(points_file) if points_file else None,
+                 exclude=read_names(excluded_file) if excluded_file else (), noise=noise, starts=starts,
+                 max_nfev=max_evals, graph_fraction=graph_kv_fraction, log=console.print)
     old_meta = profile_section(folder / "profile.yaml", "fit").get("meta")
     meta = old_meta or next(({k: v for k, v in r.items() if k not in ("kind", "design")}
                              for r in rows if r.get("kind") == "meta"), None)
@@ -116,7 +140,8 @@ def calibrate(
     for name, e in result.errors.items():
         if name == "kv":
             continue
-        table.add_row(f"{name} ({', '.join(result.fit_trials if name == 'fit' else result.check_trials)})",
+        count = sum(1 for r in result.table if r["set"] == name)
+        table.add_row(f"{name} ({count} load points)",
                       f"{e['output_tokens_per_s_mape']:.1f}", f"{e['ttft_p95_s_mape']:.1f}",
                       f"{e['tpot_mean_s_mape']:.1f}", f"{e.get('throughput_spearman_all', float('nan')):.2f}")
     console.print(table)
@@ -131,5 +156,6 @@ def calibrate(
                       "each alone is not")
     kv = result.errors["kv"]
     console.print(f"KV cache size: worst error {kv['max_abs_error_pct']:.2f}% over {int(kv['starts'])} starts; "
-                  f"refusals predicted {int(kv['refusals_matched'])}")
+                  f"refusals predicted {int(kv['refusals_matched'])} (estimated max model length off by "
+                  f"{kv.get('refusal_max_model_len_error_pct', float('nan')):.2f}%)")
     console.print(f"profile: {path}")
