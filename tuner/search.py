@@ -44,6 +44,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
@@ -537,6 +538,31 @@ def _goodput_search(
 
 
 # -- the study ---------------------------------------------------------------------------
+def _workload_file(space: SearchSpace, workload: Workload) -> str | None:
+    """The file the study's requests were read from (absolute), as named in the space,
+    never a path recorded inside it; None for a built-in mix."""
+    trace = space.workload.trace
+    return str(Path(trace).resolve()) if trace else None
+
+
+def workload_facts(workload: Workload) -> dict[str, Any]:
+    """What decides whether a knob can matter for this workload: the longest request
+    (prompt + output tokens) and whether requests share prefixes (repeated prefix hash ids,
+    or conversations of more than one turn)."""
+    longest = int((workload.prompt_tokens + workload.output_tokens).max()) if len(workload) else 0
+    shares = False
+    if workload.hash_ids is not None:
+        seen: set[int] = set()
+        for ids in workload.hash_ids:
+            if ids and ids[0] in seen:
+                shares = True
+                break
+            seen.update(ids[:1])
+    if not shares and workload.turn is not None and len(workload.turn):
+        shares = bool((workload.turn > 0).any())
+    return {"workload_longest_tokens": longest, "workload_shares_prefixes": shares}
+
+
 def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
     """TPE with constraints (default), GP with constraints, random, or grid over the
     space's discretised version."""
@@ -687,7 +713,8 @@ def run_search(
             st.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
     run_facts = _clean({
         "workload_fingerprint": fingerprint, "workload_source": workload.source,
-        "workload_requests": len(workload), "backend": backend_obj.name,
+        "workload_file": _workload_file(space, workload), "workload_requests": len(workload),
+        **workload_facts(workload), "backend": backend_obj.name,
         "hardware": deployment.to_dict(), "seed": seed, "sampler": sampler, "space": space.name,
         "load_kind": space.workload.load,
     })

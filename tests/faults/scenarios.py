@@ -344,9 +344,10 @@ def port_taken(folder: Path) -> Outcome:
 def bad_command(folder: Path) -> Outcome:
     """A --vllm-cmd that does not exist: exit 2 before any study or trial is written."""
     prepare(folder)
-    code, _, err = finish(tuner(folder, *search_args(vllm_cmd="no-such-vllm serve")))
-    ok = code == 2 and one_line(err) and "not an executable" in err and study_db(folder) is None
-    return Outcome("wrong --vllm-cmd", f"exit {code}: '{err.strip()[:70]}'", 0, finished(folder), len(marked()), ok,
+    left: list[int] = []
+    code, _, err = _run(folder, *search_args(vllm_cmd="no-such-vllm serve"), left=left)
+    ok = code == 2 and one_line(err) and "not an executable" in err and study_db(folder) is None and not sum(left)
+    return Outcome("wrong --vllm-cmd", f"exit {code}: '{err.strip()[:70]}'", 0, finished(folder), sum(left), ok,
                    {"stderr": err})
 
 
@@ -354,24 +355,26 @@ def rejected_flag(folder: Path) -> Outcome:
     """A server that rejects a flag tuner passes: two environment faults in a row stop the
     run (exit 2); neither is counted nor taught; a fixed command measures every configuration."""
     prepare(folder)
-    code, _, err = finish(tuner(folder, *search_args(vllm_cmd=SIM + " --no-such-flag")))
+    left: list[int] = []
+    code, _, err = _run(folder, *search_args(vllm_cmd=SIM + " --no-such-flag"), left=left)
     kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
     before = finished(folder)
-    rcode, _, _ = finish(tuner(folder, *search_args()))
+    rcode, _, _ = _run(folder, *search_args(), left=left)
     counts = measured_configs(folder)
     ok = (code == 2 and one_line(err) and "environment faults in a row" in err and kinds == ["environment"] * 2
-          and before == 0 and rcode == 0 and len(counts) == GRID)
+          and before == 0 and rcode == 0 and len(counts) == GRID and not sum(left))
     return Outcome("flag the server rejects", f"exit {code} after 2 environment faults, 0 counted; fixed rerun "
-                   f"measured {len(counts)}/{GRID}", before, finished(folder), len(marked()), ok, {"stderr": err})
+                   f"measured {len(counts)}/{GRID}", before, finished(folder), sum(left), ok, {"stderr": err})
 
 
 def unknown_gpu(folder: Path) -> Outcome:
     """An unknown GPU in the space file: exit 2 naming file:line, nothing written."""
     prepare(folder, SPACE.replace("gpu: H100-SXM", "gpu: RTX-9999"))
-    code, _, err = finish(tuner(folder, *search_args()))
-    ok = code == 2 and one_line(err) and "space.yaml:2:" in err and study_db(folder) is None
+    left: list[int] = []
+    code, _, err = _run(folder, *search_args(), left=left)
+    ok = code == 2 and one_line(err) and "space.yaml:2:" in err and study_db(folder) is None and not sum(left)
     return Outcome("unknown GPU in the space", f"exit {code}: '{err.strip()[:60]}...'", 0, finished(folder),
-                   len(marked()), ok, {"stderr": err})
+                   sum(left), ok, {"stderr": err})
 
 
 def hung_start(folder: Path) -> Outcome:
@@ -379,25 +382,28 @@ def hung_start(folder: Path) -> Outcome:
     (not after the 30 min start timeout), the server is stopped, the trial is not counted."""
     prepare(folder)
     t0 = time.monotonic()
-    code, out, err = finish(tuner(folder, *search_args("--timeout", "4", vllm_cmd=SIM + " --startup-delay-s 600")))
+    left: list[int] = []
+    code, out, err = _run(folder, *search_args("--timeout", "4", vllm_cmd=SIM + " --startup-delay-s 600"),
+                          left=left)
     wall = time.monotonic() - t0
     kinds = [(t.state.name, t.user_attrs.get("fail_kind")) for t in trials(folder)]
-    ok = wall < 60 and kinds == [("FAIL", "interrupted")] and finished(folder) == 0 and len(marked()) == 0 \
+    ok = wall < 60 and kinds == [("FAIL", "interrupted")] and finished(folder) == 0 and not sum(left) \
         and "--timeout" in err
     return Outcome("hung start, --timeout 4", f"stopped after {wall:.0f} s, exit {code}; trial interrupted, not "
-                   "counted", 0, finished(folder), len(marked()), ok, {"stderr": err, "wall_s": wall})
+                   "counted", 0, finished(folder), sum(left), ok, {"stderr": err, "wall_s": wall})
 
 
 def startup_timeout(folder: Path) -> Outcome:
     """--startup-timeout 2 on a server that needs 600 s: the start is refused as a timeout
     (recorded with the reason), its server stopped, the study goes on."""
     prepare(folder)
-    code, out, err = finish(tuner(folder, *search_args("--startup-timeout", "2s", budget=2,
-                                                       vllm_cmd=SIM + " --startup-delay-s 600")))
+    left: list[int] = []
+    code, out, err = _run(folder, *search_args("--startup-timeout", "2s", budget=2,
+                                               vllm_cmd=SIM + " --startup-delay-s 600"), left=left)
     reasons = [str(t.user_attrs.get("infeasible_reason", "")) for t in trials(folder)]
-    ok = code == 3 and all("--startup-timeout" in r for r in reasons) and len(reasons) == 2 and not marked()
+    ok = code == 3 and all("--startup-timeout" in r for r in reasons) and len(reasons) == 2 and not sum(left)
     return Outcome("--startup-timeout 2s", f"exit {code}: both trials 'timeout' with the flag named", 0,
-                   finished(folder), len(marked()), ok, {"reasons": reasons})
+                   finished(folder), sum(left), ok, {"reasons": reasons})
 
 
 @contextlib.contextmanager
@@ -425,7 +431,8 @@ def disk_full(folder: Path) -> Outcome | None:
     with small_disk(folder / "studies", "1500k") as mnt:
         if mnt is None:
             return None
-        code, _, err = finish(tuner(folder, "search", "--budget", "40"))
+        left: list[int] = []
+        code, _, err = _run(folder, "search", "--budget", "40", left=left)
         db = study_db(folder)
         integrity = sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] if db else "no file"
         before = finished(folder)
@@ -434,15 +441,15 @@ def disk_full(folder: Path) -> Outcome | None:
         with open(mnt / "fill", "wb") as fh:  # fill what is left
             with contextlib.suppress(OSError):
                 fh.write(b"\0" * 4_000_000)
-        rcode, _, rerr = finish(tuner(folder, "report"))
+        rcode, _, rerr = _run(folder, "report", left=left)
         # a report, plan or figure must never be left empty (SQLite's own -wal/-shm and lock files may be)
         empty = [str(p) for p in mnt.rglob("*") if p.is_file() and p.stat().st_size == 0
                  and p.suffix in (".png", ".html", ".md", ".json")]
         partial = [str(p) for p in mnt.rglob(".*.tmp-*")]
         ok = (code == 2 and one_line(err) and "free space" in err and integrity == "ok" and before >= 1
-              and rcode == 2 and one_line(rerr) and not empty and not partial)
+              and rcode == 2 and one_line(rerr) and not empty and not partial and not sum(left))
         return Outcome("disk full mid-study", f"exit {code}: '{err.strip()[:50]}...'; integrity {integrity}; "
-                       f"report exit {rcode}, no empty files", before, before, len(marked()), ok,
+                       f"report exit {rcode}, no empty files", before, before, sum(left), ok,
                        {"stderr": err, "report_stderr": rerr, "empty": empty})
 
 
