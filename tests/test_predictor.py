@@ -20,7 +20,7 @@ from tuner.predictor import (
     correction,
     sim_predictor,
 )
-from tuner.search import evaluate_config, run_search
+from tuner.search import MAX_REPLAYS, evaluate_config, run_search
 from tuner.traffic.synth import default_workload
 
 
@@ -107,7 +107,7 @@ def test_goodput_search_from_a_predicted_load_steps_up_and_brackets_the_edge():
     assert loads[0]["level"] == 80 and loads[0]["passed"]
     assert loads[1]["level"] == 92  # 80 x 1.15
     chosen = max(p["level"] for p in loads if p["passed"])
-    assert 90 <= chosen <= 97 and len(loads) <= 4
+    assert 90 <= chosen <= 97 and len(loads) <= MAX_REPLAYS
     assert all(p["level"] > chosen for p in loads if not p["passed"])
 
 
@@ -129,7 +129,8 @@ class ByMaxNumSeqs:
 
     def predict(self, config: ServeConfig) -> Prediction:
         self.asked.append(config)
-        users = min(95.0, float(config.max_num_seqs * config.replicas))
+        # FakeBackend's edge: ~95 users per replica (P95 0.01 s x users / replicas)
+        users = min(95.0 * config.replicas, float(config.max_num_seqs * config.replicas))
         return Prediction(True, users, 100.0 * users, 0.9)
 
 
@@ -138,7 +139,7 @@ def test_search_with_a_predictor_prunes_without_launching(tmp_path):
     backend = FakeBackend()
     predictor = ByMaxNumSeqs()
     out = run_search(fake_space(), backend=backend, workload=small_workload(600), budget=14, storage=storage,
-                     sampler="random", seed=1, predictor=predictor)
+                     sampler="random", seed=1, predictor=predictor, confirm=0)
     trials = optuna.load_study(study_name=out.name, storage=storage).trials
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     ran = [t for t in trials if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs
@@ -207,7 +208,7 @@ def test_after_a_predicted_twin_the_predictor_proposes_a_neighbour_of_the_best(t
     backend = FakeBackend()
     space = fake_space(WIDER)
     out = run_search(space, backend=backend, workload=small_workload(600), budget=24, storage=storage,
-                     sampler="tpe", seed=0, predictor=ByMaxNumSeqs())
+                     sampler="tpe", seed=0, predictor=ByMaxNumSeqs(), confirm=0)
     trials = optuna.load_study(study_name=out.name, storage=storage).trials
     twins = [t for t in trials if t.state == TrialState.PRUNED and "twin_of" in t.user_attrs]
     proposed = [t for t in trials if t.user_attrs.get("proposed_by") == "predictor"]

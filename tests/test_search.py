@@ -11,7 +11,7 @@ from tuner.config import Deployment, ServeConfig
 from tuner.errors import BackendError, ConfigRejected
 from tuner.load import Concurrency
 from tuner.result import RunResult
-from tuner.search import evaluate_config, make_sampler, run_search, serve_command, slo_stop_hook
+from tuner.search import MAX_REPLAYS, evaluate_config, make_sampler, run_search, serve_command, slo_stop_hook
 from tuner.space import parse_space
 from tuner.study import best_feasible_trial, closest_miss, trial_config
 from tuner.traffic.workload import Workload
@@ -131,7 +131,7 @@ def test_goodput_finds_the_highest_load_meeting_the_target():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0)
     assert ev.feasible
-    assert len(ev.attrs["loads"]) <= 4
+    assert len(ev.attrs["loads"]) <= MAX_REPLAYS
     passed = [p for p in ev.attrs["loads"] if p["passed"]]
     failed = [p for p in ev.attrs["loads"] if not p["passed"]]
     chosen = max(p["level"] for p in passed)
@@ -170,7 +170,7 @@ def test_slo_lost_even_at_the_lowest_load_is_infeasible_with_evidence():
     assert "even at 1 users" in ev.attrs["infeasible_reason"]
     assert ev.attrs["lowest_load"] == "1 users"
     assert any(p["stopped_early"] for p in ev.attrs["loads"])
-    assert len(ev.attrs["loads"]) <= 4
+    assert len(ev.attrs["loads"]) <= MAX_REPLAYS
 
 
 def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
@@ -184,7 +184,12 @@ def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
     again = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
     assert again.new_trials == 0
     study = optuna.load_study(study_name=first.name, storage=storage)
-    assert len(study.trials) == 8
+    searched = [t for t in study.trials if "confirm_of" not in t.user_attrs]
+    assert len(searched) == 8
+    # the winner's confirmation repeats sit beside the budget, each naming its trial and round
+    repeats = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    assert repeats and all(t.user_attrs["confirm_round"] >= 1 for t in repeats)
+    assert {t.user_attrs["confirm_of"] for t in repeats} <= {t.number for t in searched}
 
 
 def test_trials_store_results_and_infeasible_reasons(tmp_path):
@@ -278,7 +283,7 @@ def test_a_repeated_config_reuses_the_earlier_result(tmp_path):
     space = fake_space(SPACE.replace("{choices: [16, 64, 256]}", "64").replace("{choices: [0.8, 0.9, 0.95]}", "0.9"))
     backend = FakeBackend()
     out = run_search(space, backend=backend, workload=small_workload(), budget=6,
-                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0)
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0, confirm=0)
     trials = out.study.trials
     assert len(trials) == 6 and len(backend.started) == 2  # two layouts, each launched once
     repeats = [t for t in trials if "repeat_of" in t.user_attrs]

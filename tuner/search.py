@@ -87,6 +87,13 @@ STEP_UP = 1.15
 #: A passing predicted load is not refined when the prediction x this stays below the
 #: study's best (the configuration is not expected to come near it).
 EXPECTED_SLACK = 1.1
+#: The edge is located when a passing and a failing load are this share apart (closed
+#: loop: and at least one user); ``--edge-tolerance``.
+EDGE_TOLERANCE = 0.05
+#: Replays a trial may use to find its edge (fewer when it is located sooner).
+MAX_REPLAYS = 5
+#: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
+CONFIRM_ROUNDS = 2
 #: Backends whose trials cost GPU time: ``run_search(predictor="auto")`` predicts for them.
 PREDICTED_BACKENDS = ("vllm",)
 
@@ -242,7 +249,7 @@ def evaluate_config(
     target_ttft_s: float,
     *,
     load_kind: str = "concurrency",
-    max_replays: int = 4,
+    max_replays: int = MAX_REPLAYS,
     precheck: bool = True,
     early_stop: bool = True,
     seed: int = 0,
@@ -250,6 +257,7 @@ def evaluate_config(
     incumbent: float | None = None,
     start_level: float | None = None,
     expected_value: float | None = None,
+    edge_tolerance: float = EDGE_TOLERANCE,
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
     crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
@@ -289,7 +297,8 @@ def evaluate_config(
                 instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
                 early_stop=early_stop, seed=seed, say=say,
                 top=max_users(facts, info, config, workload), incumbent=incumbent,
-                start=start_level, expected=expected_value,
+                start=start_level, expected=expected_value, tolerance=edge_tolerance,
+                ceiling=max(1, len(workload) // 2),
             )
     except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
         return _rejected(attrs, err, launched=True, gpu_s=startup_s)
@@ -330,6 +339,15 @@ def evaluate_config(
         )
         return Evaluation(False, 0.0, attrs["constraint"], attrs, gpu_s)
     best = max(passed, key=lambda p: p.level)
+    above = [p for p in points if not p.passed and p.level > best.level and p.level != math.inf]
+    failing = min(above, key=lambda p: p.level) if above else None
+    cap = max_users(facts, info, config, workload)
+    attrs["edge"] = _clean({
+        "level": best.level, "failing_level": failing.level if failing else None,
+        "located": failing is not None and failing.level - best.level <= edge_width(best.level, load_kind, edge_tolerance),
+        "tolerance": edge_tolerance, "cap": cap if load_kind == "concurrency" else None,
+        "beyond_cap": load_kind == "concurrency" and best.level > cap,
+    })
     s = best.summary
     attrs.update(
         feasible=True,
@@ -438,11 +456,54 @@ def _rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu
     return Evaluation(False, 0.0, 1.0, attrs, gpu_s)
 
 
+def edge_width(level: float, load_kind: str, tolerance: float = EDGE_TOLERANCE) -> float:
+    """How close a passing and a failing load must be for the edge to count as located:
+    ``tolerance`` of the passing load, and at least one user on the closed loop."""
+    width = tolerance * level
+    return max(1.0, width) if load_kind == "concurrency" else width
+
+
+def monotone_crossing(points: Sequence[tuple[float, float]], target: float, lo: float, hi: float) -> float | None:
+    """Where a monotone fit through every measured ``(load, P95 TTFT)`` crosses ``target``
+    between ``lo`` (passes) and ``hi`` (fails): P95 made non-decreasing in load (running
+    maximum, a lower bound for replays stopped early), then a shape-preserving PCHIP
+    through it (scipy), as ``tuner plan`` does. None when the fit cannot place it."""
+    from scipy.interpolate import PchipInterpolator
+    from scipy.optimize import brentq
+
+    pts = sorted((x, y) for x, y in points if math.isfinite(x) and math.isfinite(y))
+    xs: list[float] = []
+    ys: list[float] = []
+    for x, y in pts:
+        y = max(y, ys[-1]) if ys else y
+        if xs and x == xs[-1]:
+            ys[-1] = max(ys[-1], y)
+            continue
+        xs.append(x)
+        ys.append(y)
+    if len(xs) < 2 or not (lo < hi):
+        return None
+    f = PchipInterpolator(xs, ys, extrapolate=False)
+    g = lambda x: float(f(x)) - target  # noqa: E731
+    a, b = max(lo, xs[0]), min(hi, xs[-1])
+    if not (a < b) or not (math.isfinite(g(a)) and math.isfinite(g(b))) or g(a) > 0 or g(b) <= 0:
+        return None
+    return float(brentq(g, a, b, xtol=1e-3))
+
+
 def _goodput_search(
     instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
     early_stop: bool, seed: int, say: Callable[[str], None], top: int, incumbent: float | None = None,
-    start: float | None = None, expected: float | None = None,
+    start: float | None = None, expected: float | None = None, tolerance: float = EDGE_TOLERANCE,
+    ceiling: int | None = None,
 ) -> list[_Point]:
+    """The load points measured to find the most load that meets ``target``: from the
+    top (or a predicted ``start``), down or up, then between the last passing and
+    failing loads at the crossing of a monotone fit of every point, until the two are
+    within :func:`edge_width` or ``max_replays`` are spent. On the closed loop a
+    configuration that still meets the target at ``top`` (max-num-seqs x replicas, what
+    its KV cache holds) is tried above it, up to ``ceiling`` users: queued requests may
+    still meet the target, and that is the edge ``tuner plan`` finds."""
     points: list[_Point] = []
 
     deadline = current_deadline()
@@ -481,15 +542,27 @@ def _goodput_search(
         floor_level = hi_level / 64
         max_replays -= 1
         start = None  # a predicted start is in users; this axis is only known now
+    beyond = float(ceiling) if load_kind == "concurrency" and ceiling and ceiling > hi_level else None
     first_level = min(hi_level, max(start, floor_level)) if start and load_kind == "concurrency" else hi_level
     if load_kind == "concurrency":
         first_level = float(max(1, round(first_level)))
     first = run(first_level, load_kind)
-    if first.passed and first.level >= hi_level:
-        return points
     good: _Point | None = first if first.passed else None
     bad: _Point | None = None if first.passed else first
+
+    def contender(p: _Point, level: float) -> bool:
+        """Could a passing point at ``level`` (closed loop: tokens/s grows at most in
+        proportion to users, Little's law) come within reach of the incumbent?"""
+        return not (incumbent and load_kind == "concurrency"
+                    and p.summary["tokens_per_s"] * level / p.level < incumbent)
+
     for _ in range(max_replays - 1):
+        if good is not None and good.level >= hi_level:
+            # holds at the top: above it only queueing grows; look for the edge there
+            # only for a configuration that competes for the best
+            if beyond is None or bad is not None or not contender(good, good.level):
+                break
+            hi_level, beyond = beyond, None
         if good is None:
             assert bad is not None
             if bad.level <= floor_level:
@@ -499,25 +572,25 @@ def _goodput_search(
             # P95 measured there says the prediction was far off
             level = bad.level * min(max(ratio * 0.9, 0.1), 1 / STEP_UP if start else 0.7)
         elif bad is None:
-            # started below the top at a predicted load, and it held: step up, unless the
-            # prediction says this configuration cannot come near the incumbent
+            # passing below the most it may hold: step up, unless the prediction says this
+            # configuration cannot come near the incumbent
             if incumbent and expected is not None and expected * EXPECTED_SLACK < incumbent:
                 break
-            if incumbent and load_kind == "concurrency" and good.summary["tokens_per_s"] * hi_level / good.level < incumbent:
+            if not contender(good, hi_level):
                 break
             level = min(hi_level, good.level * STEP_UP)
         else:
-            # Closed loop, Little's law: tokens/s = users x tokens per request / mean E2E, and
-            # E2E does not shrink as users grow, so no load below the failing one beats
-            # good's tokens/s x bad.level / good.level. Below the incumbent: stop refining.
-            if (incumbent and load_kind == "concurrency"
-                    and good.summary["tokens_per_s"] * bad.level / good.level < incumbent):
+            if bad.level - good.level <= edge_width(good.level, load_kind, tolerance):
+                break  # located
+            # No load below the failing one beats good's tokens/s x bad.level / good.level:
+            # below the incumbent, stop refining.
+            if not contender(good, bad.level):
                 break
-            # linear interpolation of P95 TTFT between the passing and the failing load
-            if math.isfinite(bad.p95) and bad.p95 > good.p95:
-                level = good.level + (target - good.p95) * (bad.level - good.level) / (bad.p95 - good.p95)
-            else:
-                level = (good.level + bad.level) / 2
+            # a replay stopped early knows only a lower bound of its P95: left out of the fit
+            fitted = monotone_crossing([(p.level, p.p95) for p in points
+                                        if p.level != math.inf and not p.result.stopped_early],
+                                       target, good.level, bad.level)
+            level = fitted if fitted is not None else (good.level + bad.level) / 2
             level = min(max(level, good.level + 0.25 * (bad.level - good.level)),
                         good.level + 0.75 * (bad.level - good.level))
         if load_kind == "concurrency":
@@ -530,8 +603,6 @@ def _goodput_search(
         point = run(level, load_kind)
         if point.passed:
             good = point
-            if point.level >= hi_level:
-                break
         else:
             bad = point
     return points
@@ -624,6 +695,7 @@ class SearchOutcome:
     gpu_s: float  # startup + replay seconds of this session's trials
     notes: list[str] = field(default_factory=list)
     timed_out: bool = False
+    confirmation: Any = None  # tuner.confirmation.Confirmation of the study's winner, when made
 
 
 @guard_storage
@@ -641,11 +713,13 @@ def run_search(
     enqueue: Sequence[ServeConfig] = (),
     precheck: bool = True,
     early_stop: bool = True,
-    max_replays: int = 4,
+    max_replays: int = MAX_REPLAYS,
     observer: SearchObserver | None = None,
     tags: dict[str, Any] | None = None,
     predictor: Predictor | str | None = "auto",
     kill_stale: bool = False,
+    confirm: int = CONFIRM_ROUNDS,
+    edge_tolerance: float = EDGE_TOLERANCE,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -664,7 +738,15 @@ def run_search(
     — do not use the budget and are queued again when the study resumes; two
     environment faults in a row stop the run (:class:`EnvironmentFault`). Servers a
     dead run left behind are reported through ``observer.on_warning`` and stopped only
-    with ``kill_stale``."""
+    with ``kill_stale``.
+
+    Every trial replays the same requests in the same order with the same arrival seed
+    (common random numbers: differences between trials are the configurations', not the
+    sample's). Once the budget is spent, the configurations within the noise band of the
+    best are measured ``confirm`` more times each on new samples, and the study's
+    recommendation is made on those repeats (:mod:`tuner.confirmation`); ``confirm=0``
+    turns that off. ``edge_tolerance``: how close the passing and failing loads of a
+    trial must come (share of the load, closed loop at least one user)."""
 
     import optuna
 
@@ -687,7 +769,7 @@ def run_search(
     fingerprint = workload.fingerprint()
     target = space.workload.target_ttft_s
     name = study or study_name(deployment, fingerprint, space.name, backend_obj.name, target)
-    from tuner.workers import Worker, worker_seed
+    from tuner.workers import StudyLock, Worker, budget_used, worker_seed
 
     the_sampler = make_sampler(sampler, seed=worker_seed(seed, storage), space=space)
     st = open_study(name, storage, sampler=the_sampler)
@@ -715,8 +797,8 @@ def run_search(
         "workload_fingerprint": fingerprint, "workload_source": workload.source,
         "workload_file": _workload_file(space, workload), "workload_requests": len(workload),
         **workload_facts(workload), "backend": backend_obj.name,
-        "hardware": deployment.to_dict(), "seed": seed, "sampler": sampler, "space": space.name,
-        "load_kind": space.workload.load,
+        "hardware": deployment.to_dict(), "seed": seed, "load_seed": seed, "sample": "as logged",
+        "sampler": sampler, "space": space.name, "load_kind": space.workload.load,
     })
     session_gpu_s = 0.0
     if predictor == "auto":
@@ -744,6 +826,7 @@ def run_search(
             return float(earlier.value)
         try:
             best = _best_value(trial.study)
+            noise = study_noise(trial.study, backend_obj.name)
             advice = None
             if predictor is not None:
                 obs.on_phase("predicting on the simulator")
@@ -755,10 +838,12 @@ def run_search(
             ev = evaluate_config(
                 backend_obj, deployment, config, workload, target,
                 load_kind=space.workload.load, max_replays=max_replays,
-                precheck=precheck, early_stop=early_stop, seed=seed + trial.number, phase=obs.on_phase,
-                incumbent=best if early_stop else None,
+                precheck=precheck, early_stop=early_stop, seed=seed, phase=obs.on_phase,
+                # within the noise band of the best, a configuration is refined as a rival
+                incumbent=best * (1 - noise.band()) if early_stop and best else None,
                 start_level=advice.start_level if advice else None,
                 expected_value=advice.expected_value if advice else None,
+                edge_tolerance=edge_tolerance,
             )
         except optuna.TrialPruned:
             raise
@@ -819,6 +904,21 @@ def run_search(
         try:
             with deadline_scope(Deadline(timeout_s)), _quiet_optuna():
                 worker.optimize(objective, catch=(Exception,), callbacks=[after])
+                used, running = budget_used(st, shared=worker.shared)
+                if confirm > 0 and worker.halt is None and used >= budget and not running:
+                    # one worker confirms; the others leave it to them (their outcome has none yet)
+                    lock = StudyLock(worker.url, st.study_name, "confirm") if worker.shared else None
+                    try:
+                        if lock is None or lock.acquire(blocking=False):
+                            confirm_winner(
+                                st, backend_obj, deployment, workload, target, rounds=confirm, seed=seed,
+                                load_kind=space.workload.load, max_replays=max_replays, precheck=precheck,
+                                edge_tolerance=edge_tolerance, observer=obs, run_facts=run_facts, tags=tags or {})
+                        else:
+                            notes.append(f"{lock.holder()} is confirming the winner")
+                    finally:
+                        if lock is not None:
+                            lock.close()
         except Interrupted as err:
             if err.reason != "timeout":
                 raise
@@ -830,9 +930,130 @@ def run_search(
                                f"a row (no configuration was judged by them): {worker.halt}")
     from tuner.study import best_feasible_trial
 
+    from tuner.study import confirmation
+
     total = count_finished(st)
     return SearchOutcome(st, name, storage, best_feasible_trial(st), total, worker.ran,
-                         time.perf_counter() - t0, session_gpu_s, notes=notes, timed_out=interrupted is not None)
+                         time.perf_counter() - t0, session_gpu_s, notes=notes, timed_out=interrupted is not None,
+                         confirmation=confirmation(st))
+
+
+def _config_key(config: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(config, sort_keys=True)
+
+
+def study_noise(study: optuna.Study, backend: str) -> Any:
+    """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
+    measurement grouped by configuration (copies of an earlier trial left out, so only
+    confirmation repeats make a group of more than one)."""
+    from optuna.trial import TrialState
+
+    from tuner.confirmation import noise_floor
+
+    groups: dict[str, list[float]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        a = t.user_attrs
+        if "repeat_of" in a or "config" not in a or not a.get("feasible"):
+            continue
+        groups.setdefault(_config_key(a["config"]), []).append(float(t.value or 0.0))
+    return noise_floor(groups.values(), backend)
+
+
+def confirm_winner(
+    study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float, *,
+    rounds: int = CONFIRM_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
+    precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: SearchObserver | None = None,
+    run_facts: dict[str, Any] | None = None, tags: dict[str, Any] | None = None,
+) -> Any:
+    """Measure the configurations within the noise band of the study's best ``rounds``
+    more times each (fresh start; round r replays the requests in another order,
+    :meth:`Workload.reordered`, and draws arrivals with seed + r; the same sample for
+    every candidate) and store the decision (:mod:`tuner.confirmation`) as the study's
+    ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` outside the
+    budget, written when measured: an interrupted confirmation keeps its repeats and
+    the next run reuses them. Returns the Confirmation, or None with no feasible trial."""
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.confirmation import Candidate, candidates, race
+    from tuner.study import confirmation, count_finished, is_feasible
+    from tuner.workers import identity
+
+    obs = observer or SearchObserver()
+    fresh = confirmation(study)
+    if fresh is not None and fresh.rounds >= rounds:
+        return fresh
+    trials = study.get_trials(deepcopy=False)
+    tags = tags or {}
+    fingerprint = workload.fingerprint()
+
+    def ours(t: FrozenTrial) -> bool:
+        a = t.user_attrs
+        return (all(a.get(k) == v for k, v in tags.items())
+                and (a.get("run") or {}).get("workload_fingerprint", fingerprint) == fingerprint)
+
+    originals = [t for t in trials if is_feasible(t) and ours(t) and "repeat_of" not in t.user_attrs
+                 and "confirm_of" not in t.user_attrs and "config" in t.user_attrs]
+    if not originals:
+        return None
+    done = {(int(t.user_attrs["confirm_of"]), int(t.user_attrs.get("confirm_round", 0))): t
+            for t in trials if "confirm_of" in t.user_attrs and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
+    noise = study_noise(study, backend.name)
+    field_ = candidates([Candidate(t.number, dict(t.user_attrs["config"]), [float(t.value or 0.0)])
+                         for t in originals], noise)
+    entrants = {c.number for c in field_}
+    history = []
+    groups: dict[str, list[float]] = {}
+    for (number, _r), t in done.items():
+        if number not in entrants and t.state == TrialState.COMPLETE:
+            groups.setdefault(_config_key(t.user_attrs.get("config") or {}), []).append(float(t.value or 0.0))
+    history = list(groups.values())
+    by_number = {t.number: t for t in originals}
+    base = dict(run_facts or {})
+
+    def measure(c: Candidate, r: int) -> float:
+        if (c.number, r) in done:
+            t = done[(c.number, r)]
+            return float(t.value or 0.0) if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible") else 0.0
+        original = by_number[c.number]
+        obs.on_phase(f"confirming trial {c.number}: repeat {r}/{rounds}")
+        edge = (original.user_attrs.get("edge") or {}).get("level")
+        config = ServeConfig.from_dict(c.config)
+        attrs: dict[str, Any] = {"confirm_of": c.number, "confirm_round": r, **identity(deployment.gpu_ids or None),
+                                 **tags}
+        state = TrialState.COMPLETE
+        value: float | None = 0.0
+        constraint = 1.0
+        try:
+            ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
+                                 load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
+                                 phase=obs.on_phase, start_level=edge if load_kind == "concurrency" else None,
+                                 edge_tolerance=edge_tolerance)
+        except (KeyboardInterrupt, EnvironmentFault):
+            raise  # nothing measured: not recorded against the configuration
+        except Exception as err:  # the server crashed on this sample: the configuration's
+            state, value = TrialState.FAIL, None
+            attrs.update(fail_kind="crash", fail_reason=redact(f"{type(err).__name__}: {err}")[:2000],
+                         config=c.config)
+        else:
+            moved = {k: ev.attrs[k] for k in ("vllm_version", "log_paths", "startup_s", "plan") if k in ev.attrs}
+            attrs.update({k: v for k, v in ev.attrs.items() if k not in moved})
+            base.update(moved)
+            value, constraint = ev.value, ev.constraint
+        attrs["run"] = {**base, "load_seed": seed + r, "sample": f"reordered (seed {seed + r})"}
+        study.add_trial(create_trial(
+            state=state, value=value, params=original.params, distributions=original.distributions,
+            user_attrs={k: _clean(v) for k, v in attrs.items()},
+            constraints={CONSTRAINT: float(constraint)} if state == TrialState.COMPLETE else None))
+        return float(value or 0.0) if attrs.get("feasible") else 0.0
+
+    def on_round(r: int, alive: list[Candidate]) -> None:
+        obs.on_phase(f"confirmed round {r}/{rounds}: {len(alive)} in the race")
+
+    conf = race(field_, measure, noise, rounds=rounds, backend=backend.name, history=history, on_round=on_round)
+    study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
+    return conf
 
 
 #: Environment faults in a row after which the search stops (one may be a passing glitch).
@@ -958,7 +1179,7 @@ def _same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | No
 
     wanted = config.to_dict()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.user_attrs.get("config") != wanted or "repeat_of" in t.user_attrs:
+        if t.user_attrs.get("config") != wanted or "repeat_of" in t.user_attrs or "confirm_of" in t.user_attrs:
             continue
         if fingerprint and (t.user_attrs.get("run") or {}).get("workload_fingerprint", fingerprint) != fingerprint:
             continue

@@ -91,7 +91,14 @@ def count_finished(study: optuna.Study) -> int:
     nothing (interrupted, environment faults: :mod:`tuner.recovery`)."""
     from tuner.recovery import not_measured
 
-    return sum(1 for t in study.get_trials(deepcopy=False, states=finished_states()) if not not_measured(t))
+    return sum(1 for t in study.get_trials(deepcopy=False, states=finished_states())
+               if not not_measured(t) and not is_confirmation(t))
+
+
+def is_confirmation(trial: Any) -> bool:
+    """A repeat measurement of an earlier trial's configuration made to confirm the
+    study's winner (:mod:`tuner.confirmation`): not sampled, not counted in the budget."""
+    return "confirm_of" in trial.user_attrs
 
 
 def open_study(name: str, storage: str | None = None, *, sampler: Any = None) -> optuna.Study:
@@ -248,14 +255,38 @@ def is_feasible(trial: FrozenTrial) -> bool:
 
 
 def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The feasible trial with the most throughput (ties: the earlier trial)."""
-    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
+    """The study's recommendation: the winner of its confirmation (:func:`confirmation`)
+    when one was made on the trials it now holds, else the feasible trial with the most
+    throughput (ties: the earlier trial; confirmation repeats left out)."""
+    trials = study.get_trials(deepcopy=False)
+    conf = confirmation(study)
+    if conf is not None:
+        by_number = {t.number: t for t in trials}
+        if conf.winner in by_number and is_feasible(by_number[conf.winner]):
+            return by_number[conf.winner]
+    feasible = [t for t in trials if is_feasible(t) and not is_confirmation(t)]
     return max(feasible, key=lambda t: (t.value, -t.number), default=None)
 
 
+def confirmation(study: optuna.Study) -> Any:
+    """The study's :class:`~tuner.confirmation.Confirmation`, or None when it has none or
+    trials finished after it was made (it no longer covers them)."""
+    from tuner.confirmation import Confirmation
+
+    data = study.user_attrs.get("confirmation")
+    if not data or int(data.get("finished", -1)) != count_finished(study):
+        return None
+    try:
+        return Confirmation.from_dict(data)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
-    """The ``k`` best feasible trials, one per configuration (repeats left out)."""
-    feasible = [t for t in study.get_trials(deepcopy=False) if is_feasible(t) and "repeat_of" not in t.user_attrs]
+    """The ``k`` best feasible trials, one per configuration (repeats and confirmation
+    measurements left out)."""
+    feasible = [t for t in study.get_trials(deepcopy=False)
+                if is_feasible(t) and "repeat_of" not in t.user_attrs and not is_confirmation(t)]
     return sorted(feasible, key=lambda t: (-t.value, t.number))[:k]
 
 

@@ -321,7 +321,7 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
     used = running = 0
     for t in trials:
-        if t.number == exclude:
+        if t.number == exclude or "confirm_of" in t.user_attrs:  # confirmation repeats: outside the budget
             continue
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             used += 1

@@ -21,7 +21,12 @@ def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsy
     db = tmp_path / "studies" / f"{report['study']}.db"
     assert db.is_file()
     study = optuna.load_study(study_name=report["study"], storage=f"sqlite:///{db}")
-    assert len(study.trials) == 2
+    assert len([t for t in study.trials if "confirm_of" not in t.user_attrs]) == 2
+    # the winner is confirmed on repeats: its band holds the mean, the repeats are stored
+    conf = report["confirmation"]
+    assert conf["winner"] == report["best"]["trial"] and conf["measurements"] == 3
+    assert conf["band_tokens_per_s"][0] <= conf["mean_tokens_per_s"] <= conf["band_tokens_per_s"][1]
+    assert conf["reason"].startswith(f"trial {conf['winner']}:")
     # the same job again tops the same study up
     code, out, _ = run_cli(["search", "--budget", "3", "--output", "json"], capsys)
     again = json.loads(out)

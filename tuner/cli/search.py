@@ -167,6 +167,8 @@ def search_cmd(
     predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
     startup_timeout: str | None = typer.Option(None, "--startup-timeout", help="vllm backend: a server not healthy after this long (30m, 900s) is recorded as a start timeout. Default 30m."),
     request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),
+    confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),
+    edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop servers that a dead tuner run left on this host (found by tuner's marker; they are reported either way, never others' processes)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
@@ -235,7 +237,8 @@ def search_cmd(
         outcome = run_search(
             sp, backend=backend_obj, workload=workload, budget=budget, timeout_s=timeout,
             storage=storage, study=name, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
-            predictor="auto" if predict else None, kill_stale=kill_stale,
+            predictor="auto" if predict else None, kill_stale=kill_stale, confirm=confirm,
+            edge_tolerance=edge_tolerance,
         )
     alarm(None)
     from tuner.study import error_totals
@@ -259,7 +262,16 @@ def search_cmd(
             "ttft_p95_s": (best.user_attrs.get("summary") or {}).get("ttft_p95_s"),
             "load": best.user_attrs.get("chosen_load"), "config": config.to_dict(),
             "command": serve_command(dep, config), "errors": best.user_attrs.get("errors") or {},
+            "edge": best.user_attrs.get("edge"),
         }
+        conf = outcome.confirmation
+        if conf is not None and conf.winner == best.number:
+            report["confirmation"] = {
+                "winner": conf.winner, "mean_tokens_per_s": conf.mean, "band_tokens_per_s": list(conf.band),
+                "measurements": len(conf.measurements.get(conf.winner, [])), "leader": conf.leader,
+                "tied_with": conf.ties, "equivalent": conf.equivalent, "noise_sd": conf.noise.rel_sd,
+                "noise_from": conf.noise.source, "rounds": conf.rounds, "reason": conf.reason,
+            }
     else:
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
@@ -278,6 +290,17 @@ def search_cmd(
             f"no configuration met P95 TTFT <= {sp.workload.target_ttft_s:g} s in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),
         )
+
+
+def _edge_note(edge: dict[str, Any] | None) -> str:
+    """' (edge within 5%)', ' (above max-num-seqs x replicas, 256)' or ''."""
+    if not edge:
+        return ""
+    if edge.get("beyond_cap"):
+        return f" (above max-num-seqs x replicas, {edge.get('cap')}: queued requests still meet the target)"
+    if edge.get("failing_level") is None:
+        return " (the most it was offered)"
+    return "" if edge.get("located") else f" (next failing load {edge['failing_level']:g}: edge not located)"
 
 
 def _print_report(report: dict[str, Any]) -> None:
@@ -308,12 +331,21 @@ def _print_report(report: dict[str, Any]) -> None:
         table.add_row("output throughput", f"{best['output_tokens_per_s']:,.0f} tok/s")
     if best.get("ttft_p95_s") is not None:
         table.add_row("P95 TTFT", f"{best['ttft_p95_s']:.3f} s (target {report['target_ttft_s']:g} s)")
-    table.add_row("at load", str(best.get("load")))
+    table.add_row("at load", str(best.get("load")) + _edge_note(best.get("edge")))
+    conf = report.get("confirmation")
+    if conf:
+        lo, hi = conf["band_tokens_per_s"]
+        table.add_row("confirmed", f"{conf['mean_tokens_per_s']:,.0f} tok/s mean of {conf['measurements']} "
+                      f"({lo:,.0f}-{hi:,.0f})")
+        tied = ", ".join(f"#{n}" for n in conf["tied_with"]) or "none"
+        table.add_row("tied with", f"{tied} (noise sd {conf['noise_sd']:.1%})")
     if best.get("errors"):
         table.add_row("failed requests", describe_errors(best["errors"]))
     for key, value in best["config"].items():
         table.add_row(key, "default" if value is None else str(value))
     console.print(table)
+    if conf:
+        console.print(f"recommendation: {conf['reason']}", markup=False, highlight=False)
     console.print("vllm serve command:", style="bold")
     print(best["command"])
 

@@ -232,7 +232,8 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
         if math.isnan(send[j]):
             error[j] = "not_sent"
         elif not delivered[j]:
-            error[j] = "aborted"
+            # in flight when the stop hook ended the run: what the stop did (UNFINISHED)
+            error[j] = "cancelled" if stopped else "aborted"
     ok = np.array([e is None for e in error], dtype=bool)
     ttft[~ok] = np.nan
     e2e[~ok] = np.nan

@@ -108,6 +108,36 @@ class Workload:
             notes=self.notes,
         )
 
+    def reordered(self, seed: int) -> Workload:
+        """Another sample of the same requests: conversations (or single requests) in a
+        random order drawn from ``seed``, each conversation's turns kept in order; the
+        arrival times stay where they were and are handed out in the new order. A closed
+        loop or a trace replay then offers the requests in a different sequence, which is
+        what a repeat measurement on new traffic of the same mix sees."""
+        n = len(self)
+        if n < 2:
+            return self
+        rng = np.random.default_rng(seed)
+        groups: dict[object, list[int]] = {}
+        for i in range(n):
+            key = ("s", self.session[i]) if self.session is not None and self.session[i] is not None else ("r", i)
+            groups.setdefault(key, []).append(i)
+        blocks = list(groups.values())
+        order = np.concatenate([np.asarray(blocks[j], dtype=np.int64) for j in rng.permutation(len(blocks))])
+        pick = lambda col: None if col is None else [col[i] for i in order]  # noqa: E731
+        return Workload(
+            arrival_s=self.arrival_s.copy(),
+            prompt_tokens=self.prompt_tokens[order],
+            output_tokens=self.output_tokens[order],
+            session=pick(self.session),
+            turn=None if self.turn is None else self.turn[order],
+            hash_ids=pick(self.hash_ids),
+            block_tokens=self.block_tokens,
+            source=self.source,
+            estimated_tokens=self.estimated_tokens,
+            notes=self.notes,
+        )
+
     # -- views ---------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.arrival_s)

@@ -1,0 +1,269 @@
+"""Signal, not noise: the noise floor, the race among the best, ties and headroom, common
+random numbers across trials, the edge located by a monotone fit, and the edge above
+max-num-seqs x replicas."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.config import Deployment, ServeConfig
+from tuner.confirmation import EQUIVALENT, Candidate, NoiseFloor, candidates, decide, noise_floor, race
+from tuner.load import Poisson
+from tuner.search import evaluate_config, monotone_crossing, run_search
+from tuner.study import best_feasible_trial, confirmation, count_finished
+from tuner.traffic.workload import Workload
+
+from test_search import SPACE, FakeBackend, FakeInstance, fake_space, small_workload
+
+
+def cfg(gmu: float = 0.9, seqs: int = 64, eager: bool = False) -> dict:
+    return {"gpu_memory_utilization": gmu, "max_num_seqs": seqs, "enforce_eager": eager}
+
+
+# -- the noise floor ------------------------------------------------------------------------
+def test_noise_floor_pools_log_deviations_and_leans_on_the_prior_until_repeats_exist():
+    assert noise_floor([], "vllm") == NoiseFloor(0.02, 0, "prior")
+    assert noise_floor([[500.0]], "sim").rel_sd == 0.01  # a single measurement is no repeat
+    # one repeat of 100 vs 110: deviations +-ln(1.1)/2, ss = ln(1.1)^2 / 2 on 1 dof, shrunk
+    # toward the 2 % prior with 2 dof: sqrt((2 x 0.02^2 + ss) / 3)
+    floor = noise_floor([[100.0, 110.0]], "vllm")
+    assert floor.source == "repeats" and floor.dof == 1
+    assert floor.rel_sd == pytest.approx(math.sqrt((2 * 0.02**2 + math.log(1.1) ** 2 / 2) / 3), rel=1e-9)
+    # a repeat that failed (0) is no deviation around a value
+    assert noise_floor([[100.0, 0.0]], "vllm").source == "prior"
+    # tight repeats pull the floor under the prior
+    assert noise_floor([[1000.0, 1001.0, 999.0]] * 5, "vllm").rel_sd < 0.01
+
+
+def test_band_is_z_sd_root_two_for_single_measurements_and_shrinks_with_repeats():
+    floor = NoiseFloor(0.02)
+    assert floor.band() == pytest.approx(2 * 0.02 * math.sqrt(2))
+    assert floor.band(4, 4) == pytest.approx(floor.band() / 2)
+
+
+# -- candidates and the decision ------------------------------------------------------------
+def test_candidates_are_the_best_and_those_within_its_noise_band():
+    noise = NoiseFloor(0.02)  # band of two single measurements: 5.66 %
+    pool = [Candidate(1, cfg(), [1000.0]), Candidate(2, cfg(), [960.0]), Candidate(3, cfg(), [930.0]),
+            Candidate(4, cfg(), [0.0])]
+    assert [c.number for c in candidates(pool, noise)] == [1, 2]
+    assert [c.number for c in candidates(pool, NoiseFloor(0.04))] == [1, 2, 3]
+    assert [c.number for c in candidates(pool, NoiseFloor(0.04), limit=2)] == [1, 2]
+
+
+def test_an_equivalent_tie_goes_to_the_configuration_with_headroom_and_says_why():
+    noise = NoiseFloor(0.01)
+    lead = Candidate(7, cfg(gmu=0.95, seqs=256), [1000.0, 1004.0, 996.0])
+    spare = Candidate(9, cfg(gmu=0.85, seqs=256), [996.0, 998.0, 994.0])   # 0.4 % under: equivalent
+    conf = decide([lead, spare], noise, rounds=2)
+    assert conf.leader == 7 and conf.winner == 9 and conf.ties == [7] and conf.equivalent == [7]
+    assert conf.band == (994.0, 998.0) and conf.mean == pytest.approx(996.0)
+    assert "preferred for headroom: gpu-memory-utilization 0.85 vs 0.95" in conf.reason
+
+
+def test_a_statistical_tie_beyond_one_percent_is_listed_but_not_recommended():
+    noise = NoiseFloor(0.03)  # band of two means of 3: 4.9 %
+    lead = Candidate(1, cfg(gmu=0.95), [1000.0, 1000.0, 1000.0])
+    close = Candidate(2, cfg(gmu=0.80), [975.0, 975.0, 975.0])  # 2.5 % under: tied, not equivalent
+    far = Candidate(3, cfg(gmu=0.80), [900.0, 900.0, 900.0])    # 10 % under: out
+    conf = decide([lead, close, far], noise)
+    assert conf.winner == 1 and conf.ties == [2] and conf.equivalent == []
+    assert 3 in conf.out and "beyond the noise band" in conf.out[3]
+    assert 0.025 > EQUIVALENT
+
+
+def test_fewer_sequences_then_cuda_graphs_break_a_tie_at_equal_memory():
+    noise = NoiseFloor(0.01)
+    eager = Candidate(1, cfg(eager=True, seqs=64), [1000.0, 1000.0])
+    more = Candidate(2, cfg(eager=False, seqs=128), [999.0, 999.0])
+    graphs = Candidate(3, cfg(eager=False, seqs=64), [998.0, 998.0])
+    assert decide([eager, more], noise).winner == 1        # fewer max-num-seqs first
+    assert decide([eager, more, graphs], noise).winner == 3  # then CUDA graphs over eager
+    assert "CUDA graphs instead of eager" in decide([eager, graphs], noise).reason
+
+
+def test_the_race_drops_a_rival_the_repeats_put_below_the_band_and_keeps_the_true_tie():
+    truth = {1: 1000.0, 2: 1000.0, 3: 940.0}
+    wobble = {1: (1.01, 0.99, 1.0, 1.0), 2: (0.99, 1.01, 1.0, 1.0), 3: (1.03, 0.99, 1.0, 1.0)}
+    entrants = [Candidate(n, cfg(gmu=0.9 if n == 1 else 0.8), [truth[n] * wobble[n][0]]) for n in (1, 2, 3)]
+    calls = []
+
+    def measure(c, r):
+        calls.append((c.number, r))
+        return truth[c.number] * wobble[c.number][r]
+
+    conf = race(entrants, measure, NoiseFloor(0.02), rounds=3)
+    assert 3 in conf.out and "under trial 1's mean after 1 repeat" in conf.out[3]  # (969 + 931) / 2 vs 1000
+    assert {conf.winner, *conf.ties} == {1, 2}
+    assert conf.winner == 2  # equivalent within 1 %, lower gpu-memory-utilization
+    # paired rounds: everyone still in is measured in round r before round r + 1 starts
+    rounds = [r for _, r in calls]
+    assert rounds == sorted(rounds)
+    assert (3, 2) not in calls and (3, 3) not in calls  # out: not measured again
+
+
+def test_a_candidate_that_fails_a_repeat_is_out_and_an_interrupt_decides_nothing():
+    entrants = [Candidate(1, cfg(), [1000.0]), Candidate(2, cfg(gmu=0.8), [998.0])]
+    conf = race(entrants, lambda c, r: 0.0 if c.number == 2 else 1000.0, NoiseFloor(0.02), rounds=2)
+    assert conf.winner == 1 and "failed the target" in conf.out[2]
+
+    def interrupted(c, r):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        race(entrants, interrupted, NoiseFloor(0.02), rounds=2)
+
+
+def test_a_lone_candidate_is_measured_every_round_for_its_band():
+    conf = race([Candidate(5, cfg(), [1000.0])], lambda c, r: 1000.0 + 10 * r, NoiseFloor(0.02), rounds=3)
+    assert conf.winner == 5 and conf.measurements[5] == [1000.0, 1010.0, 1020.0, 1030.0]
+    assert conf.band == (1000.0, 1030.0) and conf.rounds == 3
+
+
+# -- the search: common random numbers, confirmation stored, resumed ---------------------------
+class NoisyBackend(FakeBackend):
+    """The fake server with run-to-run noise: each start draws a throughput factor
+    (sd ``sd``), and every knob but the layout and max-num-seqs is without effect. It
+    records the seeds of the Poisson loads it is offered and the order of the requests."""
+
+    name = "noisy"
+
+    def __init__(self, sd: float = 0.02, seed: int = 0) -> None:
+        super().__init__(ttft_per_user=0.01)
+        self.rng = np.random.default_rng(seed)
+        self.sd = sd
+        self.seeds: list[int] = []
+        self.orders: list[tuple[int, ...]] = []
+
+    def start(self, deployment, config):
+        self.started.append(config)
+        factor = float(np.exp(self.rng.normal(0.0, self.sd)))
+        backend = self
+
+        class Inst(FakeInstance):
+            def run(self, workload, load, *, stop=None):
+                if isinstance(load, Poisson):
+                    backend.seeds.append(load.seed)
+                backend.orders.append(tuple(int(x) for x in workload.prompt_tokens[:5]))
+                result = super().run(workload, load, stop=stop)
+                return dataclasses.replace(result, duration_s=result.duration_s / factor)
+
+        inst = Inst(config, self.ttft_per_user)
+        self.instances.append(inst)
+        return inst
+
+
+def test_every_trial_replays_the_same_sample_and_the_winner_is_confirmed_on_new_ones(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    space = fake_space(SPACE.replace("requests: 60}", "requests: 60, load: rate}"))
+    backend = NoisyBackend(sd=0.02)
+    out = run_search(space, backend=backend, workload=small_workload(), budget=8, storage=storage,
+                     sampler="random", seed=5, confirm=2)
+    study = out.study
+    searched = [t for t in study.trials if "confirm_of" not in t.user_attrs]
+    repeats = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    # common random numbers: every searched trial at seed 5, the repeats at 6 and 7
+    assert {t.user_attrs["run"]["load_seed"] for t in searched if "run" in t.user_attrs} == {5}
+    assert {t.user_attrs["run"]["load_seed"] for t in repeats} <= {6, 7} and repeats
+    assert count_finished(study) == 8  # repeats are outside the budget
+    conf = confirmation(study)
+    assert conf is not None and out.confirmation is not None and conf.winner == out.best.number
+    assert best_feasible_trial(study).number == conf.winner
+    assert len(conf.measurements[conf.winner]) >= 2 and conf.band[0] <= conf.mean <= conf.band[1]
+    # the repeats are stored trials of the candidates' configurations, feasible or not
+    for t in repeats:
+        first = study.trials[t.user_attrs["confirm_of"]]
+        assert t.params == first.params and t.user_attrs["config"] == first.user_attrs["config"]
+    # resuming measures nothing new: the confirmation covers the trials the study holds
+    starts = len(backend.started)
+    again = run_search(space, backend=backend, workload=small_workload(), budget=8, storage=storage,
+                       sampler="random", seed=5, confirm=2)
+    assert len(backend.started) == starts and again.best.number == conf.winner
+
+
+def test_an_interrupted_confirmation_keeps_its_repeats_and_the_next_run_reuses_them(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+
+    class Stops(NoisyBackend):
+        left = 10**9
+
+        def start(self, deployment, config):
+            if len(self.started) >= self.left:
+                raise KeyboardInterrupt
+            return super().start(deployment, config)
+
+    backend = Stops(sd=0.02)
+    first = run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
+                       sampler="random", seed=1, confirm=0)
+    assert first.confirmation is None
+    backend.left = len(backend.started) + 1  # one repeat, then a stop signal
+    with pytest.raises(KeyboardInterrupt):
+        run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
+                   sampler="random", seed=1, confirm=2)
+    study = optuna.load_study(study_name=first.name, storage=storage)
+    kept = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    assert len(kept) == 1 and kept[0].state == TrialState.COMPLETE and confirmation(study) is None
+    backend.left = 10**9
+    done = run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
+                      sampler="random", seed=1, confirm=2)
+    study = optuna.load_study(study_name=first.name, storage=storage)
+    rounds = [(t.user_attrs["confirm_of"], t.user_attrs["confirm_round"]) for t in study.trials
+              if "confirm_of" in t.user_attrs]
+    assert len(rounds) == len(set(rounds))  # the kept repeat was reused, not measured again
+    assert done.confirmation is not None and done.new_trials == 0
+
+
+def test_reordered_keeps_the_requests_turn_order_and_arrival_times():
+    n = 12
+    wl = Workload(arrival_s=np.arange(n) * 0.5, prompt_tokens=np.arange(100, 100 + n),
+                  output_tokens=np.arange(10, 10 + n), session=[f"s{i % 4}" for i in range(n)],
+                  turn=np.array([i // 4 for i in range(n)]), source="t")
+    a, b = wl.reordered(1), wl.reordered(2)
+    assert np.array_equal(a.arrival_s, wl.arrival_s)
+    assert sorted(a.prompt_tokens) == sorted(wl.prompt_tokens)
+    assert a.fingerprint() != wl.fingerprint() and a.fingerprint() != b.fingerprint()
+    for s in {f"s{i}" for i in range(4)}:
+        turns = [t for t, sess in zip(a.turn, a.session) if sess == s]
+        assert turns == sorted(turns) == [0, 1, 2]
+        rows = [i for i, sess in enumerate(a.session) if sess == s]
+        assert rows == list(range(rows[0], rows[0] + 3))  # a conversation stays together
+    assert np.array_equal(wl.reordered(1).prompt_tokens, a.prompt_tokens)  # seeded
+
+
+# -- the edge -------------------------------------------------------------------------------
+def test_monotone_crossing_interpolates_and_ignores_a_noisy_dip():
+    assert monotone_crossing([(10, 1.0), (20, 3.0)], 2.0, 10, 20) == pytest.approx(15.0, abs=0.01)
+    # a P95 that dipped at 15 users (noise) is held at the running maximum
+    x = monotone_crossing([(10, 1.0), (15, 0.9), (20, 3.0)], 2.0, 15, 20)
+    assert x is not None and 15 < x < 20
+    assert monotone_crossing([(10, 1.0), (20, 3.0)], 5.0, 10, 20) is None  # no crossing inside
+    assert monotone_crossing([(10, math.inf), (20, 3.0)], 2.0, 10, 20) is None
+
+
+def test_the_edge_is_located_within_the_tolerance_when_replays_allow():
+    backend = FakeBackend(ttft_per_user=0.01)  # P95 ~ 0.0105 x users: the 1 s edge near 95 users
+    ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9),
+                         small_workload(600), 1.0, max_replays=10, edge_tolerance=0.05)
+    edge = ev.attrs["edge"]
+    assert edge["located"] and edge["failing_level"] - edge["level"] <= max(1, 0.05 * edge["level"])
+    loads = ev.attrs["loads"]
+    assert all(p["p95_ttft_s"] <= 1.0 for p in loads if p["passed"])
+    assert all(p["level"] > edge["level"] for p in loads if not p["passed"])
+
+
+def test_a_configuration_that_holds_at_its_cap_is_tried_above_it():
+    backend = FakeBackend(ttft_per_user=0.01)  # 16 seqs: P95 0.17 s at the cap, 1 s near 95 users
+    ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9),
+                         small_workload(600), 1.0, max_replays=8)
+    edge = ev.attrs["edge"]
+    assert edge["cap"] == 16 and edge["beyond_cap"] and edge["level"] > 16
+    # a configuration already under the incumbent at its cap is not: that costs replays
+    ev = evaluate_config(FakeBackend(ttft_per_user=0.01), Deployment(),
+                         ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9), small_workload(600), 1.0,
+                         max_replays=8, incumbent=10**9)
+    assert len(ev.attrs["loads"]) == 1 and not ev.attrs["edge"]["beyond_cap"]

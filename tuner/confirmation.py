@@ -1,0 +1,264 @@
+"""Confirming a study's winner: is the best trial better, or only luckier?
+
+One measurement of a configuration's goodput carries run-to-run noise: on a real H200
+(vLLM 0.26.0, benchmarks/h200/README.md) fresh restarts of one configuration gave
+tokens/s 1-3 % apart and P95 TTFT up to 10 % apart, and configurations that differ only
+in knobs without effect scored up to 3 % apart. A study that ranks by single
+measurements names a winner inside that noise. So, once a study's budget is spent:
+
+1. **Noise floor** (:func:`noise_floor`): the relative standard deviation of one
+   measurement, pooled over every configuration the study measured more than once (a
+   prior from the H200 campaign until it has repeats).
+2. **Candidates** (:func:`candidates`): the configurations whose measurement lies within
+   the noise band of the best one (two single measurements that differ by less than
+   :data:`Z` x sd x sqrt(2) may be the same), at most :data:`MAX_CANDIDATES`.
+3. **Racing** (:func:`race`): each round measures every candidate still in the race once
+   more, all with the same new sample (paired: common random numbers); a candidate whose
+   mean falls below the leader's by more than the noise band of the means is out.
+4. **Decision** (:func:`decide`): the leader is the best mean; its *ties* are the
+   candidates the repeats cannot tell from it. Among the ties within
+   :data:`EQUIVALENT` of the leader's mean, the one with the most headroom is
+   recommended (lower gpu-memory-utilization, then fewer max-num-seqs, then CUDA graphs
+   over eager), and the decision says so.
+
+Pure: the measurements come from a callable, so the search (fresh server starts) and
+``benchmarks/search_quality.py`` (a noisy stand-in) run the same decision.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: z of the bands: two means differ by noise alone less often than ~1 in 40 (one-sided).
+Z = 2.0
+#: Configurations raced at most (the best and up to three within its band).
+MAX_CANDIDATES = 4
+#: Ties within this share of the leader's mean are equivalent: the headroom rule picks.
+EQUIVALENT = 0.01
+#: Relative sd of one tokens/s measurement before a study has repeats: real vLLM, the
+#: fresh-restart replicates of the H200 campaign (1.3 % at low load, up to 3 % near the
+#: edge; benchmarks/h200/README.md); the simulator only varies with the sample (~1 %).
+PRIOR_SD = {"sim": 0.01}
+DEFAULT_PRIOR_SD = 0.02
+#: Weight of the prior, in degrees of freedom, against the study's own repeats.
+PRIOR_DOF = 2
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseFloor:
+    """Run-to-run noise of one tokens/s measurement, relative (0.02 = 2 %)."""
+
+    rel_sd: float
+    dof: int = 0            # degrees of freedom of the study's own repeats
+    source: str = "prior"   # "prior", or "repeats" once the study has any
+
+    def band(self, n1: int = 1, n2: int = 1) -> float:
+        """The relative gap two means of ``n1`` and ``n2`` measurements can show by noise."""
+        return Z * self.rel_sd * math.sqrt(1 / max(n1, 1) + 1 / max(n2, 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rel_sd": self.rel_sd, "dof": self.dof, "source": self.source}
+
+
+def prior_sd(backend: str) -> float:
+    return PRIOR_SD.get(backend, DEFAULT_PRIOR_SD)
+
+
+def noise_floor(groups: Iterable[Sequence[float]], backend: str = "vllm") -> NoiseFloor:
+    """Pooled relative sd over ``groups`` (the tokens/s measurements of one configuration
+    each; groups of one measurement add nothing), shrunk toward the backend's prior with
+    :data:`PRIOR_DOF` degrees of freedom. Zero measurements (a configuration that failed
+    its target on a repeat) are left out: they are not noise around a value."""
+    ss, dof = 0.0, 0
+    for values in groups:
+        logs = [math.log(v) for v in values if v and v > 0]
+        if len(logs) < 2:
+            continue
+        mean = statistics.fmean(logs)
+        ss += sum((x - mean) ** 2 for x in logs)
+        dof += len(logs) - 1
+    prior = prior_sd(backend)
+    if not dof:
+        return NoiseFloor(prior, 0, "prior")
+    sd = math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof))
+    return NoiseFloor(sd, dof, "repeats")
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A configuration in the race: the trial that first measured it and every value."""
+
+    number: int
+    config: dict[str, Any]
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else 0.0
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return (min(self.values), max(self.values)) if self.values else (0.0, 0.0)
+
+
+def headroom_key(config: dict[str, Any]) -> tuple[float, float, int]:
+    """Sorts the configuration with the most headroom first: lower gpu-memory-utilization
+    (memory left to other work and to fragmentation), fewer max-num-seqs (less preemption
+    risk on longer requests), CUDA graphs rather than eager."""
+    return (float(config.get("gpu_memory_utilization") or 1.0), float(config.get("max_num_seqs") or 1e9),
+            int(bool(config.get("enforce_eager"))))
+
+
+def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES) -> list[Candidate]:
+    """The configurations whose mean lies within the noise band of the best mean (the
+    best first), at most ``limit``."""
+    ranked = sorted((c for c in measured if c.mean > 0), key=lambda c: (-c.mean, c.number))
+    if not ranked:
+        return []
+    best = ranked[0]
+    out = [best]
+    for c in ranked[1:]:
+        if len(out) >= limit:
+            break
+        if best.mean - c.mean <= noise.band(len(best.values), len(c.values)) * best.mean:
+            out.append(c)
+    return out
+
+
+@dataclass(slots=True)
+class Confirmation:
+    """The decision of :func:`decide`, stored on the study (``to_dict``)."""
+
+    winner: int                          # trial number recommended
+    leader: int                          # trial number of the best mean
+    band: tuple[float, float]            # the winner's min-max tokens/s over its measurements
+    mean: float                          # the winner's mean tokens/s
+    measurements: dict[int, list[float]]  # every candidate's values (first: the search's)
+    ties: list[int]                      # candidates the repeats cannot tell from the leader
+    equivalent: list[int]                # ties within EQUIVALENT of the leader's mean
+    out: dict[int, str]                  # candidates ruled out, and why
+    noise: NoiseFloor
+    rounds: int
+    reason: str                          # one line for the person at the keyboard
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "winner": self.winner, "leader": self.leader, "band": list(self.band), "mean": self.mean,
+            "measurements": {str(k): v for k, v in self.measurements.items()},
+            "ties": self.ties, "equivalent": self.equivalent, "out": {str(k): v for k, v in self.out.items()},
+            "noise": self.noise.to_dict(), "rounds": self.rounds, "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Confirmation:
+        noise = data.get("noise") or {}
+        return cls(
+            winner=int(data["winner"]), leader=int(data["leader"]), band=tuple(data["band"]),  # type: ignore[arg-type]
+            mean=float(data["mean"]), measurements={int(k): list(v) for k, v in data["measurements"].items()},
+            ties=[int(x) for x in data["ties"]], equivalent=[int(x) for x in data["equivalent"]],
+            out={int(k): str(v) for k, v in (data.get("out") or {}).items()},
+            noise=NoiseFloor(float(noise.get("rel_sd", DEFAULT_PRIOR_SD)), int(noise.get("dof", 0)),
+                             str(noise.get("source", "prior"))),
+            rounds=int(data.get("rounds", 0)), reason=str(data.get("reason", "")),
+        )
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
+    for key, label in (("gpu_memory_utilization", "gpu-memory-utilization"), ("max_num_seqs", "max-num-seqs")):
+        a, b = chosen.get(key), other.get(key)
+        if a != b:
+            return f"{label} {a} vs {b}"
+    return "CUDA graphs instead of eager"
+
+
+def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
+           out: dict[int, str] | None = None) -> Confirmation:
+    """The recommendation from the candidates' measurements (see the module docstring)."""
+    alive = [c for c in race_ if c.mean > 0]
+    if not alive:
+        raise ValueError("no candidate has a measurement")
+    leader = max(alive, key=lambda c: (c.mean, -c.number))
+    ruled_out = dict(out or {})
+    ties = []
+    for c in alive:
+        if c is leader or c.number in ruled_out:
+            continue
+        gap = (leader.mean - c.mean) / leader.mean
+        if gap <= noise.band(len(leader.values), len(c.values)):
+            ties.append(c)
+        else:
+            ruled_out[c.number] = (f"{gap:.1%} under trial {leader.number}'s mean, beyond the noise band "
+                                   f"({noise.band(len(leader.values), len(c.values)):.1%})")
+    equivalent = [c for c in ties if (leader.mean - c.mean) / leader.mean <= EQUIVALENT]
+    pool = [leader, *equivalent]
+    winner = min(pool, key=lambda c: (headroom_key(c.config), -c.mean, c.number))
+    n = len(winner.values)
+    lo, hi = winner.band
+    if winner is leader:
+        reason = (f"trial {winner.number}: {_fmt(winner.mean)} tok/s, mean of {n} measurement{'s' * (n != 1)} "
+                  f"({_fmt(lo)}-{_fmt(hi)})")
+    else:
+        reason = (f"trial {winner.number}: {_fmt(winner.mean)} tok/s over {n} measurements ({_fmt(lo)}-{_fmt(hi)}), "
+                  f"tied with trial {leader.number} ({(leader.mean - winner.mean) / leader.mean:.1%} under, within "
+                  f"{EQUIVALENT:.0%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
+    tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
+    if tied_numbers:
+        reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
+                   f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%})")
+    return Confirmation(
+        winner=winner.number, leader=leader.number, band=(lo, hi), mean=winner.mean,
+        measurements={c.number: list(c.values) for c in race_},
+        ties=tied_numbers, equivalent=sorted(c.number for c in pool if c is not winner),
+        out=ruled_out, noise=noise, rounds=rounds, reason=reason,
+    )
+
+
+def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
+         rounds: int, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
+         on_round: Callable[[int, list[Candidate]], None] | None = None) -> Confirmation:
+    """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
+    candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
+    target or did not start); after each, the noise floor is re-estimated from
+    ``history`` (other repeated configurations of the study) and the race's own values,
+    and candidates beyond the band of the leader's mean are out. Stops early when one is
+    left. An exception from ``measure`` (an interrupt, an environment fault) propagates:
+    nothing is decided on a partial round."""
+    field_ = [Candidate(c.number, dict(c.config), list(c.values)) for c in entrants]
+    history = [list(h) for h in history]
+    out: dict[int, str] = {}
+    done = 0
+    for r in range(1, rounds + 1):
+        alive = [c for c in field_ if c.number not in out]
+        if not alive or (len(alive) == 1 and len(field_) > 1):
+            break  # decided: the others are out (a lone entrant is measured every round, for its band)
+        for c in alive:
+            c.values.append(float(measure(c, r)))
+        done = r
+        noise = noise_floor([*history, *(c.values for c in field_)], backend)
+        for c in alive:
+            if c.values[-1] <= 0:
+                out[c.number] = f"failed the target or did not start on repeat {r}"
+        alive = [c for c in alive if c.number not in out]
+        if alive:
+            leader = max(alive, key=lambda c: (c.mean, -c.number))
+            for c in alive:
+                if c is not leader and (leader.mean - c.mean) / leader.mean > noise.band(len(leader.values), len(c.values)):
+                    out[c.number] = (f"{(leader.mean - c.mean) / leader.mean:.1%} under trial {leader.number}'s mean "
+                                     f"after {r} repeat{'s' * (r > 1)}, beyond the noise band")
+        if on_round is not None:
+            on_round(r, [c for c in field_ if c.number not in out])
+    alive = [c for c in field_ if c.number not in out]
+    if not alive:  # every candidate failed a repeat: decide on what they measured
+        return decide(field_, noise, rounds=done)
+    return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out)
+
+
+__all__ = ["Candidate", "Confirmation", "NoiseFloor", "candidates", "decide", "headroom_key", "noise_floor",
+           "prior_sd", "race"]
