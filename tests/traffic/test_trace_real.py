@@ -67,7 +67,9 @@ def test_stats_table_prints(capsys):
     assert "19,366" in out and "3,501.7 s" in out
 
 
-def assert_same(a, b) -> None:
+def assert_same(a, b, *, converted_from: str | None = None) -> None:
+    """``a`` holds ``b``'s requests and flags; ``a`` read from a converted file has that
+    file as its source and ``b``'s origin as its first note."""
     assert a.fingerprint() == b.fingerprint()
     assert np.array_equal(a.arrival_s, b.arrival_s)
     assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
@@ -75,15 +77,17 @@ def assert_same(a, b) -> None:
     assert (a.session is None) == (b.session is None) and list(a.session or []) == list(b.session or [])
     assert (a.turn is None) == (b.turn is None)
     assert [tuple(x) for x in a.hash_ids or []] == [tuple(x) for x in b.hash_ids or []]
-    assert (a.block_tokens, a.source, a.estimated_tokens, a.notes) == \
-        (b.block_tokens, b.source, b.estimated_tokens, b.notes)
+    notes = b.notes if converted_from is None else (f"converted from {converted_from}", *b.notes)
+    assert (a.block_tokens, a.estimated_tokens, a.notes) == (b.block_tokens, b.estimated_tokens, notes)
 
 
 @pytest.mark.parametrize("trace", [AZURE, MOONCAKE], ids=["azure", "mooncake"])
 def test_convert_reads_back_losslessly(tmp_path, capsys, trace):
     out = tmp_path / "w.jsonl"
     assert run("trace", "convert", str(need(trace)), str(out)) == 0
-    assert_same(load_trace(out), load_trace(trace))
+    back = load_trace(out)
+    assert_same(back, load_trace(trace), converted_from=str(trace))
+    assert back.source == str(out)  # the file replayed, never the log behind it
 
 
 def test_native_round_trip_keeps_sessions_notes_and_flags(tmp_path):
@@ -93,7 +97,24 @@ def test_native_round_trip_keeps_sessions_notes_and_flags(tmp_path):
     w = replace(w, session=[None if i % 7 == 0 else f"s{i % 5}" for i in range(50)],
                 turn=np.arange(50) % 3, hash_ids=[tuple(range(i % 4)) for i in range(50)], block_tokens=64)
     back = load_trace(native.write(w, tmp_path / "n.jsonl"))
-    assert_same(back, w)
+    assert_same(back, w, converted_from=w.source)
+    again = load_trace(native.write(back, tmp_path / "again.jsonl"))  # converted twice: one origin, the first
+    assert_same(again, back)
+    assert again.source == str(tmp_path / "again.jsonl")
+
+
+def test_a_file_converted_before_origin_was_named_is_its_own_source(tmp_path):
+    from tuner.traffic import article_mix
+
+    path = native.write(article_mix(5, seed=1), tmp_path / "old.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header["source"] = str(tmp_path / "the-log.csv")  # what tuner trace convert wrote before
+    del header["origin"]
+    path.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    back = load_trace(path)
+    assert back.source == str(path)
+    assert back.notes[0] == f"converted from {tmp_path / 'the-log.csv'}"
 
 
 def test_fingerprint_stable_and_content_sensitive(tmp_path):
@@ -129,4 +150,4 @@ def test_convert_shapes_on_the_way(tmp_path, capsys):
     w = load_trace(out)
     assert len(w) == 500 and w.span_s < 900.0
     assert "truncated" in printed and np.all(w.prompt_tokens + w.output_tokens <= 4096)
-    assert [n.split()[0] for n in w.notes] == ["window", "sampled", "rate", "truncated"]
+    assert [n.split()[0] for n in w.notes] == ["converted", "window", "sampled", "rate", "truncated"]

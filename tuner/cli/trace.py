@@ -88,7 +88,8 @@ STATS_HELP = (
 )
 CONVERT_HELP = (
     "Write a request log as the tuner's own JSONL, optionally windowed, sampled, sped up and "
-    "truncated (in that order). The file reads back exactly (same fingerprint)."
+    "truncated (in that order). The file reads back exactly (same fingerprint); read back, its source is the "
+    "file itself (what a study or plan names and replays) and the log it came from is its first note."
 )
 
 

@@ -3,12 +3,18 @@ losslessly (same fingerprint, notes and flags).
 
 Line 1 is a header, every further line one request::
 
-    {"tuner_workload": 1, "source": "conv.csv", "block_tokens": 512, "estimated_tokens": false,
+    {"tuner_workload": 1, "origin": "conv.csv", "block_tokens": 512, "estimated_tokens": false,
      "columns": ["session", "turn", "hash_ids"], "notes": [], "count": 19366}
     {"t": 0.0, "in": 374, "out": 44}
     {"t": 4.3145788, "in": 396, "out": 109, "session": "c1", "turn": 0, "hash_ids": [0, 1]}
 
 ``t`` is seconds (written with Python's shortest exact float repr, so it round-trips).
+
+``origin`` is where the requests came from (the log that was converted; files written
+before it was named so say ``source``). It is provenance only: the workload read back
+has the file itself as its ``source``, so that whoever replays it (a study, a plan)
+names the file it read, never the log behind it; the origin becomes the first note,
+``converted from conv.csv`` (kept, not repeated, when a converted file is converted again).
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ from tuner.traffic.workload import Workload
 
 MAGIC = "tuner_workload"
 VERSION = 1
+#: The note that names the log a tuner file was converted from.
+CONVERTED_FROM = "converted from "
 
 
 def write(workload: Workload, path: str | Path) -> Path:
@@ -40,7 +48,7 @@ def write(workload: Workload, path: str | Path) -> Path:
     out = Path(path)
     columns = [name for name in ("session", "turn", "hash_ids") if getattr(workload, name) is not None]
     header = {
-        MAGIC: VERSION, "source": workload.source, "block_tokens": workload.block_tokens,
+        MAGIC: VERSION, "origin": workload.source, "block_tokens": workload.block_tokens,
         "estimated_tokens": bool(workload.estimated_tokens), "columns": columns,
         "notes": list(workload.notes), "count": len(workload),
     }
@@ -102,10 +110,13 @@ def read(path: str, *, skip_bad: bool = False, **_: object) -> Workload:
     if not isinstance(columns, list) or not isinstance(block, int) or block < 1 or not isinstance(notes, list):
         raise InputError("bad header: columns must be a list, block_tokens a positive integer, notes a list",
                          path=path, line=1)
+    notes = [str(n) for n in notes]
+    origin = header.get("origin", header.get("source"))
+    if origin and str(origin) != path and not any(n.startswith(CONVERTED_FROM) for n in notes):
+        notes.insert(0, CONVERTED_FROM + str(origin))
     w = rows.workload(
         path, bad, block_tokens=block, estimated=bool(header.get("estimated_tokens", False)),
-        notes=tuple(str(n) for n in notes), rebase=False, source=str(header.get("source") or path),
-        keep_hash_ids="hash_ids" in columns,
+        notes=tuple(notes), rebase=False, source=path, keep_hash_ids="hash_ids" in columns,
     )
     # Sessions and turns exactly as written (Collected infers them from the values).
     from dataclasses import replace
@@ -114,5 +125,5 @@ def read(path: str, *, skip_bad: bool = False, **_: object) -> Workload:
         w,
         session=list(rows.session) if "session" in columns else None,
         turn=rows.turn if "turn" in columns else None,
-        notes=tuple(str(n) for n in notes) + bad.notes(),
+        notes=tuple(notes) + bad.notes(),
     )
