@@ -252,7 +252,7 @@ def test_time_scale_restores_simulated_time():
 def test_files_are_written(tmp_path):
     est = plan(lambda u: 0.05 * u)
     md, png = write_plan_files(est, tmp_path)
-    assert md.read_text().count("| sweep |") == 7 and png.stat().st_size > 10_000
+    assert md.read_text().count("| sweep |") == 6 and png.stat().st_size > 10_000  # 5-120 users: 160 not run
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -275,6 +275,43 @@ def test_plan_is_stored_in_a_real_study_and_read_back(tmp_path):
     assert load_plan("s", storage=storage, target_ttft_s=99) is None
 
 
+def test_the_default_sweep_stops_one_point_after_the_target_breaks(tmp_path):
+    from tuner.space import load_space
+
+    storage = f"sqlite:///{tmp_path}/b.db"
+    space = load_space("default")
+    small = wl(400)
+    out = run_search(space.bind(space.deployment, num_heads=28), workload=small, budget=1, storage=storage, study="b")
+    assert out.best is not None
+    backend = Analytic(lambda u: 0.05 * u)  # 5 s at 100 users: 80 meet it, 120 is the first over
+    plan_capacity(5.0, study="b", storage=storage, workload=small, backend=backend)
+    stored = load_plan("b", storage=storage, target_ttft_s=5.0)
+    main = sorted(p.level for p in stored.sweep if p.role == "sweep")
+    over = [p.level for p in stored.sweep if p.role == "sweep" and not p.meets(5.0)]
+    assert over == [max(main)] == [120]  # exactly one point over the target, at the high end
+    assert 160 not in backend.runs and max(backend.runs) == 120
+    assert any("160 not run" in n for n in stored.notes)
+    assert stored.bound == "interpolated" and stored.max_load == 100 and stored.workload.matches_study
+
+
+def test_levels_given_are_all_run_and_a_miss_at_the_first_default_level_goes_down():
+    est = plan(lambda u: 0.05 * u, levels=[20, 150, 200])
+    assert sorted(p.level for p in est.sweep if p.role == "sweep") == [20, 150, 200]
+    backend = Analytic(lambda u: 0.5 * u)  # 5 s at 10 users: 5 users meet it
+    est = plan_capacity(1.0, config=ServeConfig(), workload=wl(), backend=backend)
+    assert [p.level for p in est.sweep if p.role == "sweep"] == [5]  # 10, 20, ... never run
+    assert est.max_load == 2 and max(backend.runs) == 5
+
+
+def test_a_plan_stored_before_the_workload_record_reads_back():
+    est = plan(lambda u: 0.05 * u)
+    old = est.to_dict()
+    old["workload"] = {"source": "test", "requests": 400, "fingerprint": est.workload.fingerprint}
+    back = CapacityEstimate.from_dict(old)
+    assert back.workload.match == "unchecked" and not back.workload.matches_study
+    assert back.workload.requests == 400 and back.workload.file is None
+
+
 def test_a_study_on_a_trace_is_planned_on_that_trace(tmp_path):
     from tuner.traffic import load_trace
 
@@ -287,8 +324,8 @@ def test_a_study_on_a_trace_is_planned_on_that_trace(tmp_path):
                         path="t.yaml")
     run_search(space.bind(space.deployment, num_heads=28), workload=trace, budget=1, storage=storage, study="t")
     est = plan_capacity(2.0, study="t", storage=storage, levels=[2, 4], max_extensions=1, repeats=2)
-    assert est.workload["source"] == trace.source and est.workload["requests"] == 80
-    assert est.workload["fingerprint"] == trace.fingerprint()
+    assert est.workload.source == trace.source and est.workload.requests == 80
+    assert est.workload.fingerprint == trace.fingerprint() and est.workload.matches_study
 
 
 def test_missing_study_and_trial_are_bad_input(tmp_path, monkeypatch):

@@ -91,6 +91,57 @@ class SweepPoint:
                       for k, v in data.items() if k in names})
 
 
+#: How the replayed workload stands to the one the study searched on.
+MATCHES = {
+    "same": "the study's own requests",
+    "first-rows": "the first rows of the study's file (--num-requests)",
+    "same-mix": "another sample of the study's synthetic mix (same spec, other size or seed)",
+    "other": "another workload, given on purpose (--trace)",
+    "unchecked": "no study fingerprint to compare with",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedWorkload:
+    """The workload a plan replayed (its first repeat; further repeats replay other
+    samples of it, as the estimate's notes say). ``file`` is the file read (absolute),
+    ``None`` for a synthetic mix; ``match`` is one of :data:`MATCHES`, against the
+    study's ``study_requests`` requests of fingerprint ``study_fingerprint``."""
+
+    source: str
+    requests: int
+    fingerprint: str
+    file: str | None = None
+    match: str = "unchecked"
+    study_fingerprint: str | None = None
+    study_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.match not in MATCHES:
+            raise InputError(f"replayed workload match {self.match!r} is not one of {', '.join(MATCHES)}")
+
+    @property
+    def matches_study(self) -> bool:
+        """True when the plan replayed exactly the study's requests."""
+        return self.match == "same"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "matches_study": self.matches_study}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ReplayedWorkload | None:
+        """From :meth:`to_dict`, or a plan stored before this record (``source``,
+        ``requests`` and ``fingerprint`` only: ``unchecked``); ``None`` for nothing."""
+        if not data:
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        kw.setdefault("source", "unknown")
+        kw.setdefault("requests", 0)
+        kw.setdefault("fingerprint", "")
+        return cls(**kw)
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityEstimate:
     """How much traffic one configuration holds at a P95 TTFT target.
@@ -102,6 +153,7 @@ class CapacityEstimate:
     open loop. ``bound`` is ``"interpolated"`` or ``"at_least"`` (the target never broke
     up to the largest load tried). ``replicas``/costs are ``None`` without
     ``demand``/``gpu_hour_cost``. ``sweep`` holds every run of every repeat.
+    ``workload`` says which requests were replayed and whether they are the study's.
     """
 
     target_ttft_s: float
@@ -141,7 +193,7 @@ class CapacityEstimate:
     backend: str = "sim"
     config: dict[str, Any] = field(default_factory=dict)
     deployment: dict[str, Any] = field(default_factory=dict)
-    workload: dict[str, Any] = field(default_factory=dict)
+    workload: ReplayedWorkload | None = None
     created: str = ""
 
     def __post_init__(self) -> None:
@@ -165,6 +217,8 @@ class CapacityEstimate:
                 value = {k: [_json_float(a), _json_float(b)] for k, (a, b) in value.items()}
             elif f.name == "notes":
                 value = list(value)
+            elif f.name == "workload":
+                value = None if value is None else value.to_dict()
             elif isinstance(value, float):
                 value = _json_float(value)
             out[f.name] = value
@@ -177,6 +231,7 @@ class CapacityEstimate:
         kw["sweep"] = tuple(SweepPoint.from_dict(p) for p in kw.get("sweep", ()))
         kw["ranges"] = {k: (v[0], v[1]) for k, v in (kw.get("ranges") or {}).items()}
         kw["notes"] = tuple(kw.get("notes", ()))
+        kw["workload"] = ReplayedWorkload.from_dict(kw.get("workload"))
         return cls(**kw)
 
 
@@ -344,6 +399,7 @@ def cost_figures(gpu_hour_cost: float, gpus: int, tokens_per_s: float, output_to
 
 
 __all__ = [
-    "CapacityEstimate", "Crossing", "Demand", "SweepPoint", "conversations_per_min", "cost_figures",
+    "MATCHES", "CapacityEstimate", "Crossing", "Demand", "ReplayedWorkload", "SweepPoint", "conversations_per_min",
+    "cost_figures",
     "max_load_meeting", "parse_demand", "parse_fraction", "replicas_needed", "requests_per_conversation",
 ]

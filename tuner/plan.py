@@ -5,9 +5,11 @@ trial, or one given directly), starts it once on a backend, and sweeps the load:
 
 1. **Sweep.** Closed-loop users (default article 004's 5, 10, 20, 50, 80, 120, 160) or
    open-loop Poisson rates, recording mean/P95 TTFT, TPOT, E2E, tokens/s (in+out and
-   output) and requests/s per level. While every level meets the target the sweep goes
-   on in x1.5 steps (at most ``max_extensions``; users capped at half the workload, so a
-   run is more than one burst); when even the lowest misses it halves down to 1 user.
+   output) and requests/s per level. The default levels stop at the first one over the
+   target (kept: the curve brackets the edge); levels given are all run. While every
+   level meets the target the sweep goes on in x1.5 steps (at most ``max_extensions``;
+   users capped at half the workload, so a run is more than one burst); when even the
+   lowest misses it halves down to 1 user.
 2. **Interpolate.** The largest load meeting the target by monotone (PCHIP)
    interpolation of P95 TTFT against load (:func:`tuner.capacity.max_load_meeting`).
 3. **Verify.** One more run at that load (users rounded down). If it misses, the point
@@ -16,6 +18,14 @@ trial, or one given directly), starts it once on a backend, and sweeps the load:
 4. **Figures.** Conversations per minute, replicas for a demand, cost
    (:mod:`tuner.capacity`); ``repeats`` > 1 reruns 1-3 with other seeds (another sample
    of the synthetic mix, or 90% of a trace's rows) and gives each figure a (min, max) range.
+
+**Workload.** Plan replays the requests the study searched on: the file it read
+(``workload_file`` of the trial's run; never a log path recorded inside a converted file),
+or its synthetic mix with more requests (:data:`PLAN_REQUESTS`, a larger sample of the
+same distribution). The fingerprint is checked against the trial's: a workload plan
+picked itself that is not the study's is refused (InputError); one given on purpose
+(``workload=``, ``--trace``) is replayed with a warning. ``CapacityEstimate.workload``
+records what was replayed and how it stands to the study's.
 
 The estimate is stored in the study (``study.user_attrs["plan/trial-<n>/ttft-<t>s"]``,
 JSON) so that notebooks read it back with :func:`load_plan`, and can be written as
@@ -31,7 +41,9 @@ import dataclasses
 import datetime as _dt
 import math
 import shlex
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +53,7 @@ from tuner.capacity import (
     RANGED,
     CapacityEstimate,
     Demand,
+    ReplayedWorkload,
     SweepPoint,
     conversations_per_min,
     cost_figures,
@@ -58,6 +71,7 @@ if TYPE_CHECKING:
 
     from tuner.backends.base import Backend
     from tuner.result import RunResult
+    from tuner.space import WorkloadSpec
     from tuner.traffic.workload import Workload
 
 #: Article 004's concurrency levels (section 5).
@@ -106,31 +120,173 @@ def _study_deployment(study: optuna.Study) -> Deployment:
     return Deployment(**data)
 
 
-def _study_workload_builder(study: optuna.Study, trial: Any, num_requests: int | None,
-                            ) -> Callable[[int], Workload] | None:
-    """Rebuilds the study's workload: the trace the trial replayed when its source is a
-    file here (first ``num_requests`` rows), else the search space's (``space_path``)
-    synthetic mix with at least :data:`PLAN_REQUESTS` requests, seeded."""
-    from tuner.search import build_workload
-    from tuner.space import load_space
+#: What to do when plan cannot replay the study's own requests.
+FIX = "give --trace FILE to plan on another workload on purpose"
 
-    source = str((trial.user_attrs.get("run") or {}).get("workload_source") or "")
-    if source and Path(source).is_file():
-        from tuner.traffic import load_trace
 
-        trace = load_trace(source)
-        trace = trace.take(slice(0, num_requests)) if num_requests else trace
-        return lambda seed: trace
+@dataclass(frozen=True, slots=True)
+class _Studied:
+    """What a trial says of the workload its study searched on (``trial.user_attrs["run"]``,
+    written by :func:`tuner.search.run_search`; the study's stamp for the fingerprint of
+    trials that predate it). ``file`` is absent in studies made before it was recorded."""
+
+    study: str
+    fingerprint: str | None = None
+    requests: int | None = None
+    file: str | None = None
+    source: str | None = None
+    load_kind: str | None = None
+
+    @classmethod
+    def of(cls, study: optuna.Study, trial: Any) -> _Studied:
+        run = trial.user_attrs.get("run") or {}
+        requests = run.get("workload_requests")
+        return cls(study=study.study_name,
+                   fingerprint=run.get("workload_fingerprint") or study.user_attrs.get("workload_fingerprint"),
+                   requests=int(requests) if isinstance(requests, int) else None,
+                   file=run.get("workload_file") or None, source=run.get("workload_source") or None,
+                   load_kind=run.get("load_kind") or study.user_attrs.get("load_kind"))
+
+    def described(self) -> str:
+        count = "?" if self.requests is None else f"{self.requests:,}"
+        return f"{count} requests (fingerprint {self.fingerprint})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Chosen:
+    """The workload plan replays: ``base`` (the first repeat), ``build(seed)`` for another
+    sample of a synthetic mix (``None``: repeats replay 90% of ``base``'s rows), the file
+    read, how it stands to the study's (:data:`tuner.capacity.MATCHES`) and what to say."""
+
+    base: Workload
+    build: Callable[[int], Workload] | None = None
+    file: str | None = None
+    match: str = "unchecked"
+    notes: tuple[str, ...] = ()
+
+
+def _refuse(studied: _Studied, replays: Workload, why: str = "") -> InputError:
+    return InputError(f"study {studied.study!r} was searched on {studied.described()}, but plan would replay "
+                      f"{len(replays):,} requests of {replays.source} (fingerprint {replays.fingerprint()})"
+                      f"{why}", hint=FIX)
+
+
+def _study_spec(study: optuna.Study, studied: _Studied) -> tuple[WorkloadSpec | None, str | None]:
+    """The study's search space's workload section with the load kind the study ran
+    (``tuner search --load`` changes it), and the space's name or path; ``None`` when
+    the space cannot be read."""
+    from tuner.space import LOAD_KINDS, load_space
+
     path = study.user_attrs.get("space_path") or study.user_attrs.get("space")
     if not path:
-        return None
+        return None, None
     try:
         spec = load_space(path).workload
     except InputError:
-        return None
-    if not spec.trace:
-        spec = dataclasses.replace(spec, requests=num_requests or max(spec.requests, PLAN_REQUESTS))
-    return lambda seed: build_workload(dataclasses.replace(spec, seed=seed))
+        return None, str(path)
+    if studied.load_kind in LOAD_KINDS and studied.load_kind != spec.load:
+        spec = dataclasses.replace(spec, load=studied.load_kind)
+    return spec, str(path)
+
+
+def _from_file(studied: _Studied, candidates: Sequence[str], num_requests: int | None) -> _Chosen:
+    """The study's file: the first candidate whose rows (all, or the first
+    ``num_requests``) are the study's requests; InputError naming both fingerprints when
+    none is."""
+    from tuner.traffic import load_trace
+
+    first = load_trace(candidates[0])
+    for path in candidates:
+        whole = first if path == candidates[0] else load_trace(path)
+        n = len(whole) if not num_requests else min(num_requests, len(whole))
+        part = whole if n == len(whole) else whole.take(slice(0, n))
+        notes: list[str] = []
+        if num_requests and num_requests > len(whole):
+            notes.append(f"--num-requests {num_requests:,} is more than the {len(whole):,} requests of {path}: "
+                         "all of them replayed")
+        if studied.fingerprint is None:
+            notes.append(f"the study recorded no workload fingerprint: plan replays {len(part):,} requests of "
+                         f"{path} without checking that they are the study's")
+            return _Chosen(part, file=str(Path(path).resolve()), match="unchecked", notes=tuple(notes))
+        if part.fingerprint() == studied.fingerprint:
+            return _Chosen(part, file=str(Path(path).resolve()), match="same", notes=tuple(notes))
+        if part is not whole and whole.fingerprint() == studied.fingerprint:
+            notes.append(f"plan replays the first {n:,} of the study's {len(whole):,} requests of {path} "
+                         f"(--num-requests; fingerprint {part.fingerprint()}, the study's {studied.fingerprint}): "
+                         "a subset, on purpose")
+            return _Chosen(part, file=str(Path(path).resolve()), match="first-rows", notes=tuple(notes))
+    raise _refuse(studied, first)
+
+
+def _study_workload_builder(study: optuna.Study, trial: Any, num_requests: int | None, seed: int = 0) -> _Chosen:
+    """The study's workload, checked against the trial's fingerprint.
+
+    The file the study read (``workload_file``, never a path recorded inside a converted
+    file); for older studies its ``workload_source`` or the space's ``trace`` when that is
+    a file here (the first one whose requests are the study's); the first
+    ``num_requests`` rows when given. Else the search space's synthetic mix, rebuilt and
+    checked as the study searched on it, then sampled with ``num_requests`` (default at
+    least :data:`PLAN_REQUESTS`) requests at the study's seed + ``seed``: a deliberate
+    other sample of the same distribution, and the notes say so. InputError (plan would
+    replay other requests than the study's) names both fingerprints and ``--trace``."""
+    from tuner.search import build_workload
+    from tuner.traffic.synth import default_workload
+
+    studied = _Studied.of(study, trial)
+    spec, space = _study_spec(study, studied)
+    if studied.file:
+        if not Path(studied.file).is_file():
+            raise InputError(f"study {studied.study!r} was searched on {studied.file}, which is not there any more",
+                             hint=FIX)
+        return _from_file(studied, [studied.file], num_requests)
+    candidates = [p for p in (studied.source, spec.trace if spec else None) if p and Path(p).is_file()]
+    if candidates:
+        return _from_file(studied, list(dict.fromkeys(candidates)), num_requests)
+    if spec is None or spec.trace:
+        n = num_requests or PLAN_REQUESTS
+        base = default_workload(seed=seed, n=n)
+        if studied.fingerprint is None:
+            return _Chosen(base, lambda s: default_workload(seed=s, n=n), notes=(
+                f"plan replays the built-in mix ({n:,} requests): the study's workload cannot be rebuilt and "
+                "recorded no fingerprint to check",))
+        why = (f": the study's file {spec.trace} is not here" if spec and spec.trace
+               else f": its search space {space} cannot be read" if space else ": it recorded no search space")
+        raise _refuse(studied, base, why)
+    if studied.fingerprint is not None:
+        searched = build_workload(spec)
+        if searched.fingerprint() != studied.fingerprint:
+            raise InputError(f"study {studied.study!r} was searched on {studied.described()}, but its search space "
+                             f"{space} now builds {len(searched):,} requests (fingerprint {searched.fingerprint()})",
+                             hint=FIX)
+    n = num_requests or max(spec.requests, PLAN_REQUESTS)
+
+    def build(s: int) -> Workload:
+        return build_workload(dataclasses.replace(spec, requests=n, seed=spec.seed + s))
+
+    base = build(seed)
+    if base.fingerprint() == studied.fingerprint:
+        return _Chosen(base, build, match="same")
+    size = "a larger" if n > spec.requests else "a smaller" if n < spec.requests else "another"
+    said = (f"plan replays {n:,} requests of the study's synthetic mix (seed {spec.seed + seed}, fingerprint "
+            f"{base.fingerprint()}): {size} sample of the distribution the study searched on {spec.requests:,} "
+            f"requests (seed {spec.seed}")
+    if studied.fingerprint is None:
+        return _Chosen(base, build, notes=(said + "; the study recorded no fingerprint to check)",))
+    return _Chosen(base, build, match="same-mix", notes=(said + f", fingerprint {studied.fingerprint})",))
+
+
+def _given(workload: Workload, studied: _Studied | None, warn: Callable[[str], None]) -> _Chosen:
+    """A workload given on purpose (``--trace``): replayed as it is, with a warning when
+    it is not the study's."""
+    file = str(Path(workload.source).resolve()) if Path(workload.source).is_file() else None
+    if studied is None or studied.fingerprint is None:
+        return _Chosen(workload, file=file)
+    if workload.fingerprint() == studied.fingerprint:
+        return _Chosen(workload, file=file, match="same")
+    text = (f"study {studied.study!r} was searched on {studied.described()}; plan replays {len(workload):,} "
+            f"requests of {workload.source} (fingerprint {workload.fingerprint()}), as given with --trace")
+    warn(text)
+    return _Chosen(workload, file=file, match="other", notes=(text,))
 
 
 def _resample(workload: Workload, seed: int, share: float = 0.9) -> Workload:
@@ -200,13 +356,20 @@ def _snap(level: float, kind: str) -> float:
 
 
 def _sweep_once(sw: _Sweeper, levels: Sequence[float], target: float, *, max_extensions: int,
-                cap: float, notes: list[str]) -> tuple[SweepPoint, float, str, bool]:
-    """Steps 1-3 for one repeat: (chosen point, interpolated level, bound, verified)."""
+                cap: float, notes: list[str], stop_at_miss: bool = False) -> tuple[SweepPoint, float, str, bool]:
+    """Steps 1-3 for one repeat: (chosen point, interpolated level, bound, verified).
+    With ``stop_at_miss`` the sweep ends at the first level over the target (kept, so that
+    the curve brackets the edge); loads beyond it are not run."""
     from tuner.search import MAX_ERROR_RATE
 
     kind = sw.kind
-    for level in sorted(set(levels)):
-        sw.run(level, "sweep")
+    todo = sorted(set(levels))
+    for i, level in enumerate(todo):
+        point = sw.run(level, "sweep")
+        if stop_at_miss and not point.meets(target, MAX_ERROR_RATE) and i + 1 < len(todo):
+            skipped = ", ".join(f"{v:g}" for v in todo[i + 1:])
+            notes.append(f"the sweep stopped at {point.load}, the first load over the target ({skipped} not run)")
+            break
 
     def curve() -> tuple[list[float], list[float]]:
         pts = sorted(sw.points, key=lambda p: p.level)
@@ -219,6 +382,11 @@ def _sweep_once(sw: _Sweeper, levels: Sequence[float], target: float, *, max_ext
         nxt = _snap(low / 2, kind)
         if nxt >= low or (kind == "rate" and nxt < min(levels) / 64):
             worst = min(sw.points, key=lambda p: p.level)
+            if worst.error_rate > MAX_ERROR_RATE:
+                raise NoFeasibleConfig(
+                    f"{worst.error_rate:.0%} of requests failed at {worst.load}, more than {MAX_ERROR_RATE:.0%}, "
+                    f"even at the lowest load: this configuration cannot serve this workload",
+                )
             raise NoFeasibleConfig(
                 f"P95 TTFT {worst.ttft_p95_s:.3g} s at {worst.load} is over the {target:g} s target even at "
                 f"the lowest load: this configuration cannot meet it",
@@ -308,21 +476,26 @@ def plan_capacity(
     time_scale: float | None = None,
     store: bool = True,
     progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> CapacityEstimate:
     """Plan the capacity of one configuration at a P95 TTFT target (module docstring).
 
     The configuration is ``config`` (on ``deployment``, default :class:`Deployment`), or
     trial ``trial`` of ``study`` (an Optuna study or a name in ``storage``), or that
-    study's best feasible trial. ``workload`` defaults to the study's (rebuilt from its
-    search space; at least 1000 requests of the built-in mix, or ``num_requests``), else
-    the built-in 40/40/20 mix. ``levels`` are closed-loop users (default
-    :data:`ARTICLE_LEVELS`); ``rates`` (requests/s) switch to open loop. ``demand``
+    study's best feasible trial. ``workload`` defaults to the study's: the file its trial
+    read (the first ``num_requests`` rows when given), or its search space's synthetic mix
+    with ``num_requests`` (default at least :data:`PLAN_REQUESTS`) requests; without a
+    study the built-in 40/40/20 mix. A ``workload`` given that is not the study's is
+    replayed after ``warn(line)`` (default :func:`warnings.warn`). ``levels`` are
+    closed-loop users (default :data:`ARTICLE_LEVELS`, stopping at the first level over
+    the target); ``rates`` (requests/s) switch to open loop. ``demand``
     (``"1200/min"``, ``"20req/s"``, a :class:`Demand` or conversations/min) gives
     ``replicas``; ``gpu_hour_cost`` (per GPU-hour) gives costs. ``time_scale`` defaults
     to the ``--speed`` of a ``sim-serve`` ``vllm_cmd`` in ``backend_options``, else 1.
 
-    Raises InputError (no such study/trial), NoFeasibleConfig (no feasible trial, or even
-    the lowest load misses the target), ConfigRejected (the configuration does not start).
+    Raises InputError (no such study/trial; the study's workload cannot be rebuilt: its
+    file changed or is gone, its space builds other requests), NoFeasibleConfig (no
+    feasible trial, or even the lowest load misses the target), ConfigRejected (the configuration does not start).
     The estimate is stored in the study unless ``store`` is False or there is no study.
     """
     from tuner.search import get_backend_by_name
@@ -336,6 +509,7 @@ def plan_capacity(
     if levels is not None and rates is not None:
         raise InputError("give concurrency levels or rates, not both")
     kind = "rate" if rates is not None else "concurrency"
+    default_grid = rates is None and levels is None
     grid = [float(v) for v in (rates if rates is not None else (levels or ARTICLE_LEVELS))]
     if not grid or any(not v > 0 for v in grid):
         raise InputError(f"load levels must be > 0, got {grid}")
@@ -344,9 +518,13 @@ def plan_capacity(
     dem = demand if isinstance(demand, Demand) or demand is None else parse_demand(demand)
     notes: list[str] = []
 
+    def warned(text: str) -> None:
+        warnings.warn(text, UserWarning, stacklevel=3)
+
     st = None
     trial_number: int | None = None
-    builder: Callable[[int], Workload] | None = None
+    studied: _Studied | None = None
+    chosen_workload: _Chosen | None = None
     if config is None:
         if study is None or isinstance(study, str):
             name, storage = (study, storage) if study else find_newest_study(storage=storage)
@@ -368,22 +546,30 @@ def plan_capacity(
         trial_number = chosen.number
         config = trial_config(chosen)
         deployment = deployment or _study_deployment(st)
+        studied = _Studied.of(st, chosen)
         if workload is None:
-            builder = _study_workload_builder(st, chosen, num_requests)
+            chosen_workload = _study_workload_builder(st, chosen, num_requests, seed)
     elif study is not None:
         st = load_study_by_name(study, storage) if isinstance(study, str) else study
     deployment = deployment or Deployment()
-    if workload is None and builder is None:
+    if workload is not None:
+        chosen_workload = _given(workload, studied, warn or warned)
+    elif chosen_workload is None:  # a configuration given directly: the built-in mix
         from tuner.traffic.synth import default_workload
 
-        builder = lambda s: default_workload(seed=s, n=num_requests or PLAN_REQUESTS)  # noqa: E731
-    base = workload if workload is not None else builder(seed)  # type: ignore[misc]
+        n = num_requests or PLAN_REQUESTS
+        chosen_workload = _Chosen(default_workload(seed=seed, n=n), lambda s: default_workload(seed=s, n=n))
+    base, builder = chosen_workload.base, chosen_workload.build
+    notes += chosen_workload.notes
+    if repeats > 1:
+        again = (f"other samples of the mix (seeds {seed + 1}-{seed + repeats - 1})" if builder is not None
+                 else "90% of these requests each, in order (seeded)")
+        notes.append(f"repeats 2-{repeats} replay {again}")
 
     def workload_for(k: int) -> Workload:
         if k == 0:
             return base
-        again = builder(seed + k) if builder is not None else base
-        return _resample(base, seed + k) if again is base else again  # a fixed trace: 90% of its rows
+        return builder(seed + k) if builder is not None else _resample(base, seed + k)
 
     opts = dict(backend_options or {})
     if time_scale is None:
@@ -415,7 +601,7 @@ def plan_capacity(
             rnotes: list[str] = []
             cap = float(max(1, len(wl) // 2)) if kind == "concurrency" else math.inf
             point, interp, bound, verified = _sweep_once(sw, grid, target, max_extensions=max_extensions,
-                                                         cap=cap, notes=rnotes)
+                                                         cap=cap, notes=rnotes, stop_at_miss=default_grid)
             figs = _figures(point, kind, tpc=tpc, rpc=rpc, demand=dem, headroom=headroom,
                             gpu_hour_cost=gpu_hour_cost, gpus=config.gpus_needed)
             figs.update(interpolated_load=interp, bound=bound, verified=verified)
@@ -442,7 +628,10 @@ def plan_capacity(
         ranges=ranges, sweep=tuple(points), notes=tuple(notes),
         study=None if st is None else st.study_name, trial=trial_number, backend=backend_obj.name,
         config=config.to_dict(), deployment=deployment.to_dict(),
-        workload={"source": base.source, "requests": len(base), "fingerprint": base.fingerprint()},
+        workload=ReplayedWorkload(
+            source=base.source, requests=len(base), fingerprint=base.fingerprint(), file=chosen_workload.file,
+            match=chosen_workload.match, study_fingerprint=None if studied is None else studied.fingerprint,
+            study_requests=None if studied is None else studied.requests),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **{k: v for k, v in head.items() if k in _ESTIMATE_FIELDS},
     )
@@ -540,6 +729,18 @@ def sweep_rows(est: CapacityEstimate, repeat: int = 0) -> list[SweepPoint]:
     return sorted((p for p in est.sweep if p.repeat == repeat), key=lambda p: (p.level, p.role))
 
 
+def workload_line(w: ReplayedWorkload | None) -> str:
+    """The replayed workload in one line: source, requests, fingerprint, and the study's."""
+    if w is None:
+        return "not recorded"
+    line = f"{w.source} ({w.requests:,} requests, fingerprint {w.fingerprint})"
+    if w.match == "same":
+        return line + ", the study's own"
+    if w.study_fingerprint is not None:
+        line += f"; the study searched on {w.study_requests or '?'} requests, fingerprint {w.study_fingerprint}"
+    return line
+
+
 def render_markdown(est: CapacityEstimate) -> str:
     axis = "concurrency" if est.load_kind == "concurrency" else "req/s"
     where = f"study `{est.study}` trial {est.trial}" if est.study else "a configuration given directly"
@@ -549,7 +750,7 @@ def render_markdown(est: CapacityEstimate) -> str:
         f"# Capacity at P95 TTFT ≤ {est.target_ttft_s:g} s",
         "",
         f"{where}; {dep.get('gpu_count')}x {dep.get('gpu')}, {dep.get('model')}, vLLM {dep.get('vllm_version')}; "
-        f"backend `{est.backend}`; workload {est.workload.get('source')} ({est.workload.get('requests')} requests).",
+        f"backend `{est.backend}`; workload {workload_line(est.workload)}.",
         "",
         f"Configuration: {knobs}",
         "",
@@ -634,5 +835,5 @@ __all__ = [
     "ARTICLE_LEVELS", "CapacityEstimate", "SweepPoint", "find_newest_study", "list_plans", "load_plan", "newest_study",
     "plan_capacity",
     "plan_key", "plot_plan", "render_markdown", "rescale", "sim_serve_speed", "store_plan", "summary_rows",
-    "write_plan_files",
+    "workload_line", "write_plan_files",
 ]

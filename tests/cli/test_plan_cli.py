@@ -56,6 +56,11 @@ def test_plan_from_the_newest_study_is_stored_and_printed(tmp_path, monkeypatch,
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/studies/{name}.db")
     assert any(k.startswith("plan/") and k.endswith("ttft-2s") for k in study.user_attrs)  # the study's own target
     assert list((tmp_path / "studies" / name).glob("plan-2s*.md"))
+    # the study's synthetic mix with -n 100 requests: another sample of it, said so
+    (stored,) = [v for k, v in study.user_attrs.items() if k.startswith("plan/")]
+    assert stored["workload"]["match"] == "same-mix" and stored["workload"]["requests"] == 100
+    assert any("sample of the distribution the study searched on" in n for n in stored["notes"])
+    assert "workload: article-004-mix" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -78,5 +83,7 @@ def test_every_plan_option_has_help():
     _register()
     command = typer.main.get_command(app).commands["plan"]
     assert command.help and "target" in command.help
+    trace = next(p for p in command.params if p.name == "trace")
+    assert "instead of the study's workload" in trace.help and "warning" in trace.help
     for param in command.params:
         assert getattr(param, "help", None), f"plan {param.name} has no help"

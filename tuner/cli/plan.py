@@ -66,10 +66,16 @@ def plan_cmd(
     kv_cache_dtype: str = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
     prefix_caching: bool = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching",
                                         help="Reuse KV of shared prompt prefixes (vLLM's default: on)."),
-    trace: str = typer.Option(None, "--trace", help="Request log to replay (any format tuner trace reads). Default: "
-                              "the study's workload, else the built-in 40/40/20 mix of article 004."),
-    num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: of the built-in mix "
-                                     "(default max(study's, 1000)), or the first N rows of --trace."),
+    trace: str = typer.Option(None, "--trace", help="Request log to replay instead of the study's workload (any "
+                              "format tuner trace reads), on purpose: when it is not the study's, plan says so in "
+                              "one warning line and replays it. Default: the requests the study searched on (the "
+                              "file it read, checked by fingerprint: plan refuses, exit 2, when that file now "
+                              "holds other requests), or its synthetic mix; the built-in 40/40/20 mix of article "
+                              "004 for a configuration given here."),
+    num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: the first N rows of "
+                                     "--trace or of the study's file (a subset, noted in the plan), or N of the "
+                                     "synthetic mix (default max(study's, 1000): a larger sample of the same "
+                                     "distribution)."),
     backend: str = typer.Option("sim", "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
                                 "(or tuner sim-serve) once and replay over HTTP; endpoint: a running server."),
     vllm_cmd: str = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. "
@@ -82,8 +88,9 @@ def plan_cmd(
     time_scale: float = typer.Option(None, "--time-scale", help="Multiply measured times by this (a server "
                                      "running N times faster than real time). Default: sim-serve's --speed."),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop users to sweep, comma-"
-                                    "separated. Default: the article's 5,10,20,50,80,120,160, extended x1.5 "
-                                    "until the target breaks."),
+                                    "separated; all are run. Default: the article's 5,10,20,50,80,120,160, "
+                                    "stopping at the first level over the target, or extended x1.5 until the "
+                                    "target breaks."),
     rates: str = typer.Option(None, "--rates", help="Sweep open-loop Poisson rates (req/s) instead, e.g. 2,4,8,16."),
     tokens_per_conversation: float = typer.Option(None, "--tokens-per-conversation", help="Tokens (in+out) of "
         "one conversation, as the article's 300. Default: requests per conversation from the trace's session ids, "
@@ -108,6 +115,9 @@ def plan_cmd(
     configuration given with tuner estimate's flags), finds the largest load meeting the
     target by monotone interpolation, verifies it with one more run, and reports max
     concurrency, requests/s, tokens/s, conversations/min, replicas for --demand, cost.
+    It replays the requests the study searched on (the file it read, or more requests
+    of its synthetic mix), checked by fingerprint; --trace FILE replays another
+    workload on purpose. The plan records which workload it replayed.
     Example: tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 --model llama-2-7b
     --dtype float16 --tp 8 --max-model-len 4096 --max-num-seqs 128 --tokens-per-conversation 300.
     Exit codes: 0 ok, 2 bad input or no study, 3 no feasible trial / even the lowest load misses.
@@ -166,7 +176,7 @@ def plan_cmd(
         levels=levels, rates=rate_list, tokens_per_conversation=tokens_per_conversation,
         demand=None if demand is None else parse_demand(demand), headroom=parse_fraction(headroom),
         gpu_hour_cost=gpu_hour_cost, repeats=repeats, seed=seed, time_scale=time_scale, store=store,
-        progress=say,
+        progress=say, warn=_warn,
     )
     paths = write_plan_files(est, out) if files else None
     if output == "json":
@@ -175,6 +185,10 @@ def plan_cmd(
         print(json.dumps(data, indent=2))
         return
     _print(est, paths)
+
+
+def _warn(text: str) -> None:
+    print(f"tuner: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _progress(enabled: bool) -> Any:
@@ -190,7 +204,7 @@ def _print(est: Any, paths: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.plan import summary_rows, sweep_rows
+    from tuner.plan import summary_rows, sweep_rows, workload_line
 
     console = Console()
     where = f"study {est.study} trial {est.trial}" if est.study else "configuration given on the command line"
@@ -204,6 +218,7 @@ def _print(est: Any, paths: Any) -> None:
                       f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}", f"{p.output_tokens_per_s:,.0f}",
                       f"{p.requests_per_s:.2f}", p.role)
     console.print(table)
+    console.print(f"workload: {workload_line(est.workload)}", markup=False, highlight=False)
     summary = Table(title="capacity", show_header=False)
     summary.add_column("")
     summary.add_column("", justify="right")
