@@ -12,7 +12,16 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.config import Deployment, ServeConfig
-from tuner.confirmation import EQUIVALENT, Candidate, NoiseFloor, candidates, decide, noise_floor, race
+from tuner.confirmation import (
+    EQUIVALENT,
+    Candidate,
+    NoiseFloor,
+    candidates,
+    decide,
+    noise_floor,
+    paired_noise,
+    race,
+)
 from tuner.load import Poisson
 from tuner.search import evaluate_config, monotone_crossing, run_search
 from tuner.study import best_feasible_trial, confirmation, count_finished
@@ -44,6 +53,21 @@ def test_band_is_z_sd_root_two_for_single_measurements_and_shrinks_with_repeats(
     floor = NoiseFloor(0.02)
     assert floor.band() == pytest.approx(2 * 0.02 * math.sqrt(2))
     assert floor.band(4, 4) == pytest.approx(floor.band() / 2)
+
+
+def test_paired_noise_cancels_what_a_sample_does_to_every_configuration():
+    # sample 2 is twice as fast for both: raw repeats look 50 % noisy, paired ones are exact
+    rows = [[100.0, 200.0], [110.0, 220.0]]
+    assert noise_floor(rows, "vllm").rel_sd > 0.3
+    paired = paired_noise(rows, "vllm")
+    assert paired.source == "paired repeats" and paired.dof == 1
+    assert paired.rel_sd == pytest.approx(0.02 * math.sqrt(2 / 3))  # nothing left but the prior
+    # a disagreement between the two: residuals of +-d/4 in each of the four cells
+    d = math.log(1.1)
+    shaken = paired_noise([[100.0, 200.0], [110.0, 200.0]], "vllm")
+    assert shaken.rel_sd == pytest.approx(math.sqrt((2 * 0.02**2 + 4 * (d / 4) ** 2) / 3))
+    # one configuration, or one sample: nothing to pair
+    assert paired_noise([[100.0, 200.0]], "vllm") == noise_floor([[100.0, 200.0]], "vllm")
 
 
 # -- candidates and the decision ------------------------------------------------------------

@@ -14,7 +14,9 @@ measurements names a winner inside that noise. So, once a study's budget is spen
    :data:`Z` x sd x sqrt(2) may be the same), at most :data:`MAX_CANDIDATES`.
 3. **Racing** (:func:`race`): each round measures every candidate still in the race once
    more, all with the same new sample (paired: common random numbers); a candidate whose
-   mean falls below the leader's by more than the noise band of the means is out.
+   mean falls below the leader's by more than the noise band of the means is out. The
+   band's noise is that of paired comparisons (:func:`paired_noise`): what a sample does
+   to every configuration alike (a harder order of the requests) cancels.
 4. **Decision** (:func:`decide`): the leader is the best mean; its *ties* are the
    candidates the repeats cannot tell from it. Among the ties within
    :data:`EQUIVALENT` of the leader's mean, the one with the most headroom is
@@ -37,7 +39,7 @@ Z = 2.0
 #: Configurations raced at most (the best and up to three within its band).
 MAX_CANDIDATES = 4
 #: Ties within this share of the leader's mean are equivalent: the headroom rule picks.
-EQUIVALENT = 0.01
+EQUIVALENT = 0.005
 #: Relative sd of one tokens/s measurement before a study has repeats: real vLLM, the
 #: fresh-restart replicates of the H200 campaign (1.3 % at low load, up to 3 % near the
 #: edge; benchmarks/h200/README.md); the simulator only varies with the sample (~1 %).
@@ -85,6 +87,28 @@ def noise_floor(groups: Iterable[Sequence[float]], backend: str = "vllm") -> Noi
         return NoiseFloor(prior, 0, "prior")
     sd = math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof))
     return NoiseFloor(sd, dof, "repeats")
+
+
+def paired_noise(rows: Sequence[Sequence[float]], backend: str = "vllm") -> NoiseFloor:
+    """The noise of comparisons between configurations measured on the same samples:
+    ``rows`` hold each configuration's tokens/s, column ``k`` the ``k``-th sample (the
+    same requests, order and seed for every row). What a sample does to every
+    configuration alike (a harder order of the requests) cancels in a comparison, so
+    the sd is that of the residuals of log value = configuration + sample (two-way,
+    no interaction), shrunk toward the prior like :func:`noise_floor`. Fewer than two
+    complete rows or columns: :func:`noise_floor` of the rows."""
+    k = min((len(r) for r in rows), default=0)
+    full = [[math.log(v) for v in r[:k]] for r in rows if all(v > 0 for v in r[:k])]
+    if len(full) < 2 or k < 2:
+        return noise_floor(rows, backend)
+    c = len(full)
+    grand = statistics.fmean(x for r in full for x in r)
+    row_mean = [statistics.fmean(r) for r in full]
+    col_mean = [statistics.fmean(r[j] for r in full) for j in range(k)]
+    ss = sum((full[i][j] - row_mean[i] - col_mean[j] + grand) ** 2 for i in range(c) for j in range(k))
+    dof = (c - 1) * (k - 1)
+    prior = prior_sd(backend)
+    return NoiseFloor(math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof)), dof, "paired repeats")
 
 
 @dataclass(slots=True)
@@ -207,7 +231,7 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     else:
         reason = (f"trial {winner.number}: {_fmt(winner.mean)} tok/s over {n} measurements ({_fmt(lo)}-{_fmt(hi)}), "
                   f"tied with trial {leader.number} ({(leader.mean - winner.mean) / leader.mean:.1%} under, within "
-                  f"{EQUIVALENT:.0%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
+                  f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
     tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
     if tied_numbers:
         reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
@@ -241,11 +265,13 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         for c in alive:
             c.values.append(float(measure(c, r)))
         done = r
-        noise = noise_floor([*history, *(c.values for c in field_)], backend)
         for c in alive:
             if c.values[-1] <= 0:
                 out[c.number] = f"failed the target or did not start on repeat {r}"
         alive = [c for c in alive if c.number not in out]
+        # candidates still in were measured on the same samples: compare them paired
+        noise = (paired_noise([c.values for c in alive], backend) if len(alive) >= 2
+                 else noise_floor([*history, *(c.values for c in field_)], backend))
         if alive:
             leader = max(alive, key=lambda c: (c.mean, -c.number))
             for c in alive:
@@ -261,4 +287,4 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
 
 
 __all__ = ["Candidate", "Confirmation", "NoiseFloor", "candidates", "decide", "headroom_key", "noise_floor",
-           "prior_sd", "race"]
+           "paired_noise", "prior_sd", "race"]

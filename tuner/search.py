@@ -610,10 +610,11 @@ def _goodput_search(
 
 # -- the study ---------------------------------------------------------------------------
 def _workload_file(space: SearchSpace, workload: Workload) -> str | None:
-    """The file the study's requests were read from (absolute), as named in the space,
-    never a path recorded inside it; None for a built-in mix."""
-    trace = space.workload.trace
-    return str(Path(trace).resolve()) if trace else None
+    """The file the study's requests were read from (absolute; a converted trace is its
+    own source, never the log named inside it); None for a built-in mix or requests
+    given in memory."""
+    source = Path(str(workload.source or ""))
+    return str(source.resolve()) if str(source) and source.is_file() else None
 
 
 def workload_facts(workload: Workload) -> dict[str, Any]:
