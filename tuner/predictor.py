@@ -45,7 +45,8 @@ TWIN_TOLERANCE = 0.005
 #: not launched.
 PRUNE_SHARE = 0.8
 #: A predicted twin is not launched when its twin measured below this share of the best
-#: (near the best, what the simulator cannot tell apart is worth measuring).
+#: (near the best, what the simulator cannot tell apart is worth measuring); the search
+#: passes the study's noise band instead once it knows it (``advise(share=...)``).
 TWIN_SHARE = 0.97
 #: ... and once this many predicted twins were measured, none more is launched.
 TWINS_MEASURED = 2
@@ -197,14 +198,15 @@ class Advice:
 
 
 def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction | None,
-           best: float | None) -> Advice:
+           best: float | None, *, twin_share: float = TWIN_SHARE) -> Advice:
     """Turn ``pred`` into the search's next move, given the study's ``trials`` so far and
     its ``best`` measured value: where the goodput search starts (the predicted load x
     the measured/predicted median), what value to expect, and whether to launch at all.
     Not launched (pruned): a configuration whose corrected prediction is under
     ``PRUNE_SHARE`` of the best, one predicted infeasible once predictions are trusted,
     and a *predicted twin* (:func:`predicted_twins`) of a trial that measured under
-    ``TWIN_SHARE`` of the best, or of ``TWINS_MEASURED`` trials already measured."""
+    ``twin_share`` of the best (within it, a twin may be the best by noise), or of
+    ``TWINS_MEASURED`` trials already measured."""
     if pred is None:  # the simulator cannot model it, or vLLM would refuse it: the pre-check's call
         return Advice()
     corr = correction(trials)
@@ -212,13 +214,13 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
         "level": corr.level, "tokens_per_s": corr.tokens_per_s, "matched": corr.matched}})
     twins = predicted_twins(trials, config, pred)
     twin = max(twins, key=lambda t: (float(t.value or 0.0), -t.number), default=None)
-    if twin is not None and best and (len(twins) >= TWINS_MEASURED or float(twin.value or 0.0) < TWIN_SHARE * best):
+    if twin is not None and best and (len(twins) >= TWINS_MEASURED or float(twin.value or 0.0) < twin_share * best):
         value = float(twin.value or 0.0)
         other = twin.user_attrs.get("config") or {}
         differs = ", ".join(k for k, v in config.to_dict().items() if other.get(k) != v) or "what differs"
         advice.prune, advice.value, advice.twin_of = True, value, twin.number
         why = (f"{len(twins)} such trials measured already" if len(twins) >= TWINS_MEASURED
-               else f"under {TWIN_SHARE:.0%} of the best {best:,.0f}")
+               else f"under {twin_share:.0%} of the best {best:,.0f}")
         advice.reason = (f"predicted the same as trial {twin.number} (same layout; the simulator sees no effect "
                          f"of {differs}), which measured {value:,.0f} tok/s; {why}")
         return advice

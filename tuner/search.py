@@ -831,7 +831,9 @@ def run_search(
             advice = None
             if predictor is not None:
                 obs.on_phase("predicting on the simulator")
-                advice = advise(trial.study.get_trials(deepcopy=False), config, predictor.predict(config), best)
+                # a twin within the noise band of the best may be the best: it is measured
+                advice = advise(trial.study.get_trials(deepcopy=False), config, predictor.predict(config), best,
+                                twin_share=1 - noise.band())
                 if advice.prune:
                     if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
                         _propose(trial.study, space, predictor, best)
