@@ -140,7 +140,7 @@ def main(folder: Path) -> None:
             print(f"  {name:22s} {e['value']:<10.4g} [{e['ci95'][0]:.4g}, {e['ci95'][1]:.4g}]  {e['determined']}")
     for c in fit_info.get("correlated", []):
         print(f"  correlated: {c}")
-    print(f"\nrun-to-run noise (sd of log, from replicate starts): " +
+    print("\nrun-to-run noise (sd of log, from replicate starts): " +
           ", ".join(f"{k} {v:.3f}" for k, v in noise.items()))
     pairs = replicate_pairs(rows)
     if pairs:

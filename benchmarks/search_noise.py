@@ -49,7 +49,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -65,7 +64,7 @@ from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, Poisson
 from tuner.search import evaluate_config, num_heads, run_search
-from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space, parse_layout
+from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.traffic import load_trace
 from tuner.traffic.synth import default_workload
 

@@ -27,7 +27,7 @@ spaces, on a stand-in for real vLLM (the simulator, treated as a backend that co
 time), vs the same 40 trials run naively (no pre-check: a refused start costs a start;
 every replay to its end; repeats relaunched). The studies run with pre-check, early stop,
 incumbent bound and reuse of repeats, and with the simulator as predictor
-(:mod:`tuner.predictor`: start load, pruning, predicted twins) in five versions: none, the
+(:mod:`tuner.search.prediction`: start load, pruning, predicted twins) in five versions: none, the
 stand-in's own constants, and three deliberately wrong ones, so that the savings do not
 rest on a predictor that is the truth. Each study's best is shown as a share of the best
 any study found on that space: what the savings cost in result.
@@ -254,7 +254,7 @@ def gpu_time_of_study(job: tuple[str, str, int]) -> dict:
     launched, no early stop): GPU seconds of both, trials pruned, best value found."""
     import tempfile
 
-    from tuner.predictor import Predictor
+    from tuner.search.prediction import Predictor
     from tuner.search import build_workload, run_search
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu

@@ -10,7 +10,7 @@ from test_search import FakeBackend, fake_space, small_workload
 from tuner.backends.sim import SimBackend
 from tuner.config import Deployment, ServeConfig
 from tuner.load import Concurrency
-from tuner.predictor import (
+from tuner.search.prediction import (
     MIN_MATCHED,
     PRUNE_SHARE,
     TWIN_SHARE,

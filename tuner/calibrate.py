@@ -37,6 +37,7 @@ import numpy as np
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.estimation import Param, fit_map, prior_starts
+from tuner.jsonsafe import json_safe
 from tuner.load import Concurrency
 
 if TYPE_CHECKING:
@@ -180,21 +181,6 @@ def design_trials(deployment: Deployment, *, max_model_len: int = 4096) -> list[
 
 
 # ----------------------------------------------------------------------------- measure
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [_jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return None if math.isnan(v) or math.isinf(v) else round(v, 7)
-    return obj
-
-
 def read_measurements(path: str | Path) -> list[dict[str, Any]]:
     """The JSON lines of a measurements file (a missing file is empty); a torn last line
     (a run killed mid-write) is skipped."""
@@ -278,7 +264,7 @@ def measure(
     salt = sum(1 for r in rows if r.get("kind") == "load")
 
     def emit(row: dict[str, Any]) -> None:
-        row = _jsonable({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row})
+        row = json_safe({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}, digits=7)
         with open(path, "a") as fh:
             fh.write(json.dumps(row, separators=(",", ":")) + "\n")
             fh.flush()
@@ -579,7 +565,7 @@ def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) ->
     if point.load is None:
         work, load = calibration_workload(point.requests, offset=point.offset), Concurrency(point.users)
     else:
-        from tuner.probes import build, load_from
+        from tuner.probes import load_from
 
         work, load = _built(point.workload), load_from(point.load)
     return simulate(_dep_model(deployment, point.model), point.config, work, load, profile=calib).summary()

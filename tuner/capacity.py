@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import InputError
+from tuner.jsonsafe import json_safe
 
 #: Figures of an estimate that get a (min, max) range over repeats.
 RANGED = ("max_load", "max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s",
@@ -82,7 +83,7 @@ class SweepPoint:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: _json_float(v) for k, v in dataclasses.asdict(self).items()}
+        return {k: json_safe(v) for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepPoint:
@@ -214,13 +215,13 @@ class CapacityEstimate:
             if f.name == "sweep":
                 value = [p.to_dict() for p in value]
             elif f.name == "ranges":
-                value = {k: [_json_float(a), _json_float(b)] for k, (a, b) in value.items()}
+                value = {k: [json_safe(a), json_safe(b)] for k, (a, b) in value.items()}
             elif f.name == "notes":
                 value = list(value)
             elif f.name == "workload":
                 value = None if value is None else value.to_dict()
             elif isinstance(value, float):
-                value = _json_float(value)
+                value = json_safe(value)
             out[f.name] = value
         return out
 
@@ -233,15 +234,6 @@ class CapacityEstimate:
         kw["notes"] = tuple(kw.get("notes", ()))
         kw["workload"] = ReplayedWorkload.from_dict(kw.get("workload"))
         return cls(**kw)
-
-
-def _json_float(value: Any) -> Any:
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
-        return value if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
 
 
 # -- interpolation ------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def scenario():
 def compare(rows: list[dict]) -> list[dict]:
     """Per measured trial: today's prediction vs the real measurement."""
     from tuner.config import ServeConfig
-    from tuner.predictor import Predictor
+    from tuner.search.prediction import Predictor
 
     space, workload = scenario()
     predictor = Predictor(space.deployment, workload, space.workload.target_ttft_s)

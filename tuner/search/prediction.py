@@ -108,7 +108,7 @@ class Predictor:
         return self._cache[key]
 
     def _predict(self, config: ServeConfig) -> Prediction | None:
-        from tuner.search import evaluate_config
+        from tuner.search.objective import evaluate_config
 
         try:
             ev = evaluate_config(self.backend, self.deployment, config, self.workload, self.target_ttft_s,

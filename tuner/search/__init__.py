@@ -1,0 +1,85 @@
+"""The search: an Optuna study whose objective is a configuration's *goodput* — the
+token throughput (prompt + output tokens/s) at the highest load whose P95 TTFT meets
+the target.
+
+Per trial (:func:`evaluate_config`, :mod:`tuner.search.objective`):
+
+1. **Pre-check.** ``backend.precheck`` (the simulator's memory planner, for every
+   backend) — a configuration vLLM would refuse is recorded as infeasible with vLLM's
+   reason and costs no launch.
+2. **Start** the deployment (a refused start is recorded the same way).
+3. **Goodput search** over the load (closed-loop users, a Poisson rate, or the trace's
+   rate multiplier), at most ``max_replays`` replays: the first at the most load the
+   configuration can hold (max-num-seqs x replicas, capped by its KV cache and the
+   workload size); on a miss, the next load is interpolated from the P95 TTFT measured,
+   then bisected. A replay stops early once more than 5% of all its requests have already
+   exceeded the target (P95 cannot recover), or once more than 1% of them have failed
+   (``MAX_ERROR_RATE``: an HTTP error, a timeout, a broken or short stream); that load
+   point fails. If every load point fails, the trial is infeasible, with the evidence
+   stored; when errors failed the lowest load, the reason names them (``400 of 400
+   requests failed at 64 users: http_429 x400``), never a latency. Refining also stops
+   once even the failing load could not beat the study's best trial (Little's law bound).
+
+The P95 TTFT constraint goes to the sampler as an Optuna constraint
+(``trial.set_constraint``, which replaced ``constraints_func`` in Optuna 5.0; TPE and GP
+both read it), so it learns the feasible region. Infeasible
+configurations are COMPLETE trials with value 0 and a positive constraint; a backend
+crash marks only that trial FAIL and the study goes on. A configuration the sampler
+proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
+A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_trials`).
+
+Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
+``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
+load point), ``server`` (server readings), ``loads`` (every load point tried, each with
+its ``errors``), ``errors`` (failed requests per kind at the chosen load, or at the
+lowest load when infeasible; ``error_detail`` the first message of each kind),
+``failed_by`` (``errors`` or ``latency``, for an infeasible trial that ran),
+``infeasible_reason``, ``gpu_s`` (startup + replay seconds; simulated for the
+simulator), ``run`` (workload fingerprint, backend, vLLM version, hardware, seed,
+sampler, log paths, plan facts).
+
+The package, one noun a module, each importing only those below it:
+
+* :mod:`~tuner.search.driver` — :func:`run_search`: the study, its trials, resume, workers;
+* :mod:`~tuner.search.confirm` — the winner's repeat measurements (decided by
+  :mod:`tuner.confirmation`);
+* :mod:`~tuner.search.pruning` and :mod:`~tuner.search.prediction` — the simulator as
+  predictor: start loads, pruning, proposals;
+* :mod:`~tuner.search.objective` — one configuration's score;
+* :mod:`~tuner.search.goodput` — the load search of one started configuration;
+* :mod:`~tuner.search.defaults`, :mod:`~tuner.search.samplers`,
+  :mod:`~tuner.search.inputs`, :mod:`~tuner.search.records`,
+  :mod:`~tuner.search.progress`, :mod:`~tuner.search.command` — vLLM's defaults as first
+  trials, the samplers, backend and workload, what is recorded around a trial, progress
+  hooks, the ``vllm serve`` line.
+"""
+from __future__ import annotations
+
+from tuner.search.command import serve_command
+from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
+from tuner.search.defaults import default_trials
+from tuner.search.driver import PREDICTED_BACKENDS, SearchOutcome, SearchRun, SearchSettings, run_search, warm_start_configs
+from tuner.search.goodput import (
+    EDGE_TOLERANCE,
+    MAX_ERROR_RATE,
+    MAX_REPLAYS,
+    edge_width,
+    error_stop_hook,
+    load_for,
+    max_users,
+    monotone_crossing,
+    slo_stop_hook,
+)
+from tuner.search.inputs import build_workload, get_backend_by_name, num_heads, workload_facts
+from tuner.search.objective import CONSTRAINT, Evaluation, evaluate_config, planner_precheck
+from tuner.search.progress import SearchObserver
+from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
+
+__all__ = [
+    "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "MAX_ERROR_RATE", "MAX_REPLAYS", "N_STARTUP_TRIALS",
+    "PREDICTED_BACKENDS", "SAMPLERS", "Evaluation", "SearchObserver", "SearchOutcome", "SearchRun", "SearchSettings",
+    "build_workload", "confirm_winner", "default_trials", "edge_width", "error_stop_hook", "evaluate_config",
+    "get_backend_by_name", "load_for", "make_sampler", "max_users", "monotone_crossing", "num_heads",
+    "planner_precheck", "run_search", "serve_command", "slo_stop_hook", "study_noise", "warm_start_configs",
+    "workload_facts",
+]

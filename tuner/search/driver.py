@@ -1,0 +1,387 @@
+"""The study driver: run (or resume) an Optuna study of a search space until it holds its
+budget of finished trials, then confirm its winner.
+
+:func:`run_search` opens the study, queues vLLM's defaults and warm-start configurations
+first, and runs a :class:`SearchRun`: per trial the sampler proposes a configuration, a
+configuration already measured is copied (``repeat_of``), the predictor may prune it
+(:mod:`tuner.search.pruning`), else :func:`~tuner.search.objective.evaluate_config`
+measures it. Trials that measure nothing (interrupted, failed by the environment) do not
+use the budget and are queued again (:mod:`tuner.recovery`); two environment faults in a
+row stop the run. Several processes may share one server-database study
+(:mod:`tuner.workers`).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import ServeConfig
+from tuner.errors import EnvironmentFault, InputError
+from tuner.interrupts import Deadline, Interrupted, deadline_scope
+from tuner.jsonsafe import json_safe
+from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
+from tuner.search.defaults import default_trials
+from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
+from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
+from tuner.search.objective import CONSTRAINT, evaluate_config
+from tuner.search.progress import SearchObserver, quiet_optuna
+from tuner.search.pruning import propose, prune
+from tuner.search.records import (
+    best_value,
+    check_gpu,
+    mark_trial_failed,
+    report_stale_servers,
+    same_config,
+    stamp_study,
+)
+from tuner.search.samplers import make_sampler
+from tuner.study import count_finished, guard_storage, open_study, study_name, top_feasible_trials
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.backends.base import Backend
+    from tuner.search.prediction import Predictor
+    from tuner.space import SearchSpace
+    from tuner.traffic.workload import Workload
+
+#: Backends whose trials cost GPU time: ``run_search(predictor="auto")`` predicts for them.
+PREDICTED_BACKENDS = ("vllm",)
+#: Environment faults in a row after which the search stops (one may be a passing glitch).
+ENVIRONMENT_FAULTS_TO_STOP = 2
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    study: optuna.Study
+    name: str
+    storage: str | None
+    best: FrozenTrial | None
+    finished: int
+    new_trials: int
+    wall_s: float
+    gpu_s: float  # startup + replay seconds of this session's trials
+    notes: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    confirmation: Any = None  # tuner.confirmation.Confirmation of the study's winner, when made
+
+
+@dataclass(slots=True)
+class SearchSettings:
+    """How a study measures (the knobs of :func:`run_search` that are not its inputs)."""
+
+    budget: int = 40
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    seed: int = 0
+    precheck: bool = True
+    early_stop: bool = True
+    max_replays: int = MAX_REPLAYS
+    confirm: int = CONFIRM_ROUNDS
+    edge_tolerance: float = EDGE_TOLERANCE
+    kill_stale: bool = False
+
+
+@guard_storage
+def run_search(
+    space: SearchSpace,
+    *,
+    backend: Backend | str = "sim",
+    workload: Workload | None = None,
+    budget: int = 40,
+    timeout_s: float | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    sampler: str = "tpe",
+    seed: int = 0,
+    enqueue: Sequence[ServeConfig] = (),
+    precheck: bool = True,
+    early_stop: bool = True,
+    max_replays: int = MAX_REPLAYS,
+    observer: SearchObserver | None = None,
+    tags: dict[str, Any] | None = None,
+    predictor: Predictor | str | None = "auto",
+    kill_stale: bool = False,
+    confirm: int = CONFIRM_ROUNDS,
+    edge_tolerance: float = EDGE_TOLERANCE,
+) -> SearchOutcome:
+    """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
+    or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
+    ``precheck`` is always the simulator's memory planner when the backend has one.
+    Several processes may run it on one server-database study (:mod:`tuner.workers`:
+    the budget is global). ``tags`` are stamped on every new trial, and a configuration
+    is only reused from a trial with the same tags and workload.
+
+    ``predictor`` (:mod:`tuner.search.prediction`): ``"auto"`` uses the simulator for the
+    vLLM backend when it can model the deployment (a trial then starts its goodput search
+    at the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
+    is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`.
+
+    Trials that measure nothing (:mod:`tuner.recovery`) — interrupted by a signal or by
+    ``timeout_s`` (which also cuts a hung start or replay), or failed by the environment
+    — do not use the budget and are queued again when the study resumes; two
+    environment faults in a row stop the run (:class:`EnvironmentFault`). Servers a
+    dead run left behind are reported through ``observer.on_warning`` and stopped only
+    with ``kill_stale``.
+
+    Every trial replays the same requests in the same order with the same arrival seed
+    (common random numbers: differences between trials are the configurations', not the
+    sample's). Once the budget is spent, the configurations within the noise band of the
+    best are measured ``confirm`` more times each on new samples, and the study's
+    recommendation is made on those repeats (:mod:`tuner.confirmation`); ``confirm=0``
+    turns that off. ``edge_tolerance``: how close the passing and failing loads of a
+    trial must come (share of the load, closed loop at least one user)."""
+    if budget < 1:
+        raise InputError(f"--budget must be >= 1, got {budget}")
+    settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
+                              early_stop=early_stop, max_replays=max_replays, confirm=confirm,
+                              edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+    return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
+                     tags=tags, predictor=predictor).run()
+
+
+class SearchRun:
+    """One process's run of a study (:func:`run_search` builds it): set up in
+    ``__init__`` (nothing written yet but the study), trials in :meth:`objective`."""
+
+    def __init__(self, space: SearchSpace, backend: Backend | str, workload: Workload | None, storage: str | None,
+                 study: str | None, settings: SearchSettings, *, enqueue: Sequence[ServeConfig] = (),
+                 observer: SearchObserver | None = None, tags: dict[str, Any] | None = None,
+                 predictor: Predictor | str | None = "auto") -> None:
+        self.t0 = time.perf_counter()
+        self.space, self.settings, self.storage = space, settings, storage
+        self.obs = observer or SearchObserver()
+        self.tags = dict(tags or {})
+        self.deployment = space.deployment
+        self.backend = get_backend_by_name(backend) if isinstance(backend, str) else backend
+        check_gpu(space, self.backend, self.obs)
+        preflight = getattr(self.backend, "preflight", None)
+        if preflight is not None:
+            preflight(self.deployment)  # EnvironmentFault before any study or trial is written
+        if workload is None:
+            self.obs.on_phase("building workload")
+            workload = build_workload(space.workload, self.deployment)
+        self.workload = workload
+        self.fingerprint = workload.fingerprint()
+        self.target = space.workload.target_ttft_s
+        self.predictor = self._predictor(predictor)
+        self.name = study or study_name(self.deployment, self.fingerprint, space.name, self.backend.name, self.target)
+        self.study = self._open()
+        self._enqueue(enqueue)
+        s = settings
+        self.run_facts = json_safe({
+            "workload_fingerprint": self.fingerprint, "workload_source": workload.source,
+            "workload_file": workload_file(space, workload), "workload_requests": len(workload),
+            **workload_facts(workload), "backend": self.backend.name,
+            "hardware": self.deployment.to_dict(), "seed": s.seed, "load_seed": s.seed, "sample": "as logged",
+            "sampler": s.sampler, "space": space.name, "load_kind": space.workload.load,
+        })
+        self.gpu_s = 0.0
+        self.notes: list[str] = []
+        self.env_faults: list[str] = []
+        self.worker: Any = None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _predictor(self, predictor: Predictor | str | None) -> Predictor | None:
+        if predictor == "auto":
+            from tuner.search.prediction import sim_predictor
+
+            s = self.settings
+            if self.backend.name in PREDICTED_BACKENDS and s.precheck and s.early_stop:
+                return sim_predictor(self.deployment, self.workload, self.target, self.space.workload.load)
+            return None
+        if isinstance(predictor, str):
+            raise InputError(f"unknown predictor {predictor!r}", hint="use 'auto', or none")
+        return predictor
+
+    def _open(self) -> optuna.Study:
+        from tuner.workers import worker_seed
+
+        s = self.settings
+        st = open_study(self.name, self.storage,
+                        sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
+        stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
+                     self.target)
+        stamped = st.user_attrs.get("target_ttft_s")
+        if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
+            raise InputError(
+                f"study {self.name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {self.target:g} s: "
+                "its trials' feasibility would mix two targets",
+                hint=f"resume it with --target-ttft {float(stamped):g}s, or give --study a new name",
+            )
+        report_stale_servers(self.obs, s.kill_stale)
+        self.obs.on_start(self.name, count_finished(st), s.budget)
+        return st
+
+    def _enqueue(self, enqueue: Sequence[ServeConfig]) -> None:
+        """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
+        trials = self.study.get_trials(deepcopy=False)
+        waiting = {tuple(sorted(t.params.items())) for t in trials}
+        first = [(self.space.params_of(c), {"warm_start": True}) for c in enqueue]
+        if not trials and self.settings.sampler.lower() in ("tpe", "gp"):
+            first += [(p, {"vllm_defaults": True}) for p in default_trials(self.space)]
+        for params, attrs in first:
+            if tuple(sorted(params.items())) not in waiting:
+                waiting.add(tuple(sorted(params.items())))
+                self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+
+    # -- one trial ------------------------------------------------------------------------
+    def objective(self, trial: optuna.Trial) -> float:
+        import optuna
+
+        from tuner.search.prediction import advise
+
+        self.worker.started(trial)
+        config = self.space.suggest(trial)
+        self.worker.wait_for_twin(trial)
+        earlier = same_config(trial.study, config, self.fingerprint, self.tags)
+        if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
+            return self._copy(trial, earlier)
+        s = self.settings
+        try:
+            best = best_value(trial.study)
+            noise = study_noise(trial.study, self.backend.name)
+            advice = None
+            if self.predictor is not None:
+                self.obs.on_phase("predicting on the simulator")
+                # a twin within the noise band of the best may be the best: it is measured
+                advice = advise(trial.study.get_trials(deepcopy=False), config, self.predictor.predict(config), best,
+                                twin_share=1 - noise.band())
+                if advice.prune:
+                    if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
+                        propose(trial.study, self.space, self.predictor, best)
+                    prune(trial, config, advice, self.run_facts)
+            ev = evaluate_config(
+                self.backend, self.deployment, config, self.workload, self.target,
+                load_kind=self.space.workload.load, max_replays=s.max_replays,
+                precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, phase=self.obs.on_phase,
+                # within the noise band of the best, a configuration is refined as a rival
+                incumbent=best * (1 - noise.band()) if s.early_stop and best else None,
+                start_level=advice.start_level if advice else None,
+                expected_value=advice.expected_value if advice else None,
+                edge_tolerance=s.edge_tolerance,
+            )
+        except optuna.TrialPruned:
+            raise
+        except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
+            why = f"interrupted ({err.reason})" if isinstance(err, Interrupted) else "interrupted (Ctrl-C)"
+            err.trial = trial.number  # type: ignore[attr-defined]  # for the CLI's one line
+            mark_trial_failed(trial, config, self.run_facts, "interrupted", why)
+            raise
+        except EnvironmentFault as err:  # the machine, not the configuration
+            mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}")
+            raise
+        except Exception as err:  # a crash fails this trial only; the study goes on
+            mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}")
+            raise
+        self.gpu_s += ev.gpu_s
+        attrs = dict(ev.attrs)
+        run = dict(self.run_facts)
+        for key in ("vllm_version", "log_paths", "startup_s", "plan"):
+            if key in attrs:
+                run[key] = attrs.pop(key)
+        attrs["run"] = run
+        if advice is not None and advice.prediction:
+            attrs["prediction"] = advice.prediction
+        trial.set_constraint(CONSTRAINT, ev.constraint)
+        for key, value in attrs.items():
+            trial.set_user_attr(key, json_safe(value))
+        return ev.value
+
+    def _copy(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
+        self.obs.on_phase(f"same configuration as trial {earlier.number}")
+        trial.set_constraint(CONSTRAINT, float(earlier.user_attrs.get("constraint", 1.0)))
+        for key, value in earlier.user_attrs.items():
+            if key not in ("warm_start", "vllm_defaults", "gpu_s"):
+                trial.set_user_attr(key, value)
+        trial.set_user_attr("repeat_of", earlier.number)
+        trial.set_user_attr("gpu_s", 0.0)
+        return float(earlier.value)
+
+    def after(self, st: optuna.Study, trial: FrozenTrial) -> None:
+        """Optuna's callback after each trial: environment faults counted, progress."""
+        from tuner.study import best_feasible_trial
+
+        if trial.user_attrs.get("fail_kind") == "environment":
+            self.env_faults.append(str(trial.user_attrs.get("fail_reason")))
+            self.obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {self.env_faults[-1]}")
+            if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
+                self.worker.halt = self.env_faults[-1]
+                st.stop()
+        else:
+            self.env_faults.clear()
+            if trial.user_attrs.get("fail_kind") == "crash":
+                self.obs.on_warning(f"trial {trial.number} failed: {trial.user_attrs.get('fail_reason')}")
+        self.obs.on_trial(trial, best_feasible_trial(st), count_finished(st))
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> SearchOutcome:
+        from tuner.recovery import requeue
+        from tuner.study import best_feasible_trial, confirmation
+        from tuner.workers import Worker
+
+        s, st = self.settings, self.study
+        interrupted: Interrupted | None = None
+        with Worker(st, self.storage, budget=s.budget, timeout_s=s.timeout_s,
+                    gpus=self.deployment.gpu_ids or self.deployment.gpu_count, attrs=self.tags) as worker:
+            self.worker = worker
+            for number in worker.leftovers:
+                self.obs.on_warning(f"trial {number} was left RUNNING by a run that is gone: failed as interrupted "
+                                    "(not counted) and measured again")
+            for g in requeue(st).given_up:
+                self.notes.append(f"configuration {g['params']} failed {g['failures']} times without a measurement "
+                                  f"({'; '.join(str(r) for r in g['reasons'])[:300]}); not retried")
+                self.obs.on_warning(self.notes[-1])
+            try:
+                with deadline_scope(Deadline(s.timeout_s)), quiet_optuna():
+                    worker.optimize(self.objective, catch=(Exception,), callbacks=[self.after])
+                    self._confirm()
+            except Interrupted as err:
+                if err.reason != "timeout":
+                    raise
+                interrupted = err  # --timeout cut a trial: it is measured again on resume
+                self.notes.append("--timeout reached during a trial: it was stopped, is not counted, and is "
+                                  "measured again when the study resumes")
+        if worker.halt is not None:
+            raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults "
+                                   f"in a row (no configuration was judged by them): {worker.halt}")
+        return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
+                             time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
+                             timed_out=interrupted is not None, confirmation=confirmation(st))
+
+    def _confirm(self) -> None:
+        """Confirm the winner once the budget is spent and nothing runs elsewhere; of
+        several workers, the one that takes the study's confirm lock does it."""
+        from tuner.workers import StudyLock, budget_used
+
+        s, st, worker = self.settings, self.study, self.worker
+        used, running = budget_used(st, shared=worker.shared)
+        if s.confirm <= 0 or worker.halt is not None or used < s.budget or running:
+            return
+        lock = StudyLock(worker.url, st.study_name, "confirm") if worker.shared else None
+        try:
+            if lock is not None and not lock.acquire(blocking=False):
+                self.notes.append(f"{lock.holder()} is confirming the winner")
+                return
+            confirm_winner(st, self.backend, self.deployment, self.workload, self.target, rounds=s.confirm,
+                           seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
+                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs,
+                           run_facts=self.run_facts, tags=self.tags)
+        finally:
+            if lock is not None:
+                lock.close()
+
+
+def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
+                       seed: int = 0, storage: str | None = None, observer: SearchObserver | None = None,
+                       ) -> list[ServeConfig]:
+    """Run (or reuse) a simulator study of the same space and workload and return its
+    ``k`` best feasible configurations, to enqueue as the first real trials."""
+    from tuner.study import trial_config
+
+    outcome = run_search(space, backend="sim", workload=workload, budget=budget, seed=seed,
+                         storage=storage, observer=observer)
+    return [trial_config(t) for t in top_feasible_trials(outcome.study, k)]

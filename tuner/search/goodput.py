@@ -1,0 +1,304 @@
+"""The goodput search of one started configuration: the most load whose P95 TTFT meets
+the target, found in a few replays.
+
+From the top (max-num-seqs x replicas, capped by the KV cache and the workload; or a
+predicted load) down or up, then between the last passing and failing loads at the
+crossing of a monotone fit of every completed point (:func:`monotone_crossing`), until
+the two are within :func:`edge_width` or ``max_replays`` are spent. A replay stops early
+once more than 5 % of its requests are over the target (P95 cannot recover) or more than
+1 % have failed (``MAX_ERROR_RATE``); that load point fails. Refining stops once even
+the failing load could not beat the incumbent (Little's law bound). A contender that
+holds at its cap is tried above it: queued requests may still meet the target.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import ServeConfig
+from tuner.interrupts import current_deadline
+from tuner.load import Concurrency, Load, Poisson, TraceReplay
+from tuner.result import describe_errors
+
+if TYPE_CHECKING:
+    from tuner.backends.base import RunControl
+    from tuner.result import RunResult
+    from tuner.traffic.workload import Workload
+
+#: A load point whose replay has more than this share of all requests over the target fails.
+EARLY_STOP_SHARE = 0.05
+
+
+#: Share of failed requests a load point tolerates (more: the replay stops, the point fails).
+MAX_ERROR_RATE = 0.01
+
+
+#: From a passing predicted load with no failing one above, the next load tried (x).
+STEP_UP = 1.15
+
+
+#: A passing predicted load is not refined when the prediction x this stays below the
+#: study's best (the configuration is not expected to come near it).
+EXPECTED_SLACK = 1.1
+
+
+#: The edge is located when a passing and a failing load are this share apart (closed
+#: loop: and at least one user); ``--edge-tolerance``.
+EDGE_TOLERANCE = 0.05
+
+
+#: Replays a trial may use to find its edge (fewer when it is located sooner).
+MAX_REPLAYS = 5
+
+
+def slo_stop_hook(target_ttft_s: float, total: int, share: float = EARLY_STOP_SHARE) -> Callable[[RunControl], bool]:
+    """Stop hook: True once more than ``share`` of ``total`` requests had TTFT over the
+    target — P95 is then over the target whatever the rest do."""
+    allowed = math.floor(share * total)
+    seen = 0
+    over = 0
+
+    def stop(control: RunControl) -> bool:
+        nonlocal seen, over
+        ttfts = control.ttft_s
+        for t in ttfts[seen:]:
+            if t > target_ttft_s:
+                over += 1
+        seen = len(ttfts)
+        return over > allowed
+
+    return stop
+
+
+def error_stop_hook(total: int, share: float = MAX_ERROR_RATE) -> Callable[[RunControl], bool]:
+    """Stop hook: True once more than ``share`` of ``total`` requests have failed — the
+    load point fails whatever the rest do (a hung or refusing server costs one burst of
+    timeouts or errors, not the whole workload)."""
+    allowed = math.floor(share * total)
+
+    def stop(control: RunControl) -> bool:
+        return control.finished - len(control.ttft_s) > allowed
+
+    return stop
+
+
+@dataclass(slots=True)
+class LoadPoint:
+    level: float
+    load: Load
+    result: RunResult
+    summary: dict[str, float]
+    passed: bool
+
+    @property
+    def p95(self) -> float:
+        """P95 TTFT; for a replay stopped early, that of the requests finished so far: a
+        lower bound of the full replay's, already over the target."""
+        p = self.summary.get("ttft_p95_s", math.nan)
+        return p if math.isfinite(p) else math.inf
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Failed requests per kind (requests a stopped replay never finished left out)."""
+        return self.result.error_counts()
+
+    @property
+    def failed_by_errors(self) -> bool:
+        """More than ``MAX_ERROR_RATE`` of the requests offered failed."""
+        return sum(self.errors.values()) > MAX_ERROR_RATE * len(self.result)
+
+    def error_reason(self) -> str:
+        """``400 of 400 requests failed at 64 users: http_429 x400 (first http_429: 'rate
+        limit reached'); at most 1% may fail`` (for a replay stopped by its failures: of the
+        first requests answered, and that it stopped)."""
+        errors = self.errors
+        failed = sum(errors.values())
+        top = next(iter(errors), None)
+        detail = self.result.error_detail.get(top) if top else None
+        kinds = describe_errors(errors) + (f" (first {top}: {detail[:100]!r})" if detail else "")
+        n = len(self.result)
+        answered = failed + int(self.result.ok.sum())
+        if self.result.stopped_early and answered < n:
+            which = (f"the first {answered} {'request' if answered == 1 else 'requests'} answered"
+                     if failed == answered else f"{failed} of the first {answered} requests answered")
+            return (f"{which} failed at {self.load.label}: {kinds}; more than {MAX_ERROR_RATE:.0%} of all {n} had "
+                    "failed, so the replay stopped")
+        return f"{failed} of {n} requests failed at {self.load.label}: {kinds}; at most {MAX_ERROR_RATE:.0%} may fail"
+
+
+def load_for(kind: str, level: float, workload: Workload, seed: int = 0) -> Load:
+    """The load at ``level`` on the axis ``kind``: users, requests/s, or trace multiplier."""
+    if kind == "concurrency":
+        return Concurrency(max(1, int(round(level))))
+    if kind == "rate":
+        return Poisson(rate=level, seed=seed)
+    return TraceReplay(multiplier=level)
+
+
+def max_users(facts: dict[str, Any], info: dict[str, Any], config: ServeConfig, workload: Workload) -> int:
+    """The most closed-loop users a configuration can usefully hold: max-num-seqs per
+    replica x replicas, capped by what the KV cache holds for this workload's mean request
+    (prompt + half its output in flight) and by half the workload (so that a replay
+    is more than one burst)."""
+    replicas = config.replicas
+    seqs = facts.get("max_num_seqs") or info.get("max_num_seqs") or config.max_num_seqs or 256
+    users = int(seqs) * replicas
+    kv_tokens = info.get("kv_cache_tokens") or facts.get("kv_cache_tokens")
+    if kv_tokens and len(workload):
+        mean_tokens = float(workload.prompt_tokens.mean() + workload.output_tokens.mean() / 2)
+        users = min(users, max(1, int(kv_tokens * replicas / max(mean_tokens, 1.0))))
+    return max(1, min(users, max(1, len(workload) // 2)))
+
+
+def edge_width(level: float, load_kind: str, tolerance: float = EDGE_TOLERANCE) -> float:
+    """How close a passing and a failing load must be for the edge to count as located:
+    ``tolerance`` of the passing load, and at least one user on the closed loop."""
+    width = tolerance * level
+    return max(1.0, width) if load_kind == "concurrency" else width
+
+
+def monotone_crossing(points: Sequence[tuple[float, float]], target: float, lo: float, hi: float) -> float | None:
+    """Where a monotone fit through every measured ``(load, P95 TTFT)`` crosses ``target``
+    between ``lo`` (passes) and ``hi`` (fails): P95 made non-decreasing in load (running
+    maximum, a lower bound for replays stopped early), then a shape-preserving PCHIP
+    through it (scipy), as ``tuner plan`` does. None when the fit cannot place it."""
+    from scipy.interpolate import PchipInterpolator
+    from scipy.optimize import brentq
+
+    pts = sorted((x, y) for x, y in points if math.isfinite(x) and math.isfinite(y))
+    xs: list[float] = []
+    ys: list[float] = []
+    for x, y in pts:
+        y = max(y, ys[-1]) if ys else y
+        if xs and x == xs[-1]:
+            ys[-1] = max(ys[-1], y)
+            continue
+        xs.append(x)
+        ys.append(y)
+    if len(xs) < 2 or not (lo < hi):
+        return None
+    f = PchipInterpolator(xs, ys, extrapolate=False)
+    g = lambda x: float(f(x)) - target  # noqa: E731
+    a, b = max(lo, xs[0]), min(hi, xs[-1])
+    if not (a < b) or not (math.isfinite(g(a)) and math.isfinite(g(b))) or g(a) > 0 or g(b) <= 0:
+        return None
+    return float(brentq(g, a, b, xtol=1e-3))
+
+
+def goodput_search(
+    instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
+    early_stop: bool, seed: int, say: Callable[[str], None], top: int, incumbent: float | None = None,
+    start: float | None = None, expected: float | None = None, tolerance: float = EDGE_TOLERANCE,
+    ceiling: int | None = None,
+) -> list[LoadPoint]:
+    """The load points measured to find the most load that meets ``target``: from the
+    top (or a predicted ``start``), down or up, then between the last passing and
+    failing loads at the crossing of a monotone fit of every point, until the two are
+    within :func:`edge_width` or ``max_replays`` are spent. On the closed loop a
+    configuration that still meets the target at ``top`` (max-num-seqs x replicas, what
+    its KV cache holds) is tried above it, up to ``ceiling`` users: queued requests may
+    still meet the target, and that is the edge ``tuner plan`` finds."""
+    points: list[LoadPoint] = []
+
+    deadline = current_deadline()
+
+    def run(level: float, kind: str) -> LoadPoint:
+        load = load_for(kind, level, workload, seed)
+        say(f"replay {len(points) + 1}/{max_replays} at {load.label}")
+        deadline.check()
+        slo = slo_stop_hook(target, len(workload)) if early_stop else None
+        errs = error_stop_hook(len(workload)) if early_stop else None
+
+        def stop(c: RunControl) -> bool:
+            return deadline.passed() or bool(errs and errs(c)) or bool(slo and slo(c))
+
+        result = instance.run(workload, load, stop=stop if early_stop or deadline.at is not None else None)
+        deadline.check()  # a replay cut by --timeout measured nothing: the trial is interrupted
+        summary = result.summary()
+        p95 = summary.get("ttft_p95_s", math.nan)
+        ok = (kind == load_kind and not result.stopped_early and math.isfinite(p95) and p95 <= target
+              and summary.get("error_rate", 0.0) <= MAX_ERROR_RATE)
+        point = LoadPoint(level if kind == load_kind else math.inf, load, result, summary, ok)
+        points.append(point)
+        return point
+
+    hi_level: float = float(top)
+    floor_level = 1.0
+    if load_kind != "concurrency":
+        # Calibrate the open-loop axis with one closed-loop run at the most users: its
+        # request rate is what the configuration serves flat out.
+        sat = run(top, "concurrency")
+        rate = sat.summary.get("requests_per_s") or 0.0
+        if not rate > 0:
+            return points
+        base = 1.0 if load_kind == "rate" else max(len(workload) / max(workload.span_s, 1e-9), 1e-9)
+        hi_level = 0.95 * rate / base
+        floor_level = hi_level / 64
+        max_replays -= 1
+        start = None  # a predicted start is in users; this axis is only known now
+    beyond = float(ceiling) if load_kind == "concurrency" and ceiling and ceiling > hi_level else None
+    first_level = min(hi_level, max(start, floor_level)) if start and load_kind == "concurrency" else hi_level
+    if load_kind == "concurrency":
+        first_level = float(max(1, round(first_level)))
+    first = run(first_level, load_kind)
+    good: LoadPoint | None = first if first.passed else None
+    bad: LoadPoint | None = None if first.passed else first
+
+    def contender(p: LoadPoint, level: float) -> bool:
+        """Could a passing point at ``level`` (closed loop: tokens/s grows at most in
+        proportion to users, Little's law) come within reach of the incumbent?"""
+        return not (incumbent and load_kind == "concurrency"
+                    and p.summary["tokens_per_s"] * level / p.level < incumbent)
+
+    for _ in range(max_replays - 1):
+        if good is not None and good.level >= hi_level:
+            # holds at the top: above it only queueing grows; look for the edge there
+            # only for a configuration that competes for the best
+            if beyond is None or bad is not None or not contender(good, good.level):
+                break
+            hi_level, beyond = beyond, None
+        if good is None:
+            assert bad is not None
+            if bad.level <= floor_level:
+                break
+            ratio = target / bad.p95 if math.isfinite(bad.p95) and bad.p95 > 0 else 0.25
+            # from the top, a large step down; from a predicted load, a small one unless the
+            # P95 measured there says the prediction was far off
+            level = bad.level * min(max(ratio * 0.9, 0.1), 1 / STEP_UP if start else 0.7)
+        elif bad is None:
+            # passing below the most it may hold: step up, unless the prediction says this
+            # configuration cannot come near the incumbent
+            if incumbent and expected is not None and expected * EXPECTED_SLACK < incumbent:
+                break
+            if not contender(good, hi_level):
+                break
+            level = min(hi_level, good.level * STEP_UP)
+        else:
+            if bad.level - good.level <= edge_width(good.level, load_kind, tolerance):
+                break  # located
+            # No load below the failing one beats good's tokens/s x bad.level / good.level:
+            # below the incumbent, stop refining.
+            if not contender(good, bad.level):
+                break
+            # a replay stopped early knows only a lower bound of its P95: left out of the fit
+            fitted = monotone_crossing([(p.level, p.p95) for p in points
+                                        if p.level != math.inf and not p.result.stopped_early],
+                                       target, good.level, bad.level)
+            level = fitted if fitted is not None else (good.level + bad.level) / 2
+            level = min(max(level, good.level + 0.25 * (bad.level - good.level)),
+                        good.level + 0.75 * (bad.level - good.level))
+        if load_kind == "concurrency":
+            level = float(max(1, round(level)))
+            if good is not None and level <= good.level:
+                level = good.level + 1
+            if level in {p.level for p in points} or level > hi_level:
+                break
+        level = max(level, floor_level)
+        point = run(level, load_kind)
+        if point.passed:
+            good = point
+        else:
+            bad = point
+    return points

@@ -1,0 +1,189 @@
+"""One trial's objective: a configuration's goodput, or why it has none.
+
+:func:`evaluate_config`: pre-check (the simulator's memory planner: a configuration vLLM
+would refuse is infeasible with vLLM's reason and costs no launch), start, the goodput
+search (:mod:`tuner.search.goodput`), and what the trial stores of it. The P95 TTFT
+constraint goes to the sampler as an Optuna constraint named :data:`CONSTRAINT`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import ConfigRejected, InputError
+from tuner.jsonsafe import json_safe
+from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_width, goodput_search, max_users
+from tuner.urls import redact, redact_value
+
+if TYPE_CHECKING:
+    from tuner.backends.base import Backend
+    from tuner.traffic.workload import Workload
+
+#: Name of the trial constraint: P95 TTFT / target - 1 (<= 0 feasible; 1.0 for refusals).
+CONSTRAINT = "p95_ttft_over_target"
+
+
+@dataclass(slots=True)
+class Evaluation:
+    """What one configuration scored. ``value`` is tokens/s at the chosen load (0 when
+    infeasible); ``constraint`` is P95 TTFT / target − 1 at that load (> 0 infeasible)."""
+
+    feasible: bool
+    value: float
+    constraint: float
+    attrs: dict[str, Any] = field(default_factory=dict)
+    gpu_s: float = 0.0
+
+
+def evaluate_config(
+    backend: Backend,
+    deployment: Deployment,
+    config: ServeConfig,
+    workload: Workload,
+    target_ttft_s: float,
+    *,
+    load_kind: str = "concurrency",
+    max_replays: int = MAX_REPLAYS,
+    precheck: bool = True,
+    early_stop: bool = True,
+    seed: int = 0,
+    phase: Callable[[str], None] | None = None,
+    incumbent: float | None = None,
+    start_level: float | None = None,
+    expected_value: float | None = None,
+    edge_tolerance: float = EDGE_TOLERANCE,
+) -> Evaluation:
+    """Score one configuration (see the module docstring). Raises only for backend
+    crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
+
+    ``incumbent`` is the best value the study has so far: once a passing load is found,
+    refining stops when even the failing load above it could not beat the incumbent.
+    ``start_level`` (a predicted load, :mod:`tuner.search.prediction`) is the first load tried
+    instead of the most the configuration holds; ``expected_value`` (the predicted
+    tokens/s) stops refining a passing load of a configuration not expected to come
+    within reach of the incumbent."""
+    say = phase or (lambda text: None)
+    attrs: dict[str, Any] = {"config": config.to_dict(), "target_ttft_s": target_ttft_s}
+    facts: dict[str, Any] = {}
+    launched = 0.0
+    try:
+        if precheck:
+            say("pre-check")
+            facts = planner_precheck(deployment, config) if backend.name != "sim" else {}
+            facts.update(backend.precheck(deployment, config) or {})
+            attrs["plan"] = json_safe(facts)
+        say("starting")
+        launched = time.perf_counter()
+        instance = backend.start(deployment, config)
+    except ConfigRejected as err:
+        # a real refused start cost its wall time on the GPUs; the simulator's costs nothing
+        spent = time.perf_counter() - launched if launched and backend.name != "sim" else 0.0
+        return rejected(attrs, err, launched=bool(launched), gpu_s=spent)
+    info = dict(getattr(instance, "info", {}) or {})
+    startup_s = float(info.get("startup_s") or 0.0)
+    attrs["startup_s"] = startup_s
+    attrs["log_paths"] = json_safe(info.get("log_paths") or [])
+    attrs["vllm_version"] = info.get("vllm_version") or deployment.vllm_version
+    points: list[LoadPoint] = []
+    try:
+        with instance:
+            points = goodput_search(
+                instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
+                early_stop=early_stop, seed=seed, say=say,
+                top=max_users(facts, info, config, workload), incumbent=incumbent,
+                start=start_level, expected=expected_value, tolerance=edge_tolerance,
+                ceiling=max(1, len(workload) // 2),
+            )
+    except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
+        return rejected(attrs, err, launched=True, gpu_s=startup_s)
+    replay_s = sum(p.result.duration_s for p in points)
+    gpu_s = startup_s + replay_s
+    attrs["gpu_s"] = gpu_s
+    attrs["loads"] = [
+        json_safe({"load": p.load.label, "level": p.level, "p95_ttft_s": p.summary.get("ttft_p95_s"),
+                "tokens_per_s": p.summary.get("tokens_per_s"), "error_rate": p.summary.get("error_rate"),
+                "errors": p.errors, "duration_s": p.result.duration_s, "stopped_early": p.result.stopped_early,
+                "passed": p.passed})
+        for p in points
+    ]
+    passed = [p for p in points if p.passed]
+    lowest = min(points, key=lambda p: p.level)
+    attrs["p95_ttft_at_lowest_load_s"] = json_safe(lowest.summary.get("ttft_p95_s"))
+    attrs["lowest_load"] = lowest.load.label
+    if not passed:
+        over = lowest.p95 if math.isfinite(lowest.p95) else 2 * target_ttft_s
+        constraint = over / target_ttft_s - 1.0
+        if lowest.failed_by_errors:
+            # errors failed the load, whatever its P95 (that of the few requests served)
+            reason = lowest.error_reason()
+            if math.isfinite(lowest.p95) and lowest.p95 > target_ttft_s:
+                reason += f"; P95 TTFT {lowest.p95:.3g} s over the {target_ttft_s:g} s target too"
+            constraint = max(constraint, 1.0)
+        elif math.isfinite(lowest.p95):
+            reason = (f"P95 TTFT {lowest.p95:.3g} s over the {target_ttft_s:g} s target even at {lowest.load.label}"
+                      + (" (replay stopped early: >5% of requests already over)" if lowest.result.stopped_early
+                         else ""))
+        else:
+            reason = f"no request completed at {lowest.load.label}"
+        attrs.update(
+            feasible=False, constraint=constraint, infeasible_reason=reason,
+            failed_by="errors" if lowest.failed_by_errors else "latency",
+            summary=json_safe(lowest.summary), server=json_safe(redact_value(lowest.result.server)),
+            tokens_per_s=0.0, output_tokens_per_s=0.0, **error_attrs(lowest),
+        )
+        return Evaluation(False, 0.0, attrs["constraint"], attrs, gpu_s)
+    best = max(passed, key=lambda p: p.level)
+    above = [p for p in points if not p.passed and p.level > best.level and p.level != math.inf]
+    failing = min(above, key=lambda p: p.level) if above else None
+    cap = max_users(facts, info, config, workload)
+    attrs["edge"] = json_safe({
+        "level": best.level, "failing_level": failing.level if failing else None,
+        "located": failing is not None and failing.level - best.level <= edge_width(best.level, load_kind, edge_tolerance),
+        "tolerance": edge_tolerance, "cap": cap if load_kind == "concurrency" else None,
+        "beyond_cap": load_kind == "concurrency" and best.level > cap,
+    })
+    s = best.summary
+    attrs.update(
+        feasible=True,
+        constraint=s["ttft_p95_s"] / target_ttft_s - 1.0,
+        summary=json_safe(s), server=json_safe(redact_value(best.result.server)),
+        tokens_per_s=float(s["tokens_per_s"]), output_tokens_per_s=float(s["output_tokens_per_s"]),
+        error_rate=float(s["error_rate"]), chosen_load=best.load.label, **error_attrs(best),
+    )
+    return Evaluation(True, float(s["tokens_per_s"]), attrs["constraint"], attrs, gpu_s)
+
+
+def error_attrs(point: LoadPoint) -> dict[str, Any]:
+    """``errors`` (kind -> count) of a load point, and ``error_detail`` when any failed."""
+    errors = point.errors
+    out: dict[str, Any] = {"errors": errors}
+    if errors:
+        out["error_detail"] = {k: redact(v)[:300] for k, v in point.result.error_detail.items() if k in errors}
+    return out
+
+
+def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
+    """The simulator's memory plan, as a pre-check before a real backend starts anything:
+    raises ConfigRejected where vLLM would refuse. A deployment the simulator cannot
+    model (a GPU or model it does not know) is not pre-checked: ``{}``."""
+    from tuner.backends.sim import SimBackend
+
+    try:
+        return SimBackend().precheck(deployment, config)
+    except InputError:
+        return {}
+
+
+def rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
+    attrs.update(
+        feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
+        infeasible_reason=f"{err.kind}: {redact(err.message)}", rejected_kind=err.kind,
+        rejected_at="start" if launched else "pre-check", gpu_s=gpu_s,
+    )
+    if err.log_path:
+        attrs["log_paths"] = [err.log_path]
+    return Evaluation(False, 0.0, 1.0, attrs, gpu_s)

@@ -1,0 +1,60 @@
+"""What the search does with the simulator's prediction of a configuration: prune it
+without a launch, or propose the best neighbour when the sampler proposed a twin."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import ServeConfig
+from tuner.jsonsafe import json_safe
+from tuner.search.defaults import snapped_grid
+from tuner.search.objective import CONSTRAINT
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.search.prediction import Advice, Predictor
+    from tuner.space import SearchSpace
+
+def propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best: float | None) -> None:
+    """Enqueue, as the next trial, the neighbour of the best trial (one knob or the layout
+    changed) that the predictor expects most of, among those it would launch (no predicted
+    twin of a measured trial, nothing under the pruning share of the best, not tried)."""
+    from tuner.search.prediction import advise
+    from tuner.study import best_feasible_trial
+
+    incumbent = best_feasible_trial(study)
+    if incumbent is None:
+        return
+    trials = study.get_trials(deepcopy=False)
+    tried = {tuple(sorted(t.params.items())) for t in trials}
+    scored = []
+    for key, values in snapped_grid(space).items():
+        for value in values:
+            params = {**incumbent.params, key: value}
+            if tuple(sorted(params.items())) in tried:
+                continue
+            config = space.config_from_params(params)
+            advice = advise(trials, config, predictor.predict(config), best)
+            if advice.prediction and not advice.prune:
+                scored.append((advice.expected_value or advice.prediction.get("tokens_per_s") or 0.0, params))
+    if scored:
+        study.enqueue_trial(max(scored, key=lambda x: x[0])[1], user_attrs={"proposed_by": "predictor"},
+                            skip_if_exists=True)
+
+
+def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: dict[str, Any]) -> None:
+    """Record a configuration the predictor ruled out, without launching it: PRUNED,
+    with the prediction as evidence (TPE ranks pruned trials below every measured one)."""
+    import optuna
+
+    pred = advice.prediction
+    p95 = pred.get("p95_ttft_s")
+    target = trial.study.user_attrs.get("target_ttft_s")
+    constraint = p95 / target - 1.0 if pred["feasible"] and p95 and target else 1.0
+    trial.set_constraint(CONSTRAINT, constraint)
+    for key, value in (("config", config.to_dict()), ("prediction", pred), ("pruned_reason", advice.reason),
+                       ("feasible", False), ("gpu_s", 0.0), ("run", run_facts), ("twin_of", advice.twin_of)):
+        if value is not None:
+            trial.set_user_attr(key, json_safe(value))
+    trial.report(float(advice.value), step=0)
+    raise optuna.TrialPruned(advice.reason)
