@@ -11,7 +11,7 @@ import pytest
 from pg_db import pg_url  # noqa: F401  (fixture)
 
 from tuner.cli import main
-from tuner.space import parse_seconds
+from tuner.units import parse_seconds
 from tuner.nightly import Night, compare, latest_window, nights, parse_threshold, workload_shape
 from tuner.study import load_study_by_name
 from tuner.traffic import native

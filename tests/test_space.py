@@ -7,7 +7,8 @@ import pytest
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
-from tuner.space import list_spaces, load_space, parse_layout, parse_seconds, parse_space
+from tuner.space import list_spaces, load_space, parse_layout, parse_space
+from tuner.units import parse_seconds
 
 GOOD = textwrap.dedent(
     """\

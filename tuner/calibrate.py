@@ -670,7 +670,8 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     from scipy.optimize import least_squares
 
     from tuner.sim.hardware import get_gpu
-    from tuner.sim.memory import EMPIRICAL, _cudagraph_sizes, activation_tokens, default_batch_limits, parse_version
+    from tuner.sim.memory import EMPIRICAL, _cudagraph_sizes, activation_tokens, default_batch_limits
+    from tuner.versions import parse_version
     from tuner.sim.model import load_model
 
     gpu = get_gpu(deployment.gpu)

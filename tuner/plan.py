@@ -499,7 +499,7 @@ def plan_capacity(
     The estimate is stored in the study unless ``store`` is False or there is no study.
     """
     from tuner.search import get_backend_by_name
-    from tuner.space import parse_seconds
+    from tuner.units import parse_seconds
     from tuner.study import best_feasible_trial, is_feasible, load_study_by_name, trial_config
 
     target = parse_seconds(target_ttft_s, what="--target-ttft")
@@ -666,7 +666,7 @@ def load_plan(study: optuna.Study | str, *, trial: int | None = None, target_ttf
               storage: str | None = None) -> CapacityEstimate | None:
     """The stored plan for ``trial`` at ``target_ttft_s`` (either may be left out: then
     the newest matching plan), or ``None``. ``study`` is an Optuna study or a name."""
-    from tuner.space import parse_seconds
+    from tuner.units import parse_seconds
     from tuner.study import load_study_by_name
 
     st = load_study_by_name(study, storage) if isinstance(study, str) else study

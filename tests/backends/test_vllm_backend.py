@@ -15,7 +15,8 @@ import pytest
 
 from tuner.backends import get_backend
 from tuner.backends.vllm import VllmBackend, _group_has_live_members, detect_version
-from tuner.backends.vllm_args import classify_failure, parse_startup, parse_version, render_flags
+from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
+from tuner.versions import parse_version
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault
 from tuner.load import Concurrency

@@ -20,25 +20,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigRejected, EnvironmentFault, InputError
+from tuner.errors import ConfigRejected, EnvironmentFault
+from tuner.versions import parse_version
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
-
-
-def parse_version(text: str) -> tuple[int, ...]:
-    """``"0.6.3.post1"`` → ``(0, 6, 3)``; ``"0.11.0rc2+cu128"`` → ``(0, 11, 0)``."""
-    parts = []
-    for piece in str(text).strip().lstrip("v").split("."):
-        m = re.match(r"\d+", piece)
-        if not m:
-            break
-        parts.append(int(m.group()))
-        if len(parts) == 3:
-            break
-    if not parts:
-        raise InputError(f"cannot read vLLM version {text!r}", hint="write it like 0.6.3 or 0.11.0")
-    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def render_flags(

@@ -49,7 +49,8 @@ def nightly_cmd(
         run_nightly,
     )
     from tuner.search import build_workload, get_backend_by_name, num_heads
-    from tuner.space import load_space, parse_seconds
+    from tuner.space import load_space
+    from tuner.units import parse_seconds
 
     if output not in ("text", "json"):
         raise InputError(f"--output {output!r} is not text or json")

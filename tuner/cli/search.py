@@ -63,7 +63,7 @@ def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
     ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations;
     the endpoint's API key from ``--api-key-file`` or the environment
     (:func:`tuner.urls.read_api_key`: ``OPENAI_API_KEY``, ``VLLM_API_KEY``)."""
-    from tuner.space import parse_seconds
+    from tuner.units import parse_seconds
     from tuner.urls import read_api_key
 
     if api_key_file and backend != "endpoint":
@@ -192,7 +192,8 @@ def search_cmd(
         serve_command,
         warm_start_configs,
     )
-    from tuner.space import load_space, parse_seconds
+    from tuner.space import load_space
+    from tuner.units import parse_seconds
     from tuner.study import closest_miss, miss_explanation, study_name, trial_config
 
     if output not in ("text", "json"):

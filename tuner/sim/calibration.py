@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config import is_number, shown
 from tuner.errors import InputError
+from tuner.versions import same_version
 
 if TYPE_CHECKING:
     from tuner.sim.hardware import GPU
-    from tuner.space import YamlDoc
+    from tuner.yamlfile import YamlDoc
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
@@ -128,7 +129,7 @@ EXTRA_SECTIONS = ("memory", "match", "fit", "fit_error", "errors", "notes", "met
 
 
 def _read_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    from tuner.space import read_yaml
+    from tuner.yamlfile import read_yaml
 
     doc = read_yaml(path, what="calibration profile")
     raw = doc.data
@@ -233,12 +234,6 @@ def profile_dirs() -> list[Path]:
     return dirs
 
 
-def _version_key(v: str) -> tuple[str, ...]:
-    import re
-
-    return tuple(re.findall(r"\d+", str(v))[:3])
-
-
 def _gpu_key(name: str) -> str:
     from tuner.sim.hardware import get_gpu
 
@@ -250,7 +245,7 @@ def _gpu_key(name: str) -> str:
 
 @lru_cache(maxsize=128)
 def _profile_doc(path: str, mtime: float) -> YamlDoc:
-    from tuner.space import read_yaml
+    from tuner.yamlfile import read_yaml
 
     return read_yaml(path, what="calibration profile")
 
@@ -327,7 +322,7 @@ def _memory_section(path: str, mtime: float) -> dict[str, float]:
 def find_profile(gpu_name: str, vllm_version: str) -> str | None:
     """Path of the first fitted profile whose ``match`` names this GPU (catalog name or
     alias) and this vLLM version (major.minor.patch), or None."""
-    want_gpu, want_version = _gpu_key(gpu_name), _version_key(vllm_version)
+    want_gpu = _gpu_key(gpu_name)
     for d in profile_dirs():
         if not d.is_dir():
             continue
@@ -335,7 +330,7 @@ def find_profile(gpu_name: str, vllm_version: str) -> str | None:
             match = profile_section(file, "match")
             gpu, version = match.get("gpu"), match.get("vllm_version")
             if (isinstance(gpu, str) and isinstance(version, str) and _gpu_key(gpu) == want_gpu
-                    and _version_key(version) == want_version):
+                    and same_version(str(version), str(vllm_version))):
                 return str(file)
     return None
 

@@ -21,7 +21,7 @@ from tuner.config import is_int, is_number, shown
 from tuner.errors import InputError
 
 if TYPE_CHECKING:
-    from tuner.space import YamlDoc
+    from tuner.yamlfile import YamlDoc
 
 GB = 1e9
 GiB = 1 << 30
@@ -187,7 +187,7 @@ def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None
 
 def load_catalog(path: str | Path) -> dict[str, GPU]:
     """Read one catalog YAML: ``{name: {field: value}}``. Raises InputError naming file and line."""
-    from tuner.space import read_yaml
+    from tuner.yamlfile import read_yaml
 
     doc = read_yaml(path, what="GPU catalog")
     data = doc.data

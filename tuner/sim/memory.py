@@ -16,13 +16,13 @@ CUDA-graph memory) are fitted to real vLLM 0.26.0 logs on an H200 and kept toget
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
 from tuner.sim.hardware import GPU, GiB, get_gpu
 from tuner.sim.model import ModelSpec, load_model
+from tuner.versions import parse_version
 
 MiB = 1 << 20
 
@@ -100,15 +100,6 @@ V1_PRE_AMPERE_SINCE = (0, 10, 2)
 SEQS_1024_SINCE = (0, 10, 0)
 
 _DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
-
-
-def parse_version(text: str) -> tuple[int, int, int]:
-    """``"0.26.0"`` -> ``(0, 26, 0)``; suffixes like ``rc1``/``.post1``/``+cu128`` are ignored."""
-    match = re.match(r"\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(text))
-    if not match:
-        raise InputError(f"vLLM version {text!r} is not like 0.26.0")
-    parts = [int(g or 0) for g in match.groups()]
-    return tuple(parts)  # type: ignore[return-value]
 
 
 def fmt_gib(n: float) -> str:

@@ -443,7 +443,7 @@ def build_server(args: argparse.Namespace) -> SimServer:
     version = args.vllm_version or DEFAULT_VLLM_VERSION
     prefix = args.enable_prefix_caching
     if prefix is None:
-        from tuner.backends.vllm_args import parse_version
+        from tuner.versions import parse_version
 
         prefix = parse_version(version) >= (0, 7)  # V0 (0.6 line) left it off by default
     deployment = Deployment(model=args.model, gpu=args.gpu, gpu_count=args.tensor_parallel_size,
