@@ -13,11 +13,13 @@ from sim_study import STUDY, TARGET_S, sim_study_db  # noqa: F401  (session fixt
 
 from tuner.analysis import (
     BASE_COLUMNS,
+    GROUP_COLUMNS,
     best_trial,
     open_study,
     pareto_mask,
     plan_sweep,
     study_location,
+    top_groups,
     trials_frame,
 )
 from tuner.errors import InputError
@@ -189,3 +191,103 @@ def test_trials_frame_shows_the_error_kinds_beside_the_reason_and_masks_keys():
     assert frame.loc[0, "failed_by"] == "errors" and "http_429 x24" in frame.loc[0, "reason"]
     assert "sk-old-secret" not in frame.to_csv() and "http://***@h:8000" in frame.loc[2, "reason"]
     assert error_totals(study) == {"http_429": 24, "timeout": 4}
+
+
+#: One L4, every knob fixed but two without effect on the built-in mix (no shared prefixes,
+#: longest request well under 4096 tokens) and max_num_seqs, which has one: 8 trials, two
+#: effective configurations of four trials each.
+PREFIX_SPACE = """
+name: prefix-test
+deployment: {model: qwen2.5-7b, gpu: L4, gpus: 1}
+workload: {target_ttft_s: 1s, requests: 40, load: concurrency, seed: 0}
+parameters:
+  gpu_memory_utilization: {choices: [0.9]}
+  max_num_seqs: {choices: [16, 32]}
+  max_model_len: {choices: [4096, 8192]}
+  enable_prefix_caching: {choices: [true, false]}
+layouts: [tp1x1]
+"""
+_PREFIX: dict[str, str] = {}
+
+
+@pytest.fixture(scope="session")
+def prefix_study_db(tmp_path_factory) -> str:
+    """A sim study (grid sampler, no confirmation races) whose trials differ in prefix
+    caching and max-model-len: each configuration tried once (~5 s, built once)."""
+    if "db" not in _PREFIX:
+        from tuner.search import num_heads, run_search
+        from tuner.space import load_space
+
+        folder = tmp_path_factory.mktemp("prefix_study")
+        (folder / "space.yaml").write_text(PREFIX_SPACE, encoding="utf-8")
+        space = load_space(str(folder / "space.yaml"))
+        space = space.bind(space.deployment, num_heads(space.deployment))
+        db = folder / "prefix-test.db"
+        run_search(space, budget=8, storage=f"sqlite:///{db}", study="prefix-test", seed=0, sampler="grid",
+                   predictor=None, max_replays=3, confirm=0)
+        _PREFIX["db"] = str(db)
+    return _PREFIX["db"]
+
+
+def test_trials_differing_only_in_knobs_without_effect_are_one_group(prefix_study_db):
+    study = open_study(prefix_study_db)
+    frame = trials_frame(study)
+    assert len(frame) == 8 and frame["feasible"].all()
+    assert not any(t.user_attrs["run"]["workload_shares_prefixes"] for t in study.trials)
+    assert frame.groupby("group")["number"].count().tolist() == [4, 4]
+    for _, members in frame.groupby("group"):  # what differs within a group is only what was folded
+        assert members["max_num_seqs"].nunique() == 1
+        assert set(members["enable_prefix_caching"]) == {True, False}
+        assert set(members["max_model_len"]) == {4096, 8192}
+    assert frame["folded"].str.contains("enable_prefix_caching: no shared prefixes").all()
+
+    top = top_groups(study)
+    assert len(top) == 2 and list(top["trials"]) == [4, 4] and list(top["missed"]) == [0, 0]
+    assert sorted(n for row in top["members"] for n in row) == list(range(8))
+    assert set(top["max_num_seqs"]) == {16, 32}
+    assert (top["enable_prefix_caching"] == "any (no shared prefixes)").all()
+    assert top["max_model_len"].str.startswith("any (>= ").all()
+    for _, row in top.iterrows():
+        members = frame[frame["number"].isin(row["members"])]
+        assert row["tokens_per_s"] == members["tokens_per_s"].max() == row["tokens_per_s_max"]
+        assert row["tokens_per_s_min"] == members["tokens_per_s"].min()
+        assert frame.loc[frame["number"] == row["number"], "tokens_per_s"].item() == row["tokens_per_s"]
+    assert top["tokens_per_s"].is_monotonic_decreasing
+    assert top.attrs["caveat"] is None
+    assert len(top_groups(study, n=1)) == 1
+
+
+def test_top_groups_of_a_study_without_workload_facts_keeps_every_configuration():
+    """A study written before trials recorded their workload facts folds nothing: two trials
+    differing only in prefix caching stay two rows, and an endpoint study says why."""
+    study = optuna.create_study(direction="maximize")
+    dist = {"layout": CategoricalDistribution(["tp1x1"])}
+    config = {"tensor_parallel_size": 1, "replicas": 1, "max_num_seqs": 64, "max_model_len": 8192}
+    old_run = {"backend": "sim", "vllm_version": "0.26.0", "hardware": {"gpu": "H200"}}
+    for value, caching in ((900.0, True), (880.0, False)):
+        study.add_trial(create_trial(value=value, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
+            "config": {**config, "enable_prefix_caching": caching}, "feasible": True, "run": old_run,
+            "server": {"num_preemptions": 0}, "summary": {"tokens_per_s": value, "ttft_p95_s": 0.5}}))
+    top = top_groups(study)
+    assert list(top["number"]) == [0, 1] and list(top["trials"]) == [1, 1]
+    assert list(top["enable_prefix_caching"]) == [True, False] and top["folded"].isna().all()
+    assert top.attrs["caveat"] is None
+    # a run of trial 0's configuration that missed the target is counted beside it, not in it
+    study.add_trial(create_trial(value=0.0, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
+        "config": {**config, "enable_prefix_caching": True}, "feasible": False, "run": old_run,
+        "infeasible_reason": "P95 TTFT 1.2 s over the 1 s target", "server": {"num_preemptions": 0},
+        "summary": {"tokens_per_s": 700.0, "ttft_p95_s": 1.2}}))
+    top = top_groups(study)
+    assert list(top["trials"]) == [1, 1] and list(top["missed"]) == [1, 0] and top.loc[0, "tokens_per_s_min"] == 900
+    endpoint = optuna.create_study(direction="maximize")  # all facts known, but nothing was applied
+    run = {**old_run, "backend": "endpoint", "workload_shares_prefixes": False, "workload_longest_tokens": 10}
+    for trial in study.trials[:2]:
+        endpoint.add_trial(create_trial(value=trial.value, params=trial.params, distributions=dist,
+                                        user_attrs={**trial.user_attrs, "run": run}))
+    top = top_groups(endpoint)
+    assert list(top["trials"]) == [1, 1] and "endpoint" in top.attrs["caveat"]
+
+
+def test_top_groups_of_an_empty_study_has_the_columns():
+    top = top_groups(optuna.create_study())
+    assert top.empty and set(GROUP_COLUMNS) <= set(top.columns)

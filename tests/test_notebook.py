@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from sim_study import is_blank, sim_study_db  # noqa: F401  (session fixture)
+from test_analysis import prefix_study_db  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "inspect_study.ipynb"
@@ -54,3 +55,20 @@ def test_notebook_runs_top_to_bottom_on_a_sim_study(sim_study_db, venv_kernel, m
                    for out in c.outputs)
     assert "Not drawn" not in text and "No plan stored" not in text
     assert "vllm serve Qwen/Qwen2.5-7B-Instruct" in text
+
+
+@pytest.mark.slow
+def test_notebook_counts_trials_that_differ_only_in_knobs_without_effect(prefix_study_db, venv_kernel, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("TUNER_STUDY", prefix_study_db)
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, kernel_name=venv_kernel, timeout=240,
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    cell = next(c for c in nb.cells if c.cell_type == "code" and "top_groups" in c.source)
+    said = "".join(str(out.get("data", {}).get("text/markdown", "")) for out in cell.outputs)
+    table = "".join(str(out.get("data", {}).get("text/html", "")) for out in cell.outputs)
+    assert "measured in ×4 trials" in said and "enable_prefix_caching: no shared prefixes" in said
+    assert table.count("<td>×4</td>") == 2 and "×1" not in table  # 8 trials, 2 configurations
+    assert table.count("any (no shared prefixes)") == 2

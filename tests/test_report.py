@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 from sim_study import STUDY, colourful_share, is_blank, sim_study_db  # noqa: F401  (session fixture)
+from test_analysis import prefix_study_db  # noqa: F401  (session fixture)
 
 from tuner.analysis import best_trial, open_study
 from tuner.cli import main
@@ -101,3 +102,14 @@ def test_the_report_shows_failed_requests_and_no_credential(tmp_path):
     assert "http_429 x24</td>" in page  # the errors column beside the reason
     assert "timeout x1</td>" in page    # and in the top feasible trials
     assert "sk-old-secret" not in page and "http://***@h:8000" in page
+
+
+def test_the_top_configurations_count_trials_that_differ_only_in_knobs_without_effect(prefix_study_db, tmp_path):
+    page = write_report(open_study(prefix_study_db), tmp_path / "out").read_text(encoding="utf-8")
+    top = page[page.index("<h2>Top feasible configurations</h2>"):page.index("<h2>Trials that did not count")
+               if "<h2>Trials that did not count" in page else len(page)]
+    rows = re.findall(r"<tr><td[^>]*>(\d+)</td><td class='l'>([^<]*)</td>", top)
+    assert len(rows) == 2 and [count for _, count in rows] == ["×4", "×4"]  # 8 trials, 2 configurations
+    assert "enable_prefix_caching any (no shared prefixes)" in top  # alike in both rows: said once
+    assert "max_model_len any (&gt;= " in top
+    assert "<th class=''>max_num_seqs</th>" in top  # the knob that differs keeps its column

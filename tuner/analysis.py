@@ -8,6 +8,8 @@ and ``tuner report`` share.
 * :func:`best_trial` — the feasible trial with the most throughput.
 * :func:`plan_sweep` — the load sweep ``tuner plan`` stored in the study, as a table.
 * :func:`pareto_mask` — the trials no other trial beats on both throughput and P95 TTFT.
+* :func:`top_groups` — the best feasible configurations, trials that differ only in knobs
+  without effect on the study's workload (:mod:`tuner.effective`) counted as one.
 
 Everything here reads only; the study stays an ordinary Optuna study that
 ``optuna.load_study`` and optuna-dashboard open (``optuna-dashboard sqlite:///studies/NAME.db``).
@@ -33,7 +35,7 @@ STATUSES = ("feasible", "infeasible", "refused", "failed", "pruned", "running")
 #: Columns every :func:`trials_frame` has, whatever the study holds.
 BASE_COLUMNS = ("number", "state", "status", "feasible", "value", "constraint", "reason", "errors", "layout",
                 "tensor_parallel_size", "replicas", "tokens_per_s", "ttft_p95_s", "repeat_of",
-                "datetime_start", "duration_s")
+                "datetime_start", "duration_s", "group", "folded")
 #: Plan facts of the memory planner worth a column (``plan_<name>``).
 PLAN_FACTS = ("kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "weight_bytes", "kv_bytes", "startup_s")
 
@@ -140,6 +142,17 @@ def _number(value: Any) -> Any:
     return math.nan if value is None else value
 
 
+def _folded(trial: FrozenTrial, status: str, config: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+    """The trial's group key and its folded knobs with why (:mod:`tuner.effective`)."""
+    from tuner.effective import group_key, no_effect
+
+    if not config:
+        return None, {}
+    facts = {"run": trial.user_attrs.get("run") or {}, "server": trial.user_attrs.get("server"),
+             "started": status in ("feasible", "infeasible")}  # measured, so vLLM started
+    return group_key(config, **facts), no_effect(config, **facts)
+
+
 def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     """One :func:`trials_frame` row: base columns, then the configuration's knobs, the
     summary of the chosen load point (every percentile), ``server_*`` readings and
@@ -147,6 +160,7 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     attrs = trial.user_attrs
     status = _status(trial)
     config = dict(attrs.get("config") or {})
+    group, folded = _folded(trial, status, config)
     tp = config.get("tensor_parallel_size") or 1
     replicas = config.get("replicas") or 1
     duration = trial.duration.total_seconds() if trial.duration is not None else math.nan
@@ -158,6 +172,7 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
         "layout": f"tp{tp}x{replicas}", "tensor_parallel_size": tp, "replicas": replicas,
         "repeat_of": _number(attrs.get("repeat_of")),
         "datetime_start": trial.datetime_start, "duration_s": duration,
+        "group": group, "folded": "; ".join(f"{k}: {why}" for k, why in folded.items()) or None,
     }
     for key, value in config.items():
         row[key] = value
@@ -186,6 +201,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 
     ``status`` is one of :data:`STATUSES`; ``reason`` says why a trial did not count
     (vLLM's refusal, the TTFT miss with its numbers, the requests that failed, the crash);
+    ``group`` names the trial's effective configuration (equal for trials that differ only in
+    knobs without effect on the workload) and ``folded`` those knobs with why (``None``: none);
     ``errors`` the failed requests per kind at the trial's chosen (or lowest) load
     (``http_429 x400, timeout x3``; the counts are also columns ``errors_<kind>``, with the
     summary); credentials in any text are masked; ``value`` is the
@@ -225,6 +242,61 @@ def pareto_mask(frame: pd.DataFrame, x: str = "ttft_p95_s", y: str = "tokens_per
     return mask
 
 
+#: Columns every :func:`top_groups` has, then one per knob of the configuration.
+GROUP_COLUMNS = ("number", "trials", "missed", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max",
+                 "ttft_p95_s", "chosen_load", "errors", "layout", "folded", "members", "group")
+
+
+def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The ``n`` best effective configurations among the feasible trials, one row each, by
+    throughput: trials whose configurations differ only in knobs without effect on this
+    study's workload (``group`` of :func:`trials_frame`) are one configuration.
+
+    ``number``, ``tokens_per_s``, ``ttft_p95_s``, ``chosen_load`` and ``errors`` are the
+    group's best trial's; ``trials`` counts its feasible trials (``members``, their
+    numbers) and ``missed`` the trials of the same configuration that ran but missed the
+    target; ``tokens_per_s_min`` / ``_max`` is the spread of its feasible trials (noise
+    between repeats, or what the folded knobs did after all). The knob columns hold the
+    best trial's values, a folded knob ``any (why)``; ``folded`` lists them with why.
+    ``frame`` reuses a :func:`trials_frame` of ``study``. ``frame.attrs["caveat"]`` says
+    when the configurations were never applied (an endpoint study), else ``None``."""
+    import dataclasses
+
+    import pandas as pd
+
+    from tuner.config import ServeConfig
+    from tuner.effective import ANY, caveat
+
+    frame = trials_frame(study) if frame is None else frame
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    knobs = [f.name for f in dataclasses.fields(ServeConfig) if f.name in frame.columns]
+    ok = frame["feasible"].astype(bool) & frame["group"].notna() if len(frame) else frame["number"].notna()
+    feasible = frame[ok]
+    missed = frame.loc[frame["status"] == "infeasible", "group"].value_counts() if len(frame) else {}
+    rows = []
+    for key, members in feasible.groupby("group", sort=False):
+        members = members.sort_values(["tokens_per_s", "number"], ascending=[False, True])
+        best = members.iloc[0]
+        trial = trials[int(best["number"])]
+        folded = _folded(trial, "feasible", dict(trial.user_attrs.get("config") or {}))[1]
+        row = {"number": int(best["number"]), "trials": len(members), "missed": int(missed.get(key, 0)),
+               "tokens_per_s": best["tokens_per_s"], "tokens_per_s_min": members["tokens_per_s"].min(),
+               "tokens_per_s_max": members["tokens_per_s"].max(), "ttft_p95_s": best["ttft_p95_s"],
+               "chosen_load": best.get("chosen_load"), "errors": best["errors"], "layout": best["layout"],
+               "folded": best["folded"], "members": tuple(int(m) for m in sorted(members["number"])),
+               "group": key}
+        for knob in knobs:
+            row[knob] = f"{ANY} ({folded[knob]})" if knob in folded else best[knob]
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=[*GROUP_COLUMNS, *knobs])
+    if len(out):
+        out = out.sort_values(["tokens_per_s", "number"], ascending=[False, True]).head(n).reset_index(drop=True)
+    runs = [t.user_attrs.get("run") or {} for t in study.get_trials(deepcopy=False)]
+    out.attrs["caveat"] = next((c for c in map(caveat, runs) if c), None)
+    out.attrs["study"] = study.study_name
+    return out
+
+
 #: Columns of :func:`plan_sweep`.
 SWEEP_COLUMNS = ("level", "load", "role", "repeat", "ttft_mean_s", "ttft_p95_s", "tpot_mean_s",
                  "e2e_mean_s", "e2e_p95_s", "tokens_per_s", "output_tokens_per_s", "requests_per_s",
@@ -262,6 +334,6 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
 
 
 __all__ = [
-    "BASE_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep",
-    "study_location", "target_ttft_s", "trial_row", "trials_frame",
+    "BASE_COLUMNS", "GROUP_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep",
+    "study_location", "target_ttft_s", "top_groups", "trial_row", "trials_frame",
 ]

@@ -5,7 +5,8 @@ who opens last night's run in a browser.
 embedded as a base64 PNG, so the file can be mailed or attached alone) and the same
 figures as PNG files beside it, by default in ``studies/<study>/`` next to the study's
 database. The page holds the answer (best feasible configuration and its ``vllm serve``
-command), the figures with a caption on how to read each, the top trials, the trials that
+command), the figures with a caption on how to read each, the top configurations (trials
+that differ only in knobs without effect on the workload counted as one), the trials that
 did not count and why, and the capacity plan when ``tuner plan`` stored one.
 """
 from __future__ import annotations
@@ -17,7 +18,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.analysis import best_trial, study_location, target_ttft_s, trials_frame
+import numpy as np
+
+from tuner.analysis import best_trial, study_location, target_ttft_s, top_groups, trials_frame
 from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
 from tuner.result import describe_errors
@@ -29,10 +32,13 @@ if TYPE_CHECKING:
     import pandas as pd
 
 REPORT_NAME = "report.html"
-#: Columns of the top-trials table.
-TOP_COLUMNS = ("number", "tokens_per_s", "ttft_p95_s", "chosen_load", "errors", "layout", "gpu_memory_utilization",
-               "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+#: Columns of the top-configurations table (:func:`tuner.analysis.top_groups`).
+TOP_COLUMNS = ("number", "trials", "tokens_per_s", "tok/s min-max", "ttft_p95_s", "chosen_load", "errors", "layout",
+               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
                "enable_prefix_caching", "enforce_eager", "kv_cache_dtype")
+#: Left-aligned (text) columns of that table: a folded knob reads "any (why)".
+_TOP_TEXT = ("trials", "tok/s min-max", "chosen_load", "errors", "layout", "max_model_len", "enable_prefix_caching",
+             "kv_cache_dtype")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1250px;color:#222;
@@ -62,7 +68,7 @@ def _url(study: optuna.Study) -> str:
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, float):
         if abs(value) >= 100:
@@ -129,6 +135,37 @@ def _plan_section(study: optuna.Study) -> str:
     return _pairs(summary_rows(est)) + "".join(f"<p class='meta'>{html.escape(n)}</p>" for n in est.notes)
 
 
+def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
+    """The ten best effective configurations: one row per group of trials, with its count
+    and the spread of its throughput."""
+    top = top_groups(study, 10, frame=frame)
+    if not len(top):
+        return []
+    top = top.copy()
+    top["tok/s min-max"] = [f"{_fmt(lo)}–{_fmt(hi)}" if n > 1 else "–"
+                            for lo, hi, n in zip(top["tokens_per_s_min"], top["tokens_per_s_max"], top["trials"])]
+    top["trials"] = [f"×{n}" + (f" ({m} missed)" if m else "") for n, m in zip(top["trials"], top["missed"])]
+    columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
+    # a knob set alike in every row is said once above the table, which then fits the page
+    same = [c for c in TOP_COLUMNS[TOP_COLUMNS.index("layout"):] if c in top.columns and len(top) > 1
+            and top[c].map(_fmt).nunique() == 1]
+    columns = [c for c in columns if c not in same]
+    folded = top["folded"].notna().any()
+    note = ("Trials that differ only in knobs without effect on this study's workload are one row; such a "
+            "knob reads <i>any (why)</i>. " if folded else "")
+    note += ("<i>trials</i> counts the feasible trials of each configuration (repeats included; <i>missed</i>: "
+             "those that ran it and missed the target) and <i>tok/s min-max</i> is the spread of their "
+             "throughput: noise between repeats, or what the folded knobs did after all.")
+    out = ["<h2>Top feasible configurations</h2>"]
+    if top.attrs.get("caveat"):
+        out.append(f"<p class='skipped'>{html.escape(top.attrs['caveat'])}.</p>")
+    out.append(f"<p class='meta'>{note}</p>")
+    if same:
+        alike = ", ".join(f"{c} {_fmt(top[c].iloc[0])}" for c in same)
+        out.append(f"<p>In every row: {html.escape(redact(alike))}.</p>")
+    return out + [_table(top, columns, left=_TOP_TEXT)]
+
+
 def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     """The HTML page and the PNG bytes of each figure drawn, by figure name."""
     frame = trials_frame(study)
@@ -165,12 +202,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
                          f"<p class='skipped'>Not drawn: {html.escape(p.skipped or '')}</p>")
     parts.append("<h2>Capacity plan</h2>")
     parts.append(_plan_section(study))
-    feasible = frame[frame["feasible"].astype(bool)] if len(frame) else frame
-    if len(feasible):
-        top = feasible.sort_values(["tokens_per_s", "number"], ascending=[False, True]).head(10)
-        columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
-        parts += ["<h2>Top feasible trials</h2>", _table(top, columns, left=("chosen_load", "errors", "layout",
-                                                                              "kv_cache_dtype"))]
+    parts += _top_section(study, frame)
     bad = frame[frame["reason"].notna()] if len(frame) else frame
     if len(bad):
         columns = ["number", "status", "layout", "reason"] + (["errors"] if bad["errors"].notna().any() else [])

@@ -1,0 +1,115 @@
+"""Hand-worked cases of each folding rule of tuner.effective, and of each case where a knob
+must stay as it is."""
+from __future__ import annotations
+
+import pytest
+
+from tuner.effective import ANY, caveat, effective_config, group_key, no_effect
+
+#: vLLM 0.26 on an H200: the V1 engine. The longest request is 3,000 tokens, none share a prefix.
+RUN = {"backend": "sim", "vllm_version": "0.26.0", "hardware": {"gpu": "H200", "gpu_count": 1},
+       "workload_longest_tokens": 3000, "workload_shares_prefixes": False}
+CONFIG = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "max_model_len": 8192, "block_size": None,
+          "max_num_batched_tokens": None, "enable_prefix_caching": True, "enforce_eager": False,
+          "kv_cache_dtype": "auto", "tensor_parallel_size": 1, "replicas": 1}
+QUIET = {"num_preemptions": 0}  # readings at the scored load
+
+
+def fold(config=None, run=None, *, started=True, server=QUIET, **changes):
+    return no_effect({**CONFIG, **(config or {})}, {**RUN, **(run or {}), **changes}, started=started, server=server)
+
+
+def test_a_started_v1_trial_without_shared_prefixes_folds_both_knobs():
+    assert fold() == {"enable_prefix_caching": "no shared prefixes",
+                      "max_model_len": ">= 3,000 tokens, the longest request"}
+    eff = effective_config(CONFIG, RUN, started=True, server=QUIET)
+    assert eff["enable_prefix_caching"] == ANY and eff["max_model_len"] == ANY
+    assert {k: v for k, v in eff.items() if v != ANY} == {k: v for k, v in CONFIG.items()
+                                                          if k not in ("enable_prefix_caching", "max_model_len")}
+
+
+def test_trials_differing_only_in_folded_knobs_share_a_group():
+    key = group_key(CONFIG, RUN, started=True, server=QUIET)
+    assert group_key({**CONFIG, "enable_prefix_caching": False, "max_model_len": 3000}, RUN,
+                     started=True, server=QUIET) == key
+    assert group_key({**CONFIG, "max_num_seqs": 128}, RUN, started=True, server=QUIET) != key
+    assert group_key({**CONFIG, "gpu_memory_utilization": 0.8}, RUN, started=True, server=QUIET) != key
+
+
+def test_prefix_caching_stays_when_requests_share_prefixes():
+    assert "enable_prefix_caching" not in fold(workload_shares_prefixes=True)
+    assert "max_model_len" in fold(workload_shares_prefixes=True)  # the other rule still holds
+
+
+def test_prefix_caching_stays_when_requests_were_preempted_or_that_is_unknown():
+    # a preempted request recomputed with caching on hits its own blocks kept in the cache
+    assert "enable_prefix_caching" not in fold(server={"num_preemptions": 3})
+    assert "enable_prefix_caching" not in fold(server={})
+    assert "enable_prefix_caching" not in fold(server=None)
+
+
+def test_max_model_len_below_the_longest_request_stays():
+    assert "max_model_len" not in fold({"max_model_len": 2999})  # the 3,000-token request is cut
+    assert "max_model_len" in fold({"max_model_len": 3000})      # it fits exactly
+
+
+def test_max_model_len_of_a_trial_vllm_did_not_start_stays():
+    # the length decides whether vLLM's startup check passes: a refused trial keeps it
+    assert "max_model_len" not in fold(started=False)
+    assert "enable_prefix_caching" in fold(started=False)
+
+
+def test_max_model_len_stays_where_it_caps_the_default_token_budget():
+    # budget unset: min(default, max_num_seqs x max_model_len); 4 x 3,000 = 12,000 < 16,384,
+    # so a length of 3,000 and one of 8,192 give different budgets on a large GPU
+    assert "max_model_len" not in fold({"max_num_seqs": 4})
+    assert "max_model_len" in fold({"max_num_seqs": 4, "max_num_batched_tokens": 8192})
+    assert "max_model_len" in fold({"max_num_seqs": 6})  # 6 x 3,000 = 18,000: the cap cannot bind
+    assert "max_model_len" in fold({"max_num_seqs": None})  # vllm serve's default is at least 256
+
+
+def test_the_default_max_model_len_is_read_from_the_trial_plan():
+    assert "max_model_len" in fold({"max_model_len": None}, plan={"max_model_len": 32768})
+    assert "max_model_len" not in fold({"max_model_len": None}, plan={"max_model_len": 2048})
+    assert "max_model_len" not in fold({"max_model_len": None})  # length unknown
+
+
+@pytest.mark.parametrize(("version", "gpu"), [
+    ("0.9.2", "T4"),      # V0: V1 ran below compute capability 8.0 only from 0.10.2
+    ("0.10.1", "V100-32GB-SXM2"),
+    ("0.7.3", "H200"),    # V0 on every GPU before 0.8
+])
+def test_v0_folds_nothing(version, gpu):
+    assert fold(vllm_version=version, hardware={"gpu": gpu}) == {}
+
+
+def test_v1_on_a_pre_ampere_gpu_folds():
+    assert set(fold(vllm_version="0.10.2", hardware={"gpu": "T4"})) == {"enable_prefix_caching", "max_model_len"}
+
+
+@pytest.mark.parametrize("missing", ["workload_longest_tokens", "workload_shares_prefixes"])
+def test_a_study_without_the_workload_facts_folds_that_rule_nothing(missing):
+    run = {k: v for k, v in RUN.items() if k != missing}
+    folded = no_effect(CONFIG, run, started=True, server=QUIET)
+    assert ("max_model_len" in folded) == (missing != "workload_longest_tokens")
+    assert ("enable_prefix_caching" in folded) == (missing != "workload_shares_prefixes")
+
+
+@pytest.mark.parametrize("run", [
+    {k: v for k, v in RUN.items() if k != "vllm_version"},
+    {k: v for k, v in RUN.items() if k != "hardware"},
+    {k: v for k, v in RUN.items() if k != "backend"},
+    {**RUN, "vllm_version": "sim"},
+    {**RUN, "hardware": {"gpu": "no-such-gpu"}},
+    {},
+])
+def test_unknown_engine_or_backend_folds_nothing(run):
+    assert no_effect(CONFIG, run, started=True, server=QUIET) == {}
+    assert effective_config(CONFIG, run, started=True, server=QUIET) == CONFIG
+
+
+def test_an_endpoint_study_folds_nothing_and_says_why():
+    run = {**RUN, "backend": "endpoint"}
+    assert no_effect(CONFIG, run, started=True, server=QUIET) == {}
+    assert "endpoint" in caveat(run) and "applied none" in caveat(run)
+    assert caveat(RUN) is None and caveat({}) is None

@@ -1,0 +1,127 @@
+"""Which knobs of a trial's configuration could not change its throughput on the study's
+workload, and the configuration with those knobs folded: what the top trials are grouped by.
+
+* :func:`no_effect` — knob -> one line saying why it had no effect here.
+* :func:`effective_config` — the configuration with those knobs replaced by :data:`ANY`.
+* :func:`group_key` — equal for two trials exactly when their effective configurations are.
+* :func:`caveat` — a line about the whole study when its configurations were never applied.
+
+Each rule rests on vLLM's V1 engine (cited beside it) and on facts ``tuner search`` records
+in each trial's ``run``: the backend, the vLLM version and GPU (``hardware``), the longest
+request and whether requests share prefixes. A fact not recorded (a study written before
+tuner recorded it), a version or GPU not known, the V0 engine, or a backend other than
+``sim`` / ``vllm`` folds nothing.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+#: What a folded knob reads in :func:`effective_config`.
+ANY = "any"
+#: Backends that start vLLM (or its simulator) with the trial's configuration.
+APPLIED = ("sim", "vllm")
+#: The default max_num_seqs of ``vllm serve`` is 256 or 1024 (engine/arg_utils.py
+#: ``get_batch_defaults``), and the largest default token budget 16384 (>= 160 GiB GPUs;
+#: tuner never passes --performance-mode, which doubles it): vllm-facts.md section 2.
+DEFAULT_SEQS_MIN = 256
+DEFAULT_BUDGET_MAX = 16384
+
+
+def _v1(run: Mapping[str, Any]) -> bool:
+    """Whether the trial ran vLLM's V1 engine; False when that is not known."""
+    from tuner.errors import TunerError
+    from tuner.sim.hardware import get_gpu
+    from tuner.sim.memory import uses_v1_engine
+    from tuner.versions import parse_version
+
+    version, gpu = run.get("vllm_version"), (run.get("hardware") or {}).get("gpu")
+    if not version or not gpu:
+        return False
+    try:  # V0 before 0.8, and before 0.10.2 below compute capability 8.0 (tuner.sim.memory)
+        return uses_v1_engine(get_gpu(str(gpu)), parse_version(str(version)))
+    except TunerError:  # "sim", "dev", a GPU outside the catalog
+        return False
+
+
+def _prefix_caching(run: Mapping[str, Any], server: Mapping[str, Any] | None) -> str | None:
+    # V1 hashes each full block and looks it up; with no block shared between requests
+    # nothing hits (tuner's prompts are unique per request and salted per run,
+    # tuner.traffic.shape.prompt_token_ids), and V1's cache costs "near-zero performance
+    # degradation, even when the cache hit rate is 0%" (vLLM V1 blog, 2025-01-27: why V1
+    # turned it on by default; V0's cost CPU time, so never on V0). One exception: a
+    # preempted request keeps its full blocks hashed and hits them when it is recomputed
+    # (v1/core/sched/scheduler.py ``_preempt_request``; vllm-facts.md section 2), so only
+    # when the scored load recorded no preemption.
+    if run.get("workload_shares_prefixes") is not False or server is None:
+        return None
+    if server.get("num_preemptions") != 0:
+        return None
+    return "no shared prefixes"
+
+
+def _max_model_len(config: Mapping[str, Any], run: Mapping[str, Any], started: bool) -> str | None:
+    # V1 allocates KV blocks as a request grows (v1/core/kv_cache_manager.py
+    # ``allocate_slots``); their number is the memory left // bytes per block whatever the
+    # length (v1/core/kv_cache_planning.py; vllm-facts.md section 1). The length bounds a
+    # request (longer prompts refused, max_tokens clamped: section 5), nothing to a request
+    # that fits, and enters the startup check that one request of that length fits the
+    # cache (error (b)): so only among trials that started. Two lesser uses: with
+    # --max-num-batched-tokens unset the default budget is capped at max_num_seqs x
+    # max_model_len (section 2), folded only where that cap cannot bind; and the per-slot
+    # block table (v1/worker/block_table.py, max_num_seqs x cdiv(len, block_size) int32 on
+    # the GPU: 8 MiB at 1024 x 32k) is taken from the KV memory, a few blocks of thousands.
+    longest = run.get("workload_longest_tokens")
+    length = config.get("max_model_len") or (run.get("plan") or {}).get("max_model_len")
+    if not started or not isinstance(longest, int) or longest <= 0 or not isinstance(length, int):
+        return None
+    if length < longest:
+        return None
+    if config.get("max_num_batched_tokens") is None:
+        seqs = config.get("max_num_seqs") or DEFAULT_SEQS_MIN
+        if seqs * longest < DEFAULT_BUDGET_MAX:
+            return None
+    return f">= {longest:,} tokens, the longest request"
+
+
+def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
+              server: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Knob -> why it had no effect on this trial's throughput, for the knobs of
+    ``config`` (a trial's ``user_attrs["config"]``) that the rules fold.
+
+    ``run`` is the trial's ``user_attrs["run"]``; ``started``: vLLM started with this
+    configuration (the trial was measured); ``server``: the readings at the scored load
+    (``user_attrs["server"]``). Empty when a fact a rule needs is missing."""
+    if run.get("backend") not in APPLIED or not _v1(run):
+        return {}
+    out: dict[str, str] = {}
+    if "enable_prefix_caching" in config and (why := _prefix_caching(run, server)):
+        out["enable_prefix_caching"] = why
+    if "max_model_len" in config and (why := _max_model_len(config, run, started)):
+        out["max_model_len"] = why
+    return out
+
+
+def effective_config(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
+                     server: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``config`` with each knob of :func:`no_effect` replaced by :data:`ANY`."""
+    folded = no_effect(config, run, started=started, server=server)
+    return {k: ANY if k in folded else v for k, v in config.items()}
+
+
+def group_key(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
+              server: Mapping[str, Any] | None = None) -> str:
+    """The effective configuration as canonical JSON: one key per group of trials."""
+    return json.dumps(effective_config(config, run, started=started, server=server), sort_keys=True)
+
+
+def caveat(run: Mapping[str, Any]) -> str | None:
+    """Why the configurations cannot be told apart at all, or ``None``."""
+    if run.get("backend") == "endpoint":
+        return ("backend endpoint: tuner measured a server it did not start and applied none of these "
+                "configurations, so trials differ by measurement noise only; nothing is folded")
+    return None
+
+
+__all__ = ["ANY", "caveat", "effective_config", "group_key", "no_effect"]
