@@ -37,7 +37,12 @@ def test_predicted_tokens_per_s_at_the_edge_is_within_10_percent_of_real_vllm(co
 
 def test_predicted_edge_load_is_within_20_percent_of_what_was_measured(compared):
     # the real edge lies between the highest passing load and the lowest failing one above it
-    # (at most four replays); the predicted edge must fall within 20 % of that bracket
+    # (at most four replays); the predicted edge must fall within 20 % of that bracket. Where
+    # the real search never failed above its edge (it stopped at max-num-seqs: the run predates
+    # trying a load past it), the bracket has no upper end.
+    bounded = 0
     for c in compared:
-        low, high = c["level"], c["failed_level"] or c["level"]
+        low, high = c["level"], c["failed_level"] or float("inf")
         assert 0.8 * low <= c["pred_level"] <= 1.2 * high, c
+        bounded += c["failed_level"] is not None
+    assert bounded >= 4  # most trials are checked from both sides

@@ -99,20 +99,27 @@ def trials(folder: Path) -> list[Any]:
 
 
 def finished(folder: Path) -> int:
-    """Trials that count against the budget (what tuner itself reports)."""
-    from tuner.recovery import not_measured
+    """Trials that count against the budget (what tuner itself reports): confirmation
+    re-measurements of the best (outside the budget) and failures that measured nothing left out."""
     from optuna.trial import TrialState
 
+    from tuner.recovery import not_measured
+    from tuner.study import is_confirmation
+
     return sum(1 for t in trials(folder) if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-               and not not_measured(t))
+               and not not_measured(t) and not is_confirmation(t))
 
 
 def measured_configs(folder: Path) -> collections.Counter:
-    """COMPLETE trials per configuration (repeats of an earlier result left out)."""
+    """COMPLETE trials of the budget per configuration: repeats of an earlier result and the
+    confirmation's re-measurements of the best (``confirm_of``, outside the budget) left out."""
     from optuna.trial import TrialState
 
+    from tuner.study import is_confirmation
+
     return collections.Counter(tuple(sorted(t.params.items())) for t in trials(folder)
-                               if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs)
+                               if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs
+                               and not is_confirmation(t))
 
 
 def marked(owner: int | None = None) -> list[psutil.Process]:
