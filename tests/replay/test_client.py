@@ -145,3 +145,32 @@ def test_bad_inputs_are_input_errors():
         replay("localhost:8000", _workload(1), Concurrency(1))
     with pytest.raises(InputError):
         replay("http://127.0.0.1:9", _workload(1), Concurrency(1), api="embeddings")
+
+
+@pytest.mark.parametrize("open_loop", [False, True], ids=["closed", "open"])
+def test_a_replay_cancelled_from_outside_logs_nothing_left_unretrieved(stub, caplog, open_loop):
+    """A stop signal cancels the replay's task mid-run: every request task ends with it and
+    nothing is left for asyncio to report later as an exception never retrieved (which
+    printed a traceback under tuner's one-line 'interrupted' message)."""
+    import asyncio
+    import gc
+    import logging
+
+    from tuner.replay.client import replay_async
+
+    w = _workload(400, out=(200, 400), span_s=0.5 if open_loop else 0.0)
+    load = Poisson(rate=800.0, seed=1) if open_loop else Concurrency(32)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(replay_async([stub], w, load, metrics=False))
+        await asyncio.sleep(0.3)  # requests in flight (each streams 200-400 chunks at 5 ms a step)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

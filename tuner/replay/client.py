@@ -524,6 +524,10 @@ async def replay_async(
                 await driver
         finally:
             stop_wait.cancel()
+            if not driver.done():  # the replay itself was cancelled (a stop signal): end the users too
+                driver.cancel()
+            # what the driver raised is collected here, never logged later as "never retrieved"
+            driver.add_done_callback(_retrieve)
             for task in list(inflight):
                 task.cancel()
             polling_done.set()
@@ -532,6 +536,11 @@ async def replay_async(
         elapsed = time.perf_counter() - t0
 
     return _result(workload, outcomes, elapsed, stopped.is_set(), load, poller, record_itl, urls)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls) -> RunResult:
