@@ -214,31 +214,52 @@ def stale_server(folder: Path) -> Outcome:
     """A server a dead run left (marker with a gone owner) is reported by search and doctor,
     stopped only by --kill-stale; an unmarked bystander is never touched."""
     prepare(folder)
-    port = free_port()
     dead_owner = 2**22 + 12345
-    server = subprocess.Popen([sys.executable, "-m", "tuner", "sim-serve", "qwen2.5-7b", "--port", str(port),
-                               "--max-model-len", "4096"], env={**env(), "TUNER_SERVER": f"{socket.gethostname()}:"
-                              f"{dead_owner}:stale"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    server = start_listening([sys.executable, "-m", "tuner", "sim-serve", "qwen2.5-7b", "--max-model-len", "4096"],
+                             env={**env(), "TUNER_SERVER": f"{socket.gethostname()}:{dead_owner}:stale"})
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     try:
-        wait_for(lambda: bool(marked(dead_owner)), 30)
         code1, _, err1 = finish(tuner(folder, *search_args(budget=1)))
         reported = "left by a dead run is still running" in err1 and server.poll() is None
         dcode, dout, _ = finish(tuner(folder, "doctor", "--output", "json"))
         listed = any(s["stale"] and s["pid"] == server.pid for s in json.loads(dout)["servers"])
         code2, _, err2 = finish(tuner(folder, *search_args("--kill-stale", budget=2)))
         stopped = wait_for(lambda: server.poll() is not None, 20)
-        ok = (code1 == 0 and reported and dcode == 1 and listed and code2 == 0 and "stopped a server" in err2
-              and stopped and bystander.poll() is None)
-        return Outcome("server left by a dead run", "reported by search and doctor (exit 1), stopped by --kill-stale; "
-                       "bystander untouched", None, finished(folder), len(marked(dead_owner)), ok,
-                       {"stderr": err1 + err2, "doctor": dout})
+        steps = {"search exit 0": code1 == 0, "reported": reported, "doctor exit 1": dcode == 1, "listed": listed,
+                 "--kill-stale exit 0": code2 == 0, "said so": "stopped a server" in err2, "stopped": stopped,
+                 "bystander untouched": bystander.poll() is None}
+        ok = all(steps.values())
+        happened = ("reported by search and doctor (exit 1), stopped by --kill-stale; bystander untouched" if ok
+                    else "not: " + ", ".join(k for k, v in steps.items() if not v))
+        return Outcome("server left by a dead run", happened, None, finished(folder), len(marked(dead_owner)), ok,
+                       {"stderr": err1 + err2, "doctor": dout, "steps": steps})
     finally:
         for p in (server, bystander):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def start_listening(argv: list[str], env: dict[str, str], attempts: int = 3) -> subprocess.Popen:
+    """``argv --port P`` in its own session, once it listens on P. A port taken between
+    :func:`free_port` and the bind (other work on a busy machine) is tried again on another."""
+    for _ in range(attempts):
+        port = free_port()
+        proc = subprocess.Popen([*argv, "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: proc.poll() is not None or answers(port), 180)
+        if proc.poll() is None and answers(port):
+            return proc
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    raise RuntimeError(f"{argv[:4]} did not start listening in {attempts} attempts")
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def free_port() -> int:
@@ -282,7 +303,7 @@ def foreign_server(folder: Path) -> Outcome:
     picks = iter([port])
     real = vllm_backend.free_port
     try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), 20)
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), 120)
         vllm_backend.free_port = lambda host="127.0.0.1": next(picks, None) or real(host)
         backend = vllm_backend.VllmBackend(vllm_cmd=SIM, log_dir=folder / "logs", stop_grace_s=5)
         dep = Deployment(model="qwen2.5-7b", gpu="H100-SXM")
