@@ -70,9 +70,13 @@ def tuner(folder: Path, *args: str, **kw: Any) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kw)
 
 
-def search_args(*extra: str, vllm_cmd: str = SIM, budget: int = GRID) -> list[str]:
+def search_args(*extra: str, vllm_cmd: str = SIM, budget: int = GRID, confirm: bool = False) -> list[str]:
+    """A grid study on ``vllm_cmd``. The winner's confirmation (repeats after the budget) is
+    off unless asked for: the faults strike the budget's trials, and an interrupted
+    confirmation has its own test (tests/test_confirmation.py)."""
     return ["search", "--space", "space.yaml", "--backend", "vllm", "--vllm-cmd", vllm_cmd, "--sampler", "grid",
-            "--budget", str(budget), "--no-predict", "--output", "json", *extra]
+            "--budget", str(budget), "--no-predict", "--output", "json", *([] if confirm else ["--confirm", "0"]),
+            *extra]
 
 
 def prepare(folder: Path, space: str = SPACE) -> Path:
@@ -199,7 +203,7 @@ def sigkill(folder: Path) -> Outcome:
     proc.send_signal(signal.SIGKILL)
     finish(proc)
     left = wait_gone(proc.pid, timeout=30)
-    rerun = tuner(folder, *search_args())
+    rerun = tuner(folder, *search_args(confirm=True))  # the winner's repeats on fresh servers, after the repair
     rcode, _, rerr = finish(rerun)
     counts = measured_configs(folder)
     leftover = [t for t in trials(folder) if "left RUNNING" in str(t.user_attrs.get("fail_reason"))]
