@@ -115,20 +115,32 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
             direction="maximize", load_if_exists=True,
         )
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
-        raise InputError(f"cannot open study storage {shown!r}: {redact(str(err))}",
-                         hint="give an SQLAlchemy URL such as sqlite:///studies/x.db") from err
+        raise storage_open_error(err, shown) from err  # type: ignore[misc]  # never None for these
     except OSError as err:  # the studies/ folder cannot be made or written
         from tuner.files import write_fault
 
         raise write_fault(Path(err.filename or STUDIES_DIR), err) from err
     except Exception as err:
-        fault = storage_fault(err, shown)
+        fault = storage_fault(err, shown) or storage_open_error(err, shown)
         if fault is not None:
             raise fault from err
-        if type(err).__module__.startswith("sqlalchemy"):
-            raise InputError(f"cannot open study storage {shown!r}: {redact(str(err).splitlines()[0])}",
-                             hint="check the URL, the server and the credentials") from err
         raise
+
+
+def storage_open_error(err: BaseException, shown: str) -> InputError | None:
+    """The one line for a storage that cannot be opened (a bad URL, a missing driver, a
+    server refusing the connection or the credentials), as every command says it; None
+    when ``err`` is something else. ``shown`` is the URL as the user may see it."""
+    from tuner.urls import redact
+
+    lines = str(err).splitlines() or [type(err).__name__]
+    if isinstance(err, (ImportError, ValueError, TypeError)):
+        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
+                          hint="give an SQLAlchemy URL such as sqlite:///studies/x.db")
+    if type(err).__module__.startswith("sqlalchemy"):
+        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
+                          hint="check the URL, the server and the credentials")
+    return None
 
 
 #: What a database says when the study cannot be written (SQLite, PostgreSQL wording).
