@@ -70,7 +70,7 @@ def test_the_top_level_list_shows_each_command_whole(monkeypatch, capsys):
     _, out, _ = run_cli(["--help"], capsys)
     listing = out[out.index("Commands:"):]
     assert "..." not in listing
-    for name in ("search", "plan", "report", "studies", "trace", "estimate"):
+    for name in ("search", "plan", "report", "export", "studies", "trace", "estimate"):
         assert re.search(rf"^  {name} ", listing, re.M), name
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from cli_runner import run_cli
 
-READERS = [["studies"], ["studies", "show", "x"], ["report"], ["plan"]]
+READERS = [["studies"], ["studies", "show", "x"], ["report"], ["plan"], ["export"]]
 
 
 @pytest.mark.parametrize("argv", [["search", "--budget", "1"], *READERS], ids=lambda a: " ".join(a))

@@ -11,3 +11,4 @@ from tuner.cli import report  # noqa: F401,E402  tuner report
 from tuner.cli import nightly  # noqa: F401,E402  tuner nightly
 from tuner.cli import calibrate  # noqa: F401,E402  tuner calibrate
 from tuner.cli import doctor  # noqa: F401,E402  tuner doctor
+from tuner.cli import export  # noqa: F401,E402  tuner export
