@@ -110,10 +110,10 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
-        return optuna.create_study(
+        return name_objective(optuna.create_study(
             study_name=name, storage=_storage(storage, name), sampler=sampler,
             direction="maximize", load_if_exists=True,
-        )
+        ))
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
         raise storage_open_error(err, shown) from err  # type: ignore[misc]  # never None for these
     except OSError as err:  # the studies/ folder cannot be made or written
@@ -125,6 +125,23 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
         if fault is not None:
             raise fault from err
         raise
+
+
+#: The objective's name, as optuna-dashboard and ``optuna.load_study(...).metric_names`` show it.
+METRIC_NAMES = ["tokens_per_s"]
+
+
+def name_objective(study: optuna.Study) -> optuna.Study:
+    """Name the study's objective (:data:`METRIC_NAMES`; "Objective 0" otherwise), once."""
+    import warnings
+
+    import optuna
+
+    if study.metric_names != METRIC_NAMES:
+        with warnings.catch_warnings():  # set_metric_names is experimental since Optuna 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
+    return study
 
 
 def storage_open_error(err: BaseException, shown: str) -> InputError | None:
