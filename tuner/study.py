@@ -256,8 +256,8 @@ def summarize(study: optuna.Study, storage: str) -> StudySummary:
     trials = study.get_trials(deepcopy=False, states=finished_states())
     best = best_feasible_trial(study)
     return StudySummary(
-        name=study.study_name, storage=storage, finished=len(trials),
-        feasible=sum(1 for t in trials if is_feasible(t)),
+        name=study.study_name, storage=storage, finished=count_finished(study),  # as --budget counts them
+        feasible=sum(1 for t in trials if is_feasible(t) and not is_confirmation(t)),
         best_value=None if best is None else best.value,
         best_trial=None if best is None else best.number,
     )

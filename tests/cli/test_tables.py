@@ -61,5 +61,7 @@ def test_search_studies_and_show_fit_80_columns(tmp_path, monkeypatch, capsys):
         assert all(len(x) <= 80 for x in lines), output
         assert "…" not in output and best in output
     assert report["study"] in listing and "{" not in shown  # a table, not a Python dict
+    row = next(x for x in listing.splitlines() if x.startswith(report["study"]))
+    assert row.split()[1] == "2"  # the finished trials search counts (its confirmation repeats aside)
     assert f"best feasible trial #{report['best']['trial']}" in shown and "P95 TTFT <= 2 s" in shown
     assert report["best"]["command"] in shown.splitlines()
