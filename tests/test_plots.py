@@ -10,6 +10,7 @@ from tuner.analysis import best_trial, open_study, plan_sweep, trials_frame
 from tuner.errors import InputError
 from tuner.plots import (
     CAPTIONS,
+    knob_importances,
     plot_capacity,
     plot_history,
     plot_importances,
@@ -74,3 +75,41 @@ def test_an_empty_study_skips_every_figure_with_a_reason():
         plot_importances(study)
     with pytest.raises(InputError, match="tuner plan"):
         plot_capacity(plan_sweep(study))
+
+
+def test_importances_name_the_knobs_as_the_search_space_does(sim_study_db):
+    import dataclasses
+
+    from tuner.config import ServeConfig
+
+    study = open_study(sim_study_db)
+    assert "max_num_seqs_index" in study.best_trial.params  # Optuna's name for an ordered choice
+    importances = knob_importances(study)
+    knobs = {f.name for f in dataclasses.fields(ServeConfig)} | {"layout"}
+    assert set(importances) <= knobs and "max_num_seqs" in importances
+    assert sum(importances.values()) == pytest.approx(1.0)
+    assert list(importances.values()) == sorted(importances.values(), reverse=True)
+    labels = [t.get_text() for t in plot_importances(study).axes[0].get_yticklabels()]
+    assert labels == list(importances)[::-1]  # most important at the top
+
+
+def test_the_verify_run_is_in_the_capacity_legend_as_drawn(sim_study_db):
+    import matplotlib.colors as mcolors
+
+    sweep = plan_sweep(open_study(sim_study_db))
+    assert (sweep["role"] == "verify").any()
+    fig = plot_capacity(sweep)
+    legend = next(a.get_legend() for a in fig.axes if a.get_legend() is not None)
+    texts = [t.get_text() for t in legend.get_texts()]
+    handle = legend.legend_handles[texts.index("verify run")]
+    face = mcolors.to_rgba(handle.get_markerfacecolor())
+    assert face[3] == 1.0 and face[:3] != (1.0, 1.0, 1.0), "a hollow or white marker vanishes in the legend"
+    assert handle.get_markersize() >= 6
+    assert legend.get_frame().get_alpha() in (None, 1.0)
+
+
+def test_layouts_need_more_than_one_layout(sim_study_db):
+    frame = trials_frame(open_study(sim_study_db))
+    one = frame[frame["layout"] == frame["layout"].iloc[0]]
+    with pytest.raises(InputError, match="only one layout was tried"):
+        plot_layouts(one)

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 import base64
+import html
+import json
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from sim_study import STUDY, colourful_share, is_blank, sim_study_db  # noqa: F401  (session fixture)
@@ -61,19 +65,35 @@ def test_tuner_report_on_an_unknown_study_is_bad_input(tmp_path, monkeypatch, ca
     assert "no study 'no-such-study'" in capsys.readouterr().err
 
 
-def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp_path):
+#: Appended to a copy of the page: on load, what the page measures, as JSON in <pre id=measure>.
+_MEASURE = """<script>window.addEventListener('load', () => {
+  const d = document.documentElement, top = document.querySelector('table.top');
+  const box = top.getBoundingClientRect();
+  const p = document.createElement('pre'); p.id = 'measure';
+  p.textContent = JSON.stringify({client: d.clientWidth, scroll: d.scrollWidth, right: box.right,
+                                  table_scroll: top.scrollWidth, table_client: top.clientWidth});
+  document.body.appendChild(p);
+});</script>"""
+
+
+def _chromium(chromium: str, profile, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp_path, width):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
     path = write_report(open_study(sim_study_db), tmp_path / "report")
-    shot = tmp_path / "shot.png"
-    run = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={shot}", "--window-size=1400,3000",
-         path.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    shot = tmp_path / f"report-{width}.png"
+    run = _chromium(chromium, tmp_path / "chromium", f"--screenshot={shot}", f"--window-size={width},3000",
+                    path.resolve().as_uri())
     assert shot.is_file(), f"no screenshot (exit {run.returncode}): {run.stderr[-2000:]}"
     png = shot.read_bytes()
     assert not is_blank(png)
@@ -83,14 +103,20 @@ def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp
     bare = tmp_path / "bare.html"
     bare.write_text(DATA_URI.sub("<img src=''", path.read_text(encoding="utf-8")), encoding="utf-8")
     shot2 = tmp_path / "bare.png"
-    subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={shot2}", "--window-size=1400,3000",
-         bare.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    _chromium(chromium, tmp_path / "chromium", f"--screenshot={shot2}", f"--window-size={width},3000", bare.as_uri())
     assert colourful_share(shot2.read_bytes()) < 0.001
+    # the page is no wider than the window, and the top configurations fit in it
+    measured = tmp_path / "measured.html"
+    measured.write_text(path.read_text(encoding="utf-8").replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    dom = _chromium(chromium, tmp_path / "chromium", f"--window-size={width},3000", "--virtual-time-budget=5000",
+                    "--dump-dom", measured.as_uri()).stdout
+    found = re.search(r'<pre id="measure">([^<]*)</pre>', dom)
+    assert found, f"the page measured nothing: {dom[-500:]}"
+    m = json.loads(html.unescape(found.group(1)))
+    assert m["scroll"] <= m["client"], f"the page scrolls sideways at {width} px: {m}"
+    assert m["right"] <= m["client"] and m["table_scroll"] <= m["table_client"], f"top table overflows: {m}"
+    if os.environ.get("TUNER_REPORT_SHOTS"):  # keep the screenshots for a person to look at
+        shutil.copy(shot, Path(os.environ["TUNER_REPORT_SHOTS"]) / shot.name)
 
 
 def test_the_report_shows_failed_requests_and_no_credential(tmp_path):
@@ -112,4 +138,12 @@ def test_the_top_configurations_count_trials_that_differ_only_in_knobs_without_e
     assert len(rows) == 2 and [count for _, count in rows] == ["×4", "×4"]  # 8 trials, 2 configurations
     assert "enable_prefix_caching any (no shared prefixes)" in top  # alike in both rows: said once
     assert "max_model_len any (&gt;= " in top
-    assert "<th class=''>max_num_seqs</th>" in top  # the knob that differs keeps its column
+    assert "<th class=''>max_<wbr>num_<wbr>seqs</th>" in top  # the knob that differs keeps its column
+
+
+def test_the_layout_figure_is_drawn_only_when_the_study_tried_several(prefix_study_db, sim_study_db, tmp_path):
+    one = write_report(open_study(prefix_study_db), tmp_path / "one").read_text(encoding="utf-8")
+    assert "<figure id='layouts'>" not in one and not (tmp_path / "one" / "layouts.png").exists()
+    assert "only one layout was tried (tp1x1)" in one
+    two = write_report(open_study(sim_study_db), tmp_path / "two").read_text(encoding="utf-8")
+    assert "<figure id='layouts'>" in two and (tmp_path / "two" / "layouts.png").is_file()

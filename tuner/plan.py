@@ -93,7 +93,9 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
-        names = optuna.get_all_study_names(storage)
+        from tuner.workers import driver_url  # postgresql:// with the driver that is installed
+
+        names = optuna.get_all_study_names(driver_url(storage))
         if not names:
             raise InputError(f"no study in {storage}", hint="run tuner search first, or give --study")
         return names[-1], storage

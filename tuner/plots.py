@@ -9,7 +9,8 @@ study cannot support yet (too few trials, no capacity plan) is listed with the r
 * history — Optuna's optimisation history: every trial's tokens/s (infeasible trials
   grey, at 0) and the best feasible value so far.
 * importances — Optuna's parameter importances (PED-ANOVA: how much each knob's values
-  differ between the best trials and the rest; needs no scikit-learn).
+  differ between the best trials and the rest; needs no scikit-learn), by the knob's
+  name (``max_num_seqs``, not Optuna's ``max_num_seqs_index``).
 * tradeoff — tokens/s against P95 TTFT per trial, the target line, the Pareto front.
 * layouts — tokens/s by layout (tensor-parallel size x replicas).
 * capacity — the load sweep of ``tuner plan``: P95 TTFT and tokens/s against load.
@@ -111,34 +112,54 @@ def plot_history(study: optuna.Study) -> Figure:
         return _adopt(ax, 9.0, 4.5)
 
 
-def plot_importances(study: optuna.Study) -> Figure:
-    """Optuna's parameter importances of tokens/s (PED-ANOVA evaluator)."""
+def knob_name(param: str) -> str:
+    """The knob a trial parameter sets, as the user names it: Optuna stores an ordered
+    choice (max_num_seqs: 32, 64, 128) as its index, ``max_num_seqs_index``
+    (:attr:`tuner.space.Param.key`)."""
+    return param.removesuffix("_index")
+
+
+def knob_importances(study: optuna.Study) -> dict[str, float]:
+    """Optuna's parameter importances of tokens/s (PED-ANOVA: how differently the best
+    trials set each knob compared with all trials; needs no scikit-learn), by knob name,
+    most important first, shares summing to 1. InputError when the study has too few
+    completed trials or no knob made a difference."""
     import optuna
-    import optuna.visualization.matplotlib as ovm
 
     complete = _measured_trials(study)
     if complete < 4:
         raise InputError(f"parameter importances need at least 4 completed trials, study has {complete}",
                          hint="run more trials: tuner search --budget N tops the study up")
-    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-    with _style(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            importances = optuna.importance.get_param_importances(study, evaluator=evaluator)
+            raw = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
         except (RuntimeError, ValueError) as err:
             raise InputError(f"cannot compute parameter importances: {err}") from err
-        if not importances or not any(v > 0 for v in importances.values()):
-            raise InputError("no knob changed tokens/s in this study (all importances are 0)",
-                             hint="run more trials, or widen the search space")
-        ax = ovm.plot_param_importances(study, evaluator=evaluator, target_name="tokens/s")
-        for loc in ("left", "center", "right"):
-            ax.set_title("", loc=loc)
-        ax.set_title("which knobs mattered for tokens/s (PED-ANOVA importance)")
-        ax.set_xlabel("importance (share of the total)")
-        ax.set_ylabel("")
-        if ax.get_legend() is not None:
-            ax.get_legend().remove()
-        return _adopt(ax, 8.0, max(3.0, 0.45 * len(importances) + 1.2))
+    if not raw or not any(v > 0 for v in raw.values()):
+        raise InputError("no knob changed tokens/s in this study (all importances are 0)",
+                         hint="run more trials, or widen the search space")
+    return {knob_name(k): float(v) for k, v in raw.items()}
+
+
+@_styled
+def plot_importances(study: optuna.Study) -> Figure:
+    """Which knobs mattered for tokens/s: :func:`knob_importances` as bars, the knob's
+    name on each, its share at its end."""
+    importances = knob_importances(study)
+    names = list(importances)[::-1]  # most important at the top
+    shares = [importances[n] for n in names]
+    fig = _figure(8.0, max(3.0, 0.45 * len(names) + 1.2))
+    ax = fig.add_subplot()
+    bars = ax.barh(names, shares, color="tab:blue")
+    ax.bar_label(bars, labels=[f"{v:.0%}" if v >= 0.01 else "<1%" for v in shares], padding=3, fontsize=8)
+    ax.set_xlim(0, max(shares) * 1.15)
+    ax.set_title("which knobs mattered for tokens/s (PED-ANOVA importance)")
+    ax.set_xlabel("importance (share of the total)")
+    ax.grid(axis="y", alpha=0)
+    fig.tight_layout()
+    return fig
 
 
 @_styled
@@ -191,10 +212,13 @@ def _layout_key(name: str) -> tuple[int, int]:
 def plot_layouts(frame: pd.DataFrame) -> Figure:
     """tokens/s of the feasible trials by layout (``tp<TP>x<replicas>``): one box per
     layout with every trial as a dot; under each box, how many trials ran it and how many
-    were infeasible or refused."""
+    were infeasible or refused. InputError when the study tried one layout only."""
     if frame.empty:
         raise InputError("the study has no trials yet", hint="run tuner search")
     layouts = sorted(frame["layout"].dropna().unique(), key=_layout_key)
+    if len(layouts) < 2:
+        raise InputError(f"only one layout was tried ({', '.join(layouts) or 'none'}): there is nothing to compare",
+                         hint="a deployment of several GPUs (--gpus) lets the search try TP x replicas")
     fig = _figure(max(5.0, 1.6 * len(layouts) + 2.0), 4.5)
     ax = fig.add_subplot()
     data, labels = [], []
@@ -231,7 +255,9 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
     ax.plot(curve["level"], curve["ttft_p95_s"], "o-", color="tab:purple", label="P95 TTFT")
     verify = rows[rows["role"] == "verify"]
     if len(verify):
-        ax.plot(verify["level"], verify["ttft_p95_s"], "D", color="tab:purple", mfc="white", label="verify run")
+        # filled and outlined, so that the legend shows it as clearly as the plot does
+        ax.plot(verify["level"], verify["ttft_p95_s"], "D", color="tab:orange", mec="black", ms=8,
+                linestyle="none", zorder=5, label="verify run")
     ax.axhline(at["target_ttft_s"], color="red", linestyle="--", label=f"target {at['target_ttft_s']:g} s")
     unit = "users" if at.get("load_kind") == "concurrency" else "req/s"
     ax.axvline(at["max_load"], color="grey", linestyle=":",
@@ -246,7 +272,9 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
     ax2.set_ylim(bottom=0)
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=8)
+    # on the twin axes, which are drawn last: no line of either axes crosses the legend
+    ax2.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=8, framealpha=1.0,
+               facecolor="white")
     ax.set_title(f"capacity curve ({at.get('plan')}): {at['tokens_per_s']:,.0f} tokens/s at the target")
     fig.tight_layout()
     return fig
@@ -282,7 +310,8 @@ CAPTIONS = {
                 "win throughput; more TP frees memory for KV cache and cuts per-token latency."),
     "capacity": ("Capacity curve",
                  "The load sweep of tuner plan on the chosen configuration: P95 TTFT rises with load; the "
-                 "grey line is the most load that stays under the target, the capacity to plan with."),
+                 "grey line is the most load that stays under the target, the capacity to plan with, and the "
+                 "orange diamonds are the runs that verified it."),
 }
 
 
@@ -307,6 +336,6 @@ def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[
 
 
 __all__ = [
-    "CAPTIONS", "StudyPlot", "plot_capacity", "plot_history", "plot_importances", "plot_layouts",
-    "plot_tradeoff", "png_bytes", "study_plots",
+    "CAPTIONS", "StudyPlot", "knob_importances", "knob_name", "plot_capacity", "plot_history", "plot_importances",
+    "plot_layouts", "plot_tradeoff", "png_bytes", "study_plots",
 ]

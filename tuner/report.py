@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.analysis import best_trial, study_location, target_ttft_s, top_groups, trials_frame
+from tuner.effective import ANY
 from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
 from tuner.result import describe_errors
@@ -33,12 +34,15 @@ if TYPE_CHECKING:
 
 REPORT_NAME = "report.html"
 #: Columns of the top-configurations table (:func:`tuner.analysis.top_groups`).
-TOP_COLUMNS = ("number", "trials", "tokens_per_s", "tok/s min-max", "ttft_p95_s", "chosen_load", "errors", "layout",
+TOP_COLUMNS = ("number", "trials", "tokens/s", "ttft_p95_s", "chosen_load", "errors", "layout",
                "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
                "enable_prefix_caching", "enforce_eager", "kv_cache_dtype")
 #: Left-aligned (text) columns of that table: a folded knob reads "any (why)".
-_TOP_TEXT = ("trials", "tok/s min-max", "chosen_load", "errors", "layout", "max_model_len", "enable_prefix_caching",
+_TOP_TEXT = ("trials", "chosen_load", "errors", "layout", "max_model_len", "enable_prefix_caching",
              "kv_cache_dtype")
+#: Headers a person reads, for the columns whose frame names are not.
+_HEADERS = {"number": "trial", "tokens/s": "tokens/s (min–max)",
+            "ttft_p95_s": "P95 TTFT (s)", "chosen_load": "at load"}
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1250px;color:#222;
@@ -46,7 +50,9 @@ body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;m
 h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .meta{color:#555} table{border-collapse:collapse;font-size:.85em;margin:.6em 0}
 td,th{border:1px solid #ccc;padding:3px 7px;text-align:right} th{background:#f3f3f3}
-td.l,th.l{text-align:left} td.l{max-width:760px;overflow-wrap:anywhere} pre{background:#f6f6f6;padding:.8em;overflow-x:auto;white-space:pre-wrap}
+td{white-space:pre} td.l{white-space:normal}
+td.l,th.l{text-align:left} td.l{max-width:760px;overflow-wrap:break-word} pre{background:#f6f6f6;padding:.8em;overflow-x:auto;white-space:pre-wrap}
+@media (max-width:1000px){body{padding:0 .5em} table.top{font-size:.75em} table.top td,table.top th{padding:2px 3px}}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#444;max-width:900px} .skipped{color:#a60}
 """
@@ -77,15 +83,28 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _table(frame: pd.DataFrame, columns: list[str], left: tuple[str, ...] = ()) -> str:
+def _header(column: str) -> str:
+    """A column's header: a name a person reads, or the knob's own name with places to
+    wrap after each underscore (gpu_memory_utilization takes one word's width)."""
+    return _HEADERS.get(column) or html.escape(column).replace("_", "_<wbr>")
+
+
+def _knob(value: Any) -> str:
+    """A knob's value; not set means vLLM's default for the version, GPU and model."""
+    return "default" if value is None or (isinstance(value, float) and math.isnan(value)) else _fmt(value)
+
+
+def _table(frame: pd.DataFrame, columns: list[str], left: tuple[str, ...] = (), cls: str = "") -> str:
+    """A table of ``frame``'s ``columns``: numbers right-aligned on one line, the
+    ``left`` (text) columns left-aligned and wrapping."""
     cols = [c for c in columns if c in frame.columns]
-    head = "".join(f"<th class='{'l' if c in left else ''}'>{html.escape(c)}</th>" for c in cols)
+    head = "".join(f"<th class='{'l' if c in left else ''}'>{_header(c)}</th>" for c in cols)
     body = []
     for _, row in frame.iterrows():
         cells = "".join(f"<td class='{'l' if c in left else ''}'>{html.escape(redact(_fmt(row[c])))}</td>"
                         for c in cols)
         body.append(f"<tr>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f"<table class='{cls}'><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def _pairs(rows: list[tuple[str, str]]) -> str:
@@ -113,7 +132,7 @@ def _answer(study: optuna.Study) -> str:
         rows.append(("P95 TTFT", f"{summary['ttft_p95_s']:.3g} s at {best.user_attrs.get('chosen_load', '?')}"))
     if best.user_attrs.get("errors"):
         rows.append(("failed requests", describe_errors(best.user_attrs["errors"], limit=8)))
-    rows += [(k, _fmt(v)) for k, v in config.to_dict().items()]
+    rows += [(k, _knob(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
     dep = study.user_attrs.get("deployment")
     if dep:
@@ -142,19 +161,31 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
     if not len(top):
         return []
     top = top.copy()
-    top["tok/s min-max"] = [f"{_fmt(lo)}–{_fmt(hi)}" if n > 1 else "–"
-                            for lo, hi, n in zip(top["tokens_per_s_min"], top["tokens_per_s_max"], top["trials"])]
+    # the spread of a configuration's trials under its best: one column, not two, on a narrow page
+    top["tokens/s"] = [_fmt(best) + (f"\n{_fmt(lo)}–{_fmt(hi)}" if n > 1 else "") for best, lo, hi, n in
+                       zip(top["tokens_per_s"], top["tokens_per_s_min"], top["tokens_per_s_max"], top["trials"])]
     top["trials"] = [f"×{n}" + (f" ({m} missed)" if m else "") for n, m in zip(top["trials"], top["missed"])]
     columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
+    knobs = TOP_COLUMNS[TOP_COLUMNS.index("gpu_memory_utilization"):]
+    for c in knobs:
+        if c in top.columns:
+            top[c] = [_knob(v) for v in top[c]]
     # a knob set alike in every row is said once above the table, which then fits the page
     same = [c for c in TOP_COLUMNS[TOP_COLUMNS.index("layout"):] if c in top.columns and len(top) > 1
             and top[c].map(_fmt).nunique() == 1]
     columns = [c for c in columns if c not in same]
+    # a folded knob in a column reads "any", and why is said once under the table
+    whys: dict[str, str] = {}
+    for c in [c for c in columns[columns.index("layout"):] if c in top.columns] if "layout" in columns else []:
+        for value in top[c]:
+            if isinstance(value, str) and value.startswith(f"{ANY} ("):
+                whys.setdefault(c, value[len(ANY) + 2:-1])
+        top[c] = [ANY if isinstance(v, str) and v.startswith(f"{ANY} (") else v for v in top[c]]
     folded = top["folded"].notna().any()
     note = ("Trials that differ only in knobs without effect on this study's workload are one row; such a "
-            "knob reads <i>any (why)</i>. " if folded else "")
+            "knob reads <i>any</i>. " if folded else "")
     note += ("<i>trials</i> counts the feasible trials of each configuration (repeats included; <i>missed</i>: "
-             "those that ran it and missed the target) and <i>tok/s min-max</i> is the spread of their "
+             "those that ran it and missed the target) and the <i>min–max</i> under <i>tokens/s</i> is the spread of their "
              "throughput: noise between repeats, or what the folded knobs did after all.")
     out = ["<h2>Top feasible configurations</h2>"]
     if top.attrs.get("caveat"):
@@ -163,7 +194,11 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
     if same:
         alike = ", ".join(f"{c} {_fmt(top[c].iloc[0])}" for c in same)
         out.append(f"<p>In every row: {html.escape(redact(alike))}.</p>")
-    return out + [_table(top, columns, left=_TOP_TEXT)]
+    out.append(_table(top, columns, left=_TOP_TEXT, cls="top"))
+    if whys:
+        said = "; ".join(f"{c}: {why}" for c, why in whys.items())
+        out.append(f"<p class='meta'><i>any</i>: the knob has no effect on this workload ({html.escape(redact(said))}).</p>")
+    return out
 
 
 def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:

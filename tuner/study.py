@@ -110,25 +110,54 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
-        return optuna.create_study(
+        return name_objective(optuna.create_study(
             study_name=name, storage=_storage(storage, name), sampler=sampler,
             direction="maximize", load_if_exists=True,
-        )
+        ))
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
-        raise InputError(f"cannot open study storage {shown!r}: {redact(str(err))}",
-                         hint="give an SQLAlchemy URL such as sqlite:///studies/x.db") from err
+        raise storage_open_error(err, shown) from err  # type: ignore[misc]  # never None for these
     except OSError as err:  # the studies/ folder cannot be made or written
         from tuner.files import write_fault
 
         raise write_fault(Path(err.filename or STUDIES_DIR), err) from err
     except Exception as err:
-        fault = storage_fault(err, shown)
+        fault = storage_fault(err, shown) or storage_open_error(err, shown)
         if fault is not None:
             raise fault from err
-        if type(err).__module__.startswith("sqlalchemy"):
-            raise InputError(f"cannot open study storage {shown!r}: {redact(str(err).splitlines()[0])}",
-                             hint="check the URL, the server and the credentials") from err
         raise
+
+
+#: The objective's name, as optuna-dashboard and ``optuna.load_study(...).metric_names`` show it.
+METRIC_NAMES = ["tokens_per_s"]
+
+
+def name_objective(study: optuna.Study) -> optuna.Study:
+    """Name the study's objective (:data:`METRIC_NAMES`; "Objective 0" otherwise), once."""
+    import warnings
+
+    import optuna
+
+    if study.metric_names != METRIC_NAMES:
+        with warnings.catch_warnings():  # set_metric_names is experimental since Optuna 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(METRIC_NAMES)
+    return study
+
+
+def storage_open_error(err: BaseException, shown: str) -> InputError | None:
+    """The one line for a storage that cannot be opened (a bad URL, a missing driver, a
+    server refusing the connection or the credentials), as every command says it; None
+    when ``err`` is something else. ``shown`` is the URL as the user may see it."""
+    from tuner.urls import redact
+
+    lines = str(err).splitlines() or [type(err).__name__]
+    if isinstance(err, (ImportError, ValueError, TypeError)):
+        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
+                          hint="give an SQLAlchemy URL such as sqlite:///studies/x.db")
+    if type(err).__module__.startswith("sqlalchemy"):
+        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
+                          hint="check the URL, the server and the credentials")
+    return None
 
 
 #: What a database says when the study cannot be written (SQLite, PostgreSQL wording).
@@ -227,8 +256,8 @@ def summarize(study: optuna.Study, storage: str) -> StudySummary:
     trials = study.get_trials(deepcopy=False, states=finished_states())
     best = best_feasible_trial(study)
     return StudySummary(
-        name=study.study_name, storage=storage, finished=len(trials),
-        feasible=sum(1 for t in trials if is_feasible(t)),
+        name=study.study_name, storage=storage, finished=count_finished(study),  # as --budget counts them
+        feasible=sum(1 for t in trials if is_feasible(t) and not is_confirmation(t)),
         best_value=None if best is None else best.value,
         best_trial=None if best is None else best.number,
     )

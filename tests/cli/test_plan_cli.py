@@ -66,7 +66,7 @@ def test_plan_from_the_newest_study_is_stored_and_printed(tmp_path, monkeypatch,
 @pytest.mark.parametrize("argv, message", [
     (["plan", "--study", "x", "--tp", "2"], "--tp describes a configuration"),
     (["plan", *CONFIG, "--demand", "lots"], "cannot read demand"),
-    (["plan", *CONFIG, "--output", "yaml"], "--output must be table or json"),
+    (["plan", *CONFIG, "--output", "yaml"], "'yaml' is not one of 'text', 'json'"),
     (["plan", *CONFIG, "--headroom", "much"], "cannot read --headroom"),
 ])
 def test_bad_flags_exit_2(argv, message, tmp_path, monkeypatch, capsys):

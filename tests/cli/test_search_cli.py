@@ -22,6 +22,7 @@ def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsy
     assert db.is_file()
     study = optuna.load_study(study_name=report["study"], storage=f"sqlite:///{db}")
     assert len([t for t in study.trials if "confirm_of" not in t.user_attrs]) == 2
+    assert study.metric_names == ["tokens_per_s"]  # what optuna-dashboard calls the objective
     # the winner is confirmed on repeats: its band holds the mean, the repeats are stored
     conf = report["confirmation"]
     assert conf["winner"] == report["best"]["trial"] and conf["measurements"] == 3

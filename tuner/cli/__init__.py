@@ -23,6 +23,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's own help layout: it wraps help text and never cuts an option name (rich's
+    # table squeezes names to "--gpu-memory-utili…" at 80 columns) and shows no metavar
+    # on flags; every sub-Typer says the same
+    rich_markup_mode=None,
 )
 
 
@@ -51,7 +55,12 @@ def main(argv: list[str] | None = None) -> None:
     code: int | str | None = 0
     with handle_signals() as caught:
         try:
-            app(args=argv, prog_name="tuner")
+            result = app(args=argv, prog_name="tuner", standalone_mode=False)
+            code = result if isinstance(result, int) else 0  # typer.Exit and --help return their code
+        except typer.TyperException as err:  # click's usage errors (a bad choice, a missing argument)
+            code = _usage_error(err)
+        except typer.Abort:
+            code = 1
         except TunerError as err:
             if os.environ.get("TUNER_DEBUG"):
                 raise
@@ -80,6 +89,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tuner: {_interrupted_line(caught.interrupt)}", file=sys.stderr)
         code = getattr(caught.interrupt, "exit_code", 130)
     sys.exit(code)
+
+
+def _usage_error(err: typer.TyperException) -> int:
+    """A usage error as every tuner error: one line, ``tuner: ...``, with the command whose
+    --help lists the choices; with no arguments at all, the help itself."""
+    ctx = getattr(err, "ctx", None)
+    if type(err).__name__ == "NoArgsIsHelpError":
+        err.show()  # type: ignore[attr-defined]
+    else:
+        where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        message = err.format_message().rstrip(".").replace("Value error, ", "")  # typer's validation prefix
+        print(f"tuner: {message[:1].lower()}{message[1:]}{where}", file=sys.stderr)
+    return getattr(err, "exit_code", 2)
 
 
 def _storage_arg(argv: list[str] | None) -> str:

@@ -12,6 +12,7 @@ from tuner.errors import InputError
 
 @app.command(
     "calibrate",
+    short_help="Fit the simulator to a real vLLM on this machine's GPU.",
     help=(
         "Spend a few minutes of a real GPU to make the simulator accurate for it: start a small "
         "designed set of vLLM configurations (gpu-memory-utilization, max-num-seqs, "
@@ -20,7 +21,10 @@ from tuner.errors import InputError
         "fit the simulator's efficiencies, overheads and memory constants by least squares on half "
         "of the trials, check them on the other half, and write a profile that tuner estimate, "
         "tuner search --backend sim and the pre-check use whenever GPU and vLLM version match. "
-        "Resumable: run it again to finish trials a --budget-s cut short."
+        "Resumable: run it again to finish trials a --budget-s cut short.\n\n"
+        "\b\nExamples:\n"
+        "  tuner calibrate --model /models/qwen2.5-7b --gpu H200\n"
+        "  tuner calibrate --model qwen2.5-7b --gpu L4 --backend sim"
     ),
 )
 def calibrate(

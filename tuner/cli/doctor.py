@@ -8,66 +8,67 @@ import sys
 import typer
 
 from tuner.cli import app
-from tuner.errors import InputError
+from tuner.cli.options import OUTPUT_HELP, Output
 
 
-@app.command("doctor")
+@app.command("doctor", short_help="Show what tuner left running and whether studies are sound.")
 def doctor_cmd(
     storage: str | None = typer.Option(None, "--storage", help="Also check this Optuna storage URL (postgresql://...). studies/*.db are always checked."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop the servers a dead tuner run left behind (only processes carrying tuner's marker)."),
-    output: str = typer.Option("text", "--output", help="text or json."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
 ) -> None:
     """Show what tuner left running on this host and whether its studies are sound.
 
     Lists the servers tuner started (marked with TUNER_SERVER; stale when the tuner process that started them is gone), the tuner runs in progress, what holds GPU memory (nvidia-smi), and per study file: SQLite integrity, trials left RUNNING by a dead run (the next tuner search fails them as interrupted and measures them again), leftover lock files and free disk space.
 
     Exit codes: 0 nothing wrong, 1 problems found (listed), 2 bad input.
-    """
-    from rich.console import Console
-    from rich.table import Table
 
+    \b
+    Examples:
+      tuner doctor
+      tuner doctor --kill-stale
+    """
+    from tuner.cli.output import console, fit, table
     from tuner.doctor import diagnose, stop_stale
     from tuner.urls import redact
 
-    if output not in ("text", "json"):
-        raise InputError(f"--output {output!r} is not text or json")
     d = diagnose(storage=storage)
     stopped = stop_stale(d) if kill_stale else []
     if stopped:
         d = diagnose(storage=storage)
-    if output == "json":
+    if output is Output.json:
         print(json.dumps({**d.to_dict(), "stopped_groups": stopped}, indent=2, default=str))
     else:
-        console = Console()
-        servers = Table(title="tuner's servers on this host", title_justify="left")
+        out = console()
+        servers = table("tuner's servers on this host")
         for col in ("pid", "group", "owner", "state", "started", "command"):
-            servers.add_column(col, overflow="fold")
+            servers.add_column(col)
         for s in d.servers:
             started = dt.datetime.fromtimestamp(s["started"]).strftime("%H:%M:%S")
             servers.add_row(str(s["pid"]), str(s["pgid"]), str(s["owner_pid"]),
                             "STALE" if s["stale"] else "running", started, s["cmdline"][:70])
-        console.print(servers if d.servers else "tuner's servers on this host: none")
-        console.print("tuner runs: " + ("none" if not d.runs else
+        out.print(fit(servers, out, labels=(5,)) if d.servers else "tuner's servers on this host: none")
+        out.print("tuner runs: " + ("none" if not d.runs else
                                         "; ".join(f"pid {r['pid']} {r['cmdline'][:60]}" for r in d.runs)))
         if d.gpu_holders:
-            gpus = Table(title="GPU memory holders (nvidia-smi)", title_justify="left")
+            gpus = table("GPU memory holders (nvidia-smi)")
             for col in ("pid", "process", "MiB", "tuner's"):
                 gpus.add_column(col)
             for g in d.gpu_holders:
                 gpus.add_row(str(g["pid"]), g["process"], f"{g['used_mib'] or 0:,.0f}", "yes" if g["tuner"] else "no")
-            console.print(gpus)
-        studies = Table(title="studies", title_justify="left")
+            out.print(fit(gpus, out, labels=(1,)))
+        studies = table("studies")
         for col in ("file", "integrity", "stale trials", "locks", "free"):
-            studies.add_column(col, overflow="fold")
+            studies.add_column(col)
         for st in d.studies:
             free = "-" if st.free_bytes is None else f"{st.free_bytes / 2**30:.1f} GiB"
             studies.add_row(redact(st.path), st.integrity[:30], ", ".join(st.stale_trials) or "-",
                             ", ".join(st.lock_files) or "-", free)
-        console.print(studies if d.studies else "studies: none found")
+        out.print(fit(studies, out, labels=(0, 2, 3)) if d.studies else "studies: none found")
         for note in d.notes:
-            console.print(f"note: {note}", markup=False)
+            out.print(f"note: {note}", markup=False)
         for pgid in stopped:
-            console.print(f"stopped stale server group {pgid}")
+            out.print(f"stopped stale server group {pgid}")
         for problem in d.problems:
             print(f"tuner: problem: {problem}", file=sys.stderr)
         if d.problems and not kill_stale and any(s["stale"] for s in d.servers):

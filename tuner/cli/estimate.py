@@ -11,6 +11,7 @@ import typer
 
 from tuner.cli import app
 from tuner.cli._knobs import build_deployment_config
+from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
 from tuner.load import Concurrency, Load, Poisson
@@ -36,14 +37,15 @@ def parse_list(text: str | None, kind: type, option: str) -> list:
 
 
 def build_workload(trace: str | None, input_len: int | None, output_len: int | None,
-                   num_requests: int | None, seed: int = 0) -> Workload:
-    """--trace FILE (its first ``num_requests`` rows when given), else fixed lengths (as
-    ``vllm bench serve --dataset-name random`` with range ratio 0), else the built-in mix of
-    article 004; ``num_requests`` defaults to 1000 for the last two."""
+                   num_requests: int | None, seed: int = 0, *, skip_bad: bool = False) -> Workload:
+    """--trace FILE (its first ``num_requests`` rows when given; malformed rows skipped
+    with ``skip_bad``), else fixed lengths (as ``vllm bench serve --dataset-name random``
+    with range ratio 0), else the built-in mix of article 004; ``num_requests`` defaults to
+    1000 for the last two."""
     if trace:
         from tuner.traffic import load_trace
 
-        workload = load_trace(trace)
+        workload = load_trace(trace, skip_bad=skip_bad)
         return workload.take(slice(0, num_requests)) if num_requests else workload
     num_requests = num_requests or 1000
     if input_len is None and output_len is None:
@@ -148,7 +150,7 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-@app.command("estimate")
+@app.command("estimate", short_help="vLLM's memory plan and a load table for one configuration.")
 def estimate_cmd(
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
                             "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
@@ -187,21 +189,29 @@ def estimate_cmd(
                              "request rates in req/s, e.g. 1,2,4."),
     trace: str = typer.Option(None, "--trace", help="Request log to replay (any format `tuner trace "
                               "stats` reads). Default: the built-in 40/40/20 mix of article 004."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
+                                  "stopping at the first (a note says how many and why)."),
     input_len: int = typer.Option(None, "--input-len", help="Fixed prompt tokens (like vllm bench "
                                   "--dataset-name random); replaces the built-in mix."),
     output_len: int = typer.Option(None, "--output-len", help="Fixed output tokens per request."),
     num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per load level: "
                                      "1000 of the built-in mix or fixed lengths by default; with "
                                      "--trace, its first N rows (default: all)."),
-    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
 ) -> None:
-    """What would vLLM do with this GPU, model and flags? Prints the startup memory plan
-    (weights, activations, CUDA graphs, KV bytes, blocks, "GPU KV cache size", max
-    concurrency) or vLLM's refusal in vLLM's words (exit 1), and with --concurrency or
-    --rate a simulated load table. Example: tuner estimate --gpu V100-16GB --model
-    gemma-2-27b-gptq --max-model-len 8192 --enforce-eager --vllm-version 0.6.3"""
-    if output not in ("table", "json"):
-        raise InputError(f"--output must be table or json, got {output!r}")
+    """What would vLLM do with this GPU, model and flags?
+
+    Prints the startup memory plan (weights, activations, CUDA graphs, KV bytes,
+    blocks, "GPU KV cache size", max concurrency) or vLLM's refusal in vLLM's words
+    (exit 1), and with --concurrency or --rate a simulated load table. No study is
+    read or written.
+
+    \b
+    Examples:
+      tuner estimate --gpu H200 --model qwen2.5-7b -c 1,16,64
+      tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
+          --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
+    """
     deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
         dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
@@ -221,11 +231,11 @@ def estimate_cmd(
         error = err
     rows: list[dict[str, Any]] = []
     if error is None and (users or rates):
-        workload = build_workload(trace, input_len, output_len, num_requests)
+        workload = build_workload(trace, input_len, output_len, num_requests, skip_bad=skip_bad)
         loads: list[Load] = [Concurrency(u) for u in users] + [Poisson(r) for r in rates]
         rows = run_loads(deployment, config, workload, loads)
 
-    if output == "json":
+    if output is Output.json:
         memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {
             "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
         memory["error"] = None if error is None else error.message

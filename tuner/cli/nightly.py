@@ -8,11 +8,12 @@ from typing import Any
 import typer
 
 from tuner.cli import app
+from tuner.cli.options import Backend, Output
 from tuner.errors import InputError
 
 
 
-@app.command("nightly")
+@app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.")
 def nightly_cmd(
     trace: str | None = typer.Option(None, "--trace", help="Request log of the deployment (any format tuner trace reads). Default: the built-in synthetic mix."),
     window: str | None = typer.Option(None, "--window", help="Only the last part of --trace: 24h, 90m, 1d. Default: the whole log."),
@@ -22,7 +23,7 @@ def nightly_cmd(
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs: a count (8) or device ids (0-7)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Simulator calibration profile YAML (efficiencies of this GPU class); a slower profile simulates a slower deployment."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 TTFT target: 2s, 500ms. Default: the space's."),
-    backend: str = typer.Option("sim", "--backend", help="sim (embedded simulator), vllm (restart real vLLM per trial) or endpoint."),
+    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim (embedded simulator), vllm (restart real vLLM per trial) or endpoint."),
     vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
     trials: int = typer.Option(20, "--trials", help="New trials tonight (the first re-runs last night's best configuration)."),
@@ -32,13 +33,18 @@ def nightly_cmd(
     study: str | None = typer.Option(None, "--study", help="Study name. Default: nightly.<deployment>.<space>, the same every night."),
     report_dir: str | None = typer.Option(None, "--report-dir", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
-    output: str = typer.Option("text", "--output", help="text: the verdict line and the report path; json: nightly.json on stdout."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),
 ) -> None:
     """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
 
     Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --wall-clock. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
 
     A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
+
+    \b
+    Examples:
+      tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
+      tuner nightly --trials 10 --wall-clock 2h --threshold 5%
     """
     from tuner.cli.search import backend_options, deployment_changes
     from tuner.nightly import (
@@ -52,10 +58,7 @@ def nightly_cmd(
     from tuner.space import load_space
     from tuner.units import parse_seconds
 
-    if output not in ("text", "json"):
-        raise InputError(f"--output {output!r} is not text or json")
-    if backend not in ("sim", "vllm", "endpoint"):
-        raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
+    backend, output = backend.value, output.value  # type: ignore[assignment]
     limit = parse_threshold(threshold)
     wall_s = parse_seconds(wall_clock, what="--wall-clock") if wall_clock else None
     sp = load_space(space)
@@ -75,7 +78,10 @@ def nightly_cmd(
     if wl:
         sp = sp.with_workload(**wl)
     sp = sp.bind(dep, num_heads(dep))
-    workload = build_workload(sp.workload, dep)
+    from tuner.cli.trace import bad_rows_advice
+
+    with bad_rows_advice(trace):
+        workload = build_workload(sp.workload, dep)
     if window:
         if not trace:
             raise InputError("--window needs --trace", hint="give the request log to cut the window from")

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from tuner.cli import app
+from tuner.cli.options import OUTPUT_HELP, Backend, Output
 from tuner.errors import InputError
 
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
@@ -37,7 +38,7 @@ def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
     )
 
 
-@app.command("plan")
+@app.command("plan", short_help="How much traffic a configuration holds at a P95 TTFT target.")
 def plan_cmd(
     target_ttft: str = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 "
                                     "(seconds). Default: the study's target (5s for a config given here)."),
@@ -72,11 +73,13 @@ def plan_cmd(
                               "file it read, checked by fingerprint: plan refuses, exit 2, when that file now "
                               "holds other requests), or its synthetic mix; the built-in 40/40/20 mix of article "
                               "004 for a configuration given here."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
+                                  "stopping at the first (a note says how many and why)."),
     num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: the first N rows of "
                                      "--trace or of the study's file (a subset, noted in the plan), or N of the "
                                      "synthetic mix (default max(study's, 1000): a larger sample of the same "
                                      "distribution)."),
-    backend: str = typer.Option("sim", "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
+    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
                                 "(or tuner sim-serve) once and replay over HTTP; endpoint: a running server."),
     vllm_cmd: str = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. "
                                  "'vllm serve' or 'python -m tuner sim-serve --speed 20'."),
@@ -103,7 +106,7 @@ def plan_cmd(
                                         "hour and per million tokens."),
     repeats: int = typer.Option(1, "--repeats", help="Repeat the sweep with other seeds; figures get min-max ranges."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload sample and open-loop arrivals."),
-    output: str = typer.Option("table", "--output", "-o", help="table or json."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
     out: str = typer.Option(None, "--out", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
                             "(studies/plans/ for a config given here)."),
     files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
@@ -118,18 +121,23 @@ def plan_cmd(
     It replays the requests the study searched on (the file it read, or more requests
     of its synthetic mix), checked by fingerprint; --trace FILE replays another
     workload on purpose. The plan records which workload it replayed.
-    Example: tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 --model llama-2-7b
-    --dtype float16 --tp 8 --max-model-len 4096 --max-num-seqs 128 --tokens-per-conversation 300.
+
     Exit codes: 0 ok, 2 bad input or no study, 3 no feasible trial / even the lowest load misses.
+
+    \b
+    Examples:
+      tuner plan --target-ttft 5s
+      tuner plan --target-ttft 5s --demand 1200/min --gpu-hour-cost 1.2
+      tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
+          --model llama-2-7b --dtype float16 --tp 8 --max-num-seqs 128
     """
     from tuner.capacity import parse_demand, parse_fraction
     from tuner.cli.estimate import parse_list
+    from tuner.cli.storage import readable_storage
     from tuner.plan import plan_capacity, write_plan_files
 
-    if output not in ("table", "json"):
-        raise InputError(f"--output must be table or json, got {output!r}")
-    if backend not in ("sim", "vllm", "endpoint"):
-        raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
+    backend, output = backend.value, output.value  # type: ignore[assignment]
+    readable_storage(storage)
     values = locals()
     given = [k for k in _KNOBS if values[k] is not None]
     deployment = config = None
@@ -153,7 +161,7 @@ def plan_cmd(
     if trace:
         from tuner.cli.estimate import build_workload
 
-        workload = build_workload(trace, None, None, num_requests)
+        workload = build_workload(trace, None, None, num_requests, skip_bad=skip_bad)
     options: dict[str, Any] = {}
     if backend == "vllm" and vllm_cmd:
         options["vllm_cmd"] = vllm_cmd
@@ -169,15 +177,18 @@ def plan_cmd(
         key = read_api_key(api_key_file)
         if key is not None:
             options["api_key"] = key
-    say = _progress(output == "table" and sys.stderr.isatty())
-    est = plan_capacity(
-        target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
-        workload=workload, num_requests=num_requests, backend=backend, backend_options=options,
-        levels=levels, rates=rate_list, tokens_per_conversation=tokens_per_conversation,
-        demand=None if demand is None else parse_demand(demand), headroom=parse_fraction(headroom),
-        gpu_hour_cost=gpu_hour_cost, repeats=repeats, seed=seed, time_scale=time_scale, store=store,
-        progress=say, warn=_warn,
-    )
+    say = _progress(output == "text" and sys.stderr.isatty())
+    from tuner.cli.trace import bad_rows_advice
+
+    with bad_rows_advice(None):  # the study's own file, read whole (--skip-bad is for --trace)
+        est = plan_capacity(
+            target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
+            workload=workload, num_requests=num_requests, backend=backend, backend_options=options,
+            levels=levels, rates=rate_list, tokens_per_conversation=tokens_per_conversation,
+            demand=None if demand is None else parse_demand(demand), headroom=parse_fraction(headroom),
+            gpu_hour_cost=gpu_hour_cost, repeats=repeats, seed=seed, time_scale=time_scale, store=store,
+            progress=say, warn=_warn,
+        )
     paths = write_plan_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()
@@ -201,31 +212,32 @@ def _progress(enabled: bool) -> Any:
 
 
 def _print(est: Any, paths: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    from tuner.cli.output import console, fit, table
     from tuner.plan import summary_rows, sweep_rows, workload_line
 
-    console = Console()
+    out = console()
+    say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731
     where = f"study {est.study} trial {est.trial}" if est.study else "configuration given on the command line"
+    say(f"load sweep of {where}, backend {est.backend}:")
     axis = "users" if est.load_kind == "concurrency" else "req/s in"
-    table = Table(title=f"load sweep ({where}, backend {est.backend})")
+    sweep = table()
     for col in (axis, "TTFT avg", "TTFT p95", "E2E avg", "tok/s", "out tok/s", "req/s", "run"):
-        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+        sweep.add_column(col, justify="left" if col == "run" else "right")
     for p in sweep_rows(est):
         style = "green" if p.ttft_p95_s <= est.target_ttft_s else "red"
-        table.add_row(f"{p.level:.4g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
+        sweep.add_row(f"{p.level:.4g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
                       f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}", f"{p.output_tokens_per_s:,.0f}",
                       f"{p.requests_per_s:.2f}", p.role)
-    console.print(table)
-    console.print(f"workload: {workload_line(est.workload)}", markup=False, highlight=False)
-    summary = Table(title="capacity", show_header=False)
+    out.print(fit(sweep, out, labels=()))
+    say(f"workload: {workload_line(est.workload)}")
+    out.print()
+    summary = table("capacity", header=False)
     summary.add_column("")
     summary.add_column("", justify="right")
     for label, value in summary_rows(est):
         summary.add_row(label, value)
-    console.print(summary)
+    out.print(fit(summary, out))
     for note in est.notes:
-        console.print(f"note: {note}")
+        say(f"note: {note}")
     if paths:
-        console.print(f"wrote {paths[0]} and {paths[1]}")
+        say(f"wrote {paths[0]} and {paths[1]}")

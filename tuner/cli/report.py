@@ -6,15 +6,15 @@ import typer
 from tuner.cli import app
 
 
-@app.command("report")
+@app.command("report", short_help="Write a study's HTML report and its figures as PNG files.")
 def report_cmd(
     study: str | None = typer.Argument(
-        None, help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db file, or a "
+        None, metavar="STUDY", help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db file, or a "
                    "storage URL holding one study. Default: the newest study in studies/."),
     storage: str | None = typer.Option(
-        None, "--storage", help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to tuner search --storage."),
+        None, "--storage", metavar="URL", help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to tuner search --storage."),
     out: str | None = typer.Option(
-        None, "--out",
+        None, "--out", metavar="FOLDER",
         help="Folder for report.html and the PNG files. Default: studies/<study>/ beside the study's database."),
 ) -> None:
     """Write a self-contained HTML report of a study and its figures as PNG files.
@@ -25,14 +25,18 @@ def report_cmd(
     tuner plan stored one, the top trials, and why the other trials did not count.
     The figures are embedded (base64 PNG), so report.html can be mailed on its own.
     Exit codes: 0 written, 2 no such study.
+
+    \b
+    Examples:
+      tuner report
+      tuner report NAME --out /tmp/report
+      tuner report NAME --storage postgresql://db/tuner
     """
-    from tuner.analysis import open_study
-    from tuner.plan import newest_study
+    from tuner.cli.storage import study_argument
     from tuner.plots import CAPTIONS
     from tuner.report import write_report
 
-    name = study if study is not None else newest_study(storage=storage)
-    st = open_study(name, storage)
+    st = study_argument(study, storage, "report")
     path = write_report(st, out)
     pngs = [f"{n}.png" for n in CAPTIONS if (path.parent / f"{n}.png").is_file()]
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB) and {', '.join(pngs) or 'no figures'}")

@@ -10,15 +10,9 @@ from typing import Any
 import typer
 
 from tuner.cli import app
+from tuner.cli.options import Backend, Output, Sampler
+from tuner.cli.studies import best_record, confirmation_record, print_best
 from tuner.errors import InputError, NoFeasibleConfig
-
-studies_app = typer.Typer(
-    help="List the studies in studies/ (or --storage), or show one: its best feasible trial and trial counts.",
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
-app.add_typer(studies_app, name="studies")
-
 
 def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
     """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
@@ -142,10 +136,10 @@ class _Progress:
             self.progress.console.print(f"tuner: warning: {redact(text)}", markup=False, highlight=False)
 
 
-@app.command("search")
+@app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.")
 def search_cmd(
     space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
-    backend: str = typer.Option("sim", "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
+    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
     model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),
     quantization: str | None = typer.Option(None, "--quantization", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
@@ -157,9 +151,9 @@ def search_cmd(
     timeout: float | None = typer.Option(None, "--timeout", help="Stop starting new trials after this many seconds of wall time."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage (SQLAlchemy URL). Default: sqlite:///studies/<study>.db."),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
-    sampler: str = typer.Option("tpe", "--sampler", help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
+    sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of the load's randomness."),
-    output: str = typer.Option("text", "--output", help="text: a table and the vllm serve command; json: one JSON object on stdout."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help="text: a table and the vllm serve command; json: one JSON object on stdout, for scripts."),
     warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
     vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend); several, comma-separated, are replicas."),
@@ -182,26 +176,26 @@ def search_cmd(
     A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129; --timeout stops it too and exits normally. Such a trial, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
 
     Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 130/143/129 interrupted.
+
+    \b
+    Examples:
+      tuner search --budget 40
+      tuner search --budget 40 --gpu H200 --model qwen2.5-14b --target-ttft 1s
+      tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
+      tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
     """
     from tuner.search import (
-        SAMPLERS,
         build_workload,
         get_backend_by_name,
         num_heads,
         run_search,
-        serve_command,
         warm_start_configs,
     )
     from tuner.space import load_space
     from tuner.units import parse_seconds
-    from tuner.study import closest_miss, miss_explanation, study_name, trial_config
+    from tuner.study import closest_miss, miss_explanation, study_name
 
-    if output not in ("text", "json"):
-        raise InputError(f"--output {output!r} is not text or json")
-    if backend not in ("sim", "vllm", "endpoint"):
-        raise InputError(f"--backend {backend!r} is unknown", hint="use sim, vllm or endpoint")
-    if sampler.lower() not in SAMPLERS:
-        raise InputError(f"--sampler {sampler!r} is unknown", hint=f"use one of {', '.join(SAMPLERS)}")
+    backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
     if budget < 1:
@@ -221,7 +215,10 @@ def search_cmd(
     if wl_changes:
         sp = sp.with_workload(**wl_changes)
     sp = sp.bind(dep, num_heads(dep))
-    workload = build_workload(sp.workload, dep)
+    from tuner.cli.trace import bad_rows_advice
+
+    with bad_rows_advice(trace):
+        workload = build_workload(sp.workload, dep)
     name = study or study_name(dep, workload.fingerprint(), sp.name, backend, sp.workload.target_ttft_s)
     options = backend_options(backend, name, vllm_cmd=vllm_cmd, endpoint=endpoint,
                               startup_timeout=startup_timeout, request_timeout=request_timeout,
@@ -256,23 +253,10 @@ def search_cmd(
         "errors_total": error_totals(outcome.study),
     }
     if best is not None:
-        config = trial_config(best)
-        report["best"] = {
-            "trial": best.number, "tokens_per_s": best.value,
-            "output_tokens_per_s": best.user_attrs.get("output_tokens_per_s"),
-            "ttft_p95_s": (best.user_attrs.get("summary") or {}).get("ttft_p95_s"),
-            "load": best.user_attrs.get("chosen_load"), "config": config.to_dict(),
-            "command": serve_command(dep, config), "errors": best.user_attrs.get("errors") or {},
-            "edge": best.user_attrs.get("edge"),
-        }
-        conf = outcome.confirmation
-        if conf is not None and conf.winner == best.number:
-            report["confirmation"] = {
-                "winner": conf.winner, "mean_tokens_per_s": conf.mean, "band_tokens_per_s": list(conf.band),
-                "measurements": len(conf.measurements.get(conf.winner, [])), "leader": conf.leader,
-                "tied_with": conf.ties, "equivalent": conf.equivalent, "noise_sd": conf.noise.rel_sd,
-                "noise_from": conf.noise.source, "rounds": conf.rounds, "reason": conf.reason,
-            }
+        report["best"] = best_record(best, dep)
+        conf = confirmation_record(outcome.confirmation, best.number)
+        if conf is not None:
+            report["confirmation"] = conf
     else:
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
@@ -293,151 +277,19 @@ def search_cmd(
         )
 
 
-def _edge_note(edge: dict[str, Any] | None) -> str:
-    """' (edge within 5%)', ' (above max-num-seqs x replicas, 256)' or ''."""
-    if not edge:
-        return ""
-    if edge.get("beyond_cap"):
-        return f" (above max-num-seqs x replicas, {edge.get('cap')}: queued requests still meet the target)"
-    if edge.get("failing_level") is None:
-        return " (the most it was offered)"
-    return "" if edge.get("located") else f" (next failing load {edge['failing_level']:g}: edge not located)"
-
-
 def _print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from tuner.cli.output import console
+    from tuner.result import describe_errors
 
-    console = Console()
-    console.print(
-        f"study [bold]{report['study']}[/] ({report['storage']}): {report['finished_trials']} finished trials, "
+    out = console()
+    say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"study {report['study']} ({report['storage']}): {report['finished_trials']} finished trials, "
         f"{report['new_trials']} new in {report['wall_s']:.1f} s"
-        + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else "")
-    )
-    from tuner.result import describe_errors
-
+        + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else ""))
     for note in report.get("notes") or []:
-        console.print(f"note: {note}", markup=False, highlight=False)
+        say(f"note: {note}")
     if report.get("errors_total"):
-        console.print(f"failed requests over the study's trials: {describe_errors(report['errors_total'])} "
-                      "(tuner studies show NAME has them per trial)", markup=False, highlight=False)
-    best = report["best"]
-    if best is None:
-        return
-    table = Table(title=f"best feasible trial #{best['trial']}", show_header=True)
-    table.add_column("")
-    table.add_column("value", justify="right")
-    table.add_row("throughput (in+out)", f"{best['tokens_per_s']:,.0f} tok/s")
-    if best.get("output_tokens_per_s") is not None:
-        table.add_row("output throughput", f"{best['output_tokens_per_s']:,.0f} tok/s")
-    if best.get("ttft_p95_s") is not None:
-        table.add_row("P95 TTFT", f"{best['ttft_p95_s']:.3f} s (target {report['target_ttft_s']:g} s)")
-    table.add_row("at load", str(best.get("load")) + _edge_note(best.get("edge")))
-    conf = report.get("confirmation")
-    if conf:
-        lo, hi = conf["band_tokens_per_s"]
-        table.add_row("confirmed", f"{conf['mean_tokens_per_s']:,.0f} tok/s mean of {conf['measurements']} "
-                      f"({lo:,.0f}-{hi:,.0f})")
-        tied = ", ".join(f"#{n}" for n in conf["tied_with"]) or "none"
-        table.add_row("tied with", f"{tied} (noise sd {conf['noise_sd']:.1%})")
-    if best.get("errors"):
-        table.add_row("failed requests", describe_errors(best["errors"]))
-    for key, value in best["config"].items():
-        table.add_row(key, "default" if value is None else str(value))
-    console.print(table)
-    if conf:
-        console.print(f"recommendation: {conf['reason']}", markup=False, highlight=False)
-    console.print("vllm serve command:", style="bold")
-    print(best["command"])
-
-
-@studies_app.callback()
-def studies_list(
-    ctx: typer.Context,
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL to list. Default: every studies/*.db."),
-) -> None:
-    """List studies: name, finished and feasible trials, best throughput."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    from tuner.study import list_studies
-
-    rows = list_studies(storage)
-    from tuner.urls import redact
-
-    table = Table(title=f"studies in {redact(storage) if storage else 'studies/'}")
-    table.add_column("study", no_wrap=True)
-    for col in ("finished", "feasible", "best tok/s", "best trial"):
-        table.add_column(col, justify="right")
-    for s in rows:
-        table.add_row(s.name, str(s.finished), str(s.feasible),
-                      "-" if s.best_value is None else f"{s.best_value:,.0f}",
-                      "-" if s.best_trial is None else str(s.best_trial))
-    Console().print(table if rows else "no studies yet: run tuner search")
-
-
-@studies_app.command("show")
-def studies_show(
-    name: str = typer.Argument(..., help="Study name (see tuner studies)."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
-    output: str = typer.Option("text", "--output", help="text or json."),
-) -> None:
-    """Show one study: its settings, trial counts and best feasible trial with its vllm serve command."""
-    from optuna.trial import TrialState
-
-    from tuner.config import Deployment
-    from tuner.result import describe_errors
-    from tuner.search import serve_command
-    from tuner.study import (
-        best_feasible_trial,
-        closest_miss,
-        error_totals,
-        load_study_by_name,
-        miss_explanation,
-        trial_config,
-    )
-    from tuner.urls import redact_value
-
-    st = load_study_by_name(name, storage)
-    trials = st.get_trials(deepcopy=False)
-    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
-    best = best_feasible_trial(st)
-    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": {k: v for k, v in counts.items() if v},
-                            "errors_total": error_totals(st)}
-    if best is not None:
-        dep_data = dict(st.user_attrs.get("deployment") or {})
-        dep_data["gpu_ids"] = tuple(dep_data.get("gpu_ids") or ())
-        dep = Deployment(**dep_data) if dep_data else Deployment()
-        info["best"] = {"trial": best.number, "tokens_per_s": best.value,
-                        "summary": best.user_attrs.get("summary"), "config": best.user_attrs.get("config"),
-                        "errors": best.user_attrs.get("errors") or {},
-                        "command": serve_command(dep, trial_config(best))}
-    else:
-        miss = closest_miss(st)
-        info["closest_miss"] = None if miss is None else miss_explanation(miss)
-        info["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
-    info = redact_value(info)
-    if output == "json":
-        print(json.dumps(info, indent=2, default=str))
-        return
-    from rich.console import Console
-    from rich.pretty import Pretty
-
-    console = Console()
-    say = lambda text: console.print(text, markup=False, highlight=False)  # noqa: E731
-    console.print(f"[bold]{name}[/]  trials: " + ", ".join(f"{k} {v}" for k, v in info["trials"].items()))
-    console.print(Pretty(info["attrs"]))
-    if info["errors_total"]:
-        say(f"failed requests over all trials: {describe_errors(info['errors_total'], limit=8)}")
-    if best is None:
-        say(f"no feasible trial; {info.get('closest_miss')}")
-        if info.get("closest_miss_errors"):
-            say(f"its failed requests: {describe_errors(info['closest_miss_errors'], limit=8)}")
-        return
-    console.print(f"best feasible trial #{best.number}: {best.value:,.0f} tok/s")
-    if info["best"]["errors"]:
-        say(f"its failed requests: {describe_errors(info['best']['errors'], limit=8)}")
-    console.print(Pretty(info["best"]["config"]))
-    print(info["best"]["command"])
+        say(f"failed requests over the study's trials: {describe_errors(report['errors_total'])} "
+            "(tuner studies show NAME has them per trial)")
+    if report["best"] is not None:
+        print_best(report["best"], report["target_ttft_s"], report.get("confirmation"))

@@ -10,6 +10,7 @@ from tuner.cli import app
 
 @app.command(
     "sim-serve",
+    short_help="Serve the simulated vLLM over HTTP with vllm serve's flags.",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
     help=(
@@ -19,7 +20,9 @@ from tuner.cli import app
         "-tp, --dtype, --quantization, --port, --host), plus --gpu, --vllm-version and --speed. "
         "Refuses to start where vLLM would (same message, exit 1); serves /health, /v1/models, "
         "/v1/completions, /v1/chat/completions, /metrics. Point the vLLM backend at it with "
-        "--vllm-cmd 'python -m tuner sim-serve'. Run `tuner sim-serve --help` for every flag."
+        "--vllm-cmd 'python -m tuner sim-serve'. Run `tuner sim-serve --help` for every flag.\n\n"
+        "\b\nExample:\n"
+        "  tuner sim-serve Qwen/Qwen2.5-7B-Instruct --gpu H100-SXM --port 8000"
     ),
 )
 def sim_serve(ctx: typer.Context) -> None:

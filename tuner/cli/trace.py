@@ -3,21 +3,28 @@ or write it as the tuner's own JSONL (optionally shaped on the way)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import typer
 
 from tuner.cli import app
+from tuner.cli.options import Output
 from tuner.errors import InputError
 from tuner.traffic import READERS, load_trace, trace_stats
 from tuner.traffic.workload import Workload
 
 trace_app = typer.Typer(
     help=(
-        "Inspect and convert request logs. Formats: " + ", ".join(READERS) + " (sniffed from the "
+        "Inspect and convert request logs.\n\nFormats: " + ", ".join(READERS) + " (sniffed from the "
         "first line unless --format is given). A malformed row stops the read with file:line and "
-        "what is wrong; --skip-bad skips such rows and reports how many and why."
+        "what is wrong; --skip-bad skips such rows and reports how many and why.\n\n"
+        "\b\nExamples:\n  tuner trace stats logs.csv\n  tuner trace convert logs.csv logs.jsonl --end 600"
     ),
+    short_help="Inspect and convert request logs.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(trace_app, name="trace")
 
@@ -31,6 +38,25 @@ TOKENIZER_HELP = (
     "Local model folder whose tokenizer counts tokens of text logs (sharegpt, vllm-bench, "
     "openai-log). Without it counts are estimated and labelled as estimates."
 )
+
+
+@contextmanager
+def bad_rows_advice(trace: str | None) -> Iterator[None]:
+    """For a command that reads ``--trace`` but keeps every row (``tuner search``: a study
+    records the file it read, and ``tuner plan`` replays that file whole): a bad row's
+    message advises what that command can do, a cleaned copy to give as ``--trace``,
+    instead of a ``--skip-bad`` it does not take."""
+    from tuner.traffic._rows import SKIP_HINT
+
+    try:
+        yield
+    except InputError as err:
+        if err.hint != SKIP_HINT:
+            raise
+        clean = f"{Path(err.path or trace or 'trace').stem}-clean.jsonl"
+        raise InputError(err.message, path=err.path, line=err.line,
+                         hint=f"write a copy without the bad rows with tuner trace convert {err.path or trace} "
+                              f"{clean} --skip-bad, then give --trace {clean}") from err
 
 
 def parse_mapping(items: list[str] | None) -> dict[str, str] | None:
@@ -54,11 +80,13 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def render_stats(stats: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from tuner.cli.output import console, fit
+    from tuner.cli.output import table as make_table
 
     est = " (estimated)" if stats["estimated_tokens"] else ""
-    table = Table(title=f"{stats['source']}  [dim]fingerprint {stats['fingerprint']}[/dim]", show_header=True)
+    out = console()
+    out.print(f"{stats['source']}, fingerprint {stats['fingerprint']}", markup=False, highlight=False)
+    table = make_table()
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_row("requests", f"{stats['count']:,}")
@@ -75,51 +103,52 @@ def render_stats(stats: dict) -> None:
         "-" if reuse is None else f"{100 * reuse:.1f} % of {stats['block_tokens']}-token blocks",
     )
     table.add_row("sessions", "-" if stats["sessions"] is None else f"{stats['sessions']:,}")
-    console = Console()
-    console.print(table)
+    out.print(fit(table, out))
     for note in stats["notes"]:
-        console.print(f"note: {note}")
+        out.print(f"note: {note}", markup=False, highlight=False)
 
 
 STATS_HELP = (
-    "Summarise a request log: count, span, mean rate, burstiness (index of dispersion of 1-second "
+    "Summarise a request log.\n\nCount, span, mean rate, burstiness (index of dispersion of 1-second "
     "arrival counts; 1 is Poisson, more is burstier), input/output token mean/P50/P95/max, ideal "
-    "prefix reuse (share of prompt blocks an infinite prefix cache would hit) and sessions."
+    "prefix reuse (share of prompt blocks an infinite prefix cache would hit) and sessions.\n\n"
+    "\b\nExamples:\n  tuner trace stats AzureLLMInferenceTrace_conv.csv\n"
+    "  tuner trace stats bad.csv --skip-bad --output json"
 )
 CONVERT_HELP = (
-    "Write a request log as the tuner's own JSONL, optionally windowed, sampled, sped up and "
-    "truncated (in that order). The file reads back exactly (same fingerprint); read back, its source is the "
-    "file itself (what a study or plan names and replays) and the log it came from is its first note."
+    "Write a request log as tuner's own JSONL, optionally cut, sampled, sped up.\n\n"
+    "Windowed, sampled, sped up and truncated in that order. The file reads back exactly (same fingerprint); read back, its source is the "
+    "file itself (what a study or plan names and replays) and the log it came from is its first note.\n\n"
+    "\b\nExamples:\n  tuner trace convert azure.csv azure-40s.jsonl --end 40\n"
+    "  tuner trace convert bad.csv clean.jsonl --skip-bad"
 )
 
 
-@trace_app.command("stats", help=STATS_HELP)
+@trace_app.command("stats", help=STATS_HELP, short_help="Summarise a request log.")
 def stats_cmd(
-    file: str = typer.Argument(..., help="The request log to read (CSV, JSON or JSONL)."),
+    file: str = typer.Argument(..., metavar="FILE", help="The request log to read (CSV, JSON or JSONL)."),
     fmt: str = typer.Option(None, "--format", "-f", help=FORMAT_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help=SKIP_HELP),
-    mapping: list[str] = typer.Option(None, "--map", help=MAP_HELP),
-    tokenizer: str = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
-    output: str = typer.Option("table", "--output", "-o",
-                               help="table (a readable summary) or json (every figure, for scripts)."),
+    mapping: list[str] = typer.Option(None, "--map", metavar="KEY=COLUMN", help=MAP_HELP),
+    tokenizer: str = typer.Option(None, "--tokenizer", metavar="FOLDER", help=TOKENIZER_HELP),
+    output: Output = typer.Option(Output.text, "--output", "-o",
+                                  help="text: a readable summary; json: every figure, for scripts."),
 ) -> None:
-    if output not in ("table", "json"):
-        raise InputError(f"--output must be table or json, got {output!r}")
     stats = trace_stats(_load(file, fmt, skip_bad, mapping, tokenizer))
-    if output == "json":
+    if output is Output.json:
         typer.echo(json.dumps(stats, indent=2))
     else:
         render_stats(stats)
 
 
-@trace_app.command("convert", help=CONVERT_HELP)
+@trace_app.command("convert", help=CONVERT_HELP, short_help="Write a log as tuner's JSONL (cut, sampled, sped up).")
 def convert_cmd(
-    file: str = typer.Argument(..., help="The request log to read."),
-    out: str = typer.Argument(..., help="Where to write the tuner's JSONL (read back with --format tuner)."),
+    file: str = typer.Argument(..., metavar="FILE", help="The request log to read."),
+    out: str = typer.Argument(..., metavar="OUT", help="Where to write the tuner's JSONL (read back with --format tuner)."),
     fmt: str = typer.Option(None, "--format", "-f", help=FORMAT_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help=SKIP_HELP),
-    mapping: list[str] = typer.Option(None, "--map", help=MAP_HELP),
-    tokenizer: str = typer.Option(None, "--tokenizer", help=TOKENIZER_HELP),
+    mapping: list[str] = typer.Option(None, "--map", metavar="KEY=COLUMN", help=MAP_HELP),
+    tokenizer: str = typer.Option(None, "--tokenizer", metavar="FOLDER", help=TOKENIZER_HELP),
     start: float = typer.Option(None, "--start", help="Keep requests from this many seconds after the first."),
     end: float = typer.Option(None, "--end", help="Keep requests before this many seconds after the first."),
     sample_n: int = typer.Option(None, "--sample", help="Keep this many requests, chosen at random (seeded)."),

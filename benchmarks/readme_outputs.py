@@ -1,0 +1,195 @@
+"""Regenerate the command outputs pasted in README.md from the current code.
+
+Every ``text`` block of README.md whose lines start with ``$ `` is a transcript: each
+``$`` line is a command (continued by a trailing backslash, or by a heredoc up to its
+``EOF``), the lines up to the next ``$`` line its output. This script runs the commands
+of all transcripts in README order, in one fresh temporary folder (so that ``tuner plan``
+finds the study the ``tuner search`` above it made), on the simulator, with
+``COLUMNS=80``, stdout and stderr together as a terminal shows them, and puts what each
+printed in place of what the README says it printed.
+
+A command is left as it is (the README's output kept, the reason listed) when it cannot
+run here unattended: a server that runs until stopped (``tuner sim-serve``, ``curl`` to
+it), a benchmark of its own (``python benchmarks/...``, minutes to hours: run it and paste
+by hand), a database server in the URL, an elided ``...`` in the command line, or a
+transcript preceded by ``<!-- output: keep -->``.
+
+    python benchmarks/readme_outputs.py            # a unified diff of README.md against now
+    python benchmarks/readme_outputs.py --write    # write README.md
+    python benchmarks/readme_outputs.py --list     # the commands, and which would be kept
+
+``../shared`` (the traces the README reads) is linked into the temporary folder; files
+the README assumes but does not show (``bad.csv``) are written there first.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+KEEP_MARK = "<!-- output: keep -->"
+#: Files the README's commands read without showing how they were made.
+FIXTURES = {
+    # an Azure trace whose second data row (line 3) has a token count that is not a number
+    "bad.csv": "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+               "2023-11-16 18:15:46.6805900,374,44\n"
+               "2023-11-16 18:15:50.9951690,12x,39\n",
+}
+#: Why a command is kept, by what its line holds.
+KEEP = (
+    (re.compile(r"^tuner sim-serve\b"), "a server that runs until stopped"),
+    (re.compile(r"^curl\b"), "asks the server above"),
+    (re.compile(r"^python3? benchmarks/"), "a benchmark of its own: run it and paste by hand"),
+    (re.compile(r"postgresql://"), "needs a database server"),
+    (re.compile(r"\s\.\.\.\s"), "the command line is elided"),
+)
+
+
+@dataclass
+class Command:
+    """One ``$`` command of a transcript and the output lines the README shows for it."""
+
+    lines: list[str]  # as written, "$ " included
+    output: list[str] = field(default_factory=list)
+    keep: str | None = None  # why it is not run
+    new_output: list[str] | None = None
+
+    @property
+    def text(self) -> str:
+        """The command as bash reads it."""
+        return "\n".join([self.lines[0][2:], *self.lines[1:]])
+
+
+@dataclass
+class Transcript:
+    start: int  # line index of the opening fence
+    end: int    # line index of the closing fence
+    commands: list[Command]
+
+
+def _heredoc_end(line: str) -> str | None:
+    found = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+    return found.group(1) if found else None
+
+
+def parse(lines: list[str]) -> list[Transcript]:
+    """The transcripts of README ``lines``."""
+    found, i = [], 0
+    while i < len(lines):
+        if not lines[i].startswith("```text"):
+            i += 1
+            continue
+        start = i
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].rstrip() == "```")
+        body = lines[start + 1:end]
+        commands: list[Command] = []
+        k = 0
+        while k < len(body):
+            if not body[k].startswith("$ "):
+                if commands:
+                    commands[-1].output.append(body[k])
+                k += 1
+                continue
+            cmd = Command([body[k]])
+            marker = _heredoc_end(body[k])
+            while cmd.lines[-1].endswith("\\") and k + 1 < len(body):
+                k += 1
+                cmd.lines.append(body[k])
+            if marker:
+                while k + 1 < len(body) and body[k].strip() != marker:
+                    k += 1
+                    cmd.lines.append(body[k])
+            commands.append(cmd)
+            k += 1
+        if commands:
+            kept = start > 0 and lines[start - 1].strip() == KEEP_MARK
+            for cmd in commands:
+                first = cmd.lines[0][2:].strip()
+                cmd.keep = "marked <!-- output: keep -->" if kept else next(
+                    (why for pattern, why in KEEP if pattern.search(first)), None)
+            found.append(Transcript(start, end, commands))
+        i = end + 1
+    return found
+
+
+def _env(bin_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNER_", "FORCE_COLOR"))}
+    env.update(COLUMNS="80", LINES="50", TERM="dumb", NO_COLOR="1", MPLBACKEND="Agg",
+               PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT))
+    return env
+
+
+def run(transcripts: list[Transcript], *, timeout_s: float) -> None:
+    """Run every command not kept, in order, in one fresh folder; fill ``new_output``."""
+    bin_dir = Path(sys.executable).parent  # the environment tuner is installed in
+    with tempfile.TemporaryDirectory(prefix="readme-outputs-") as tmp:
+        work = Path(tmp) / "tuner"
+        work.mkdir()
+        shared = ROOT.parent / "shared"
+        if shared.is_dir():
+            (Path(tmp) / "shared").symlink_to(shared)
+        for name, text in FIXTURES.items():
+            (work / name).write_text(text, encoding="utf-8")
+        env = _env(bin_dir)
+        for t in transcripts:
+            for cmd in t.commands:
+                if cmd.keep:
+                    continue
+                print(f"running: {cmd.lines[0][2:]}", file=sys.stderr, flush=True)
+                done = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, timeout=timeout_s, check=False)
+                text = done.stdout.replace(str(work) + "/", "").replace(str(Path(tmp)), "..")
+                cmd.new_output = [line.rstrip() for line in text.rstrip("\n").splitlines()]
+
+
+def rewrite(lines: list[str], transcripts: list[Transcript]) -> list[str]:
+    """README ``lines`` with each run command's output replaced."""
+    out = list(lines)
+    for t in reversed(transcripts):
+        body: list[str] = []
+        for cmd in t.commands:
+            body += cmd.lines
+            body += cmd.output if cmd.new_output is None else cmd.new_output
+        out[t.start + 1:t.end] = body
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help="write README.md (default: print a diff)")
+    parser.add_argument("--list", action="store_true", help="list the commands, and which are kept; run nothing")
+    parser.add_argument("--readme", type=Path, default=README, help="the README to regenerate")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds one command may take")
+    args = parser.parse_args(argv)
+    lines = args.readme.read_text(encoding="utf-8").splitlines()
+    transcripts = parse(lines)
+    if args.list:
+        for t in transcripts:
+            for cmd in t.commands:
+                print(f"README.md:{t.start + 1}: {cmd.lines[0][2:]}" + (f"   [kept: {cmd.keep}]" if cmd.keep else ""))
+        return 0
+    run(transcripts, timeout_s=args.timeout)
+    new = rewrite(lines, transcripts)
+    changed = [f"README.md:{t.start + 1}: {cmd.lines[0][2:]}" for t in transcripts for cmd in t.commands
+               if cmd.new_output is not None and cmd.new_output != cmd.output]
+    print(f"{len(changed)} command outputs differ from README.md:", file=sys.stderr)
+    for line in changed:
+        print(f"  {line}", file=sys.stderr)
+    if args.write:
+        args.readme.write_text("\n".join(new) + "\n", encoding="utf-8")
+    else:
+        sys.stdout.writelines(difflib.unified_diff([x + "\n" for x in lines], [x + "\n" for x in new],
+                                                   "README.md", "README.md (regenerated)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""``tuner export``: a study's trials or capacity sweeps as a CSV (or Parquet) file, a
+thin shell over :mod:`tuner.export`."""
+from __future__ import annotations
+
+import sys
+from enum import Enum
+
+import typer
+
+from tuner.cli import app
+from tuner.export import TABLES, formats
+
+#: The formats this installation can write (Parquet needs pyarrow), as --format's choices.
+Format = Enum("Format", {f: f for f in formats()}, type=str)  # type: ignore[misc]
+What = Enum("What", {w: w for w in TABLES}, type=str)  # type: ignore[misc]
+
+
+@app.command("export", short_help="Write a study's trials or plan sweeps as CSV for pandas.")
+def export_cmd(
+    study: str | None = typer.Argument(
+        None, metavar="STUDY", help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db "
+                                      "file, or a storage URL holding one study. Default: the newest in studies/."),
+    what: What = typer.Option("trials", "--what", help="trials: one row per trial (configuration, every "  # type: ignore[assignment]
+                              "percentile, why it did not count); plan: every load sweep tuner plan stored, one "
+                              "row per run."),
+    fmt: Format = typer.Option("csv", "--format", help="File format"  # type: ignore[assignment]
+                               + ("" if "parquet" in formats() else " (parquet too once pyarrow is installed)") + "."),
+    out: str | None = typer.Option(None, "--out", metavar="FILE", help="Where to write; - writes CSV to stdout. "
+                                   "Default: studies/<study>/<what>.<format>, beside the study's report."),
+    storage: str | None = typer.Option(None, "--storage", metavar="URL", help="Optuna storage (SQLAlchemy URL) "
+                                       "holding STUDY, as given to tuner search --storage."),
+) -> None:
+    """Write a study's trials, or the load sweeps of its capacity plans, as a file.
+
+    For pandas and spreadsheets: pandas.read_csv reads it back with the columns of
+    tuner.analysis.trials_frame (or plan_sweep, with the plan each row belongs to).
+    Credentials in any text are masked, so the file can be shared.
+
+    \b
+    Examples:
+      tuner export
+      tuner export NAME --what plan --out sweeps.csv
+      tuner export --out - | head
+    """
+    from tuner.cli.storage import study_argument
+    from tuner.errors import InputError
+    from tuner.export import export, table, to_bytes
+
+    kind, fmt_name = what.value, fmt.value
+    st = study_argument(study, storage, "export")
+    if out == "-":
+        if fmt_name != "csv":
+            raise InputError("--out - writes CSV only", hint="give --out FILE for parquet")
+        sys.stdout.write(to_bytes(table(st, kind), "csv").decode("utf-8"))
+        return
+    path = export(st, kind, fmt_name, out)
+    import pandas as pd
+
+    rows = len(pd.read_csv(path)) if fmt_name == "csv" else len(pd.read_parquet(path))
+    typer.echo(f"wrote {path} ({rows:,} {'trials' if kind == 'trials' else 'sweep runs'})")

@@ -1,0 +1,259 @@
+"""``tuner studies`` (list the studies) and ``tuner studies show NAME`` (one study: its
+settings, trial counts and best feasible trial), and the best-trial table that
+``tuner search`` prints too."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from tuner.cli import app
+from tuner.cli.options import OUTPUT_HELP, Output
+from tuner.cli.output import console, fit, print_json, table
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.config import Deployment
+
+studies_app = typer.Typer(
+    help="List the studies in studies/ (or in --storage), or show one.\n\n"
+         "\b\nExamples:\n  tuner studies\n  tuner studies show NAME --output json",
+    invoke_without_command=True,
+    no_args_is_help=False,
+    rich_markup_mode=None,
+)
+app.add_typer(studies_app, name="studies", short_help="List the studies, or show one.")
+
+
+def deployment_of(study: optuna.Study) -> Deployment:
+    """The deployment ``tuner search`` stamped on the study (the default one when none)."""
+    from tuner.config import Deployment
+
+    data = dict(study.user_attrs.get("deployment") or {})
+    data["gpu_ids"] = tuple(data.get("gpu_ids") or ())
+    return Deployment(**data) if data else Deployment()
+
+
+def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
+    """What ``tuner search`` and ``tuner studies show`` say of the best feasible trial
+    (``--output json``'s ``best``): its throughput, P95 TTFT, load, configuration, failed
+    requests and ``vllm serve`` command."""
+    from tuner.search import serve_command
+    from tuner.study import trial_config
+
+    config = trial_config(best)
+    summary = best.user_attrs.get("summary") or {}
+    return {
+        "trial": best.number, "tokens_per_s": best.value,
+        "output_tokens_per_s": best.user_attrs.get("output_tokens_per_s"),
+        "ttft_p95_s": summary.get("ttft_p95_s"), "load": best.user_attrs.get("chosen_load"),
+        "config": config.to_dict(), "command": serve_command(deployment, config),
+        "errors": best.user_attrs.get("errors") or {}, "edge": best.user_attrs.get("edge"),
+    }
+
+
+def confirmation_record(conf: Any, best: int) -> dict[str, Any] | None:
+    """``--output json``'s ``confirmation``: the repeats that chose trial ``best`` (None
+    when the study's confirmation did not choose it, or there is none)."""
+    if conf is None or conf.winner != best:
+        return None
+    return {
+        "winner": conf.winner, "mean_tokens_per_s": conf.mean, "band_tokens_per_s": list(conf.band),
+        "measurements": len(conf.measurements.get(conf.winner, [])), "leader": conf.leader,
+        "tied_with": conf.ties, "equivalent": conf.equivalent, "noise_sd": conf.noise.rel_sd,
+        "noise_from": conf.noise.source, "rounds": conf.rounds, "reason": conf.reason,
+    }
+
+
+def _edge_note(edge: dict[str, Any] | None) -> str:
+    """' (edge within 5%)', ' (above max-num-seqs x replicas, 256)' or ''."""
+    if not edge:
+        return ""
+    if edge.get("beyond_cap"):
+        return f" (above max-num-seqs x replicas, {edge.get('cap')}: queued requests still meet the target)"
+    if edge.get("failing_level") is None:
+        return " (the most it was offered)"
+    return "" if edge.get("located") else f" (next failing load {edge['failing_level']:g}: edge not located)"
+
+
+def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str, Any] | None = None) -> None:
+    """The best trial's table (:func:`best_record`; ``conf``: :func:`confirmation_record`),
+    the recommendation and the ``vllm serve`` command, unwrapped so that it can be copied."""
+    from tuner.result import describe_errors
+
+    out = console()
+    tbl = table(f"best feasible trial #{best['trial']}")
+    tbl.add_column("")
+    tbl.add_column("value", justify="right")
+    tbl.add_row("throughput (in+out)", f"{best['tokens_per_s']:,.0f} tok/s")
+    if best.get("output_tokens_per_s") is not None:
+        tbl.add_row("output throughput", f"{best['output_tokens_per_s']:,.0f} tok/s")
+    if best.get("ttft_p95_s") is not None:
+        target = "" if target_ttft_s is None else f" (target {target_ttft_s:g} s)"
+        tbl.add_row("P95 TTFT", f"{best['ttft_p95_s']:.3f} s{target}")
+    if best.get("load") is not None:
+        tbl.add_row("at load", str(best["load"]) + _edge_note(best.get("edge")))
+    if conf:
+        lo, hi = conf["band_tokens_per_s"]
+        tbl.add_row("confirmed", f"{conf['mean_tokens_per_s']:,.0f} tok/s mean of {conf['measurements']} "
+                    f"({lo:,.0f}-{hi:,.0f})")
+        tied = ", ".join(f"#{n}" for n in conf["tied_with"]) or "none"
+        tbl.add_row("tied with", f"{tied} (noise sd {conf['noise_sd']:.1%})")
+    if best.get("errors"):
+        tbl.add_row("failed requests", describe_errors(best["errors"]))
+    for key, value in best["config"].items():
+        tbl.add_row(key, "default" if value is None else str(value))
+    out.print(fit(tbl, out))
+    if conf:
+        out.print(f"recommendation: {conf['reason']}", markup=False, highlight=False)
+    out.print("vllm serve command:", style="bold")
+    print(best["command"])
+
+
+@studies_app.callback()
+def studies_list(
+    ctx: typer.Context,
+    storage: str | None = typer.Option(None, "--storage", metavar="URL",
+                                       help="Optuna storage URL to list. Default: every studies/*.db."),
+) -> None:
+    """List the studies in studies/ (or in --storage), or show one.
+
+    The list has each study's finished and feasible trials and its best
+    throughput; tuner studies show NAME has the rest.
+
+    \b
+    Examples:
+      tuner studies
+      tuner studies --storage postgresql://tuner@db/tuner
+      tuner studies show NAME --output json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from tuner.cli.storage import readable_storage
+    from tuner.study import list_studies
+    from tuner.urls import redact
+
+    readable_storage(storage)
+    rows = list_studies(storage)
+    out = console()
+    if not rows:
+        out.print("no studies yet: run tuner search", markup=False, highlight=False)
+        return
+    tbl = table(f"studies in {redact(storage) if storage else 'studies/'}")
+    tbl.add_column("study")
+    for col in ("trials", "feasible", "best tok/s", "best trial"):
+        tbl.add_column(col, justify="right")
+    for s in rows:
+        tbl.add_row(s.name, f"{s.finished:,}", f"{s.feasible:,}",
+                    "-" if s.best_value is None else f"{s.best_value:,.0f}",
+                    "-" if s.best_trial is None else f"#{s.best_trial}")
+    out.print(fit(tbl, out))
+
+
+def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, str]]:
+    """The study's stamp (what ``tuner search`` recorded) as rows a person reads."""
+    from tuner.plan import list_plans
+
+    attrs = study.user_attrs
+    dep = attrs.get("deployment") or {}
+    rows: list[tuple[str, str]] = []
+    if dep:
+        quant = f", {dep['quantization']}" if dep.get("quantization") else ""
+        rows.append(("deployment", f"{dep.get('gpu_count', '?')}x {dep.get('gpu', '?')}, {dep.get('model', '?')}"
+                                   f"{quant}, vLLM {dep.get('vllm_version', '?')}"))
+    for key, label in (("backend", "backend"), ("space", "search space")):
+        if attrs.get(key) is not None:
+            rows.append((label, str(attrs[key])))
+    if attrs.get("target_ttft_s") is not None:
+        rows.append(("target", f"P95 TTFT <= {float(attrs['target_ttft_s']):g} s"))
+    if attrs.get("load_kind"):
+        rows.append(("load", str(attrs["load_kind"])))
+    if attrs.get("workload_fingerprint"):
+        rows.append(("workload", f"fingerprint {attrs['workload_fingerprint']}"))
+    if attrs.get("sampler"):
+        rows.append(("sampler", f"{attrs['sampler']}, seed {attrs.get('seed', 0)}"))
+    rows.append(("trials", ", ".join(f"{n:,} {state.lower()}" for state, n in counts.items()) or "none"))
+    plans = list_plans(study)
+    if plans:
+        rows.append(("capacity plans", "; ".join(
+            f"trial {p.trial} at {p.target_ttft_s:g} s: {p.max_load:g} {'users' if p.load_kind == 'concurrency' else 'req/s'}"
+            for p in plans.values())))
+    return rows
+
+
+@studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.")
+def studies_show(
+    name: str = typer.Argument(..., metavar="NAME", help="Study name (tuner studies lists them)."),
+    storage: str | None = typer.Option(None, "--storage", metavar="URL",
+                                       help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
+) -> None:
+    """Show one study: its settings, trial counts and best feasible trial.
+
+    The best trial comes with its measurements, its configuration and the vllm
+    serve command that runs it; a study with no feasible trial says which trial
+    came closest and why it missed.
+
+    \b
+    Example:
+      tuner studies show 1xH100-SXM.qwen2.5-7b.default.10e707e7.ttft2s
+    """
+    from optuna.trial import TrialState
+
+    from tuner.cli.storage import readable_storage
+    from tuner.result import describe_errors
+    from tuner.study import (
+        best_feasible_trial,
+        closest_miss,
+        confirmation,
+        error_totals,
+        load_study_by_name,
+        miss_explanation,
+    )
+    from tuner.urls import redact_value
+
+    readable_storage(storage)
+    st = load_study_by_name(name, storage)
+    trials = st.get_trials(deepcopy=False)
+    counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
+    counts = {k: v for k, v in counts.items() if v}
+    best = best_feasible_trial(st)
+    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": counts,
+                            "errors_total": error_totals(st)}
+    if best is not None:
+        info["best"] = best_record(best, deployment_of(st))
+        info["best"]["summary"] = best.user_attrs.get("summary")
+        info["confirmation"] = confirmation_record(confirmation(st), best.number)
+    else:
+        miss = closest_miss(st)
+        info["closest_miss"] = None if miss is None else miss_explanation(miss)
+        info["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
+    info = redact_value(info)
+    if output is Output.json:
+        print_json(info)
+        return
+    out = console()
+    say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731
+    say(f"study {name}")
+    tbl = table(header=False)
+    tbl.add_column("")
+    tbl.add_column("")
+    for label, value in redact_value(_settings(st, counts)):
+        tbl.add_row(label, value)
+    out.print(fit(tbl, out, labels=(0, 1)))
+    if info["errors_total"]:
+        say(f"failed requests over all trials: {describe_errors(info['errors_total'], limit=8)}")
+    if best is None:
+        say(f"no feasible trial; {info.get('closest_miss')}")
+        if info.get("closest_miss_errors"):
+            say(f"its failed requests: {describe_errors(info['closest_miss_errors'], limit=8)}")
+        return
+    if info["best"]["errors"]:
+        say(f"its failed requests: {describe_errors(info['best']['errors'], limit=8)}")
+    out.print()
+    print_best(info["best"], st.user_attrs.get("target_ttft_s"), info.get("confirmation"))
+
+
+__all__ = ["best_record", "confirmation_record", "deployment_of", "print_best", "studies_app"]
