@@ -8,7 +8,9 @@ ShareGPT's layout: its `custom` set needs pandas, which vLLM's CPU build does no
 GuideLLM `--data kind=json_file`); each prompt is P words of three characters from the vocabulary of
 the tiny word-level tokenizer (`tests/live/make_tiny_model.py`, given to both as their
 tokenizer), so that the tokenizer, both peers and sim-serve (4 characters a token) all count
-P tokens; tuner's replayer sends P token ids. The peers' own synthetic sets do not give equal
+P tokens; tuner's replayer sends P token ids, fresh for each run. The server runs without
+prefix caching (`--no-enable-prefix-caching`): sim-serve hashes prompt blocks of token ids only,
+so a repeat of tuner's ids would hit where the peers' texts cannot. The peers' own synthetic sets do not give equal
 lengths here: `--dataset-name random` decodes random ids to words like `w12345`, which
 sim-serve counts as 1.7 tokens each, and GuideLLM's `synthetic_text` samples English words the
 tiny vocabulary does not know and drops them (512 tokens asked, about 10 sent).
@@ -52,6 +54,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -189,7 +192,7 @@ def tuner_client(args) -> None:
     n = args.requests
     w = Workload(arrival_s=np.zeros(n), prompt_tokens=np.full(n, args.prompt),
                  output_tokens=np.full(n, args.output))
-    r = replay(args.url, w, Concurrency(args.concurrency), tag=args.tag)
+    r = replay(args.url, w, Concurrency(args.concurrency), tag=args.tag, salt=zlib.crc32(args.tag.encode()))
     s = r.summary()
     Path(args.out).write_text(json.dumps({
         "ids": [f"{args.tag}-{i}" for i in range(n)], "ttft_s": [float(x) for x in r.ttft_s],
@@ -276,7 +279,8 @@ def measure(tool: str, ctx: dict, load: int, tag: str, tmp: Path) -> dict:
     kernel_gap = (float(np.nanmedian(np.array([kernel[i] for i, _ in mine]) - server)) if kernel is not None
                   else float("nan"))
     return {**r, "cpu_run_s": sampler.between(start, end), "matched": len(mine),
-            "server_ttft_mean_s": float(server[good].mean()), "server_ttft_p95_s": float(np.percentile(server[good], 95)),
+            "server_ttft_mean_s": float(server[good].mean()),
+            "server_ttft_p95_s": float(np.percentile(server[good], 95)),
             "gap_p50_s": float(np.median(client[good] - server[good])), "kernel_gap_p50_s": kernel_gap,
             "server_out_tok_s": tokens / (end - start), "prompt_tokens": float(prompts.mean())}
 
@@ -395,15 +399,16 @@ def run(args) -> None:
     port = free_port()
     proc, url = start_local_server(
         [sys.executable, "-m", "tuner.sim.server", "qwen2.5-7b", "--gpu", "H100-SXM", "--port", str(port),
-         "--max-model-len", "4096", "--max-num-seqs", str(max(256, *loads))], port, what="sim-serve", cwd=REPO,
-        timeout_s=120)
+         "--max-model-len", "4096", "--max-num-seqs", str(max(256, *loads)), "--no-enable-prefix-caching"],
+        port, what="sim-serve", cwd=REPO, timeout_s=120)
     results: dict = {}
     t_start = time.time()
     try:
         model = get_json(url + "/v1/models")["data"][0]["id"]
-        print(f"one sim-serve (qwen2.5-7b on H100-SXM, real time) at {url}; {args.prompt} prompt + {args.output} "
-              f"output tokens a request; tools {', '.join(NAMES[t] for t in tools)}; {os.cpu_count()} cores here, "
-              f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
+        print(f"one sim-serve (qwen2.5-7b on H100-SXM, real time, no prefix caching) at {url}; "
+              f"{args.prompt} prompt + {args.output} output tokens a request; tools "
+              f"{', '.join(NAMES[t] for t in tools)}; {os.cpu_count()} cores here, load average "
+              f"{os.getloadavg()[0]:.1f} at start", flush=True)
         with tempfile.TemporaryDirectory(prefix="peers-") as tmpdir:
             tmp = Path(tmpdir)
             for load in loads:
