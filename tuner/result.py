@@ -34,8 +34,9 @@ class RunResult:
     ``ttft_s``/``e2e_s`` are NaN for failed requests. ``ttft_kernel_s`` (the streaming
     client's) is tuner's closer reading of TTFT: from the request body handed to the
     socket to the kernel's receive stamp of the first chunk (no connection set-up, no
-    client event-loop delay); ``summary()`` gives its aggregates as ``ttft_kernel_*``. ``itl_s`` is every inter-token gap
-    of every request, flattened (may be ``None`` when not recorded). ``server`` holds
+    client event-loop delay); ``summary()`` gives its aggregates as ``ttft_kernel_*``.
+    ``itl_s`` is every inter-token gap of every request, flattened (may be ``None`` when
+    not recorded). ``server`` holds
     server-side readings (``kv_cache_usage_max``, ``num_preemptions``,
     ``prefix_cache_hit_rate``, ``num_gpu_blocks``, ...). ``issue_s`` (the streaming
     client's) is when its scheduler started each request, in schedule order; ``send_s``
