@@ -325,6 +325,7 @@ def rescale(result: RunResult, factor: float) -> RunResult:
 
     return dataclasses.replace(result, send_s=s(result.send_s), ttft_s=s(result.ttft_s), e2e_s=s(result.e2e_s),
                                queue_s=s(result.queue_s), issue_s=s(result.issue_s), itl_s=s(result.itl_s),
+                               ttft_kernel_s=s(result.ttft_kernel_s),
                                duration_s=result.duration_s * factor)
 
 

@@ -1,8 +1,9 @@
 """What one run measures, per request and in aggregate, with ``vllm bench serve``'s
-definitions: TTFT is send → first content chunk; TPOT = (E2E − TTFT)/(output − 1),
-excluding the first token, only for outputs longer than one token; ITL is the gap
-between content chunks; throughput divides by the run's duration (first send to
-last completion).
+definitions (docs/metrics.md): TTFT is the request's start (just before the POST) →
+first content chunk; TPOT = (E2E − TTFT)/(output − 1), excluding the first token, only
+for outputs longer than one token; ITL is the gap between content chunks; throughput
+divides by the run's duration (its wall time, from the first request issued to the
+last one ended).
 """
 from __future__ import annotations
 
@@ -30,14 +31,18 @@ class RunResult:
     ``[DONE]``, token counts that do not add up), ``short_output`` (fewer output tokens
     than forced), and ``not_sent`` / ``cancelled`` for requests a stopped run never sent or
     cut (:data:`UNFINISHED`). ``error_detail`` holds the first message seen per kind.
-    ``ttft_s``/``e2e_s`` are NaN for failed requests. ``itl_s`` is every inter-token gap
-    of every request, flattened (may be ``None`` when not recorded). ``server`` holds
+    ``ttft_s``/``e2e_s`` are NaN for failed requests. ``ttft_kernel_s`` (the streaming
+    client's) is tuner's closer reading of TTFT: from the request body handed to the
+    socket to the kernel's receive stamp of the first chunk (no connection set-up, no
+    client event-loop delay); ``summary()`` gives its aggregates as ``ttft_kernel_*``.
+    ``itl_s`` is every inter-token gap of every request, flattened (may be ``None`` when
+    not recorded). ``server`` holds
     server-side readings (``kv_cache_usage_max``, ``num_preemptions``,
     ``prefix_cache_hit_rate``, ``num_gpu_blocks``, ...). ``issue_s`` (the streaming
     client's) is when its scheduler started each request, in schedule order; ``send_s``
-    is when the request's bytes went to the socket, which for requests issued close
-    together on new connections need not be in that order. Both are relative to the
-    run's start; NaN for requests never sent.
+    is when the request started (vLLM's ``start_time``: just before the POST, so
+    ``send_s + e2e_s`` is when it ended). Both are relative to the run's start; NaN for
+    requests never sent.
     """
 
     send_s: np.ndarray
@@ -51,6 +56,7 @@ class RunResult:
     issue_s: np.ndarray | None = None
     cached_tokens: np.ndarray | None = None
     itl_s: np.ndarray | None = None
+    ttft_kernel_s: np.ndarray | None = None
     server: dict[str, Any] = field(default_factory=dict)
     stopped_early: bool = False
     load_label: str = ""
@@ -101,6 +107,8 @@ class RunResult:
         columns = {"ttft": self.ttft_s[ok], "tpot": self.tpot_s[ok], "e2e": self.e2e_s[ok]}
         if self.itl_s is not None:
             columns["itl"] = self.itl_s
+        if self.ttft_kernel_s is not None:
+            columns["ttft_kernel"] = self.ttft_kernel_s[ok]
         if self.queue_s is not None:
             columns["queue"] = self.queue_s[ok]
         for name, values in columns.items():

@@ -1,6 +1,7 @@
-"""Start and stop the replay tests' stand-in servers (stub_server.py, bad_server.py) as
-real processes on OS-given ports. A module of its own, not conftest: several test folders
-have a conftest, and only one of them can be imported under that name."""
+"""Start and stop the replay tests' stand-in servers (stub_server.py, bad_server.py,
+recorded_server.py) as real processes on OS-given ports. A module of its own, not
+conftest: several test folders have a conftest, and only one of them can be imported
+under that name."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ from tuner.backends.vllm import free_port, start_local_server
 
 STUB = Path(__file__).with_name("stub_server.py")
 BAD = Path(__file__).with_name("bad_server.py")
+RECORDED = Path(__file__).with_name("recorded_server.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,6 +32,13 @@ def start_bad(*args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return start_local_server([sys.executable, str(BAD), "--port", str(port), *args], port,
                               what="bad server", env=env)
+
+
+def start_recorded(*args: str) -> tuple[subprocess.Popen, str]:
+    """The stand-in that plays one recorded stream with known timings (recorded_server.py)."""
+    port = free_port()
+    return start_local_server([sys.executable, str(RECORDED), "--port", str(port), *args], port,
+                              what="recorded server")
 
 
 def stop_stub(proc: subprocess.Popen) -> None:

@@ -1,29 +1,37 @@
 """Streaming load client: offers a :class:`~tuner.traffic.workload.Workload` to one or
 more OpenAI-compatible servers (vLLM or ``tuner sim-serve``) and measures what users feel.
 
-Definitions follow ``vllm bench serve`` (``benchmarks/lib/endpoint_request_func.py``):
-TTFT is send → first chunk whose ``choices`` is non-empty; ITL is the gap between
-successive content chunks (a chunk may carry several tokens); E2E is send → last content
-chunk; token counts come from the final ``usage`` chunk (``stream_options.include_usage``).
-The send is when the request's body is handed to the socket; ``issue_s`` records when
-the scheduler started the request (never before its scheduled time, in schedule order),
-before any connection set-up that may reorder sends issued close together.
+Definitions are ``vllm bench serve``'s (vLLM 0.32, ``vllm/benchmarks/lib/endpoint_request_func.py``
+and ``vllm/benchmarks/serve.py``; docs/metrics.md has the page): a request starts at
+``time.perf_counter()`` just before the POST (before any connection set-up); TTFT is
+start → the first chunk whose ``choices`` is non-empty, timed when the client processes
+it; ITL is the gap between successive such chunks, each timed when processed (chunks
+read together get gaps of microseconds, as in vLLM); E2E is start → the last such chunk;
+token counts come from the final ``usage`` chunk (``stream_options.include_usage``);
+throughput divides by the run's wall time (:func:`replay_async`). ``issue_s`` records
+when the scheduler started the request (never before its scheduled time, in schedule
+order). Beside them, ``ttft_kernel_s`` is tuner's own, closer reading: from when the
+request body was handed to the socket to the kernel's receive stamp of the first chunk
+(:mod:`tuner.replay.kernel_time`), so neither connection set-up nor a busy event loop
+adds to it.
 
 Each request forces its logged output length: ``max_tokens = min_tokens = output`` and
 ``ignore_eos``. Prompts are token-id lists of the exact logged length
 (:mod:`tuner.replay.prompts`). The client stays light: SSE is split on raw bytes and
 each ``data:`` payload parsed with ``json.loads``, so 256 concurrent streams fit in one core.
 
-Parsing is strict, stricter than ``vllm bench serve`` (which skips what it cannot read
-and counts a stream without ``[DONE]`` as served): a request only counts when its whole
-answer is a well-formed stream. Otherwise it is an error of its kind
+Success is stricter than ``vllm bench serve``'s (HTTP 200 and at least one ``choices``
+chunk, nothing raised while reading): a request only counts when its whole answer is a
+well-formed stream. Otherwise it is an error of its kind
 (:class:`~tuner.result.RunResult`): ``stream_error`` for a line that is not SSE, a
 payload that is not JSON or has no ``choices`` list, a choice without a completion's
 ``text`` (chat: ``delta``), an error object mid-stream, data after ``[DONE]``, a stream
 that ends without ``[DONE]``, no usage chunk, or token counts that do not add up (more
 output tokens than forced, more content chunks than tokens, for completions a prompt
 count other than the ids sent); ``short_output`` for fewer output tokens than forced;
-``http_<status>`` for an answer other than 200; ``timeout``; ``disconnect``.
+``http_<status>`` for an answer other than 200; ``timeout``; ``disconnect``. Of these,
+vLLM also fails a payload that is not JSON, a line that is not SSE, an answer other than
+200, a timeout and a disconnect; the others it counts as served.
 """
 from __future__ import annotations
 
@@ -59,8 +67,9 @@ APIS = ("completions", "chat")
 @dataclass(slots=True)
 class _Outcome:
     issue: float = math.nan  # when the scheduler started the request (before any connection set-up)
-    send: float = math.nan
+    send: float = math.nan   # perf_counter just before the POST (vLLM's start_time)
     ttft: float = math.nan
+    ttft_kernel: float = math.nan  # body handed to the socket → kernel stamp of the first chunk
     e2e: float = math.nan
     prompt_tokens: int = -1
     output_tokens: int = -1
@@ -142,7 +151,8 @@ class _StampedBuffer(collections.deque):
     """Stands in for a response StreamReader's buffer: stamps each piece of body as the
     connection's protocol hands it over, with the stream offset it ends at. The stamp is
     the kernel's receive time when the connection has a :class:`KernelStampedSocket`,
-    else the time the protocol got the bytes (before the reading task is scheduled)."""
+    else the time the protocol got the bytes (before the reading task is scheduled).
+    Setting ``stamps`` to None stops stamping (once the first chunk is timed)."""
 
     def __init__(self, items, stamps: collections.deque, kernel: KernelStampedSocket | None) -> None:
         super().__init__(items)
@@ -154,9 +164,10 @@ class _StampedBuffer(collections.deque):
             stamps.append((self.received, t if t is not None else time.perf_counter()))
 
     def append(self, piece) -> None:
-        self.received += len(piece)
-        t = self.kernel.last_stamp if self.kernel is not None else None
-        self.stamps.append((self.received, t if t is not None else time.perf_counter()))
+        if self.stamps is not None:
+            self.received += len(piece)
+            t = self.kernel.last_stamp if self.kernel is not None else None
+            self.stamps.append((self.received, t if t is not None else time.perf_counter()))
         super().append(piece)
 
 
@@ -197,15 +208,17 @@ async def stream_request(
     expect_prompt: int | None = None,
     headers: dict[str, str] | None = None,
 ) -> None:
-    """POST one streaming request and fill ``out`` (times relative to the send).
+    """POST one streaming request and fill ``out`` (see the module docstring).
 
-    The send time is when the request body is handed to the socket (when the session has
-    :func:`trace_config`), else when the POST is issued; chunk times are when their bytes
-    reach the connection (:class:`_StampedBuffer`). ``expect_output`` (the forced output
-    length) and ``expect_prompt`` (prompt ids sent) are checked against the usage chunk;
-    any departure from a well-formed stream is an error (see the module docstring)."""
+    TTFT, ITL and E2E are ``vllm bench serve``'s: from ``time.perf_counter()`` just
+    before the POST to each content chunk as it is processed. ``ttft_kernel`` is from when
+    the request body is handed to the socket (when the session has :func:`trace_config`,
+    else the POST's start) to when the first chunk's bytes reached the connection
+    (:class:`_StampedBuffer`). ``expect_output`` (the forced output length) and
+    ``expect_prompt`` (prompt ids sent) are checked against the usage chunk; any
+    departure from a well-formed stream is an error (see the module docstring)."""
     itl: list[float] = []
-    first = last = None
+    first = last = kernel_first = None
     pieces = 0  # content pieces (a chunk carries one or more tokens)
     usage: dict[str, Any] | None = None
     done = False
@@ -214,10 +227,11 @@ async def stream_request(
     if headers:
         hdrs.update(headers)
     box: dict[str, float | None] = {"sent": None}
-    issued = time.perf_counter()
-    out.send = issued - t0
     out.error = None
     stamps: collections.deque = collections.deque()
+    stamped: _StampedBuffer | None = None
+    st = time.perf_counter()  # vLLM: st = time.perf_counter() just before session.post
+    out.send = st - t0
     try:
         async with session.post(
             url, data=body, headers=hdrs, timeout=aiohttp.ClientTimeout(total=timeout_s),
@@ -228,13 +242,15 @@ async def stream_request(
                 raise _Bad(_answer_detail(raw), f"http_{resp.status}")
             try:
                 content = resp.content
-                content._buffer = _StampedBuffer(content._buffer, stamps, kernel_stamps(resp.connection.transport if resp.connection else None))
+                stamped = _StampedBuffer(content._buffer, stamps, kernel_stamps(
+                    resp.connection.transport if resp.connection else None))
+                content._buffer = stamped
             except (AttributeError, TypeError):  # another aiohttp: stamp at read time
-                pass
+                stamped = None
             buf = b""
             consumed = 0  # stream offset of buf[0]
             async for data in resp.content.iter_any():
-                now = time.perf_counter()
+                read_at = time.perf_counter()
                 buf += data
                 start = 0
                 while True:
@@ -270,15 +286,18 @@ async def stream_request(
                     if not choices:
                         continue
                     pieces += _check_choices(choices, chat)
-                    t = now
-                    if stamps:
-                        end = consumed + start
-                        while len(stamps) > 1 and stamps[0][0] < end:
-                            stamps.popleft()
-                        if stamps[0][0] >= end:
-                            t = stamps[0][1]
+                    t = time.perf_counter()  # vLLM: timestamp = time.perf_counter() per chunk
                     if first is None:
-                        first = t
+                        first, kernel_first = t, read_at
+                        if stamps:
+                            end = consumed + start
+                            while len(stamps) > 1 and stamps[0][0] < end:
+                                stamps.popleft()
+                            if stamps[0][0] >= end:
+                                kernel_first = stamps[0][1]
+                        if stamped is not None:
+                            stamped.stamps = None
+                        stamps.clear()
                     elif record_itl:
                         itl.append(t - last)
                     last = t
@@ -312,10 +331,10 @@ async def stream_request(
     except (aiohttp.ClientError, ConnectionError, OSError) as err:
         out.error, out.detail = "disconnect", redact(f"{type(err).__name__}: {err}")[:160]
         return
-    sent = box["sent"] or issued
-    out.send = sent - t0
-    out.ttft = first - sent
-    out.e2e = last - sent
+    sent = box["sent"] or st
+    out.ttft = first - st
+    out.ttft_kernel = kernel_first - sent
+    out.e2e = last - st
     out.itl = itl
     out.prompt_tokens = n_prompt
     out.output_tokens = n_out
@@ -428,6 +447,9 @@ async def replay_async(
     request id; ``tuner sim-serve`` keys ``/debug/timings`` by it); ``tag`` defaults to a
     fresh ``tuner-<hex>``. ``api_key`` goes to every endpoint as ``Authorization: Bearer``
     (credentials in a URL are sent the same way, as the header they meant).
+    ``duration_s`` of the result is the run's wall time, from just before the first
+    request is issued until the last one ends (or the stop ends the run), as
+    ``vllm bench serve`` divides by its benchmark's duration.
     """
     if api not in APIS:
         raise InputError(f"unknown api {api!r}", hint="use completions or chat")
@@ -523,6 +545,7 @@ async def replay_async(
             else:
                 await driver
         finally:
+            ended = time.perf_counter()
             stop_wait.cancel()
             if not driver.done():  # the replay itself was cancelled (a stop signal): end the users too
                 driver.cancel()
@@ -533,7 +556,7 @@ async def replay_async(
             polling_done.set()
             if poll_task is not None:
                 await poll_task
-        elapsed = time.perf_counter() - t0
+        elapsed = ended - t0
 
     return _result(workload, outcomes, elapsed, stopped.is_set(), load, poller, record_itl, urls)
 
@@ -551,11 +574,6 @@ def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls
             detail[o.error] = o.detail
     send = np.array([o.send for o in outcomes], dtype=np.float64)
     e2e = np.array([o.e2e for o in outcomes], dtype=np.float64)
-    ends = send + e2e
-    if any(ok):
-        duration = float(np.nanmax(ends[ok]) - np.nanmin(send[ok]))
-    else:
-        duration = float(elapsed)
     prompt = np.array(
         [o.prompt_tokens if o.prompt_tokens >= 0 else int(workload.prompt_tokens[i])
          for i, o in enumerate(outcomes)], dtype=np.int64)
@@ -572,11 +590,12 @@ def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls
         send_s=send,
         issue_s=np.array([o.issue for o in outcomes], dtype=np.float64),
         ttft_s=np.array([o.ttft for o in outcomes], dtype=np.float64),
+        ttft_kernel_s=np.array([o.ttft_kernel for o in outcomes], dtype=np.float64),
         e2e_s=e2e,
         prompt_tokens=prompt,
         output_tokens=output,
         error=[o.error for o in outcomes],
-        duration_s=duration,
+        duration_s=float(elapsed),
         cached_tokens=cached if (cached >= 0).any() else None,
         itl_s=itl,
         server=server,
