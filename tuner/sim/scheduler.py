@@ -507,6 +507,10 @@ class EngineCore:
         (taken off ``queue``), and the state after: D_i = max(D_{i-1}, e_i) + c, in closed
         form D_i = (i+1)c + max(D_-1, max_{j<=i}(e_j - jc)) between two requests."""
         c = n * self.fe_cost
+        if not queue or queue[0][0] > ends[-1]:      # nobody came in meanwhile: one closed form
+            k = np.arange(len(ends), dtype=np.float64)
+            out = (k + 1) * c + np.maximum(fe, np.maximum.accumulate(ends - k * c))
+            return out, float(out[-1])
         out = np.empty(len(ends))
         i = 0
         while i < len(ends):

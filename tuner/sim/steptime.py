@@ -165,8 +165,9 @@ class StepTimer:
         the matmuls at its own roofline (the KV cache read, the query-key FLOPs)."""
         if num_tokens <= 0:
             return 0.0
-        gpu = self.matmul_time(num_tokens, num_seqs) + max(self.s_kv_token * ctx_tokens,
-                                                           self.s_attn_pair * attn_pairs)
+        gpu = self.matmul_time(num_tokens, num_seqs) if self.s_experts else max(
+            self.s_weights, self.s_token_flops * num_tokens + self.s_seq_flops * num_seqs)
+        gpu += max(self.s_kv_token * ctx_tokens, self.s_attn_pair * attn_pairs)
         t_launch = self.launch[self.mode(num_tokens, num_seqs, decode_only)]
         return (max(gpu, t_launch) + self.fixed + self.per_seq * num_seqs
                 + self.ar_fixed + self.ar_token * num_tokens)
