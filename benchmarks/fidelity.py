@@ -10,9 +10,13 @@ table alone (what the simulator knew before any calibration), and prints:
    output), output tokens/s, P95 and mean TTFT and mean TPOT, fitted profile against
    class table, with the targets beside them;
 2. every point (fit and check) with its measured/predicted ratios;
-3. the crossovers measured (tuner.fidelity.H200_CROSSOVERS) with the side each one takes;
-4. KV cache tokens per start, the fitted constants with their 95 % intervals, and the run-
-   to-run noise the targets must be read against.
+3. the crossovers measured (tuner.fidelity.H200_CROSSOVERS) with the side each one takes
+   (and, where one side was measured again on a fresh start, the ratio against that start);
+4. KV cache tokens per start;
+5. runs in which the real engine stopped for a while (the longest stretch without a first
+   token or a completion, against the simulated one);
+then the fitted constants with their 95 % intervals and the run-to-run noise the targets must
+be read against.
 """
 from __future__ import annotations
 
@@ -29,11 +33,13 @@ from tuner.calibrate import (  # noqa: E402
     compare_loads,
     compare_startups,
     load_points,
+    load_rows,
     measurement_noise,
     point_name,
     read_measurements,
     read_names,
     replicate_pairs,
+    simulate_point,
     startups,
 )
 from tuner.config import Deployment  # noqa: E402
@@ -42,6 +48,7 @@ from tuner.fidelity import (  # noqa: E402
     H200_CROSSOVERS,
     by_shape,
     crossovers,
+    longest_silence,
     mape,
     noise_bucket,
     noise_by_bucket,
@@ -115,6 +122,16 @@ def main(folder: Path) -> None:
     for c in results:
         print(f"  {c.crossover.question:58s} measured A/B {c.measured:5.2f} (tie band ±{c.band:.0%}), "
               f"predicted {c.predicted:5.2f}: {c.verdict}")
+    again = {point_name(a): point_name(b) for a, b in replicate_pairs(rows)}
+    by_name = {o["name"]: o for o in ours}
+    for c in results:
+        k = f"{c.crossover.metric}_measured"
+        for side, other in (("B", c.crossover.b), ("A", c.crossover.a)):
+            if other in again and again[other] in by_name:
+                a = by_name[again[other]] if side == "A" else by_name[c.crossover.a]
+                b = by_name[again[other]] if side == "B" else by_name[c.crossover.b]
+                print(f"    {c.crossover.question[:54]:54s} against {side}'s fresh start ({again[other].split(':')[0]}): "
+                      f"measured A/B {a[k] / b[k]:5.2f}")
     sides = [c for c in results if c.verdict != "tie (within noise)"]
     print(f"  {sum(c.verdict == 'right side' for c in sides)}/{len(sides)} measured crossovers on the right side, "
           f"{len(results) - len(sides)} ties within the noise (target: every measured crossover on the right side)")
@@ -129,12 +146,28 @@ def main(folder: Path) -> None:
     refusal = [abs(r["error_pct"]) for r in kv if not r["measured_ok"] and not math.isnan(r.get("error_pct", math.nan))]
     print(f"  worst {worst_kv:.2f}% over {sum(r['measured_ok'] for r in kv)} starts (target: within 1 %); "
           f"refusal's estimated max model length {max(refusal, default=math.nan):.2f}% off")
+    print("\n5. stalls: the longest stretch without a first token or a completion, measured and simulated "
+          "(over 1 s and twice the simulated: the engine stopped, e.g. compiling a kernel mid-run)")
+    per_request = load_rows(rows)
+    stalled = 0
+    for p in points:
+        r = per_request.get(point_name(p))
+        if r is None:
+            continue
+        gap, at = longest_silence(r["send_s"], r["ttft_s"], r["e2e_s"])
+        sim = simulate_point(p, dep)
+        sim_gap, _ = longest_silence(sim.send_s, sim.ttft_s, sim.e2e_s)
+        if gap > 1.0 and gap > 2 * sim_gap:
+            stalled += 1
+            print(f"  {point_name(p)[:58]:58s} measured {gap:5.2f} s (at {at:5.1f} s), simulated {sim_gap:5.2f} s")
+    if not stalled:
+        print("  none")
     import yaml
 
     doc = yaml.safe_load(profile.read_text())
     print("\nfitted constants: value, 95 % interval, what determined it")
     for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s", "request_latency_s",
-                 "frontend_per_token_s", "moe_flops_efficiency"):
+                 "frontend_per_token_s", "frontend_per_request_s", "moe_flops_efficiency"):
         e = doc.get(name) or {}
         if "ci95" in e:
             print(f"  {name:22s} {e['value']:<10.4g} [{e['ci95'][0]:.4g}, {e['ci95'][1]:.4g}]  {e['determined']}")

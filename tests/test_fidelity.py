@@ -113,8 +113,9 @@ def test_refusal_predicted_with_vllms_estimated_max_model_len(rows):
 def test_held_out_load_points_against_the_targets(table, profile):
     check = held_out(table)
     # targets of the campaign: tokens/s MAPE <= 5 % (worst <= 8 %), P95 TTFT MAPE <= 15 %.
-    # achieved on 33 held-back points: 5.2 % (worst 27 %: the MoE shape at 64 users), 13.1 %
-    assert mape(check, "tokens_per_s") <= 6.0
+    # achieved on 33 held-back points: 4.5 % (worst 27 %: the eager decode floor and the MoE
+    # shape at 64 users, see below), 12.7 %; mean TPOT 7.1 %
+    assert mape(check, "tokens_per_s") <= 5.0
     assert mape(check, "ttft_p95_s") <= 15.0
     assert mape(check, "tpot_mean_s") <= 8.0
     # the profile's own report says what this test sees
@@ -139,18 +140,39 @@ def test_the_fit_beats_the_class_table_on_every_held_back_metric(table, rows, pr
 
 def test_shapes_the_profile_predicts_well_and_where_it_does_not(table):
     shapes = {g["shape"]: g for g in by_shape(table)}
-    # dense model shapes, closed loop: within the tokens/s target
+    # dense model shapes, closed loop: within the tokens/s target (achieved 1.4-2.7 %; the
+    # prefill-heavy shape was 6.6 % while prefill tokens paid the LM head and the embedding)
     for name in ("32B decode closed", "32B mix closed", "7B prefill closed", "7B trace closed", "7B mix closed"):
-        assert shapes[name]["tokens_per_s"] <= 7.5, shapes[name]   # achieved 1.2-6.6 %
+        assert shapes[name]["tokens_per_s"] <= 5.0, shapes[name]
     # open loop near the front end's limit: tokens/s follows the offered rate, P95 TTFT does not
     assert shapes["7B mix open"]["tokens_per_s"] <= 2.0
     assert shapes["7B mix open"]["ttft_p95_s"] > 15.0
     # the worst held-back points: the eager decode floor at one user (launch-bound: two starts
-    # of one eager configuration measured 25-30 % apart) and the MoE shape at 64 users (27 %)
+    # of one eager configuration measured 18-32 % apart) and the MoE shape at 64 users (26 %:
+    # the real engine stopped for seconds, see the next test)
     check = held_out(table)
     assert worst(check, "tokens_per_s") <= 30.0
     bad = {r["name"] for r in check if abs(r["tokens_per_s_predicted"] / r["tokens_per_s_measured"] - 1) > 0.16}
     assert bad <= {"eager128: uniform x5 @ 1 users", "moe-base: mix x192 @ 64 users"}, bad
+
+
+def test_the_moe_run_at_64_users_stalled_where_the_simulator_does_not(rows, profile):
+    # vLLM 0.26.0 JIT-compiled the fused-MoE Triton kernel during the 1-user replay of this
+    # start (its own warning, logged once); the 64-user replay that followed went 1.5 s at a
+    # time without a first token or a completion, twice (never over 0.75 s simulated, and at
+    # most 0.56 s in the same start's 256-user replay): new batch shapes compiling mid-run
+    from tuner.calibrate import load_rows, simulate_point
+    from tuner.fidelity import longest_silence
+
+    by_name = load_rows(rows)
+    moe = next(p for p in load_points(rows) if point_name(p) == "moe-base: mix x192 @ 64 users")
+    r = by_name[point_name(moe)]
+    measured, _ = longest_silence(r["send_s"], r["ttft_s"], r["e2e_s"])
+    sim = simulate_point(moe, DEP)
+    simulated, _ = longest_silence(sim.send_s, sim.ttft_s, sim.e2e_s)
+    assert measured > 1.4 and measured > 2 * simulated
+    later = by_name["moe-base: mix x512 @ 256 users"]
+    assert longest_silence(later["send_s"], later["ttft_s"], later["e2e_s"])[0] < 0.6
 
 
 def test_no_measured_crossover_is_on_the_wrong_side(table, rows, profile):
@@ -165,8 +187,9 @@ def test_no_measured_crossover_is_on_the_wrong_side(table, rows, profile):
     decided = [c for c in results if c.verdict != "tie (within noise)"]
     assert not [c for c in decided if c.verdict == "wrong side"]
     right = [c for c in decided if c.verdict == "right side"]
-    # achieved 6 of 7: 2048-token chunks at 64 users on the mix measured 8 % ahead (max-model-len
-    # differed between those two starts), the simulator sees them even
+    # achieved 6 of 7: 2048-token chunks at 64 users on the mix measured 8 % ahead of the first
+    # 8192-token start but 4 % ahead of its fresh restart, whose own two starts differ 4 % there
+    # (and max-model-len differed between the starts); the simulator sees them even
     assert len(right) >= len(decided) - 1, [(c.crossover.question, c.measured, c.predicted, c.verdict)
                                             for c in decided]
     questions = {c.crossover.question for c in right}
@@ -217,7 +240,7 @@ def test_replicate_starts_bound_what_any_model_can_reach(rows):
 
 def test_shipped_constants_carry_intervals_and_say_what_the_data_determined(profile):
     fitted = ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s", "request_latency_s",
-              "frontend_per_token_s", "moe_flops_efficiency")
+              "frontend_per_token_s", "frontend_per_request_s", "moe_flops_efficiency")
     for name in fitted:
         entry = profile[name]
         lo, hi = entry["ci95"]
@@ -227,6 +250,7 @@ def test_shipped_constants_carry_intervals_and_say_what_the_data_determined(prof
     assert profile["hbm_efficiency"]["determined"] == "data"
     assert profile["flops_efficiency"]["determined"] == "data"
     assert profile["frontend_per_token_s"]["determined"] == "data"
+    assert profile["frontend_per_request_s"]["determined"] == "data"
     assert profile["moe_flops_efficiency"]["determined"] == "data"
     assert profile["launch_per_layer_s"]["determined"]["eager"] == "data"
     assert profile["fit"]["reduced_chi2"] < 1.5
@@ -248,7 +272,7 @@ def test_a_refit_on_the_committed_data_agrees_with_the_shipped_profile_within_it
     est = res.info["step_time"]["estimates"]
     assert res.info["step_time"]["status"] > 0          # converged (scipy: a tolerance was met)
     for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "request_latency_s",
-                 "frontend_per_token_s", "moe_flops_efficiency"):
+                 "frontend_per_token_s", "frontend_per_request_s", "moe_flops_efficiency"):
         lo, hi = profile[name]["ci95"]
         assert lo <= est[name]["value"] <= hi, (name, est[name]["value"], (lo, hi))
     lo, hi = profile["launch_per_layer_s"]["ci95"]["eager"]

@@ -557,9 +557,16 @@ def _point(trial: str, r: dict[str, Any]) -> LoadPoint:
                      workload=r.get("workload"), load=load, model=r.get("model"))
 
 
-def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) -> dict[str, float]:
-    """The simulator's summary for the same workload rows and load as ``point`` (on the
-    point's own model shape when it names one)."""
+def load_rows(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each complete load row by its point's name (:func:`point_name`): the per-request
+    ``send_s``, ``ttft_s`` and ``e2e_s`` behind a :class:`LoadPoint`'s summary."""
+    return {point_name(_point(r["trial"], r)): r for r in rows
+            if r.get("kind") == "load" and r.get("ok") and not r.get("stopped_early")}
+
+
+def simulate_point(point: LoadPoint, deployment: Deployment, calib: Any = None) -> Any:
+    """The simulator's run (a :class:`~tuner.result.RunResult`) of the same workload rows and
+    load as ``point``, on the point's own model shape when it names one."""
     from tuner.sim.engine import simulate
 
     if point.load is None:
@@ -568,7 +575,12 @@ def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) ->
         from tuner.probes import load_from
 
         work, load = _built(point.workload), load_from(point.load)
-    return simulate(_dep_model(deployment, point.model), point.config, work, load, profile=calib).summary()
+    return simulate(_dep_model(deployment, point.model), point.config, work, load, profile=calib)
+
+
+def predict_load(point: LoadPoint, deployment: Deployment, calib: Any = None) -> dict[str, float]:
+    """The simulator's summary for the same workload rows and load as ``point``."""
+    return simulate_point(point, deployment, calib).summary()
 
 
 def _dep_model(deployment: Deployment, model: str | None) -> Deployment:
@@ -751,6 +763,7 @@ STEP_PARAMS = (
     ("launch_piecewise", 1e-6, 0.0, 500.0, 60.0),
     ("request_latency_s", 1e-3, 0.0, 50.0, 20.0),
     ("frontend_per_token_s", 1e-6, 0.0, 500.0, 40.0),
+    ("frontend_per_request_s", 1e-3, 0.0, 20.0, 2.0),
     ("moe_flops_efficiency", 1.0, 0.05, 1.0, 0.3),
 )
 #: Run-to-run noise of each metric (sd of its log) when no replicate runs say otherwise:
@@ -780,6 +793,7 @@ def _params_of(calib: Any) -> np.ndarray:
             "launch_piecewise": calib.launch_per_layer_s["piecewise"],
             "request_latency_s": getattr(calib, "request_latency_s", 0.0),
             "frontend_per_token_s": getattr(calib, "frontend_per_token_s", 0.0),
+            "frontend_per_request_s": getattr(calib, "frontend_per_request_s", 0.0),
             "moe_flops_efficiency": getattr(calib, "moe_flops_efficiency", 1.0)}
     return np.array([min(max(vals[n] / s, lo), hi) for n, s, lo, hi, _ in STEP_PARAMS])
 
@@ -1010,8 +1024,8 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict
 
     doc: dict[str, Any] = {"gpu_class": calib.gpu_class, "calibrated": True}
     for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
-                 "request_latency_s", "frontend_per_token_s", "moe_flops_efficiency", "allreduce_latency_s",
-                 "link_efficiency"):
+                 "request_latency_s", "frontend_per_token_s", "frontend_per_request_s", "moe_flops_efficiency",
+                 "allreduce_latency_s", "link_efficiency"):
         doc[name] = {"value": _round(getattr(calib, name)), **interval(name),
                      "source": src.get(name, calib.sources.get(name, ""))}
     launch: dict[str, Any] = {"value": {k: _round(v) for k, v in calib.launch_per_layer_s.items()}}
@@ -1043,8 +1057,8 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
     fitted = ("fit: MAP least squares (class table as prior) on trials " + ", ".join(result.fit_trials)
               + " (tuner calibrate)")
     sources = {k: fitted for k in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
-                                   "request_latency_s", "frontend_per_token_s", "moe_flops_efficiency",
-                                   "launch_per_layer_s")}
+                                   "request_latency_s", "frontend_per_token_s", "frontend_per_request_s",
+                                   "moe_flops_efficiency", "launch_per_layer_s")}
     clean = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4) if isinstance(v, float) else v)  # noqa: E731
                        for k, v in d.items()}
     how = {}

@@ -150,6 +150,20 @@ def crossovers(table: Sequence[dict[str, Any]], pairs: Sequence[Crossover], nois
     return out
 
 
+def longest_silence(send_s: Any, ttft_s: Any, e2e_s: Any) -> tuple[float, float]:
+    """The longest stretch of a run in which no request got its first token or finished
+    (what a client sees of an engine that stalls, e.g. compiling a kernel mid-run), and when
+    it began, from per-request send, TTFT and E2E times (NaN for failed requests)."""
+    send, ttft, e2e = (np.asarray(x, dtype=float) for x in (send_s, ttft_s, e2e_s))
+    ok = ~np.isnan(ttft) & ~np.isnan(e2e)
+    events = np.sort(np.concatenate([send[ok] + ttft[ok], send[ok] + e2e[ok]]))
+    if len(events) < 2:
+        return 0.0, math.nan
+    gaps = np.diff(events)
+    k = int(np.argmax(gaps))
+    return float(gaps[k]), float(events[k])
+
+
 def _n(trial: str, label: str) -> str:
     return f"{trial}: {label}"
 
@@ -185,4 +199,4 @@ H200_CROSSOVERS = (
 
 
 __all__ = ["COLUMNS", "Crossover", "CrossoverResult", "H200_CROSSOVERS", "NO_PREFERENCE", "by_shape", "crossovers",
-           "mape", "noise_bucket", "noise_by_bucket", "shape", "worst"]
+           "longest_silence", "mape", "noise_bucket", "noise_by_bucket", "shape", "worst"]

@@ -102,3 +102,58 @@ def test_the_front_end_queue_is_shared_by_every_request_of_a_replica(fast: bool)
         assert np.isclose(done, t).any()
     # throughput is the front end's: at most 1 / 5 ms = 200 output tokens/s
     assert res.summary()["output_tokens_per_s"] <= 200 * 1.001
+
+
+def _front(token_s: float, request_s: float):
+    from tuner.sim.calibration import load_calibration
+    from tuner.sim.hardware import get_gpu
+
+    return load_calibration(get_gpu("H200"), vllm_version="0.26.0").replace(
+        frontend_per_token_s=token_s, frontend_per_request_s=request_s, request_latency_s=0.0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_front_end_takes_requests_in_one_at_a_time(fast: bool) -> None:
+    # 8 users send at once and the front end takes each in for 10 ms: the engine sees the k-th
+    # at (k+1) x 10 ms and schedules it within one step (~5 ms here) of that
+    res = simulate(H200, H200_CFG, fixed(8, 200, 5), Concurrency(8), profile=_front(0.0, 0.010), fast=fast)
+    assert all(e is None for e in res.error)
+    q = np.sort(res.queue_s)
+    taken_in = 0.010 * np.arange(1, 9)
+    assert np.all(q >= taken_in - 1e-9) and np.all(q < taken_in + 0.008)
+    # without the cost they are all scheduled at once
+    assert np.all(simulate(H200, H200_CFG, fixed(8, 200, 5), Concurrency(8), profile=_front(0.0, 0.0),
+                           fast=fast).queue_s == 0.0)
+
+
+def test_requests_and_tokens_share_the_front_end_first_come_first_served() -> None:
+    from tuner.sim.memory import plan_memory
+    from tuner.sim.scheduler import EngineCore
+
+    core = EngineCore(plan_memory(H200, H200_CFG), _front(0.010, 0.005))
+    core.add_request("A", 16, 3)
+    adv = core.advance(defer=True)             # A's prefill step, ending at e1 (~4 ms)
+    e1 = adv.end_s
+    t = e1 / 2                                 # B reaches the idle front end during that step
+    assert core.frontend_admit(t) == pytest.approx(t + 0.005)
+    core.commit()                              # A's first token queues behind B's intake
+    assert core.t_first[0] == pytest.approx(max(t + 0.005, e1) + 0.010)
+    # C arrives while that token is still being streamed: it waits for it
+    busy_until = core.t_first[0]
+    assert core.frontend_admit(e1) == pytest.approx(busy_until + 0.005)
+
+
+def test_a_request_arriving_during_a_backlog_waits_for_it_twice() -> None:
+    # 4 long streams from t=0: the engine emits ~870 tokens/s, a 2 ms-a-token front end
+    # streams 500/s, so at t=1 s it is ~0.75 s behind. A fifth request then: without an
+    # intake cost it is prefilled at once and its first token waits behind that backlog
+    # (TTFT ~0.75 s); taken in by the same front end, it first waits for the backlog to
+    # reach the engine, then its first token waits behind what the engine emitted meanwhile
+    from tuner.load import TraceReplay
+
+    w = fixed(5, 200, 1000, arrival=np.array([0.0, 0.0, 0.0, 0.0, 1.0]))
+    plain = simulate(H200, H200_CFG, w, TraceReplay(1.0), profile=_front(0.002, 0.0))
+    taken = simulate(H200, H200_CFG, w, TraceReplay(1.0), profile=_front(0.002, 0.001))
+    assert plain.queue_s[4] < 0.005 and 0.6 < plain.ttft_s[4] < 0.9
+    assert taken.queue_s[4] == pytest.approx(plain.ttft_s[4], rel=0.05)    # it reached the engine after the backlog
+    assert taken.ttft_s[4] > 2.5 * plain.ttft_s[4]

@@ -233,6 +233,89 @@ def test_v1_serves_fp8_kv_with_flash_attention_only_on_hopper():
     assert a100.attention_backend == "TRITON_ATTN" and h100.attention_backend == "FLASH_ATTN"
 
 
+def test_xformers_only_warns_about_soft_capping_from_vllm_0_6_5():
+    # vllm/attention/backends/xformers.py: 0.6.4.post1 raises, 0.6.5 logs a warning and runs
+    dep = lambda v: Deployment(model="gemma-2-9b", gpu="V100-32GB-SXM2", vllm_version=v, dtype="float16")  # noqa: E731
+    assert rejected(dep("0.6.4"), ServeConfig(max_model_len=4096)).kind == "attention"
+    plan = plan_memory(dep("0.6.5"), ServeConfig(max_model_len=4096), strict=False)
+    assert plan.attention_backend == "XFORMERS"
+    assert "XFormers does not support logits soft cap. Outputs may be slightly off." in plan.notes
+
+
+# -- what vLLM 0.6.x refuses on Volta (7.0) and Turing (7.5), in its words -------------------
+def test_a_bf16_checkpoint_on_volta_or_turing_is_refused_before_vllm_0_9():
+    # vLLM 0.6.6.post1 config.py::_get_and_verify_dtype keeps a bfloat16 checkpoint's dtype under
+    # --dtype auto and worker/worker.py::_check_if_gpu_supports_dtype refuses it (the 0.6 line's
+    # text runs "the`dtype`" together; 0.8.5 has the space); 0.9.0 casts to float16 (PR #17265)
+    for gpu, cc, name in (("V100-32GB-SXM2", "7.0", "Tesla V100-SXM2-32GB"), ("T4", "7.5", "Tesla T4")):
+        dep = Deployment(model="qwen2.5-7b", gpu=gpu, vllm_version="0.6.3")
+        err = rejected(dep, ServeConfig(max_model_len=2048))
+        assert err.kind == "dtype"
+        assert err.message == (
+            "Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+            f"Your {name} GPU has compute capability {cc}. You can use float16 instead by explicitly "
+            "setting the`dtype` flag in CLI, for example: --dtype=half.")
+    v100 = lambda v, **kw: Deployment(model="qwen2.5-7b", gpu="V100-32GB-SXM2", vllm_version=v, **kw)  # noqa: E731
+    assert "setting the `dtype` flag" in rejected(v100("0.8.5"), ServeConfig(max_model_len=2048)).message
+    # what the message says to do works, and from 0.9.0 vLLM does it by itself (with a note)
+    assert plan_memory(v100("0.6.3", dtype="float16"), ServeConfig(max_model_len=2048)).kv_cache_dtype_bytes == 2
+    cast = plan_memory(v100("0.9.2"), ServeConfig(max_model_len=2048))
+    assert any("casts the bfloat16 checkpoint to float16" in n for n in cast.notes)
+    # an Ampere GPU runs it as bfloat16 on every version; a float16 checkpoint runs on a V100
+    plan_memory(Deployment(model="qwen2.5-7b", gpu="A100-80GB", vllm_version="0.6.3"), ServeConfig(max_model_len=2048))
+    plan_memory(Deployment(model="llama-2-7b", gpu="V100-32GB-SXM2", vllm_version="0.6.3"),
+                ServeConfig(max_model_len=2048))
+
+
+def test_gemma2_in_float32_is_cast_to_bf16_and_refused_on_volta_by_vllm_0_6():
+    # 0.6.6.post1: "For Gemma 2, we downcast float32 to bfloat16 instead of float16 by default."
+    dep = Deployment(model="gemma-2-9b", gpu="V100-32GB-SXM2", vllm_version="0.6.3")  # config.json: float32
+    assert rejected(dep, ServeConfig(max_model_len=4096)).kind == "dtype"
+    llama = Deployment(model="llama-2-7b", gpu="V100-32GB-SXM2", vllm_version="0.6.3")
+    assert plan_memory(llama, ServeConfig(max_model_len=2048)).attention_backend == "XFORMERS"
+
+
+def test_fp8_weights_need_ampere_until_marlin_ran_on_turing():
+    # Fp8Config.get_min_capability: 80 in 0.6.4.post1, 0.6.6.post1 and 0.8.5; 75 in 0.33.0
+    t4 = lambda v: Deployment(model="qwen2.5-7b", gpu="T4", vllm_version=v, dtype="float16",  # noqa: E731
+                              quantization="fp8")
+    err = rejected(t4("0.6.3"), ServeConfig(max_model_len=2048))
+    assert err.kind == "quantization"
+    assert err.message == ("The quantization method fp8 is not supported for the current GPU. "
+                           "Minimum capability: 80. Current capability: 75.")
+    plan_memory(t4("0.26.0"), ServeConfig(max_model_len=2048, gpu_memory_utilization=0.9))
+    v100 = Deployment(model="qwen2.5-7b", gpu="V100-32GB-SXM2", vllm_version="0.26.0", dtype="float16",
+                      quantization="fp8")
+    assert "Minimum capability: 75. Current capability: 70." in rejected(v100, ServeConfig(max_model_len=2048)).message
+
+
+def test_v0_pagedattention_refuses_head_sizes_it_was_not_built_for(tmp_path):
+    # attention/ops/paged_attn.py (0.6.6.post1): 32, 64, 80, 96, 112, 120, 128, 192, 256; V0 on an
+    # A100 takes FlashAttention-2 for head size 160 but falls to XFormers for 72 (selector.py)
+    import json
+
+    def model(head_dim: int) -> str:
+        folder = tmp_path / f"hd{head_dim}"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16 * head_dim,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": head_dim,
+            "intermediate_size": 4096, "num_hidden_layers": 4, "vocab_size": 32000, "torch_dtype": "float16",
+            "max_position_embeddings": 4096}))
+        return str(folder)
+
+    cfg = ServeConfig(max_model_len=2048)
+    err = rejected(Deployment(model=model(160), gpu="T4", vllm_version="0.6.3"), cfg)
+    assert err.kind == "attention"
+    assert err.message == ("Head size 160 is not supported by PagedAttention. Supported head sizes are: "
+                           "[32, 64, 80, 96, 112, 120, 128, 192, 256].")
+    assert plan_memory(Deployment(model=model(160), gpu="A100-80GB", vllm_version="0.6.3"),
+                       cfg).attention_backend == "FLASH_ATTN"
+    assert rejected(Deployment(model=model(72), gpu="A100-80GB", vllm_version="0.6.3"), cfg).kind == "attention"
+    # V1's Triton attention on a T4 takes any head size
+    plan_memory(Deployment(model=model(160), gpu="T4", vllm_version="0.26.0"), cfg)
+
+
 def test_the_soft_cap_refusal_from_a_real_log_is_classified_as_attention():
     from tuner.backends.vllm_args import classify_failure
 

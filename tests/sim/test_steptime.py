@@ -1,6 +1,8 @@
-"""Step time: a hand-computed roofline, launch modes, TP all-reduce, the run formula."""
+"""Step time: a hand-computed roofline kernel class by kernel class, the embeddings and LM head,
+launch modes, TP all-reduce, MoE experts and their tile padding, the run formula."""
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,10 +21,15 @@ CAL = Calibration(
 
 
 class Model:
+    """1e9 parameters per token of which an 8e6-parameter vocabulary table, tied (the LM
+    head reads it); 10 layers of 8 heads of 100 (hidden 800)."""
+
     num_layers = 10
     num_heads = 8
     head_dim = 100
     hidden_size = 800
+    vocab_size = 10_000
+    tie_word_embeddings = True
     is_moe = False
     num_experts = 0
     num_experts_per_tok = 0
@@ -33,6 +40,9 @@ class Model:
     def active_param_count(self) -> int:
         return 1_000_000_000
 
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
     def active_expert_params(self) -> int:
         return 0
 
@@ -40,9 +50,16 @@ class Model:
         return 0
 
 
+class Untied(Model):
+    """The same with a separate LM head: the input table (8e6 parameters, 16 MB) is only
+    looked up."""
+
+    tie_word_embeddings = False
+
+
 class MoE(Model):
-    """1e9 active parameters of which 6e8 in experts (2 of 8 a token); 2e9 bytes of weights
-    of which 1.6e9 are the 8 experts' (2e8 each)."""
+    """1e9 active parameters of which 6e8 in experts (2 of 8 a token, 3e8 a pass); 2e9 bytes
+    of weights of which 1.6e9 are the 8 experts' (2e8 each)."""
 
     is_moe = True
     num_experts = 8
@@ -64,16 +81,35 @@ def plan(tp: int = 1, eager: bool = False, max_num_seqs: int = 256, model=None) 
 
 def test_hand_computed_mixed_batch() -> None:
     # One 1000-token prefill from scratch plus 10 decodes at 999 computed tokens each.
-    # bytes: 2e9 weights + 1e5 x (1000 + 10 x 1000) KV = 3.1e9 B at 5e11 B/s -> 6.2 ms
-    # FLOPs: 2 x 1e9 x 1010 = 2.02e12, attention 4 x 10 x 8 x 100 = 32,000 per pair x
-    #        (1000 x 500.5 + 10 x 1000) = 510,500 pairs -> 1.6336e10; total 2.036336e12 at
-    #        5e13 FLOP/s -> 40.72672 ms (compute bound)
+    # matmuls: 2e9 B of weights at 5e11 B/s = 4 ms; FLOPs 2 x (1e9 - 8e6) x 1010 tokens
+    #   + the LM head at 11 positions, 2 x 8e6 x 11 = 2.004016e12 at 5e13 -> 40.08032 ms (compute)
+    # attention: KV 1e5 x (1000 + 10 x 1000) = 1.1e9 B -> 2.2 ms; 32,000 FLOPs a pair x
+    #   (1000 x 500.5 + 10 x 1000) pairs = 1.6336e10 -> 0.32672 ms: the KV read, 2.2 ms,
+    #   after the matmuls (the decodes' attention is not hidden under the prefill's GEMMs)
     # launch: 1010 tokens > capture size 512 -> "compiled", 10 x 0.2 ms = 2 ms (hidden)
-    # + 1 ms fixed overhead = 41.72672 ms
+    # + 1 ms fixed overhead = 43.28032 ms
     t = StepTimer(plan(), CAL)
     assert t.mode(1010, 11, False) == "compiled"
     dur = t.step(1010, 11, False, ctx_tokens=1000 + 10 * 1000, attn_pairs=1000 * 500.5 + 10 * 1000)
-    assert dur == pytest.approx(0.04172672, rel=1e-9)
+    assert dur == pytest.approx(0.04328032, rel=1e-9)
+
+
+def test_the_input_embedding_is_looked_up_not_read() -> None:
+    # a decode step of one token reads the weights but the untied input table (16 MB):
+    # (2e9 - 1.6e7) B at 5e11 B/s = 3.968 ms, + KV 1e7 B = 0.02 ms, + 1 ms fixed
+    untied = StepTimer(plan(model=Untied()), CAL)
+    assert untied.step(1, 1, True, 100, 100) == pytest.approx(0.003968 + 0.00002 + 0.001, rel=1e-9)
+    # tied, the LM head reads the same table: all 2e9 B
+    assert StepTimer(plan(), CAL).step(1, 1, True, 100, 100) == pytest.approx(0.004 + 0.00002 + 0.001, rel=1e-9)
+
+
+def test_the_lm_head_runs_once_per_request_not_per_token() -> None:
+    # 4096 prompt tokens of one request cost less than 4096 one-token requests by 4095 LM-head
+    # passes: 4095 x 2 x 8e6 FLOPs at 5e13 = 1.3104 ms (both compute-bound; attention aside)
+    t = StepTimer(plan(), CAL)
+    one = t.matmul_time(4096, 1)
+    many = t.matmul_time(4096, 4096)
+    assert many - one == pytest.approx(4095 * 2 * 8e6 / 5e13, rel=1e-9)
 
 
 def test_launch_modes_follow_cuda_graph_rules() -> None:
@@ -106,25 +142,50 @@ def test_an_moe_decode_reads_only_the_experts_its_tokens_use() -> None:
     moe = StepTimer(plan(model=MoE()), CAL)
     assert moe.step(1, 1, True, 0, 0) == pytest.approx(0.0016 + 0.001, rel=1e-9)
     assert moe.step(4, 4, True, 0, 0) == pytest.approx(0.0029875 + 0.001, rel=1e-9)
-    # a large batch touches every expert: the whole 2e9 B, as the dense model reads
-    dense = StepTimer(plan(), CAL)
-    assert moe.step(64, 64, True, 0, 0) == pytest.approx(dense.step(64, 64, True, 0, 0), rel=1e-6)
+    # 64 tokens touch every expert: all 1.6e9 B of them, 3.2 ms, beside the dense part
+    dense_part = max(0.0008, 2 * (1e9 - 8e6 - 6e8) * 64 / 5e13 + 2 * 8e6 * 64 / 5e13)
+    assert moe.matmul_time(64, 64) == pytest.approx(dense_part + 0.0032, rel=1e-6)
+
+
+def test_the_fused_moe_kernel_pads_each_experts_rows_to_its_tile() -> None:
+    from tuner.sim.steptime import moe_block_size_m, padded_expert_rows
+
+    # vLLM's tuned H200 table for E=128,N=768 (fused_moe/configs/E=128,N=768,device_name=
+    # NVIDIA_H200.json): BLOCK_SIZE_M 16 up to 128 tokens, 32 at 256, 64 at 512, 128 from 1024
+    assert [moe_block_size_m(m, 8, 128) for m in (1, 64, 128, 256, 512, 1024, 2048, 4096)] == \
+        [16, 16, 16, 32, 64, 128, 128, 128]
+    # 1024 tokens x 8 experts = 8192 pairs, ~64 an expert, each expert padded to one 128-row
+    # tile: twice the rows
+    assert padded_expert_rows(1024, 8, 128) == pytest.approx(128 * 128, rel=1e-3)
+    # never fewer rows than pairs; the padding's share shrinks as batches grow
+    shares = [padded_expert_rows(t, 8, 128) / (8 * t) for t in (1024, 2048, 4096, 8192, 32768)]
+    assert all(s >= 1.0 for s in shares) and shares == sorted(shares, reverse=True) and shares[-1] < 1.05
+    # one token touches k experts, each padded to a 16-row tile (Poisson routing: ~k experts)
+    assert padded_expert_rows(1, 2, 8) == pytest.approx(8 * 16 * (1 - math.exp(-0.25)), rel=1e-9)
 
 
 def test_moe_expert_flops_run_at_their_own_efficiency() -> None:
-    # 1000 prefill tokens: dense 4e8 x 2 x 1000 FLOPs at 5e13, experts 6e8 x 2 x 1000 at half that
-    slow = CAL.replace(moe_flops_efficiency=0.5)
-    t = StepTimer(plan(model=MoE()), slow)
-    assert t.s_token_flops * 1000 == pytest.approx(8e11 / 5e13 + 1.2e12 / 2.5e13, rel=1e-12)
-    assert StepTimer(plan(model=MoE()), CAL).s_token_flops == pytest.approx(2e9 / 5e13, rel=1e-12)
+    # a large prefill: the expert GEMMs (their padded rows) at half the dense efficiency take
+    # twice as long as at the dense efficiency
+    from tuner.sim.steptime import padded_expert_rows
+
+    slow = StepTimer(plan(model=MoE()), CAL.replace(moe_flops_efficiency=0.5))
+    fast = StepTimer(plan(model=MoE()), CAL)
+    rows = padded_expert_rows(100_000, 2, 8)
+    assert slow.s_expert_flops * rows == pytest.approx(2 * fast.s_expert_flops * rows, rel=1e-12)
+    assert fast.s_expert_flops == pytest.approx(2 * 3e8 / 5e13, rel=1e-12)   # one token, one expert pass
+    t = 100_000
+    dense = 2 * (1e9 - 8e6 - 6e8) * t / 5e13 + 2 * 8e6 / 5e13
+    assert slow.matmul_time(t, 1) == pytest.approx(dense + slow.s_expert_flops * rows, rel=1e-9)
 
 
 def test_decode_run_equals_repeated_steps() -> None:
-    t = StepTimer(plan(), CAL)
-    n, ctx0, k = 37, 37 * 500, 200
-    run = t.decode_run(n, ctx0, k)
-    one_by_one = [t.step(n, n, True, ctx0 + n * (s + 1), ctx0 + n * (s + 1)) for s in range(k)]
-    np.testing.assert_allclose(run, one_by_one, rtol=1e-12)
+    for model in (Model(), MoE()):
+        t = StepTimer(plan(model=model), CAL)
+        n, ctx0, k = 37, 37 * 500, 200
+        run = t.decode_run(n, ctx0, k)
+        one_by_one = [t.step(n, n, True, ctx0 + n * (s + 1), ctx0 + n * (s + 1)) for s in range(k)]
+        np.testing.assert_allclose(run, one_by_one, rtol=1e-12)
 
 
 def test_shipped_tables_name_their_sources() -> None:

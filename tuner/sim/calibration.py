@@ -33,7 +33,7 @@ LAUNCH_MODES = ("graph", "piecewise", "compiled", "eager")
 
 _EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency", "moe_flops_efficiency")
 _SECONDS = ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s",
-            "frontend_per_token_s")
+            "frontend_per_token_s", "frontend_per_request_s")
 #: Upper bound of every per-step or per-request cost, seconds: real ones are micro- to
 #: milliseconds, so seconds mean a unit slip (ms written as s) or a failed fit.
 MAX_COST_S = 10.0
@@ -83,6 +83,9 @@ class Calibration:
     # process beside the engine: a step's tokens cannot reach users faster than this many
     # seconds each, whatever the GPU does (0: not modelled).
     frontend_per_token_s: float = 0.0
+    # ... and takes in every request (parse, validate, hand it to the engine) in the same
+    # queue: a request that arrives while it streams a backlog waits behind it (0: not modelled).
+    frontend_per_request_s: float = 0.0
     # Routed-expert GEMMs of an MoE layer (grouped, few tokens per expert) reach this share
     # of what the dense GEMMs reach (flops_efficiency); 1.0: the same.
     moe_flops_efficiency: float = 1.0

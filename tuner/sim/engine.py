@@ -5,7 +5,9 @@ One event heap, ordered by (time, sequence number), holds request sends and repl
 ends. A replica plans its next step (or run of decode steps, see
 :mod:`tuner.sim.scheduler`) when it becomes free and lets it run up to the first step
 boundary at or after the next event in the heap; a request that arrives during a step is
-seen at the next step's start, as in vLLM's engine loop.
+seen at the next step's start, as in vLLM's engine loop. A request is sent, reaches its
+replica's API server ``request_latency_s`` later (routed then), and reaches the engine when
+that front end has taken it in (:meth:`EngineCore.frontend_admit`).
 
 Definitions (``vllm bench serve``): TTFT = first token time − send time; E2E = last token
 time − send; TPOT = (E2E − TTFT)/(output − 1) (``RunResult.tpot_s``); queue time = first
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 
 ROUTERS = ("round_robin", "least_outstanding")
 
-_SEND, _KICK, _END, _ARRIVE = 0, 1, 2, 3
+_SEND, _KICK, _END, _ARRIVE, _FRONT = 0, 1, 2, 3, 4
 _VERSIONS = 1 << 20     # END events carry replica * _VERSIONS + (version mod _VERSIONS)
 
 
@@ -126,8 +128,28 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     # API-server latency: a request reaches the engine this long after it is sent
     # (Calibration.request_latency_s; fitted by tuner calibrate, 0 in the shipped tables).
     latency = float(getattr(cores[0].calib, "request_latency_s", 0.0)) if cores else 0.0
+    # the API server takes each request in (Calibration.frontend_per_request_s) in turn with
+    # the tokens it streams: the request is routed to a replica's front end, and reaches
+    # that replica's engine when its front end has taken it in
+    front = bool(cores and cores[0].fe_req)
+
+    def route() -> int:
+        nonlocal rr
+        if router == "round_robin":
+            r = rr % replicas
+            rr += 1
+            return r
+        return int(np.argmin(outstanding))
+
     while heap:
         t, _, kind, arg = heapq.heappop(heap)
+        if kind == _FRONT:
+            r = route()
+            where[arg] = r
+            outstanding[r] += 1
+            heapq.heappush(heap, (cores[r].frontend_admit(t), seq, _ARRIVE, arg))
+            seq += 1
+            continue
         arrived = kind == _ARRIVE
         if arrived:
             kind = _SEND
@@ -147,15 +169,16 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
                         stopped = True
                         break
                     continue
-                if latency > 0:
-                    heapq.heappush(heap, (t + latency, seq, _ARRIVE, j))
+                if latency > 0 or front:
+                    heapq.heappush(heap, (t + latency, seq, _FRONT if front else _ARRIVE, j))
                     seq += 1
                     continue
-            if router == "round_robin":
-                r = rr % replicas
-                rr += 1
+            if where[j] >= 0:
+                r = int(where[j])            # routed when its front end took it in
             else:
-                r = int(np.argmin(outstanding))
+                r = route()
+                where[j] = r
+                outstanding[r] += 1
             core = cores[r]
             if not busy[r] and not core.has_work():
                 core.now = max(core.now, t)
@@ -167,8 +190,6 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
                 heapq.heappush(heap, (end, seq, _END, r * _VERSIONS + version[r] % _VERSIONS))
                 seq += 1
             core.enqueue(j)
-            where[j] = r
-            outstanding[r] += 1
             if not busy[r] and not kicked[r]:
                 kicked[r] = True
                 heapq.heappush(heap, (t, seq, _KICK, r))
@@ -192,7 +213,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
                 continue                      # the run it ended was cut short
             busy[r] = False
             core = cores[r]
-            fin = core.commit_run() if core.run_pending else pending[r]
+            fin = core.commit() if core.commit_pending else pending[r]
             pending[r] = None
             t_first = core.t_first
             t_done = core.t_done

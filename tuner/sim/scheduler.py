@@ -22,6 +22,14 @@ at all; a prompt's shared units are cached when its
 prefill ends, not chunk by chunk; ``long_prefill_token_threshold``, priority scheduling,
 the free-block watermark and speculative decoding are not modelled.
 
+The API server beside each engine is one first-come-first-served queue
+(:meth:`EngineCore.frontend_admit`): it takes in every request (``frontend_per_request_s``)
+and streams every token the engine emits (``frontend_per_token_s``); the engine does not
+wait for it, but a request reaches the engine only once the front end has worked through
+what came before it, and a step's tokens reach users only after it. So under a backlog a
+request waits twice: to get in, and for its first token. A step's tokens join the queue at
+the step's end (:meth:`EngineCore.commit`), after any request taken in meanwhile.
+
 Per-request state of the running batch lives in numpy arrays, so a step costs a few dozen
 vector operations however many requests run. When nothing can change for a while (all
 running requests decode, none finishes, no block runs out, nobody can be admitted and no
@@ -114,7 +122,10 @@ class EngineCore:
         self.record_itl = record_itl
         self.now = 0.0
         self.fe_cost = float(getattr(self.calib, "frontend_per_token_s", 0.0))
-        self.fe_free = 0.0              # when the front end has streamed everything emitted so far
+        self.fe_req = float(getattr(self.calib, "frontend_per_request_s", 0.0))
+        self.fe_free = 0.0              # when the front end has done all the work merged so far
+        self.fe_queue: deque[tuple[float, float]] = deque()   # requests it took in, not yet merged
+        self._emit: tuple | None = None  # a deferred step's tokens, delivered by commit()
         self._last_start = 0.0
         self.last_emitted = _EMPTY      # requests that got a token in the last single step
         self._run: tuple | None = None  # planned decode run (start, k, k_fin, durs, cum, remaining)
@@ -308,19 +319,44 @@ class EngineCore:
         at or after ``now + horizon_s`` (when the caller expects an outside event then).
         Advances ``now``; returns what finished at the new ``now``.
 
-        With ``defer``, a decode run is only planned (``Advance.deferred``): the caller
-        applies it with :meth:`commit_run` when its end comes, or first cuts it with
-        :meth:`truncate_run` when a request arrives to an empty WAITING queue (the only
-        outside event that can change a decode run: a request queued behind a blocked head
-        cannot be admitted before it)."""
+        With ``defer``, the step's tokens reach users only when the caller calls
+        :meth:`commit` at its end (requests the front end takes in meanwhile go first), and
+        a decode run is only planned (``Advance.deferred``): :meth:`commit` applies it, or
+        :meth:`truncate_run` first cuts it when a request arrives to an empty WAITING queue
+        (the only outside event that can change a decode run: a request queued behind a
+        blocked head cannot be admitted before it)."""
         self._last_start = self.now
-        if self._run is not None:
-            raise RuntimeError("commit the pending decode run first")
+        if self._run is not None or self._emit is not None:
+            raise RuntimeError("commit the pending step first")
         if allow_fast and self.fast:
             adv = self._try_decode_run(horizon_s, defer)
             if adv is not None:
                 return adv
-        return self._step()
+        adv = self._step()
+        if self._emit is not None and not defer:
+            self.commit()
+        return adv
+
+    def commit(self) -> np.ndarray:
+        """Deliver what the deferred step or decode run emitted (its end has come); returns
+        the requests that finished, whose last token reached their user at ``t_done``."""
+        if self._run is not None:
+            return self.commit_run()
+        if self._emit is None:
+            return _EMPTY
+        end, js, finished = self._emit
+        self._emit = None
+        seen = self._deliver(end, len(js))
+        tf = self.t_first[js]
+        first = np.isnan(tf)
+        if first.any():
+            self.t_first[js[first]] = seen
+        if self.record_itl:
+            self.itl_chunks.append(seen - self.t_last[js[~first]])
+        self.t_last[js] = seen
+        if len(finished):
+            self.t_done[finished] = seen
+        return finished
 
     def _admission_blocked(self, n_running: int) -> bool:
         if not self.waiting or n_running >= self.max_seqs or self.budget - n_running <= 0:
@@ -378,6 +414,11 @@ class EngineCore:
         return Advance(self.now + float(cum[k - 1]), k, _EMPTY, deferred=True)
 
     @property
+    def commit_pending(self) -> bool:
+        """A deferred step or decode run waits for :meth:`commit`."""
+        return self._run is not None or self._emit is not None
+
+    @property
     def run_pending(self) -> bool:
         """A deferred decode run is planned but not yet applied (see :meth:`advance`)."""
         return self._run is not None
@@ -428,25 +469,80 @@ class EngineCore:
         return _EMPTY
 
     # -- the front end ----------------------------------------------------------------------
+    # vLLM's API server is one process beside the engine (the engine does not wait for it):
+    # it takes in each request (parse, validate, hand to the engine: ``frontend_per_request_s``)
+    # and streams every token the engine emits (detokenise, frame, send:
+    # ``frontend_per_token_s``), first come first served. A request it takes in while it is
+    # still streaming earlier tokens waits behind them, and tokens emitted meanwhile wait
+    # behind the request. Work is merged into ``fe_free`` in the order it came.
+    def frontend_admit(self, t: float) -> float:
+        """A request reaches the front end at ``t``: when the engine sees it (after the work
+        queued before it and its own)."""
+        if not self.fe_req:
+            return t
+        queue = deque(self.fe_queue)
+        fe = self.fe_free
+        if self._run is not None:
+            start, k, _, _, cum, _ = self._run
+            ends = start + cum[:k]
+            done = int(np.searchsorted(ends, t, side="right"))
+            if done:
+                fe = self._fifo_run(fe, ends[:done], self.R.shape[1], queue)[1]
+        fe = self._fifo_queue(fe, t, queue)
+        self.fe_queue.append((t, self.fe_req))
+        return max(fe, t) + self.fe_req
+
+    @staticmethod
+    def _fifo_queue(fe: float, until: float, queue: deque[tuple[float, float]]) -> float:
+        """``fe`` after the queued requests that came by ``until`` (taken off ``queue``)."""
+        while queue and queue[0][0] <= until:
+            t, w = queue.popleft()
+            fe = max(fe, t) + w
+        return fe
+
+    def _fifo_run(self, fe: float, ends: np.ndarray, n: int,
+                  queue: deque[tuple[float, float]]) -> tuple[np.ndarray, float]:
+        """Delivery times of consecutive steps of ``n`` tokens each ending at ``ends`` from
+        front-end state ``fe``, the queued requests that came meanwhile merged in order
+        (taken off ``queue``), and the state after: D_i = max(D_{i-1}, e_i) + c, in closed
+        form D_i = (i+1)c + max(D_-1, max_{j<=i}(e_j - jc)) between two requests."""
+        c = n * self.fe_cost
+        if not queue or queue[0][0] > ends[-1]:      # nobody came in meanwhile: one closed form
+            k = np.arange(len(ends), dtype=np.float64)
+            out = (k + 1) * c + np.maximum(fe, np.maximum.accumulate(ends - k * c))
+            return out, float(out[-1])
+        out = np.empty(len(ends))
+        i = 0
+        while i < len(ends):
+            j = len(ends)
+            if queue and queue[0][0] <= ends[-1]:
+                j = int(np.searchsorted(ends, queue[0][0], side="right"))
+            if j > i:
+                seg = ends[i:j]
+                k = np.arange(len(seg), dtype=np.float64)
+                out[i:j] = (k + 1) * c + np.maximum(fe, np.maximum.accumulate(seg - k * c))
+                fe = float(out[j - 1])
+                i = j
+            if i < len(ends):
+                t, w = queue.popleft()
+                fe = max(fe, t) + w
+        return out, fe
+
     def _deliver(self, end: float, tokens: int) -> float:
-        """When the front end has handed over the ``tokens`` a step ending at ``end`` emitted:
-        vLLM's API server streams every token (detokenise, frame, send) in one process beside
-        the engine, first come first served at ``frontend_per_token_s`` each; the engine does
-        not wait for it. Without that constant, at once."""
-        if not self.fe_cost:
+        """When the front end has handed over the ``tokens`` a step ending at ``end`` emitted
+        (at once without front-end costs)."""
+        if not self.fe_cost and not self.fe_req:
             return end
+        if self.fe_queue:
+            self.fe_free = self._fifo_queue(self.fe_free, end, self.fe_queue)
         self.fe_free = max(self.fe_free, end) + tokens * self.fe_cost
         return self.fe_free
 
     def _deliver_run(self, ends: np.ndarray, n: int) -> np.ndarray:
-        """:meth:`_deliver` for consecutive steps of ``n`` tokens each ending at ``ends``:
-        D_i = max(D_{i-1}, e_i) + c, in closed form D_i = (i+1)c + max(D_-1, max_{j<=i}(e_j - jc))."""
-        if not self.fe_cost:
+        """:meth:`_deliver` for consecutive steps of ``n`` tokens each ending at ``ends``."""
+        if not self.fe_cost and not self.fe_req:
             return ends
-        c = n * self.fe_cost
-        i = np.arange(len(ends), dtype=np.float64)
-        out = (i + 1) * c + np.maximum(self.fe_free, np.maximum.accumulate(ends - i * c))
-        self.fe_free = float(out[-1])
+        out, self.fe_free = self._fifo_run(self.fe_free, ends, n, self.fe_queue)
         return out
 
     def _finish(self, cols: np.ndarray, t: float) -> np.ndarray:
@@ -643,19 +739,10 @@ class EngineCore:
         finished = _EMPTY
         if len(cols):
             js = R[self.IDX, cols]
-            seen = self._deliver(end, len(cols))      # when the front end hands these tokens to users
             self.last_emitted = js
             self.out[js] += 1
             R[self.NTOK, cols] += 1
             self.generation_tokens += len(cols)
-            tf = self.t_first[js]
-            first = np.isnan(tf)
-            if first.any():
-                self.t_first[js[first]] = seen
-            if self.record_itl:
-                gaps = seen - self.t_last[js]
-                self.itl_chunks.append(gaps[~first])
-            self.t_last[js] = seen
             if self.pending:
                 # cache the shared units of prompts whose prefill just ended
                 pub = cols[R[self.PUB, cols] > 0]
@@ -671,7 +758,8 @@ class EngineCore:
                     self._pool_version += 1
             done = self.out[js] >= self.max_out[js]
             if done.any():
-                finished = self._finish(cols[done], seen)
+                finished = self._finish(cols[done], end)
+            self._emit = (end, js, finished)   # reach users at commit(): see _deliver
         u = self.pool.usage()
         if u > self.usage_max:
             self.usage_max = u

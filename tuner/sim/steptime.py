@@ -1,35 +1,43 @@
-"""How long one engine step takes: a roofline of the batch actually scheduled.
+"""How long one engine step takes: a roofline of the batch actually scheduled, kernel class
+by kernel class.
 
-For a step that schedules ``T`` tokens over ``n`` requests, per tensor-parallel rank:
+A step's kernels run one after another, so each class is bound by its own resource and
+their times add. For a step that schedules ``T`` tokens over ``n`` requests, per
+tensor-parallel rank (``bw = hbm_bandwidth × hbm_efficiency``, ``fl = fp16_flops ×
+flops_efficiency``):
 
-* bytes  = weights (read once per step) + KV cache read by attention
-  (``kv_bytes_per_token`` × context tokens of every scheduled request);
-  ``t_mem = bytes / (hbm_bandwidth × hbm_efficiency)``;
-* FLOPs  = 2 × active parameters × T (the matmuls) + attention
-  (4 × layers × heads × head_dim per query-key pair: QKᵀ and PV, 2 FLOPs per MAC);
-  ``t_flops = FLOPs / (fp16_flops × flops_efficiency)``;
+* the dense matmuls: ``max(weights / bw, FLOPs / fl)``. The weights are read once a step,
+  except the input-embedding table, which is looked up row by row (unless the LM head shares
+  it). FLOPs are 2 × the transformer blocks' parameters per token, plus the LM head (2 ×
+  vocab × hidden) once per scheduled request: vLLM computes logits only at each request's
+  last scheduled position (``gpu_model_runner.py``: ``logits_indices = query_start_loc[1:] -
+  1``, partial prefills included), so a prefill token does not pay for the vocabulary;
+* attention: ``max(KV bytes / bw, attention FLOPs / fl)``: the KV cache of every scheduled
+  request read (``kv_bytes_per_token`` × its context) against 4 × layers × heads × head_dim
+  FLOPs per query-key pair (QKᵀ and PV). Decodes riding along a prefill chunk thus cost
+  their KV read on top of the chunk's GEMMs instead of hiding under them;
+* routed experts (mixture of experts): with ``k`` of ``E`` experts per token and routing
+  spread over the experts, ``T`` tokens touch ``E(1 - (1 - k/E)^T)`` of them per layer (one
+  user's decode step reads about ``k/E`` of the expert weights, a large batch all of them).
+  vLLM's fused MoE kernel sorts the ``T × k`` token-expert pairs by expert and pads each
+  expert's share to a multiple of its tile height BLOCK_SIZE_M (``moe_align_block_size``), so
+  the expert GEMMs compute the padded rows, at ``flops_efficiency × moe_flops_efficiency``:
+  twice the real rows around a thousand tokens, nearly none extra at eight thousand;
 * launch = CPU time to launch the step's kernels: layers × a per-layer cost that depends
   on the mode (full CUDA graph for decode-only batches up to the capture size, piecewise
   graphs for mixed batches within it, compiled code above it, eager with
   ``--enforce-eager``). Launches are asynchronous, so they overlap with GPU work:
-  the step takes ``max(t_mem, t_flops, launch)``.
+  the step takes ``max(GPU time, launch)``;
 * plus the serial costs: a fixed per-step overhead (scheduler, input preparation,
   sampler), a per-request overhead, and tensor-parallel all-reduces (2 per layer, each
   ``latency + 2(tp-1)/tp × T × hidden × 2 bytes / (link_bandwidth × link_efficiency)``,
   ring all-reduce).
 
-Mixture-of-experts layers read only the experts the step's tokens are routed to: with
-``k`` of ``E`` experts per token and routing spread over the experts, ``T`` tokens touch
-``E(1 - (1 - k/E)^T)`` of them per layer, so a one-user decode step reads about ``k/E`` of
-the expert weights and a large batch all of them. Their FLOPs (``k`` experts a token) run
-at ``flops_efficiency x moe_flops_efficiency`` (grouped GEMMs of a few tokens each), the
-rest at ``flops_efficiency``.
-
-
 The constants come from :class:`tuner.sim.calibration.Calibration`.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,6 +56,34 @@ def cudagraph_capture_size(max_num_seqs: int) -> int:
     return min(2 * max_num_seqs, 512)
 
 
+def moe_block_size_m(num_tokens: int, experts_per_tok: int, num_experts: int) -> int:
+    """BLOCK_SIZE_M of vLLM's fused MoE Triton kernel for a batch of ``num_tokens``: the
+    tuned tables it ships (``fused_moe/configs/E=...,N=...,device_name=....json``, e.g.
+    E=128,N=768 on H200: 16 up to 128 tokens, 32 at 256, 64 at 512, 128 from 1024) take
+    about twice the mean rows per expert, a power of two from 16 to 128."""
+    mean = num_tokens * experts_per_tok / num_experts
+    size = 16
+    while size < 2 * mean and size < 128:
+        size *= 2
+    return size
+
+
+@lru_cache(maxsize=65536)
+def padded_expert_rows(num_tokens: int, experts_per_tok: int, num_experts: int) -> float:
+    """Expected rows the expert GEMMs compute per layer once each expert's share of the
+    ``num_tokens × k`` pairs is padded up to a multiple of BLOCK_SIZE_M, with routing spread
+    evenly (an expert's share ~ Poisson(num_tokens k / E)): E × B × Σ_j P(share > jB)."""
+    from scipy.stats import poisson
+
+    if num_tokens <= 0:
+        return 0.0
+    lam = num_tokens * experts_per_tok / num_experts
+    b = moe_block_size_m(num_tokens, experts_per_tok, num_experts)
+    top = int(lam + 8.0 * lam ** 0.5 + 2 * b) // b + 1
+    tiles = float(poisson.sf(np.arange(top) * b, lam).sum())   # E[ceil(share / B)]
+    return num_experts * b * tiles
+
+
 class StepTimer:
     """Step durations for one replica (one memory plan, one calibration)."""
 
@@ -61,14 +97,26 @@ class StepTimer:
         fl = gpu.fp16_flops * calib.flops_efficiency
         # seconds per unit of work, per rank
         expert_bytes = model.expert_bytes(plan.quantization) / tp if model.is_moe else 0.0
-        self.s_weights = (plan.weight_bytes - expert_bytes) / bw   # read by every step
-        self.s_experts = expert_bytes / bw                          # read in the share the step touches
+        # the input embedding is a lookup of the step's rows, not a read of the table (unless
+        # the LM head shares it); embeddings stay 16-bit whatever the quantisation
+        lookup = 0.0 if model.tie_word_embeddings else ACTIVATION_BYTES * model.vocab_size * model.hidden_size / tp
+        self.s_weights = (plan.weight_bytes - expert_bytes - lookup) / bw   # read by every step
+        self.s_experts = expert_bytes / bw                                  # read in the share the step touches
         self.moe_keep = 1.0 - model.num_experts_per_tok / model.num_experts if model.is_moe else 1.0
         self.s_kv_token = model.kv_bytes_per_token(tp, plan.kv_cache_dtype_bytes) / bw
         expert_active = model.active_expert_params()
+        lm_head = model.vocab_size * model.hidden_size
         moe_fl = fl * min(getattr(calib, "moe_flops_efficiency", 1.0), 1.0)
-        self.s_token_flops = (2.0 * (model.active_param_count() - expert_active) / tp / fl
-                              + 2.0 * expert_active / tp / moe_fl)
+        # the transformer blocks' matmuls run for every scheduled token; the LM head only at
+        # one position per scheduled request (vLLM's logits_indices); the embeddings' lookup
+        # computes nothing
+        block = model.active_param_count() - model.embedding_params() - expert_active
+        self.s_token_flops = 2.0 * block / tp / fl
+        self.s_seq_flops = 2.0 * lm_head / tp / fl
+        # FLOPs of one token's pass through one routed expert (all layers)
+        self.s_expert_flops = 2.0 * expert_active / model.num_experts_per_tok / tp / moe_fl if model.is_moe else 0.0
+        self.num_experts = model.num_experts
+        self.experts_per_tok = model.num_experts_per_tok
         heads_rank = max(1, model.num_heads // tp)
         self.s_attn_pair = 4.0 * model.num_layers * heads_rank * model.head_dim / fl
         layers = model.num_layers
@@ -91,23 +139,37 @@ class StepTimer:
             return "graph"
         return "piecewise" if num_tokens <= self.capture else "compiled"
 
-    def experts_read(self, num_tokens: float | np.ndarray) -> float | np.ndarray:
-        """Seconds reading the experts ``num_tokens`` tokens are routed to (0 when dense)."""
-        if not self.s_experts:
-            return 0.0
-        return self.s_experts * (1.0 - self.moe_keep ** np.asarray(num_tokens, dtype=np.float64))
+    def expert_rows(self, num_tokens: int) -> float:
+        """Rows the routed-expert GEMMs compute for a step of ``num_tokens`` tokens (per
+        layer): vLLM's fused MoE kernel sorts the ``num_tokens × k`` token-expert pairs by
+        expert and pads each expert's share to a multiple of its tile height BLOCK_SIZE_M
+        (``moe_align_block_size``); the padding rows are computed like the others."""
+        return padded_expert_rows(num_tokens, self.experts_per_tok, self.num_experts)
+
+    def matmul_time(self, num_tokens: int, num_seqs: int) -> float:
+        """GPU seconds of a step's matmuls and the kernels between them, kernel class by
+        kernel class (they run one after another, each at its own roofline): the dense
+        matmuls (weights read once; FLOPs per token, and the LM head's per request) and the
+        routed experts (the experts touched, the padded rows they compute)."""
+        t = max(self.s_weights, self.s_token_flops * num_tokens + self.s_seq_flops * num_seqs)
+        if self.s_experts:
+            read = self.s_experts * (1.0 - self.moe_keep ** num_tokens)
+            t += max(read, self.s_expert_flops * self.expert_rows(num_tokens))
+        return t
 
     def step(self, num_tokens: int, num_seqs: int, decode_only: bool,
              ctx_tokens: float, attn_pairs: float) -> float:
         """Seconds for a step scheduling ``num_tokens`` over ``num_seqs`` requests.
         ``ctx_tokens``: KV tokens attention reads (context incl. the new tokens, summed);
-        ``attn_pairs``: query-key pairs, Σ new × (computed + (new+1)/2)."""
+        ``attn_pairs``: query-key pairs, Σ new × (computed + (new+1)/2). Attention runs after
+        the matmuls at its own roofline (the KV cache read, the query-key FLOPs)."""
         if num_tokens <= 0:
             return 0.0
-        t_mem = self.s_weights + float(self.experts_read(num_tokens)) + self.s_kv_token * ctx_tokens
-        t_fl = self.s_token_flops * num_tokens + self.s_attn_pair * attn_pairs
+        gpu = self.matmul_time(num_tokens, num_seqs) if self.s_experts else max(
+            self.s_weights, self.s_token_flops * num_tokens + self.s_seq_flops * num_seqs)
+        gpu += max(self.s_kv_token * ctx_tokens, self.s_attn_pair * attn_pairs)
         t_launch = self.launch[self.mode(num_tokens, num_seqs, decode_only)]
-        return (max(t_mem, t_fl, t_launch) + self.fixed + self.per_seq * num_seqs
+        return (max(gpu, t_launch) + self.fixed + self.per_seq * num_seqs
                 + self.ar_fixed + self.ar_token * num_tokens)
 
     def decode_run(self, n: int, ctx0: float, k: int) -> np.ndarray:
@@ -116,8 +178,7 @@ class StepTimer:
         Equal, to float rounding, to calling :meth:`step` k times."""
         t = np.arange(k, dtype=np.float64)
         ctx = ctx0 + n * (t + 1.0)
-        t_mem = self.s_weights + float(self.experts_read(n)) + self.s_kv_token * ctx
-        t_fl = self.s_token_flops * n + self.s_attn_pair * ctx
+        gpu = self.matmul_time(n, n) + np.maximum(self.s_kv_token * ctx, self.s_attn_pair * ctx)
         t_launch = self.launch[self.mode(n, n, True)]
         serial = self.fixed + self.per_seq * n + self.ar_fixed + self.ar_token * n
-        return np.maximum(np.maximum(t_mem, t_fl), t_launch) + serial
+        return np.maximum(gpu, t_launch) + serial
