@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tuner.config import MAX_GPUS, MAX_TOKENS
@@ -487,6 +487,7 @@ def _check(read: Callable[[str], None], data: bytes, *, need_line: bool) -> None
 
 @FUZZ
 @given(doc=space_documents())
+@example(doc={"\r": None})  # a key that is a line break: the message stays one line
 def test_generated_search_spaces_are_read_or_refused_at_their_line(doc):
     _check(read_space, _dump(doc), need_line=True)
 

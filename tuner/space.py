@@ -314,7 +314,7 @@ class SearchSpace:
     def error(self, message: str, key: tuple[Any, ...], *, hint: str | None = None) -> InputError:
         """An :class:`InputError` pointing at ``key`` (a path of YAML keys) in the file."""
         line = line_of(self.lines, key)
-        dotted = ".".join(str(k) for k in key)
+        dotted = ".".join(str(k) if str(k).isprintable() else shown(k) for k in key)  # a key '\r' stays on one line
         return InputError(f"{dotted}: {message}" if dotted else message, path=self.path, line=line, hint=hint)
 
 
