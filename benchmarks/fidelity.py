@@ -1,6 +1,6 @@
 """Simulator fidelity against real vLLM, on measurements the profile was not fitted to.
 
-    python benchmarks/fidelity.py [PROFILE_DIR]     (default: the shipped H200 / vLLM 0.26.0 data)
+    python benchmarks/fidelity.py [PROFILE_DIR] [--refit]   (default: the shipped H200 / vLLM 0.26.0 data)
 
 Reads every measurement of the profile folder (measurements.jsonl and campaign*.jsonl),
 simulates each load point with the fitted profile and, as the baseline, with the GPU class
@@ -16,7 +16,8 @@ table alone (what the simulator knew before any calibration), and prints:
 5. runs in which the real engine stopped for a while (the longest stretch without a first
    token or a completion, against the simulated one);
 then the fitted constants with their 95 % intervals and the run-to-run noise the targets must
-be read against.
+be read against; with ``--refit``, the step-time fit run again from the priors (minutes),
+each constant beside the shipped one and its interval.
 """
 from __future__ import annotations
 
@@ -186,5 +187,36 @@ def main(folder: Path) -> None:
         print(f"\nfit on {len(names)} entries of fit_points.txt; everything else above marked 'check' was held back")
 
 
+def refit(folder: Path) -> None:
+    """The step-time fit again from the priors, as ``tuner calibrate`` fits (minutes): each
+    constant beside the shipped value and its 95 % interval."""
+    import yaml
+
+    from tuner.calibrate import fit
+
+    doc = yaml.safe_load((folder / "profile.yaml").read_text())
+    rows = campaign_rows(folder)
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows)) \
+        if (folder / "replicate.jsonl").is_file() else None
+    dep = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0")
+    t0 = time.process_time()
+    res = fit(rows, dep, fit_points=doc["fit"]["fit_points"], exclude=doc["fit"]["excluded"], noise=noise,
+              graph_fraction=0.0, starts=doc["fit"].get("starts", 1))
+    info = res.info["step_time"]
+    print(f"\nrefit from the priors: {info['evaluations']} evaluations, {time.process_time() - t0:.0f} CPU-s, "
+          f"{info['message']}")
+    print(f"  {'constant':22s} {'refit':>11s} {'shipped':>11s}  shipped 95 % interval   inside")
+    for name, est in info["estimates"].items():
+        shipped = doc.get(name) or {}
+        if "ci95" not in shipped:
+            continue
+        lo, hi = shipped["ci95"]
+        print(f"  {name:22s} {est['value']:11.5g} {shipped['value']:11.5g}  [{lo:.4g}, {hi:.4g}]"
+              f"   {'yes' if lo <= est['value'] <= hi else 'NO'}")
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else SHIPPED)
+    args = [a for a in sys.argv[1:] if a != "--refit"]
+    main(Path(args[0]) if args else SHIPPED)
+    if "--refit" in sys.argv[1:]:
+        refit(Path(args[0]) if args else SHIPPED)

@@ -834,12 +834,14 @@ def measurement_noise(first: Iterable[dict[str, Any]], again: Iterable[dict[str,
 def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any, *,
                   noise: dict[str, float] | None = None, starts: int = 1, seed: int = 0,
                   max_nfev: int | None = None, log: Callable[[str], None] | None = None,
-                  ) -> tuple[Any, dict[str, Any]]:
+                  start: Any | None = None) -> tuple[Any, dict[str, Any]]:
     """MAP fit (:func:`tuner.estimation.fit_map`) of the step-time constants to the
     measured load points, run to convergence: residuals are the log ratios
     predicted/measured of :data:`METRICS`, each over its run-to-run ``noise``; priors are
     centred on ``base``. ``starts`` > 1 also starts from draws of the priors (the info
-    says whether they found the same optimum). Returns the fitted calibration and an
+    says whether they found the same optimum); ``start`` (a calibration, e.g. a shipped
+    profile's) replaces those starts by one at its constants, the priors unchanged: a fit
+    that moves away from it says the constants are not this data's optimum. Returns the fitted calibration and an
     info dict whose ``estimates`` give each constant's value, sd, 95 % interval and
     whether the data determined it."""
     sigma = {**DEFAULT_NOISE, **(noise or {})}
@@ -858,8 +860,8 @@ def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any
         return np.array(out)
 
     params = step_params(base)
-    outcome = fit_map(resid, params, starts=prior_starts(params, starts, seed), diff_step=DIFF_STEP,
-                      max_nfev=max_nfev)
+    first = prior_starts(params, starts, seed) if start is None else [_params_of(start)]
+    outcome = fit_map(resid, params, starts=first, diff_step=DIFF_STEP, max_nfev=max_nfev)
     info = {**outcome.info, "evaluations": calls[0], "noise": sigma,
             "estimates": {e.name: e.to_dict() for e in outcome.estimates}}
     return _with_params(base, outcome.x), info
@@ -912,14 +914,15 @@ def point_name(p: LoadPoint) -> str:
 def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: Sequence[str] | None = None,
         fit_points: Sequence[str] | None = None, noise: dict[str, float] | None = None, starts: int = 1,
         max_nfev: int | None = None, graph_fraction: float | None = None, exclude: Sequence[str] = (),
-        log: Callable[[str], None] | None = None) -> FitResult:
+        log: Callable[[str], None] | None = None, start: Any | None = None) -> FitResult:
     """Fit memory and step-time constants on ``fit_trials`` (default: the first half of the
     trials with loads, in design order: the anchor, eager, a small batch cap, KV-limited)
     and check on the rest. ``fit_points`` instead names what the fit sees, point by point
     (:func:`point_name`, ``"q7-base: mix x5 @ 1 users"``) or whole trials; the memory fit
     sees the starts of the trials named. The memory fit runs first; the step-time fit sees
     its weights. The step-time fit runs to convergence (``max_nfev`` caps it) from
-    ``starts`` starts; ``noise`` is each metric's run-to-run noise (:func:`measurement_noise`).
+    ``starts`` starts (or from ``start``'s constants, :func:`fit_step_time`); ``noise`` is
+    each metric's run-to-run noise (:func:`measurement_noise`).
     Points named in ``exclude`` are neither fitted nor checked (a replay a known artefact
     spoiled; the profile says why)."""
     import tempfile
@@ -951,7 +954,7 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
         _write_yaml(prof, base, memory, match={}, extra={})
         dep = _dep_with(deployment, str(prof))
         calib, step_info = fit_step_time([p for p in loads if in_fit(p)], dep, base, noise=noise,
-                                         starts=starts, max_nfev=max_nfev, log=log)
+                                         starts=starts, max_nfev=max_nfev, log=log, start=start)
         table = []
         for pt, row in zip(loads, compare_loads(loads, dep, calib)):
             row["set"] = "fit" if in_fit(pt) else "check"
