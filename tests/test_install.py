@@ -35,3 +35,34 @@ def test_constraints_pin_every_dependency_exactly_and_not_tuner():
     wanted = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
     assert wanted <= set(pins), sorted(wanted - set(pins))
     assert "tuner" not in pins
+
+
+#: Imported only where a user asked for what needs them, each behind a message that says
+#: what to install: GP sampling (torch), tokenizing text prompts of a trace (tokenizers or
+#: transformers).
+OPTIONAL_IMPORTS = {"torch", "tokenizers", "transformers"}
+
+
+def test_every_package_tuner_imports_is_a_declared_dependency():
+    """`pip install -e .` (README's main command) must bring every package tuner imports:
+    psutil was imported by the search and installed only by the test extra's ipykernel, so
+    `tuner search` failed on a fresh install with ModuleNotFoundError."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    tomllib = pytest.importorskip("tomllib")
+    declared = {_name(r) for r in tomllib.loads(REPO.joinpath("pyproject.toml").read_text())["project"]["dependencies"]}
+    imported: dict[str, str] = {}
+    for path in sorted(REPO.joinpath("tuner").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                if top != "tuner" and top not in sys.stdlib_module_names:
+                    imported.setdefault(top, str(path.relative_to(REPO)))
+    dists = packages_distributions()
+    missing = {mod: where for mod, where in imported.items() if mod not in OPTIONAL_IMPORTS
+               and not {_name(d) for d in dists.get(mod, [mod])} & declared}
+    assert not missing, f"imported but not in [project].dependencies: {missing}"
