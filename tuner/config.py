@@ -60,6 +60,16 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as keyword arguments of dataclass ``cls``; InputError naming unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}",
+                         hint=f"known: {', '.join(sorted(names))}")
+    return dict(data)
+
+
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """One point of the search space: the flags a trial passes to ``vllm serve``."""
@@ -112,14 +122,7 @@ class ServeConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise InputError(
-                f"unknown ServeConfig field(s): {', '.join(unknown)}",
-                hint=f"known: {', '.join(sorted(names))}",
-            )
-        return cls(**data)
+        return cls(**_known_fields(cls, data))
 
     def replace(self, **changes: Any) -> ServeConfig:
         return dataclasses.replace(self, **changes)
@@ -191,6 +194,13 @@ class Deployment:
         data = dataclasses.asdict(self)
         data["gpu_ids"] = list(self.gpu_ids)
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Deployment:
+        """From :meth:`to_dict` (``gpu_ids`` as a list, as JSON keeps it)."""
+        kw = _known_fields(cls, data)
+        kw["gpu_ids"] = tuple(kw.get("gpu_ids") or ())
+        return cls(**kw)
 
     def label(self) -> str:
         """Short human label, also used in study names: ``8xV100-32GB-SXM2.qwen2.5-7b``."""
