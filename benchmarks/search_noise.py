@@ -243,9 +243,9 @@ def study_job(job: tuple[str, str, int, int]) -> dict:
             winner = res.best
             ties = [] if conf is None else [trials[n] for n in (conf.ties or [])]
             out[budget] = {
-                "winner": None if winner is None else key_of(ServeConfig.from_dict(winner.user_attrs["config"])),
-                "ties": [key_of(ServeConfig.from_dict(t.user_attrs["config"])) for t in ties],
-                "repeats": sum(1 for t in trials.values() if "confirm_of" in t.user_attrs),
+                "winner": None if winner is None else key_of(TrialRecord.from_trial(winner).config),
+                "ties": [key_of(TrialRecord.from_trial(t).config) for t in ties],
+                "repeats": sum(1 for t in trials.values() if TrialRecord.from_trial(t).is_confirmation),
             }
     return {"family": fam_name, "sampler": sampler, "seed": seed, "confirm": confirm, **{str(k): v for k, v in out.items()}}
 

@@ -273,21 +273,21 @@ def test_the_edge_is_located_within_the_tolerance_when_replays_allow():
     backend = FakeBackend(ttft_per_user=0.01)  # P95 ~ 0.0105 x users: the 1 s edge near 95 users
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9),
                          small_workload(600), 1.0, max_replays=10, edge_tolerance=0.05)
-    edge = ev.attrs["edge"]
-    assert edge["located"] and edge["failing_level"] - edge["level"] <= max(1, 0.05 * edge["level"])
-    loads = ev.attrs["loads"]
-    assert all(p["p95_ttft_s"] <= 1.0 for p in loads if p["passed"])
-    assert all(p["level"] > edge["level"] for p in loads if not p["passed"])
+    edge = ev.record.edge
+    assert edge.located and edge.failing_level - edge.level <= max(1, 0.05 * edge.level)
+    loads = ev.record.loads
+    assert all(p.p95_ttft_s <= 1.0 for p in loads if p.passed)
+    assert all(p.level > edge.level for p in loads if not p.passed)
 
 
 def test_a_configuration_that_holds_at_its_cap_is_tried_above_it():
     backend = FakeBackend(ttft_per_user=0.01)  # 16 seqs: P95 0.17 s at the cap, 1 s near 95 users
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9),
                          small_workload(600), 1.0, max_replays=8)
-    edge = ev.attrs["edge"]
-    assert edge["cap"] == 16 and edge["beyond_cap"] and edge["level"] > 16
+    edge = ev.record.edge
+    assert edge.cap == 16 and edge.beyond_cap and edge.level > 16
     # a configuration already under the incumbent at its cap is not: that costs replays
     ev = evaluate_config(FakeBackend(ttft_per_user=0.01), Deployment(),
                          ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9), small_workload(600), 1.0,
                          max_replays=8, incumbent=10**9)
-    assert len(ev.attrs["loads"]) == 1 and not ev.attrs["edge"]["beyond_cap"]
+    assert len(ev.record.loads) == 1 and not ev.record.edge.beyond_cap

@@ -54,7 +54,7 @@ def test_the_oldest_trials_kept_the_start_facts_beside_run():
     rec = TrialRecord.from_attrs({"config": {"max_num_seqs": 8}, "plan": {"kv_cache_tokens": 1000},
                                   "vllm_version": "0.6.3", "log_paths": ["a.log"], "startup_s": 40.0,
                                   "run": {"backend": "vllm"}})
-    assert rec.plan == {"kv_cache_tokens": 1000} and rec.run.vllm_version == "0.6.3"
+    assert rec.run.plan == {"kv_cache_tokens": 1000} and rec.run.vllm_version == "0.6.3"
     assert rec.run.log_paths == ("a.log",) and rec.run.startup_s == 40.0 and rec.run.backend == "vllm"
     assert "plan" not in rec.to_attrs() and rec.to_attrs()["run"]["plan"] == {"kv_cache_tokens": 1000}
 
@@ -88,3 +88,22 @@ def test_deployment_and_study_records_round_trip(old_study):
     attrs = again.to_attrs()
     assert {k: v for k, v in attrs.items() if k != "schema_version"} == {
         k: v for k, v in old_study.user_attrs.items() if k in attrs}
+
+
+def test_what_the_search_writes_reads_back_whole_and_holds_no_key_the_record_does_not_know(tmp_path):
+    from test_search import FakeBackend, fake_space, small_workload
+
+    from tuner.search import run_search
+
+    out = run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=6,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=2, confirm=1,
+                     tags={"night": "tonight"})
+    kinds = set()
+    for t in out.study.trials:
+        rec = TrialRecord.from_trial(t)
+        assert rec.to_attrs() == t.user_attrs and rec.schema_version == SCHEMA_VERSION
+        assert rec.tags == {"night": "tonight"}
+        kinds.add("refused" if rec.rejected_kind else "confirmation" if rec.is_confirmation
+                  else "repeat" if rec.is_repeat else t.state.name)
+    assert {"refused", "confirmation", "COMPLETE"} <= kinds
+    assert StudyRecord.from_study(out.study).schema_version == SCHEMA_VERSION

@@ -131,17 +131,17 @@ def test_goodput_finds_the_highest_load_meeting_the_target():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0)
     assert ev.feasible
-    assert len(ev.attrs["loads"]) <= MAX_REPLAYS
-    passed = [p for p in ev.attrs["loads"] if p["passed"]]
-    failed = [p for p in ev.attrs["loads"] if not p["passed"]]
-    chosen = max(p["level"] for p in passed)
-    assert all(p["p95_ttft_s"] <= 1.0 for p in passed)
-    assert all(p["level"] > chosen for p in failed)
+    assert len(ev.record.loads) <= MAX_REPLAYS
+    passed = [p for p in ev.record.loads if p.passed]
+    failed = [p for p in ev.record.loads if not p.passed]
+    chosen = max(p.level for p in passed)
+    assert all(p.p95_ttft_s <= 1.0 for p in passed)
+    assert all(p.level > chosen for p in failed)
     assert 60 <= chosen <= 95  # within the few replays allowed, close to the edge
     assert ev.value == pytest.approx(100.0 * chosen, rel=0.01)
-    assert ev.attrs["summary"]["ttft_p95_s"] <= 1.0
+    assert ev.record.summary["ttft_p95_s"] <= 1.0
     assert ev.constraint <= 0
-    assert ev.gpu_s == pytest.approx(30.0 + sum(p["duration_s"] for p in ev.attrs["loads"]))
+    assert ev.gpu_s == pytest.approx(30.0 + sum(p.duration_s for p in ev.record.loads))
     assert backend.instances[0].closed == 1
 
 
@@ -150,7 +150,7 @@ def test_open_loop_rate_axis():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0, load_kind="rate")
     assert ev.feasible
-    assert ev.attrs["chosen_load"].endswith("req/s")
+    assert ev.record.chosen_load.endswith("req/s")
 
 
 def test_rejected_config_costs_no_launch_and_records_the_reason():
@@ -159,18 +159,18 @@ def test_rejected_config_costs_no_launch_and_records_the_reason():
     assert not ev.feasible and ev.constraint > 0 and ev.value == 0.0
     assert backend.started == []
     assert ev.gpu_s == 0.0
-    assert ev.attrs["infeasible_reason"].startswith("oom:")
-    assert ev.attrs["rejected_at"] == "pre-check"
+    assert ev.record.infeasible_reason.startswith("oom:")
+    assert ev.record.rejected_at == "pre-check"
 
 
 def test_slo_lost_even_at_the_lowest_load_is_infeasible_with_evidence():
     backend = FakeBackend(ttft_per_user=5.0)  # one user already takes 5 s to first token
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=64), small_workload(), 1.0)
     assert not ev.feasible and ev.constraint > 0
-    assert "even at 1 users" in ev.attrs["infeasible_reason"]
-    assert ev.attrs["lowest_load"] == "1 users"
-    assert any(p["stopped_early"] for p in ev.attrs["loads"])
-    assert len(ev.attrs["loads"]) <= MAX_REPLAYS
+    assert "even at 1 users" in ev.record.infeasible_reason
+    assert ev.record.lowest_load == "1 users"
+    assert any(p.stopped_early for p in ev.record.loads)
+    assert len(ev.record.loads) <= MAX_REPLAYS
 
 
 def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
@@ -333,10 +333,10 @@ def test_refining_stops_when_the_incumbent_cannot_be_beaten():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     free = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0)
     bounded = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1e9)
-    assert len(bounded.attrs["loads"]) == 2 < len(free.attrs["loads"])  # top load fails, next passes, stop
+    assert len(bounded.record.loads) == 2 < len(free.record.loads)  # top load fails, next passes, stop
     assert bounded.feasible and bounded.value <= free.value
     weak = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1.0)
-    assert weak.attrs["loads"] == free.attrs["loads"]  # an incumbent it can beat changes nothing
+    assert weak.record.loads == free.record.loads  # an incumbent it can beat changes nothing
 
 
 def test_vllm_defaults_run_first_and_are_moved_one_knob_when_snapping_makes_them_refuse():
@@ -418,29 +418,29 @@ def test_errors_fail_every_load_and_the_reason_names_them_not_a_latency():
     w = small_workload(200)
     ev = evaluate_config(ErrorBackend("http_429"), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
     assert not ev.feasible and ev.value == 0.0 and ev.constraint >= 1.0
-    reason = ev.attrs["infeasible_reason"]
+    reason = ev.record.infeasible_reason
     assert reason.startswith("the first 3 requests answered failed at ") and "http_429 x3" in reason
     assert "rate limit reached" in reason and "so the replay stopped" in reason
     assert "P95 TTFT" not in reason and "nan" not in reason
-    assert ev.attrs["failed_by"] == "errors" and set(ev.attrs["errors"]) == {"http_429"}
-    assert ev.attrs["error_detail"] == {"http_429": "rate limit reached"}
+    assert ev.record.failed_by == "errors" and set(ev.record.errors) == {"http_429"}
+    assert ev.record.error_detail == {"http_429": "rate limit reached"}
     # the replay stopped at the third failure (2 of 200 allowed), not after 200
-    assert all(p["errors"] == {"http_429": 3} and p["stopped_early"] and not p["passed"] for p in ev.attrs["loads"])
-    assert ev.attrs["summary"]["errors_http_429"] == 3
+    assert all(p.errors == {"http_429": 3} and p.stopped_early and not p.passed for p in ev.record.loads)
+    assert ev.record.summary["errors_http_429"] == 3
 
 
 def test_errors_under_the_limit_are_kept_on_a_feasible_trial():
     w = small_workload(200)  # one request in 200 fails: 0.5%, under the 1% allowed
     ev = evaluate_config(ErrorBackend("timeout", every=200), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
-    assert ev.feasible and ev.attrs["errors"] == {"timeout": 1}
-    assert all(p["errors"] == {"timeout": 1} for p in ev.attrs["loads"])
+    assert ev.feasible and ev.record.errors == {"timeout": 1}
+    assert all(p.errors == {"timeout": 1} for p in ev.record.loads)
     # two in 100 fail: 2%, over it
     ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
-    assert not ev.feasible and ev.attrs["infeasible_reason"].startswith("3 of the first 101 requests answered failed")
+    assert not ev.feasible and ev.record.infeasible_reason.startswith("3 of the first 101 requests answered failed")
     ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0,
                          early_stop=False)  # every request answered
-    assert ev.attrs["infeasible_reason"].startswith("4 of 200 requests failed at ")
-    assert ev.attrs["infeasible_reason"].endswith("short_output x4 (first short_output: 'rate limit reached'); "
+    assert ev.record.infeasible_reason.startswith("4 of 200 requests failed at ")
+    assert ev.record.infeasible_reason.endswith("short_output x4 (first short_output: 'rate limit reached'); "
                                                   "at most 1% may fail")
 
 

@@ -92,6 +92,10 @@ class Edge:
         return json_safe(dataclasses.asdict(self))
 
 
+#: What a start reports of itself (the rest of :class:`RunFacts` is the study's).
+START = ("vllm_version", "log_paths", "startup_s", "plan")
+
+
 @dataclass(frozen=True, slots=True)
 class RunFacts:
     """What a trial ran on (reproducibility): the workload, backend, hardware, seeds,
@@ -118,9 +122,7 @@ class RunFacts:
     plan: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> RunFacts | None:
-        if data is None:
-            return None
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RunFacts:
         kw = _known(cls, data)
         if kw.get("hardware") is not None:
             kw["hardware"] = Deployment.from_dict(kw["hardware"])
@@ -136,6 +138,10 @@ class RunFacts:
 
     def replace(self, **changes: Any) -> RunFacts:
         return dataclasses.replace(self, **changes)
+
+    def with_start(self, start: RunFacts) -> RunFacts:
+        """These facts with those a start reported in ``start`` (:data:`START`) where set."""
+        return self.replace(**{k: v for k, v in _set(start).items() if k in START})
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +174,7 @@ class TrialRecord:
     rejected_kind: str | None = None
     rejected_at: str | None = None
     gpu_s: float | None = None
-    run: RunFacts | None = None
+    run: RunFacts = field(default_factory=RunFacts)
     prediction: Mapping[str, Any] | None = None
     pruned_reason: str | None = None
     twin_of: int | None = None
@@ -251,10 +257,6 @@ class TrialRecord:
         """A failure that says nothing about the configuration (:mod:`tuner.recovery`)."""
         return self.fail_kind in NOT_MEASURED
 
-    @property
-    def plan(self) -> Mapping[str, Any]:
-        """The memory planner's facts for the configuration (empty when not pre-checked)."""
-        return self.run.plan if self.run is not None else {}
 
 
 #: Fields a trial carries from the queue or its worker, not from its measurement.
@@ -277,9 +279,10 @@ def migrate(attrs: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def write(set_attr: Callable[[str, Any], None], record: TrialRecord) -> None:
+def write(set_attr: Callable[[str, Any], None], record: TrialRecord | StudyRecord) -> None:
     """Store the fields of ``record`` that are set through ``set_attr(key, value)``
-    (``trial.set_user_attr``, or a storage's ``set_trial_user_attr`` bound to a trial)."""
+    (``trial.set_user_attr``, a storage's ``set_trial_user_attr`` bound to a trial, or
+    ``study.set_user_attr``)."""
     for key, value in record.to_attrs().items():
         set_attr(key, value)
 

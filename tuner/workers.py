@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
+from tuner.record import TrialRecord, write
 from tuner.study import storage_fault
 
 if TYPE_CHECKING:
@@ -149,7 +150,8 @@ class RetryOnce:
     def __call__(self, study: optuna.Study, trial: Any) -> None:
         clean = copy.deepcopy(trial)
         clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints:")}
-        clean.user_attrs = {k: v for k, v in trial.user_attrs.items() if k in KEEP_ON_RETRY}
+        kept = TrialRecord.from_trial(trial)
+        clean.user_attrs = TrialRecord(**{k: getattr(kept, k) for k in KEEP_ON_RETRY}).to_attrs()
         self._inner(study, clean)
 
 
@@ -302,7 +304,7 @@ def _orphan(trial: Any, now: dt.datetime) -> bool:
     """A RUNNING trial no tuner worker claimed (no ``worker`` attr, which a worker sets
     right after creating it) for longer than a grace period: left by a process without a
     heartbeat, so nobody will ever fail it. It is neither counted nor waited for."""
-    if "worker" in trial.user_attrs or trial.datetime_start is None:
+    if TrialRecord.from_trial(trial).worker is not None or trial.datetime_start is None:
         return False
     return (now - trial.datetime_start).total_seconds() > GRACE_FACTOR * heartbeat_s()
 
@@ -321,7 +323,7 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
     used = running = 0
     for t in trials:
-        if t.number == exclude or "confirm_of" in t.user_attrs:  # confirmation repeats: outside the budget
+        if t.number == exclude or TrialRecord.from_trial(t).is_confirmation:  # repeats: outside the budget
             continue
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             used += 1
@@ -340,7 +342,7 @@ class Worker:
     objective calls :meth:`started` first and :meth:`wait_for_twin` after sampling."""
 
     def __init__(self, study: optuna.Study, storage: str | None, *, budget: int,
-                 timeout_s: float | None = None, gpus: Any = None, attrs: dict[str, Any] | None = None) -> None:
+                 timeout_s: float | None = None, gpus: Any = None, tags: dict[str, Any] | None = None) -> None:
         from tuner.study import default_storage
 
         self.study = study
@@ -348,7 +350,7 @@ class Worker:
         self.shared = is_shared(self.url)
         self.budget = budget
         self.timeout_s = timeout_s
-        self.attrs = {**identity(gpus), **(attrs or {})}
+        self.stamp = TrialRecord(tags=dict(tags or {}), **identity(gpus))  # on every trial it starts
         self.poll_s = min(1.0, heartbeat_s() / 2) if self.shared else 0.2
         self._budget_lock: StudyLock | None = None
         self._writer_lock: StudyLock | None = None
@@ -475,11 +477,8 @@ class Worker:
             self._budget_lock.release()
         self._current = trial._trial_id
         self.ran += 1
-        for key, value in self.attrs.items():
-            trial.set_user_attr(key, value)
         failed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
-        if failed is not None:
-            trial.set_user_attr("retry_of", failed)
+        write(trial.set_user_attr, self.stamp.replace(retry_of=failed))
 
     def wait_for_twin(self, trial: optuna.Trial) -> None:
         """Wait while an earlier trial runs the same parameters elsewhere (its result is

@@ -28,7 +28,8 @@ crash marks only that trial FAIL and the study goes on. A configuration the samp
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
 A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_trials`).
 
-Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
+Stored per trial (``trial.user_attrs``, written and read as a
+:class:`~tuner.record.TrialRecord`): ``config``, ``feasible``, ``constraint``,
 ``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
 load point), ``server`` (server readings), ``loads`` (every load point tried, each with
 its ``errors``), ``errors`` (failed requests per kind at the chosen load, or at the

@@ -21,6 +21,7 @@ from tuner.config import ServeConfig
 from tuner.errors import EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
+from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
@@ -172,13 +173,12 @@ class SearchRun:
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
-        self.run_facts = json_safe({
-            "workload_fingerprint": self.fingerprint, "workload_source": workload.source,
-            "workload_file": workload_file(space, workload), "workload_requests": len(workload),
-            **workload_facts(workload), "backend": self.backend.name,
-            "hardware": self.deployment.to_dict(), "seed": s.seed, "load_seed": s.seed, "sample": "as logged",
-            "sampler": s.sampler, "space": space.name, "load_kind": space.workload.load,
-        })
+        self.run_facts = RunFacts(
+            workload_fingerprint=self.fingerprint, workload_source=json_safe(workload.source),
+            workload_file=workload_file(space, workload), workload_requests=len(workload),
+            **workload_facts(workload), backend=self.backend.name, hardware=self.deployment, seed=s.seed,
+            load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
+        )
         self.gpu_s = 0.0
         self.notes: list[str] = []
         self.env_faults: list[str] = []
@@ -205,7 +205,7 @@ class SearchRun:
                         sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
                      self.target)
-        stamped = st.user_attrs.get("target_ttft_s")
+        stamped = StudyRecord.from_study(st).target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
                 f"study {self.name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {self.target:g} s: "
@@ -220,9 +220,9 @@ class SearchRun:
         """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
         trials = self.study.get_trials(deepcopy=False)
         waiting = {tuple(sorted(t.params.items())) for t in trials}
-        first = [(self.space.params_of(c), {"warm_start": True}) for c in enqueue]
+        first = [(self.space.params_of(c), TrialRecord(warm_start=True).to_attrs()) for c in enqueue]
         if not trials and self.settings.sampler.lower() in ("tpe", "gp"):
-            first += [(p, {"vllm_defaults": True}) for p in default_trials(self.space)]
+            first += [(p, TrialRecord(vllm_defaults=True).to_attrs()) for p in default_trials(self.space)]
         for params, attrs in first:
             if tuple(sorted(params.items())) not in waiting:
                 waiting.add(tuple(sorted(params.items())))
@@ -278,43 +278,38 @@ class SearchRun:
             mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}")
             raise
         self.gpu_s += ev.gpu_s
-        attrs = dict(ev.attrs)
-        run = dict(self.run_facts)
-        for key in ("vllm_version", "log_paths", "startup_s", "plan"):
-            if key in attrs:
-                run[key] = attrs.pop(key)
-        attrs["run"] = run
+        rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
         if advice is not None and advice.prediction:
-            attrs["prediction"] = advice.prediction
+            rec = rec.replace(prediction=json_safe(advice.prediction))
         trial.set_constraint(CONSTRAINT, ev.constraint)
-        for key, value in attrs.items():
-            trial.set_user_attr(key, json_safe(value))
+        write(trial.set_user_attr, rec)
         return ev.value
 
     def _copy(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
+        """This trial measures nothing: it stores the earlier trial's measurement (not what
+        the queue or the worker stamped on that one) as a repeat of it."""
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
-        trial.set_constraint(CONSTRAINT, float(earlier.user_attrs.get("constraint", 1.0)))
-        for key, value in earlier.user_attrs.items():
-            if key not in ("warm_start", "vllm_defaults", "gpu_s"):
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("repeat_of", earlier.number)
-        trial.set_user_attr("gpu_s", 0.0)
+        rec = TrialRecord.from_trial(earlier)
+        trial.set_constraint(CONSTRAINT, rec.constraint if rec.constraint is not None else 1.0)
+        write(trial.set_user_attr, rec.replace(**{k: getattr(TrialRecord(), k) for k in QUEUED},
+                                                repeat_of=earlier.number, gpu_s=0.0))
         return float(earlier.value)
 
     def after(self, st: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's callback after each trial: environment faults counted, progress."""
         from tuner.study import best_feasible_trial
 
-        if trial.user_attrs.get("fail_kind") == "environment":
-            self.env_faults.append(str(trial.user_attrs.get("fail_reason")))
+        rec = TrialRecord.from_trial(trial)
+        if rec.fail_kind == "environment":
+            self.env_faults.append(str(rec.fail_reason))
             self.obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {self.env_faults[-1]}")
             if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
                 self.worker.halt = self.env_faults[-1]
                 st.stop()
         else:
             self.env_faults.clear()
-            if trial.user_attrs.get("fail_kind") == "crash":
-                self.obs.on_warning(f"trial {trial.number} failed: {trial.user_attrs.get('fail_reason')}")
+            if rec.fail_kind == "crash":
+                self.obs.on_warning(f"trial {trial.number} failed: {rec.fail_reason}")
         self.obs.on_trial(trial, best_feasible_trial(st), count_finished(st))
 
     # -- the run --------------------------------------------------------------------------
@@ -326,7 +321,7 @@ class SearchRun:
         s, st = self.settings, self.study
         interrupted: Interrupted | None = None
         with Worker(st, self.storage, budget=s.budget, timeout_s=s.timeout_s,
-                    gpus=self.deployment.gpu_ids or self.deployment.gpu_count, attrs=self.tags) as worker:
+                    gpus=self.deployment.gpu_ids or self.deployment.gpu_count, tags=self.tags) as worker:
             self.worker = worker
             for number in worker.leftovers:
                 self.obs.on_warning(f"trial {number} was left RUNNING by a run that is gone: failed as interrupted "
