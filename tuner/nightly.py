@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError, TunerError
+from tuner.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -275,20 +276,22 @@ def run_nightly(
         previous = history[-1] if history else None
         if previous is not None and previous.trial is not None:
             # tonight's first trial: last night's best, on tonight's workload
-            st.enqueue_trial(st.trials[previous.trial].params, user_attrs={"rerun_of_night": previous.started_at})
+            st.enqueue_trial(st.trials[previous.trial].params,
+                             user_attrs=TrialRecord(rerun_of_night=previous.started_at).to_attrs())
         used = budget_used(st, shared=is_shared(url))[0]
         tags = {"night": started_at}
         run_search(space, backend=backend_obj, workload=workload, budget=used + trials, timeout_s=wall_clock_s,
                    storage=url, study=name, seed=seed, observer=observer, tags=tags)
         st = open_study(name, url)
-        tonight = [t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("night") == started_at]
+        records = {t.number: TrialRecord.from_trial(t) for t in st.get_trials(deepcopy=False)}
+        tonight = [t for t in st.get_trials(deepcopy=False) if records[t.number].tags.get("night") == started_at]
         best = max((t for t in tonight if _feasible(t)), key=lambda t: (t.value, -t.number), default=None)
-        rerun = next((t for t in tonight if t.user_attrs.get("rerun_of_night")), None)
+        rerun = next((t for t in tonight if records[t.number].rerun_of_night), None)
         night = Night(
             started_at=started_at, date=started.date().isoformat(), fingerprint=workload.fingerprint(),
             shape=workload_shape(workload), tokens_per_s=None if best is None else float(best.value),
             trial=None if best is None else best.number,
-            config=None if best is None else best.user_attrs.get("config"), new_trials=len(tonight),
+            config=None if best is None else records[best.number].config.to_dict(), new_trials=len(tonight),
             workload=describe(workload), deployment=space.deployment.to_dict(),
             rerun_of_previous=None if rerun is None else (float(rerun.value) if _feasible(rerun) else 0.0),
         )

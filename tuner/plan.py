@@ -64,6 +64,7 @@ from tuner.capacity import (
 )
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError, NoFeasibleConfig
+from tuner.record import StudyRecord, TrialRecord
 from tuner.study import STUDIES_DIR
 
 if TYPE_CHECKING:
@@ -114,21 +115,13 @@ def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -
     return find_newest_study(folder, storage)[0]
 
 
-def _study_deployment(study: optuna.Study) -> Deployment:
-    data = dict(study.user_attrs.get("deployment") or {})
-    if not data:
-        return Deployment()
-    data["gpu_ids"] = tuple(data.get("gpu_ids") or ())
-    return Deployment(**data)
-
-
 #: What to do when plan cannot replay the study's own requests.
 FIX = "give --trace FILE to plan on another workload on purpose"
 
 
 @dataclass(frozen=True, slots=True)
 class _Studied:
-    """What a trial says of the workload its study searched on (``trial.user_attrs["run"]``,
+    """What a trial says of the workload its study searched on (its record's ``run``,
     written by :func:`tuner.search.run_search`; the study's stamp for the fingerprint of
     trials that predate it). ``file`` is absent in studies made before it was recorded."""
 
@@ -141,13 +134,12 @@ class _Studied:
 
     @classmethod
     def of(cls, study: optuna.Study, trial: Any) -> _Studied:
-        run = trial.user_attrs.get("run") or {}
-        requests = run.get("workload_requests")
-        return cls(study=study.study_name,
-                   fingerprint=run.get("workload_fingerprint") or study.user_attrs.get("workload_fingerprint"),
+        run, stamp = TrialRecord.from_trial(trial).run, StudyRecord.from_study(study)
+        requests = run.workload_requests
+        return cls(study=study.study_name, fingerprint=run.workload_fingerprint or stamp.workload_fingerprint,
                    requests=int(requests) if isinstance(requests, int) else None,
-                   file=run.get("workload_file") or None, source=run.get("workload_source") or None,
-                   load_kind=run.get("load_kind") or study.user_attrs.get("load_kind"))
+                   file=run.workload_file or None, source=run.workload_source or None,
+                   load_kind=run.load_kind or stamp.load_kind)
 
     def described(self) -> str:
         count = "?" if self.requests is None else f"{self.requests:,}"
@@ -179,7 +171,8 @@ def _study_spec(study: optuna.Study, studied: _Studied) -> tuple[WorkloadSpec | 
     the space cannot be read."""
     from tuner.space import LOAD_KINDS, load_space
 
-    path = study.user_attrs.get("space_path") or study.user_attrs.get("space")
+    stamp = StudyRecord.from_study(study)
+    path = stamp.space_path or stamp.space
     if not path:
         return None, None
     try:
@@ -548,7 +541,7 @@ def plan_capacity(
                 notes.append(f"trial {trial} did not meet the study's target in the search")
         trial_number = chosen.number
         config = trial_config(chosen)
-        deployment = deployment or _study_deployment(st)
+        deployment = deployment or StudyRecord.from_study(st).deployment
         studied = _Studied.of(st, chosen)
         if workload is None:
             chosen_workload = _study_workload_builder(st, chosen, num_requests, seed)

@@ -4,8 +4,9 @@ trials the search wrote (see ``tuner.search`` for what each trial stores).
 Storage defaults to ``sqlite:///studies/<name>.db`` (one file per study, relative to the
 working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
 ``tuner search`` workers share one study). Every trial keeps its results in
-``trial.user_attrs``; ``feasible`` says whether the configuration met the TTFT target and
-``constraint`` repeats Optuna's constraint value (<= 0 feasible).
+``trial.user_attrs``, read through :class:`tuner.record.TrialRecord`: ``feasible`` says
+whether the configuration met the TTFT target and ``constraint`` repeats Optuna's
+constraint value (<= 0 feasible).
 
 Budget: ``--budget N`` counts the study's *finished* trials, whatever their state
 (COMPLETE, PRUNED, FAIL); infeasible configurations are COMPLETE trials with a
@@ -21,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
 from tuner.errors import EnvironmentFault, InputError
+from tuner.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.config import Deployment
+    from tuner.config import Deployment, ServeConfig
 
 STUDIES_DIR = Path("studies")
 
@@ -98,7 +99,7 @@ def count_finished(study: optuna.Study) -> int:
 def is_confirmation(trial: Any) -> bool:
     """A repeat measurement of an earlier trial's configuration made to confirm the
     study's winner (:mod:`tuner.confirmation`): not sampled, not counted in the budget."""
-    return "confirm_of" in trial.user_attrs
+    return TrialRecord.from_trial(trial).is_confirmation
 
 
 def open_study(name: str, storage: str | None = None, *, sampler: Any = None) -> optuna.Study:
@@ -280,7 +281,7 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
 def is_feasible(trial: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
-    return trial.state == TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
+    return trial.state == TrialState.COMPLETE and bool(TrialRecord.from_trial(trial).feasible)
 
 
 def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -315,7 +316,7 @@ def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """The ``k`` best feasible trials, one per configuration (repeats and confirmation
     measurements left out)."""
     feasible = [t for t in study.get_trials(deepcopy=False)
-                if is_feasible(t) and "repeat_of" not in t.user_attrs and not is_confirmation(t)]
+                if is_feasible(t) and not TrialRecord.from_trial(t).is_repeat and not is_confirmation(t)]
     return sorted(feasible, key=lambda t: (-t.value, t.number))[:k]
 
 
@@ -326,11 +327,12 @@ def closest_miss(study: optuna.Study) -> FrozenTrial | None:
     from optuna.trial import TrialState
 
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if not is_feasible(t)]
-    measured = [t for t in done if t.user_attrs.get("p95_ttft_at_lowest_load_s") is not None
-                and t.user_attrs.get("failed_by") != "errors"]
+    records = {t.number: TrialRecord.from_trial(t) for t in done}
+    measured = [t for t in done if records[t.number].p95_ttft_at_lowest_load_s is not None
+                and records[t.number].failed_by != "errors"]
     if measured:
-        return min(measured, key=lambda t: (t.user_attrs["p95_ttft_at_lowest_load_s"], t.number))
-    by_errors = [t for t in done if t.user_attrs.get("failed_by") == "errors"]
+        return min(measured, key=lambda t: (records[t.number].p95_ttft_at_lowest_load_s, t.number))
+    by_errors = [t for t in done if records[t.number].failed_by == "errors"]
     if by_errors:
         return by_errors[0]
     return done[0] if done else None
@@ -343,10 +345,11 @@ def error_totals(study: optuna.Study) -> dict[str, int]:
 
     totals: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if "repeat_of" in t.user_attrs:
+        rec = TrialRecord.from_trial(t)
+        if rec.is_repeat:
             continue
-        for point in t.user_attrs.get("loads") or []:
-            for kind, n in ((point or {}).get("errors") or {}).items():
+        for point in rec.loads:
+            for kind, n in point.errors.items():
                 totals[str(kind)] = totals.get(str(kind), 0) + int(n)
     return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -356,23 +359,23 @@ def miss_explanation(trial: FrozenTrial) -> str:
     errors failed: how many requests failed, of which kinds)."""
     from tuner.urls import redact
 
-    attrs = trial.user_attrs
-    target = attrs.get("target_ttft_s")
-    p95 = attrs.get("p95_ttft_at_lowest_load_s")
-    if attrs.get("failed_by") == "errors":
-        return f"trial {trial.number}: {redact(str(attrs.get('infeasible_reason')))}"
+    rec = TrialRecord.from_trial(trial)
+    target = rec.target_ttft_s
+    p95 = rec.p95_ttft_at_lowest_load_s
+    if rec.failed_by == "errors":
+        return f"trial {trial.number}: {redact(str(rec.infeasible_reason))}"
     if p95 is not None and target:
-        load = attrs.get("lowest_load", "the lowest load")
+        load = rec.lowest_load or "the lowest load"
         return (
             f"trial {trial.number} came closest: P95 TTFT {p95:.3g} s at {load} vs the {target:.3g} s "
             f"target ({p95 - target:+.3g} s, {p95 / target - 1:+.0%})"
         )
-    return f"trial {trial.number}: {redact(str(attrs.get('infeasible_reason', 'no measurement')))}"
+    return f"trial {trial.number}: {redact(rec.infeasible_reason or 'no measurement')}"
 
 
 def trial_config(trial: FrozenTrial) -> ServeConfig:
     """The :class:`ServeConfig` a trial ran."""
-    data = trial.user_attrs.get("config")
-    if data is None:
+    config = TrialRecord.from_trial(trial).config
+    if config is None:
         raise InputError(f"trial {trial.number} stores no config (not written by tuner search?)")
-    return ServeConfig.from_dict(dict(data))
+    return config

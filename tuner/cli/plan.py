@@ -154,7 +154,9 @@ def plan_cmd(
         if not study:
             study, storage = find_newest_study(storage=storage)
         st = load_study_by_name(study, storage)
-        target_ttft = st.user_attrs.get("target_ttft_s") or "5s"
+        from tuner.record import StudyRecord
+
+        target_ttft = StudyRecord.from_study(st).target_ttft_s or "5s"
     levels = parse_list(concurrency, int, "--concurrency") or None
     rate_list = parse_list(rates, float, "--rates") or None
     workload = None

@@ -13,6 +13,7 @@ from tuner.cli import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import best_record, confirmation_record, print_best
 from tuner.errors import InputError, NoFeasibleConfig
+from tuner.record import TrialRecord
 
 def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
     """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
@@ -260,7 +261,7 @@ def search_cmd(
     else:
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
-        report["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
+        report["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
     report = redact_value(report)
     if output == "json":
         print(json.dumps(report, indent=2))
