@@ -6,7 +6,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.backends.base import RunControl
+from tuner.control import RunControl
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import BackendError, ConfigRejected
 from tuner.load import Concurrency

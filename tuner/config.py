@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.values import is_int, is_number, shown
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float16", "half", "bfloat16", "float32")
@@ -42,23 +42,6 @@ _INT_LIMITS = {
     "replicas": MAX_GPUS,
 }
 _VERSION_RE = re.compile(r"\s*v?\d{1,6}(\.\d{1,6}){0,2}\b")
-
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 3, 60, 60
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a readable length (a YAML alias can make a value enormous)."""
-    return _SHORT.repr(value)
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
 
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` as keyword arguments of dataclass ``cls``; InputError naming unknown keys."""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from tuner.backends.base import Backend
     from tuner.config import Deployment
-    from tuner.search import SearchObserver
+    from tuner.progress import Observer
     from tuner.space import SearchSpace
     from tuner.traffic.workload import Workload
 
@@ -249,7 +249,7 @@ def run_nightly(
     report_dir: str | Path | None = None,
     seed: int = 0,
     now: dt.datetime | None = None,
-    observer: SearchObserver | None = None,
+    observer: Observer | None = None,
 ) -> NightlyOutcome:
     """One night (see the module docstring). ``space`` must be bound; ``workload`` is
     tonight's traffic (e.g. :func:`latest_window` of the log)."""

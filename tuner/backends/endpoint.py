@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.backends.base import StopHook
+from tuner.control import StopHook
 from tuner.backends.vllm import _http
 from tuner.errors import BackendError, InputError
 from tuner.urls import redact

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.errors import ConfigRejected
 
 if TYPE_CHECKING:
-    from tuner.backends.base import StopHook
+    from tuner.control import StopHook
     from tuner.config import Deployment, ServeConfig
     from tuner.load import Load
     from tuner.result import RunResult

@@ -43,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.backends.base import StopHook
+from tuner.control import StopHook
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
 from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError

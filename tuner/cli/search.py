@@ -117,7 +117,7 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(*exc)
 
-    # SearchObserver hooks
+    # tuner.progress.Observer hooks
     def on_start(self, name: str, finished: int, budget: int) -> None:
         self.progress.update(self.task, completed=min(finished, budget), phase=f"study {name}")
 

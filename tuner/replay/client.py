@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import numpy as np
 
-from tuner.backends.base import RunControl, StopHook
+from tuner.control import RunControl, StopHook
 from tuner.errors import BackendError, InputError
+from tuner.kernel_time import KernelStampedSocket, kernel_stamps
 from tuner.load import Load, arrival_times
-from tuner.replay.kernel_time import KernelStampedSocket, kernel_stamps
 from tuner.replay.metrics import MetricsPoller
 from tuner.replay.prompts import prompt_ids, prompt_text
-from tuner.replay.routing import Router
 from tuner.result import RunResult
+from tuner.routing import Router
 from tuner.urls import bearer, redact, split_credentials
 
 if TYPE_CHECKING:

@@ -73,12 +73,11 @@ from tuner.search.goodput import (
 )
 from tuner.search.inputs import build_workload, get_backend_by_name, num_heads, workload_facts
 from tuner.search.objective import CONSTRAINT, Evaluation, evaluate_config, planner_precheck
-from tuner.search.progress import SearchObserver
 from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
 
 __all__ = [
     "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "MAX_ERROR_RATE", "MAX_REPLAYS", "N_STARTUP_TRIALS",
-    "PREDICTED_BACKENDS", "SAMPLERS", "Evaluation", "SearchObserver", "SearchOutcome", "SearchRun", "SearchSettings",
+    "PREDICTED_BACKENDS", "SAMPLERS", "Evaluation", "SearchOutcome", "SearchRun", "SearchSettings",
     "build_workload", "confirm_winner", "default_trials", "edge_width", "error_stop_hook", "evaluate_config",
     "get_backend_by_name", "load_for", "make_sampler", "max_users", "monotone_crossing", "num_heads",
     "planner_precheck", "run_search", "serve_command", "slo_stop_hook", "study_noise", "warm_start_configs",

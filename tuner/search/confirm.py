@@ -9,12 +9,11 @@ from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
-from tuner.search.progress import SearchObserver
+from tuner.progress import Observer, observer_or_headless
 from tuner.urls import redact
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
     from tuner.backends.base import Backend
     from tuner.traffic.workload import Workload
@@ -51,7 +50,7 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
 def confirm_winner(
     study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float, *,
     rounds: int = CONFIRM_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
-    precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: SearchObserver | None = None,
+    precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
@@ -67,7 +66,7 @@ def confirm_winner(
     from tuner.study import confirmation, count_finished, is_feasible
     from tuner.workers import identity
 
-    obs = observer or SearchObserver()
+    obs = observer_or_headless(observer)
     fresh = confirmation(study)
     if fresh is not None and fresh.rounds >= rounds:
         return fresh
@@ -117,7 +116,7 @@ def confirm_winner(
         try:
             ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
                                  load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
-                                 phase=obs.on_phase, start_level=edge if load_kind == "concurrency" else None,
+                                 observer=obs, start_level=edge if load_kind == "concurrency" else None,
                                  edge_tolerance=edge_tolerance)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration

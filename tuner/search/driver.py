@@ -27,7 +27,8 @@ from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config
-from tuner.search.progress import SearchObserver, quiet_optuna
+from tuner.progress import Observer, observer_or_headless
+from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import propose, prune
 from tuner.search.records import (
     best_value,
@@ -102,7 +103,7 @@ def run_search(
     precheck: bool = True,
     early_stop: bool = True,
     max_replays: int = MAX_REPLAYS,
-    observer: SearchObserver | None = None,
+    observer: Observer | None = None,
     tags: dict[str, Any] | None = None,
     predictor: Predictor | str | None = "auto",
     kill_stale: bool = False,
@@ -150,11 +151,11 @@ class SearchRun:
 
     def __init__(self, space: SearchSpace, backend: Backend | str, workload: Workload | None, storage: str | None,
                  study: str | None, settings: SearchSettings, *, enqueue: Sequence[ServeConfig] = (),
-                 observer: SearchObserver | None = None, tags: dict[str, Any] | None = None,
+                 observer: Observer | None = None, tags: dict[str, Any] | None = None,
                  predictor: Predictor | str | None = "auto") -> None:
         self.t0 = time.perf_counter()
         self.space, self.settings, self.storage = space, settings, storage
-        self.obs = observer or SearchObserver()
+        self.obs = observer_or_headless(observer)
         self.tags = dict(tags or {})
         self.deployment = space.deployment
         self.backend = get_backend_by_name(backend) if isinstance(backend, str) else backend
@@ -257,7 +258,7 @@ class SearchRun:
             ev = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.target,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,
-                precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, phase=self.obs.on_phase,
+                precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
                 # within the noise band of the best, a configuration is refined as a rival
                 incumbent=best * (1 - noise.band()) if s.early_stop and best else None,
                 start_level=advice.start_level if advice else None,
@@ -371,7 +372,7 @@ class SearchRun:
 
 
 def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
-                       seed: int = 0, storage: str | None = None, observer: SearchObserver | None = None,
+                       seed: int = 0, storage: str | None = None, observer: Observer | None = None,
                        ) -> list[ServeConfig]:
     """Run (or reuse) a simulator study of the same space and workload and return its
     ``k`` best feasible configurations, to enqueue as the first real trials."""

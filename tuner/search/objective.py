@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
 from tuner.jsonsafe import json_safe
+from tuner.progress import Observer, observer_or_headless
 from tuner.record import Edge, LoadRecord, RunFacts, TrialRecord
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_width, goodput_search, max_users
 from tuner.urls import redact, redact_value
@@ -54,7 +54,7 @@ def evaluate_config(
     precheck: bool = True,
     early_stop: bool = True,
     seed: int = 0,
-    phase: Callable[[str], None] | None = None,
+    observer: Observer | None = None,
     incumbent: float | None = None,
     start_level: float | None = None,
     expected_value: float | None = None,
@@ -69,16 +69,16 @@ def evaluate_config(
     instead of the most the configuration holds; ``expected_value`` (the predicted
     tokens/s) stops refining a passing load of a configuration not expected to come
     within reach of the incumbent."""
-    say = phase or (lambda text: None)
+    obs = observer_or_headless(observer)
     rec = TrialRecord(config=config, target_ttft_s=target_ttft_s)
     facts: dict[str, Any] = {}
     launched = 0.0
     try:
         if precheck:
-            say("pre-check")
+            obs.on_phase("pre-check")
             facts = {**planner_precheck(deployment, config), **(backend.precheck(deployment, config) or {})}
             rec = rec.replace(run=RunFacts(plan=json_safe(facts)))
-        say("starting")
+        obs.on_phase("starting")
         launched = time.perf_counter()
         instance = backend.start(deployment, config)
     except ConfigRejected as err:
@@ -95,7 +95,7 @@ def evaluate_config(
         with instance:
             points = goodput_search(
                 instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
-                early_stop=early_stop, seed=seed, say=say,
+                early_stop=early_stop, seed=seed, observer=obs,
                 top=max_users(facts, info, config, workload), incumbent=incumbent,
                 start=start_level, expected=expected_value, tolerance=edge_tolerance,
                 ceiling=max(1, len(workload) // 2),

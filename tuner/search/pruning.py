@@ -2,7 +2,7 @@
 without a launch, or propose the best neighbour when the sampler proposed a twin."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tuner.config import ServeConfig
 from tuner.jsonsafe import json_safe

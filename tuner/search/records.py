@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from tuner.backends.base import Backend
-    from tuner.search.progress import SearchObserver
+    from tuner.progress import Observer
     from tuner.space import SearchSpace
 
 
@@ -30,7 +30,7 @@ def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFa
     mark_failed(trial.study, trial._trial_id, kind, reason)
 
 
-def check_gpu(space: SearchSpace, backend: Backend, obs: SearchObserver) -> None:
+def check_gpu(space: SearchSpace, backend: Backend, obs: Observer) -> None:
     """A GPU tuner's catalog does not know: the simulator cannot run it (bad input, with
     the space file's line); a real vLLM can, without pre-check or prediction (a warning)."""
     from tuner.sim.hardware import get_gpu
@@ -46,7 +46,7 @@ def check_gpu(space: SearchSpace, backend: Backend, obs: SearchObserver) -> None
                        "~/.config/tuner/gpus.yaml to get both)")
 
 
-def report_stale_servers(obs: SearchObserver, kill: bool) -> None:
+def report_stale_servers(obs: Observer, kill: bool) -> None:
     """Report (and with ``kill``, stop) servers a dead tuner run left on this host."""
     from tuner.processes import stale_servers, stop_group
 
