@@ -23,7 +23,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from tuner.capacity import conversations_per_min, max_load_meeting
+from tuner.capacity import max_load_meeting
+from tuner.demand import conversations_per_min
 from tuner.config import Deployment, ServeConfig
 from tuner.plan import plan_capacity, sweep_rows
 

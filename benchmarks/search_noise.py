@@ -63,6 +63,7 @@ from tuner.backends.sim import SimBackend
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, Poisson
+from tuner.record import TrialRecord
 from tuner.search import evaluate_config, num_heads, run_search
 from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.traffic import load_trace

@@ -8,12 +8,11 @@ import numpy as np
 import optuna
 import pytest
 
-from tuner.capacity import (
-    CapacityEstimate,
+from tuner.capacity import CapacityEstimate, max_load_meeting
+from tuner.demand import (
     Demand,
     conversations_per_min,
     cost_figures,
-    max_load_meeting,
     parse_demand,
     parse_fraction,
     replicas_needed,

@@ -312,9 +312,9 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
     ``load_kind``, ``trial``, ``tokens_per_s`` and ``max_concurrency``."""
     import pandas as pd
 
-    from tuner.plan import load_plan
+    from tuner.capacity import stored_plan
 
-    est = load_plan(study, trial=trial, target_ttft_s=target_ttft_s)
+    est = stored_plan(study, trial=trial, target_ttft_s=target_ttft_s)
     if est is None:
         frame = pd.DataFrame({c: pd.Series(dtype=object) for c in SWEEP_COLUMNS})
         frame.attrs.update(plan=None)

@@ -256,8 +256,9 @@ def run_nightly(
     import time
 
     from tuner.search import get_backend_by_name, run_search
-    from tuner.study import default_storage, open_study
-    from tuner.workers import StudyBusy, StudyLock, budget_used, is_shared
+    from tuner.storage import StudyBusy, StudyLock, default_storage, is_shared
+    from tuner.study import open_study
+    from tuner.workers import budget_used
 
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")

@@ -52,12 +52,18 @@ import numpy as np
 from tuner.capacity import (
     RANGED,
     CapacityEstimate,
-    Demand,
     ReplayedWorkload,
     SweepPoint,
+    list_plans,
+    max_load_meeting,
+    plan_key,
+    store_plan,
+    stored_plan,
+)
+from tuner.demand import (
+    Demand,
     conversations_per_min,
     cost_figures,
-    max_load_meeting,
     parse_demand,
     replicas_needed,
     requests_per_conversation,
@@ -65,7 +71,7 @@ from tuner.capacity import (
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError, NoFeasibleConfig
 from tuner.record import StudyRecord, TrialRecord
-from tuner.study import STUDIES_DIR
+from tuner.storage import STUDIES_DIR
 
 if TYPE_CHECKING:
     import optuna
@@ -82,7 +88,6 @@ MAX_EXTENSIONS = 8
 MAX_VERIFY_TRIES = 3
 #: Requests in the built-in mix for a plan (a study's own count when larger).
 PLAN_REQUESTS = 1000
-ATTR_PREFIX = "plan/"
 
 
 # -- where the configuration comes from ---------------------------------------------------
@@ -94,7 +99,7 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
-        from tuner.workers import driver_url  # postgresql:// with the driver that is installed
+        from tuner.storage import driver_url  # postgresql:// with the driver that is installed
 
         names = optuna.get_all_study_names(driver_url(storage))
         if not names:
@@ -639,37 +644,15 @@ def plan_capacity(
 _ESTIMATE_FIELDS = {f.name for f in dataclasses.fields(CapacityEstimate)}
 
 
-# -- the study as storage -----------------------------------------------------------------
-def plan_key(trial: int | None, target_ttft_s: float) -> str:
-    """``plan/trial-3/ttft-5s`` (``trial-config`` for a configuration given directly)."""
-    who = "config" if trial is None else str(trial)
-    return f"{ATTR_PREFIX}trial-{who}/ttft-{target_ttft_s:g}s"
-
-
-def store_plan(study: optuna.Study, estimate: CapacityEstimate) -> str:
-    """Store the estimate (JSON) in the study's user attrs; returns the key."""
-    key = plan_key(estimate.trial, estimate.target_ttft_s)
-    study.set_user_attr(key, estimate.to_dict())
-    return key
-
-
-def list_plans(study: optuna.Study) -> dict[str, CapacityEstimate]:
-    """Every stored plan of the study, by key."""
-    return {k: CapacityEstimate.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(ATTR_PREFIX)}
-
-
 def load_plan(study: optuna.Study | str, *, trial: int | None = None, target_ttft_s: float | str | None = None,
               storage: str | None = None) -> CapacityEstimate | None:
     """The stored plan for ``trial`` at ``target_ttft_s`` (either may be left out: then
-    the newest matching plan), or ``None``. ``study`` is an Optuna study or a name."""
-    from tuner.units import parse_seconds
+    the newest matching plan), or ``None``. ``study`` is an Optuna study or a name
+    (:func:`tuner.capacity.stored_plan` reads it)."""
     from tuner.study import load_study_by_name
 
     st = load_study_by_name(study, storage) if isinstance(study, str) else study
-    target = None if target_ttft_s is None else parse_seconds(target_ttft_s, what="target")
-    found = [e for e in list_plans(st).values()
-             if (trial is None or e.trial == trial) and (target is None or math.isclose(e.target_ttft_s, target))]
-    return max(found, key=lambda e: e.created, default=None)
+    return stored_plan(st, trial=trial, target_ttft_s=target_ttft_s)
 
 
 # -- reports ------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
-from tuner.study import STUDIES_DIR, error_totals
+from tuner.storage import STUDIES_DIR
+from tuner.study import error_totals
 from tuner.urls import redact
 
 if TYPE_CHECKING:

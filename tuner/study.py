@@ -17,22 +17,19 @@ running on other workers count too; see :mod:`tuner.workers`.
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import EnvironmentFault, InputError
+from tuner.errors import InputError
 from tuner.record import TrialRecord
+from tuner.storage import STUDIES_DIR, optuna_storage, storage_fault, storage_open_error
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
     from tuner.config import Deployment, ServeConfig
-
-STUDIES_DIR = Path("studies")
-
 
 def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default",
                backend: str = "sim", target_ttft_s: float | None = None) -> str:
@@ -46,39 +43,6 @@ def study_name(deployment: Deployment, workload_fingerprint: str, space_name: st
     if backend != "sim":
         raw += f".{backend}"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
-
-
-def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
-    """``sqlite:///studies/<name>.db``; creates the folder."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / name}.db"
-
-
-class _WalSqlite(sqlite3.Connection):
-    """SQLite connection in WAL mode with ``synchronous=NORMAL``: a commit no longer
-    waits for an fsync (18 ms each on this machine's disk, ~15 per trial), and a crash of
-    the process still loses nothing committed (only a power cut can drop the last few
-    transactions; https://www.sqlite.org/wal.html). Readers and other writers still work."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.execute("PRAGMA journal_mode=WAL")
-        self.execute("PRAGMA synchronous=NORMAL")
-
-
-def _storage(storage: str | None, name: str) -> Any:
-    """An Optuna storage for the URL (the default SQLite file when ``None``)."""
-    import optuna
-
-    url = storage or default_storage(name)
-    if url.startswith("sqlite:///"):
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
-    if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
-        from tuner.workers import shared_storage
-
-        return shared_storage(url)
-    return url
 
 
 def finished_states() -> tuple[Any, ...]:
@@ -112,7 +76,7 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
         return name_objective(optuna.create_study(
-            study_name=name, storage=_storage(storage, name), sampler=sampler,
+            study_name=name, storage=optuna_storage(storage, name), sampler=sampler,
             direction="maximize", load_if_exists=True,
         ))
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
@@ -145,87 +109,6 @@ def name_objective(study: optuna.Study) -> optuna.Study:
     return study
 
 
-def storage_open_error(err: BaseException, shown: str) -> InputError | None:
-    """The one line for a storage that cannot be opened (a bad URL, a missing driver, a
-    server refusing the connection or the credentials), as every command says it; None
-    when ``err`` is something else. ``shown`` is the URL as the user may see it."""
-    from tuner.urls import redact
-
-    lines = str(err).splitlines() or [type(err).__name__]
-    if isinstance(err, (ImportError, ValueError, TypeError)):
-        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
-                          hint="give an SQLAlchemy URL such as sqlite:///studies/x.db")
-    if type(err).__module__.startswith("sqlalchemy"):
-        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
-                          hint="check the URL, the server and the credentials")
-    return None
-
-
-#: What a database says when the study cannot be written (SQLite, PostgreSQL wording).
-_STORAGE_FAULTS = (
-    ("disk_full", ("database or disk is full", "no space left on device", "could not extend file")),
-    ("storage", ("attempt to write a readonly database", "unable to open database file", "disk i/o error",
-                 "server closed the connection", "connection refused", "could not connect to server",
-                 "terminating connection", "connection to server")),
-)
-
-
-def guard_storage(fn: Any) -> Any:
-    """Decorator: a failure to write the study anywhere inside ``fn`` (keyword ``storage``,
-    else the SQLite files under ``studies/``) becomes the one-line :func:`storage_fault`."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (EnvironmentFault, InputError):
-            raise
-        except Exception as err:
-            fault = storage_fault(err, kwargs.get("storage") or f"{STUDIES_DIR}/")
-            if fault is None:
-                raise
-            raise fault from err
-
-    return wrapper
-
-
-def _disk_full(where: str) -> bool:
-    import shutil
-
-    from tuner.workers import sqlite_path
-
-    path = sqlite_path(where) if where.startswith("sqlite") else Path(where)
-    folder = path if path is not None and path.is_dir() else (path.parent if path is not None else None)
-    try:
-        return folder is not None and shutil.disk_usage(folder).free < (1 << 20)
-    except OSError:
-        return False
-
-
-def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
-    """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
-    cannot be written (a full disk, a read-only file, a lost server), else None."""
-    from tuner.urls import redact
-
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).lower()
-        for kind, needles in _STORAGE_FAULTS:
-            if any(n in text for n in needles):
-                if kind == "storage" and _disk_full(where):
-                    kind = "disk_full"  # SQLite says "disk I/O error" when even its -shm file cannot grow
-                what = "no space left on its disk: free space there" if kind == "disk_full" else \
-                    "it cannot be written now (read-only, or the database server went away)"
-                return EnvironmentFault(kind, f"cannot write the study to {redact(where)}: {what}; every trial "
-                                        "finished before this is kept, and a trial cut short is measured again "
-                                        "on the next run", path=where)
-        e = e.__cause__ or e.__context__
-    return None
-
-
 def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
     """An existing study; ``InputError`` listing the known ones when absent."""
     import optuna
@@ -237,9 +120,9 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
     try:
-        return optuna.load_study(study_name=name, storage=_storage(storage, name))
+        return optuna.load_study(study_name=name, storage=optuna_storage(storage, name))
     except KeyError as err:
-        known = ", ".join(optuna.get_all_study_names(_storage(storage, name))) if storage else ""
+        known = ", ".join(optuna.get_all_study_names(optuna_storage(storage, name))) if storage else ""
         raise InputError(f"no study {name!r} in {storage}", hint=f"known studies: {known or 'none'}") from err
 
 
@@ -272,7 +155,7 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
     urls = [storage] if storage else [f"sqlite:///{p}" for p in sorted(STUDIES_DIR.glob("*.db"))]
     out = []
     for url in urls:
-        store = _storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
+        store = optuna_storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
         for name in optuna.get_all_study_names(store):
             out.append(summarize(optuna.load_study(study_name=name, storage=store), url))
     return out

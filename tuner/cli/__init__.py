@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
             code = err.code
         except Exception as err:  # a study database that cannot be read or written, anywhere
-            from tuner.study import storage_fault
+            from tuner.storage import storage_fault
 
             fault = storage_fault(err, _storage_arg(argv))
             if fault is None or os.environ.get("TUNER_DEBUG"):

@@ -131,7 +131,7 @@ def plan_cmd(
       tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
           --model llama-2-7b --dtype float16 --tp 8 --max-num-seqs 128
     """
-    from tuner.capacity import parse_demand, parse_fraction
+    from tuner.demand import parse_demand, parse_fraction
     from tuner.cli.estimate import parse_list
     from tuner.cli.storage import readable_storage
     from tuner.plan import plan_capacity, write_plan_files

@@ -39,7 +39,8 @@ from tuner.search.records import (
     stamp_study,
 )
 from tuner.search.samplers import make_sampler
-from tuner.study import count_finished, guard_storage, open_study, study_name, top_feasible_trials
+from tuner.storage import guard_storage
+from tuner.study import count_finished, open_study, study_name, top_feasible_trials
 
 if TYPE_CHECKING:
     import optuna
@@ -351,7 +352,8 @@ class SearchRun:
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
         several workers, the one that takes the study's confirm lock does it."""
-        from tuner.workers import StudyLock, budget_used
+        from tuner.storage import StudyLock
+        from tuner.workers import budget_used
 
         s, st, worker = self.settings, self.study, self.worker
         used, running = budget_used(st, shared=worker.shared)
