@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.errors import InputError
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import Backend, Output
 from tuner.errors import InputError
 

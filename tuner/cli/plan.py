@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output
 from tuner.errors import InputError
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import best_record, confirmation_record, print_best
 from tuner.errors import InputError, NoFeasibleConfig

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.cli.output import console, fit, print_json, table
 from tuner.record import StudyRecord, TrialRecord
