@@ -54,6 +54,9 @@ class LateWatch:
     def __init__(self, backend):
         self.backend, self.name, self.late_p95_s = backend, backend.name, 0.0
 
+    def __getattr__(self, name):  # the rest of the protocol (capabilities, preflight) is the backend's
+        return getattr(self.backend, name)
+
     def precheck(self, deployment, config):
         return self.backend.precheck(deployment, config)
 

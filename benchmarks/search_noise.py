@@ -202,6 +202,7 @@ class NoisySim(SimBackend):
     the study uses the real-vLLM noise prior, not the simulator's."""
 
     name = "sim-noisy"
+    measures_gpu_time = True
 
     def __init__(self, seed: int, tokens_sd: float = TOKENS_SD, p95_sd: float = P95_SD) -> None:
         super().__init__()

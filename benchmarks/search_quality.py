@@ -225,6 +225,7 @@ class StandIn(SimBackend):
     replay seconds a real one would take."""
 
     name = "sim-as-vllm"
+    measures_gpu_time = True
 
 
 #: Predictors of the GPU-time study: the simulator with the stand-in's own constants, and

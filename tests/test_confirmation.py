@@ -3,7 +3,6 @@ random numbers across trials, the edge located by a monotone fit, and the edge a
 max-num-seqs x replicas."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -22,12 +21,12 @@ from tuner.confirmation import (
     paired_noise,
     race,
 )
-from tuner.load import Poisson
 from tuner.search import evaluate_config, monotone_crossing, run_search
 from tuner.study import best_feasible_trial, confirmation, count_finished
 from tuner.traffic.workload import Workload
 
-from test_search import SPACE, FakeBackend, FakeInstance, fake_space, small_workload
+from fakes import FakeBackend, NoisyBackend, small_workload
+from test_search import SPACE, fake_space
 
 
 def cfg(gmu: float = 0.9, seqs: int = 64, eager: bool = False) -> dict:
@@ -147,39 +146,6 @@ def test_a_lone_candidate_is_measured_every_round_for_its_band():
     conf = race([Candidate(5, cfg(), [1000.0])], lambda c, r: 1000.0 + 10 * r, NoiseFloor(0.02), rounds=3)
     assert conf.winner == 5 and conf.measurements[5] == [1000.0, 1010.0, 1020.0, 1030.0]
     assert conf.band == (1000.0, 1030.0) and conf.rounds == 3
-
-
-# -- the search: common random numbers, confirmation stored, resumed ---------------------------
-class NoisyBackend(FakeBackend):
-    """The fake server with run-to-run noise: each start draws a throughput factor
-    (sd ``sd``), and every knob but the layout and max-num-seqs is without effect. It
-    records the seeds of the Poisson loads it is offered and the order of the requests."""
-
-    name = "noisy"
-
-    def __init__(self, sd: float = 0.02, seed: int = 0) -> None:
-        super().__init__(ttft_per_user=0.01)
-        self.rng = np.random.default_rng(seed)
-        self.sd = sd
-        self.seeds: list[int] = []
-        self.orders: list[tuple[int, ...]] = []
-
-    def start(self, deployment, config):
-        self.started.append(config)
-        factor = float(np.exp(self.rng.normal(0.0, self.sd)))
-        backend = self
-
-        class Inst(FakeInstance):
-            def run(self, workload, load, *, stop=None):
-                if isinstance(load, Poisson):
-                    backend.seeds.append(load.seed)
-                backend.orders.append(tuple(int(x) for x in workload.prompt_tokens[:5]))
-                result = super().run(workload, load, stop=stop)
-                return dataclasses.replace(result, duration_s=result.duration_s / factor)
-
-        inst = Inst(config, self.ttft_per_user)
-        self.instances.append(inst)
-        return inst
 
 
 def test_every_trial_replays_the_same_sample_and_the_winner_is_confirmed_on_new_ones(tmp_path):

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import optuna
 import pytest
+from fakes import Analytic, LateWatch
 
 from tuner.capacity import CapacityEstimate, max_load_meeting
 from tuner.demand import (
@@ -20,8 +21,8 @@ from tuner.demand import (
 )
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError, NoFeasibleConfig
-from tuner.load import Concurrency
-from tuner.plan import load_plan, plan_capacity, plan_key, rescale, sim_serve_speed, write_plan_files
+from tuner.backends.vllm import VllmBackend
+from tuner.plan import load_plan, plan_capacity, plan_key, rescale, write_plan_files
 from tuner.result import RunResult
 from tuner.search import run_search
 from tuner.space import parse_space
@@ -126,40 +127,6 @@ def test_cost_hand_worked():
     assert c["cost_per_million_output_tokens"] == pytest.approx(32)
 
 
-# -- plan_capacity on an analytic server --------------------------------------------------
-class Analytic:
-    """P95 TTFT = ``f(users)`` exactly (every request waits that long); 100 tokens/s per user."""
-
-    name = "analytic"
-
-    def __init__(self, f):
-        self.f = f
-        self.runs: list[float] = []
-        self.info = {}
-
-    def precheck(self, deployment, config):
-        return {}
-
-    def start(self, deployment, config):
-        return self
-
-    def run(self, workload, load, *, stop=None):
-        level = load.users if isinstance(load, Concurrency) else load.rate
-        self.runs.append(level)
-        n = len(workload)
-        ttft = np.full(n, float(self.f(level)))
-        tokens = float((workload.prompt_tokens + workload.output_tokens).sum())
-        return RunResult(send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 2.0, prompt_tokens=workload.prompt_tokens,
-                         output_tokens=workload.output_tokens, error=[None] * n,
-                         duration_s=tokens / (100.0 * level))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-
 def wl(n: int = 400, sessions=None) -> Workload:
     return Workload(arrival_s=np.zeros(n), prompt_tokens=np.full(n, 200), output_tokens=np.full(n, 100),
                     session=sessions, source="test")
@@ -244,8 +211,8 @@ def test_time_scale_restores_simulated_time():
                   output_tokens=np.full(n, 10), error=[None] * n, duration_s=2.0)
     s = rescale(r, 20.0).summary()
     assert s["ttft_p95_s"] == pytest.approx(2.0) and s["tokens_per_s"] == pytest.approx(r.summary()["tokens_per_s"] / 20)
-    assert sim_serve_speed("python -m tuner sim-serve --speed 25") == 25
-    assert sim_serve_speed("vllm serve --speed 25") is None
+    assert VllmBackend(vllm_cmd="python -m tuner sim-serve --speed 25").time_scale == 25
+    assert VllmBackend(vllm_cmd="vllm serve --speed 25").time_scale == 1.0
 
 
 def test_files_are_written(tmp_path):
@@ -370,39 +337,6 @@ def agreement_workload(n: int = 32) -> Workload:
 #: Steps ending this late at P95 (a fifth of a ~40 ms decode step) mean a starved CPU, not a wrong
 #: plan (an idle 2-core machine sees ~2-5 ms, where the plans agree within 2 %).
 LATE_S = 0.008
-
-
-class LateWatch:
-    """The vLLM backend, reading sim-serve's ``/debug/loop`` after every run: how late the
-    engine loop's steps ended (a busy machine makes the server slower than simulated time)."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.name = backend.name
-        self.late_p95_s = 0.0
-
-    def precheck(self, deployment, config):
-        return self.backend.precheck(deployment, config)
-
-    def start(self, deployment, config):
-        import json as _json
-        import urllib.request
-
-        inst = self.backend.start(deployment, config)
-        inner_run = inst.run
-
-        def run(workload, load, *, stop=None):
-            result = inner_run(workload, load, stop=stop)
-            for url in inst.urls:
-                try:
-                    with urllib.request.urlopen(f"{url}/debug/loop", timeout=10) as resp:
-                        self.late_p95_s = max(self.late_p95_s, float(_json.load(resp).get("late_p95_s", 0.0)))
-                except (OSError, ValueError):  # a sim-serve without /debug/loop: no excuse recorded
-                    pass
-            return result
-
-        inst.run = run
-        return inst
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
-from test_search import FakeBackend, fake_space, small_workload
+from fakes import FakeBackend, small_workload
+from test_search import fake_space
 
 from tuner.backends.sim import SimBackend
 from tuner.config import Deployment, ServeConfig

@@ -91,7 +91,8 @@ def test_deployment_and_study_records_round_trip(old_study):
 
 
 def test_what_the_search_writes_reads_back_whole_and_holds_no_key_the_record_does_not_know(tmp_path):
-    from test_search import FakeBackend, fake_space, small_workload
+    from fakes import FakeBackend, small_workload
+    from test_search import fake_space
 
     from tuner.search import run_search
 

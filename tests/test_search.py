@@ -1,104 +1,15 @@
 from __future__ import annotations
 
-
-import numpy as np
 import optuna
 import pytest
+from fakes import ErrorBackend, FakeBackend, small_workload
 from optuna.trial import TrialState
 
-from tuner.control import RunControl
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError, ConfigRejected
-from tuner.load import Concurrency
-from tuner.result import RunResult
+from tuner.control import RunControl
 from tuner.search import MAX_REPLAYS, evaluate_config, make_sampler, run_search, serve_command, slo_stop_hook
 from tuner.space import parse_space
 from tuner.study import best_feasible_trial, closest_miss, trial_config
-from tuner.traffic.workload import Workload
-
-
-def small_workload(n: int = 60) -> Workload:
-    rng = np.random.default_rng(0)
-    return Workload(
-        arrival_s=np.arange(n) * 0.1,
-        prompt_tokens=rng.integers(50, 300, n),
-        output_tokens=rng.integers(20, 200, n),
-        source="test",
-    )
-
-
-class FakeInstance:
-    """Analytic server: P95 TTFT = ``ttft_per_user`` x users (x 1/rate-capacity for open
-    loop), throughput grows with users until max_num_seqs x replicas."""
-
-    def __init__(self, config: ServeConfig, ttft_per_user: float, crash: bool = False) -> None:
-        self.config = config
-        self.ttft_per_user = ttft_per_user
-        self.crash = crash
-        self.info = {"startup_s": 30.0, "kv_cache_tokens": 10**6, "vllm_version": "0.0-fake", "log_paths": ["/tmp/fake.log"]}
-        self.runs: list[str] = []
-        self.closed = 0
-
-    def run(self, workload, load, *, stop=None) -> RunResult:
-        if self.crash:
-            raise BackendError("fake server died")
-        self.runs.append(load.label)
-        cap = self.config.max_num_seqs * self.config.replicas
-        users = load.users if isinstance(load, Concurrency) else load.rate * 2.0
-        n = len(workload)
-        ttft = np.full(n, self.ttft_per_user * users / self.config.replicas)
-        ttft *= np.linspace(0.5, 1.05, n)  # P95 ≈ the nominal value
-        control = RunControl(total=n)
-        errors: list[str | None] = [None] * n
-        stopped = False
-        for i in range(n):
-            control.finished += 1
-            control.ttft_s.append(float(ttft[i]))
-            if stop is not None and stop(control):
-                stopped = True
-                errors[i + 1:] = ["not_sent"] * (n - i - 1)
-                ttft[i + 1:] = np.nan
-                break
-        tokens = float((workload.prompt_tokens + workload.output_tokens).sum())
-        tps = 100.0 * min(users, cap)
-        done = (i + 1) / n
-        return RunResult(
-            send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 1.0,
-            prompt_tokens=workload.prompt_tokens, output_tokens=workload.output_tokens,
-            error=errors, duration_s=tokens / tps * done, server={"num_preemptions": 0},
-            stopped_early=stopped, load_label=load.label,
-        )
-
-    def close(self) -> None:
-        self.closed += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class FakeBackend:
-    """Rejects gpu_memory_utilization > 0.9 (as an OOM) and crashes on enforce_eager."""
-
-    name = "fake"
-
-    def __init__(self, ttft_per_user: float = 0.01) -> None:
-        self.ttft_per_user = ttft_per_user
-        self.started: list[ServeConfig] = []
-        self.instances: list[FakeInstance] = []
-
-    def precheck(self, deployment, config):
-        if (config.gpu_memory_utilization or 0.9) > 0.9:
-            raise ConfigRejected("oom", "CUDA out of memory (fake)")
-        return {"max_num_seqs": config.max_num_seqs, "kv_cache_tokens": 10**6}
-
-    def start(self, deployment, config):
-        self.started.append(config)
-        inst = FakeInstance(config, self.ttft_per_user, crash=config.enforce_eager)
-        self.instances.append(inst)
-        return inst
 
 
 SPACE = """\
@@ -361,47 +272,6 @@ def test_vllm_defaults_run_first_and_are_moved_one_knob_when_snapping_makes_them
         c = default.config_from_params(p)
         plan_memory(default.deployment, c)
         assert (c.gpu_memory_utilization, c.max_model_len, c.enforce_eager) == (0.9, 32768, False)
-
-
-class ErrorInstance(FakeInstance):
-    """Every ``every``-th request fails with ``kind`` (all when every=1); the rest take
-    0.1 s to their first token. Honours the stop hook like a replay: a failed request
-    finishes without a TTFT."""
-
-    def __init__(self, config, kind: str, every: int) -> None:
-        super().__init__(config, 0.0)
-        self.kind, self.every = kind, every
-
-    def run(self, workload, load, *, stop=None) -> RunResult:
-        n = len(workload)
-        control = RunControl(total=n)
-        errors: list[str | None] = ["not_sent"] * n
-        ttft = np.full(n, np.nan)
-        stopped = False
-        for i in range(n):
-            control.finished += 1
-            if i % self.every == 0:
-                errors[i] = self.kind
-            else:
-                errors[i], ttft[i] = None, 0.1
-                control.ttft_s.append(0.1)
-            if stop is not None and stop(control):
-                stopped = True
-                break
-        return RunResult(send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 1.0, prompt_tokens=workload.prompt_tokens,
-                         output_tokens=workload.output_tokens, error=errors, duration_s=10.0, stopped_early=stopped,
-                         load_label=load.label, error_detail={self.kind: "rate limit reached"})
-
-
-class ErrorBackend(FakeBackend):
-    def __init__(self, kind: str = "http_429", every: int = 1) -> None:
-        super().__init__()
-        self.kind, self.every = kind, every
-
-    def start(self, deployment, config):
-        inst = ErrorInstance(config, self.kind, self.every)
-        self.instances.append(inst)
-        return inst
 
 
 def test_a_replay_stops_once_more_than_one_percent_of_its_requests_failed():

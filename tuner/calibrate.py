@@ -41,7 +41,7 @@ from tuner.jsonsafe import json_safe
 from tuner.load import Concurrency
 
 if TYPE_CHECKING:
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
 MEASUREMENTS = "measurements.jsonl"
@@ -261,7 +261,6 @@ def measure(
     done = _done_trials(rows)
     t0 = time.monotonic()
     deadline = t0 + budget_s if budget_s is not None else math.inf
-    salt = sum(1 for r in rows if r.get("kind") == "load")
 
     def emit(row: dict[str, Any]) -> None:
         row = json_safe({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}, digits=7)
@@ -333,10 +332,8 @@ def measure(
                 n = requests_for(users, cfg.enforce_eager)
                 work = calibration_workload(n, offset=offset)
                 offset += n
-                salt += 1
-                opts = getattr(backend, "replay_options", None)
-                if isinstance(opts, dict) and not hasattr(instance, "runs"):
-                    opts["salt"] = salt  # fresh prompt ids: no prefix-cache hits across runs
+                # each run sends fresh prompts (the Instance contract, tuner.search.backend): no
+                # prefix-cache hits across runs
                 t_run = time.monotonic()
                 try:
                     res = instance.run(work, Concurrency(users), stop=over_budget)

@@ -43,7 +43,7 @@ from tuner.record import TrialRecord
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.config import Deployment
     from tuner.progress import Observer
     from tuner.space import SearchSpace

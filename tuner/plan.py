@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
-import shlex
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ from tuner.storage import STUDIES_DIR
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.result import RunResult
     from tuner.space import WorkloadSpec
     from tuner.traffic.workload import Workload
@@ -295,21 +294,6 @@ def _resample(workload: Workload, seed: int, share: float = 0.9) -> Workload:
     n = len(workload)
     keep = np.sort(rng.choice(n, size=max(1, int(round(share * n))), replace=False))
     return workload.take(keep)
-
-
-def sim_serve_speed(vllm_cmd: str | None) -> float | None:
-    """The ``--speed`` of a ``tuner sim-serve`` command line, if any."""
-    if not vllm_cmd:
-        return None
-    argv = shlex.split(vllm_cmd)
-    if not any("sim-serve" in a or a == "tuner.sim.server" for a in argv):
-        return None
-    for i, a in enumerate(argv):
-        if a == "--speed" and i + 1 < len(argv):
-            return float(argv[i + 1])
-        if a.startswith("--speed="):
-            return float(a.split("=", 1)[1])
-    return None
 
 
 # -- running ------------------------------------------------------------------------------
@@ -572,14 +556,13 @@ def plan_capacity(
             return base
         return builder(seed + k) if builder is not None else _resample(base, seed + k)
 
-    opts = dict(backend_options or {})
+    backend_obj = get_backend_by_name(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
     if time_scale is None:
-        time_scale = sim_serve_speed(opts.get("vllm_cmd")) or 1.0
+        time_scale = backend_obj.time_scale
     if not time_scale > 0:
         raise InputError(f"--time-scale must be > 0, got {time_scale}")
     if time_scale != 1.0:
         notes.append(f"measured times x{time_scale:g} (the server ran {time_scale:g}x faster than real time)")
-    backend_obj = get_backend_by_name(backend, **opts) if isinstance(backend, str) else backend
 
     rpc = requests_per_conversation(base.session)
     tpc = tokens_per_conversation
@@ -813,6 +796,6 @@ def write_plan_files(est: CapacityEstimate, out_dir: str | Path | None = None) -
 __all__ = [
     "ARTICLE_LEVELS", "CapacityEstimate", "SweepPoint", "find_newest_study", "list_plans", "load_plan", "newest_study",
     "plan_capacity",
-    "plan_key", "plot_plan", "render_markdown", "rescale", "sim_serve_speed", "store_plan", "summary_rows",
+    "plan_key", "plot_plan", "render_markdown", "rescale", "store_plan", "summary_rows",
     "workload_line", "write_plan_files",
 ]

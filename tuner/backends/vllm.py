@@ -122,6 +122,18 @@ def _http(url: str, *, data: dict | None = None, timeout: float = 5.0,
         return err.code, err.read()
 
 
+def sim_serve_speed(argv: list[str]) -> float | None:
+    """For a ``tuner sim-serve`` command line: its ``--speed`` (1 when not given); else None."""
+    if not any("sim-serve" in a or a == "tuner.sim.server" for a in argv):
+        return None
+    for i, a in enumerate(argv):
+        if a == "--speed" and i + 1 < len(argv):
+            return float(argv[i + 1])
+        if a.startswith("--speed="):
+            return float(a.split("=", 1)[1])
+    return 1.0
+
+
 def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
     """The vLLM version the command would run, or None when it cannot be told.
 
@@ -289,7 +301,7 @@ class VllmInstance:
         self._raise_if_dead("before the run")
         self.runs += 1
         result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop, salt=self.runs,
-                        **self.backend.replay_options)
+                        **self.backend._replay)
         self._raise_if_dead("during the run")
         result.server.update({k: self.info[k] for k in ("kv_cache_tokens", "num_gpu_blocks") if k in self.info})
         return result
@@ -347,6 +359,8 @@ class VllmBackend:
     """
 
     name = "vllm"
+    restarts = True
+    measures_gpu_time = True
 
     def __init__(
         self,
@@ -376,7 +390,7 @@ class VllmBackend:
         self.stop_grace_s = stop_grace_s
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
-        self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
+        self._replay = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
         self._detected: str | None = None
         self._trial_counter = 0
         self._platform = platform
@@ -389,6 +403,16 @@ class VllmBackend:
         return self._platform
 
     # -- facts ---------------------------------------------------------------------------
+    @property
+    def simulated(self) -> bool:
+        """The command is ``tuner sim-serve`` (the simulator behind real processes and HTTP)."""
+        return sim_serve_speed(shlex.split(self.vllm_cmd)) is not None
+
+    @property
+    def time_scale(self) -> float:
+        """``tuner sim-serve --speed N`` runs N times faster than the GPU it simulates."""
+        return sim_serve_speed(shlex.split(self.vllm_cmd)) or 1.0
+
     def version(self, deployment: Deployment) -> str:
         if self.vllm_version:
             return self.vllm_version
@@ -446,7 +470,7 @@ class VllmBackend:
         else:
             head = cmd + [deployment.model]
         flags = render_flags(deployment, config, version, host=self.host, port=port)
-        if any("sim-serve" in part or part == "tuner.sim.server" for part in cmd):
+        if self.simulated:
             # the simulated server also needs the GPU type and the version it follows
             flags += ["--gpu", deployment.gpu, "--vllm-version", version]
         if token:

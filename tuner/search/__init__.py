@@ -59,7 +59,7 @@ from __future__ import annotations
 from tuner.search.command import serve_command
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
-from tuner.search.driver import PREDICTED_BACKENDS, SearchOutcome, SearchRun, SearchSettings, run_search, warm_start_configs
+from tuner.search.driver import SearchOutcome, SearchRun, SearchSettings, run_search, warm_start_configs
 from tuner.search.goodput import (
     EDGE_TOLERANCE,
     MAX_ERROR_RATE,
@@ -77,7 +77,7 @@ from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
 
 __all__ = [
     "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "MAX_ERROR_RATE", "MAX_REPLAYS", "N_STARTUP_TRIALS",
-    "PREDICTED_BACKENDS", "SAMPLERS", "Evaluation", "SearchOutcome", "SearchRun", "SearchSettings",
+    "SAMPLERS", "Evaluation", "SearchOutcome", "SearchRun", "SearchSettings",
     "build_workload", "confirm_winner", "default_trials", "edge_width", "error_stop_hook", "evaluate_config",
     "get_backend_by_name", "load_for", "make_sampler", "max_users", "monotone_crossing", "num_heads",
     "planner_precheck", "run_search", "serve_command", "slo_stop_hook", "study_noise", "warm_start_configs",

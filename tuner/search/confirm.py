@@ -15,7 +15,7 @@ from tuner.urls import redact
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
 #: Repeat measurements per candidate when confirming a study's winner (``--confirm``).

@@ -46,13 +46,11 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.search.prediction import Predictor
     from tuner.space import SearchSpace
     from tuner.traffic.workload import Workload
 
-#: Backends whose trials cost GPU time: ``run_search(predictor="auto")`` predicts for them.
-PREDICTED_BACKENDS = ("vllm",)
 #: Environment faults in a row after which the search stops (one may be a passing glitch).
 ENVIRONMENT_FAULTS_TO_STOP = 2
 
@@ -118,8 +116,9 @@ def run_search(
     the budget is global). ``tags`` are stamped on every new trial, and a configuration
     is only reused from a trial with the same tags and workload.
 
-    ``predictor`` (:mod:`tuner.search.prediction`): ``"auto"`` uses the simulator for the
-    vLLM backend when it can model the deployment (a trial then starts its goodput search
+    ``predictor`` (:mod:`tuner.search.prediction`): ``"auto"`` uses the simulator for a
+    backend that starts the configuration on real GPUs (``restarts`` and
+    ``measures_gpu_time``: vLLM) when it can model the deployment (a trial then starts its goodput search
     at the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
     is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`.
 
@@ -161,9 +160,7 @@ class SearchRun:
         self.deployment = space.deployment
         self.backend = get_backend_by_name(backend) if isinstance(backend, str) else backend
         check_gpu(space, self.backend, self.obs)
-        preflight = getattr(self.backend, "preflight", None)
-        if preflight is not None:
-            preflight(self.deployment)  # EnvironmentFault before any study or trial is written
+        self.backend.preflight(self.deployment)  # EnvironmentFault before any study or trial is written
         if workload is None:
             self.obs.on_phase("building workload")
             workload = build_workload(space.workload, self.deployment)
@@ -192,7 +189,8 @@ class SearchRun:
             from tuner.search.prediction import sim_predictor
 
             s = self.settings
-            if self.backend.name in PREDICTED_BACKENDS and s.precheck and s.early_stop:
+            # worth predicting: a server started with the configuration, whose trials cost GPU time
+            if self.backend.restarts and self.backend.measures_gpu_time and s.precheck and s.early_stop:
                 return sim_predictor(self.deployment, self.workload, self.target, self.space.workload.load)
             return None
         if isinstance(predictor, str):

@@ -21,7 +21,7 @@ from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_wi
 from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
 #: Name of the trial constraint: P95 TTFT / target - 1 (<= 0 feasible; 1.0 for refusals).
@@ -83,7 +83,7 @@ def evaluate_config(
         instance = backend.start(deployment, config)
     except ConfigRejected as err:
         # a real refused start cost its wall time on the GPUs; the simulator's costs nothing
-        spent = time.perf_counter() - launched if launched and backend.name != "sim" else 0.0
+        spent = time.perf_counter() - launched if launched and backend.measures_gpu_time else 0.0
         return rejected(rec, err, launched=bool(launched), gpu_s=spent)
     info = dict(getattr(instance, "info", {}) or {})
     startup_s = float(info.get("startup_s") or 0.0)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.progress import Observer
     from tuner.space import SearchSpace
 
@@ -38,9 +38,7 @@ def check_gpu(space: SearchSpace, backend: Backend, obs: Observer) -> None:
     try:
         get_gpu(space.deployment.gpu)
     except InputError as err:
-        simulated = backend.name == "sim" or any(
-            "sim-serve" in a or a == "tuner.sim.server" for a in str(getattr(backend, "vllm_cmd", "")).split())
-        if simulated:
+        if backend.simulated:
             raise space.error(err.message, ("deployment", "gpu"), hint=err.hint) from err
         obs.on_warning(f"{err.message}: no pre-check and no prediction for this GPU (add it to "
                        "~/.config/tuner/gpus.yaml to get both)")
