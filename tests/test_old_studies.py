@@ -96,11 +96,11 @@ def test_the_report_of_a_0_1_0_study_shows_its_answer_plan_and_reasons(old_study
 def test_plan_replays_a_0_1_0_study_and_finds_its_stored_capacity(old_study):
     """The study's own workload is rebuilt from what its trials recorded (the
     simulator is deterministic: the same sweep, the same answer)."""
-    from tuner.plan import load_plan, plan_capacity
+    from tuner.plan import Sweep, load_plan, plan_capacity
 
     stored = load_plan(old_study)
-    again = plan_capacity(stored.target_ttft_s, study=old_study, num_requests=stored.workload.requests,
-                          levels=(1, 2, 4, 8), store=False)
+    again = plan_capacity(stored.target_ttft_s, study=old_study, store=False,
+                          sweep=Sweep(requests=stored.workload.requests, levels=(1, 2, 4, 8)))
     assert again.workload.match == "same"
     assert again.trial == stored.trial
     assert (again.max_load, again.tokens_per_s) == (stored.max_load, stored.tokens_per_s)

@@ -33,6 +33,7 @@ import datetime as dt
 import html
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -250,12 +251,15 @@ def run_nightly(
     seed: int = 0,
     now: dt.datetime | None = None,
     observer: Observer | None = None,
+    backend_options: Mapping[str, Any] | None = None,
 ) -> NightlyOutcome:
-    """One night (see the module docstring). ``space`` must be bound; ``workload`` is
-    tonight's traffic (e.g. :func:`latest_window` of the log)."""
+    """One night (see the module docstring). ``space`` must be bound
+    (:func:`tuner.search.prepare`); ``workload`` is tonight's traffic (e.g.
+    :func:`latest_window` of the log); ``backend`` a name (constructor options in
+    ``backend_options``) or a backend."""
     import time
 
-    from tuner.search import get_backend_by_name, run_search
+    from tuner.search import backend_for, run_search
     from tuner.storage import StudyBusy, StudyLock, default_storage, is_shared
     from tuner.study import open_study
     from tuner.workers import budget_used
@@ -263,8 +267,8 @@ def run_nightly(
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
     t0 = time.perf_counter()
-    backend_obj = get_backend_by_name(backend) if isinstance(backend, str) else backend
-    name = study or nightly_study_name(space.deployment, space.name, backend_obj.name)
+    name = study or nightly_study_name(space.deployment, space.name, backend if isinstance(backend, str) else backend.name)
+    backend_obj = backend_for(backend, name, backend_options)
     url = storage or default_storage(name)
     started = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     started_at = started.isoformat(timespec="seconds")

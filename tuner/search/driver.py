@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
+from tuner.config import Deployment, ServeConfig
 from tuner.errors import EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
@@ -57,6 +57,9 @@ ENVIRONMENT_FAULTS_TO_STOP = 2
 
 @dataclass(slots=True)
 class SearchOutcome:
+    """What a run of a study left: the study, its recommendation (``best``, None when no
+    configuration met the target) and what this run did."""
+
     study: optuna.Study
     name: str
     storage: str | None
@@ -68,9 +71,12 @@ class SearchOutcome:
     notes: list[str] = field(default_factory=list)
     timed_out: bool = False
     confirmation: Any = None  # tuner.confirmation.Confirmation of the study's winner, when made
+    deployment: Deployment | None = None
+    target_ttft_s: float | None = None
+    backend: str | None = None  # the backend's name
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SearchSettings:
     """How a study measures (the knobs of :func:`run_search` that are not its inputs)."""
 
@@ -84,6 +90,10 @@ class SearchSettings:
     confirm: int = CONFIRM_ROUNDS
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise InputError(f"--budget must be >= 1, got {self.budget}")
 
 
 @guard_storage
@@ -136,8 +146,6 @@ def run_search(
     recommendation is made on those repeats (:mod:`tuner.confirmation`); ``confirm=0``
     turns that off. ``edge_tolerance``: how close the passing and failing loads of a
     trial must come (share of the load, closed loop at least one user)."""
-    if budget < 1:
-        raise InputError(f"--budget must be >= 1, got {budget}")
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               edge_tolerance=edge_tolerance, kill_stale=kill_stale)
@@ -345,7 +353,8 @@ class SearchRun:
                                    f"in a row (no configuration was judged by them): {worker.halt}")
         return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
-                             timed_out=interrupted is not None, confirmation=confirmation(st))
+                             timed_out=interrupted is not None, confirmation=confirmation(st),
+                             deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name)
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
