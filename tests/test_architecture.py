@@ -20,10 +20,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation"})),
     ("engines", frozenset({"sim", "replay", "probes", "estimation"})),
     ("backends", frozenset({"backends", "space", "effective"})),
-    ("studies", frozenset({"storage", "recovery", "study", "workers"})),
+    ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),
     ("search", frozenset({"search", "analysis"})),
     ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "doctor"})),
-    ("api", frozenset({"__init__", "api"})),
+    ("api", frozenset({"__init__"})),
     ("cli", frozenset({"cli", "__main__"})),
 )
 #: Parts of one layer that must not import each other.

@@ -17,7 +17,8 @@ from optuna.trial import TrialState
 from pg_db import pg_url  # noqa: F401  (fixture)
 
 from tuner.record import TrialRecord
-from tuner.storage import RetryOnce, StudyLock, driver_url
+from tuner.locks import StudyLock, driver_url
+from tuner.storage import RetryOnce
 from tuner.workers import Worker, budget_used
 
 STUDY = "workers-test"

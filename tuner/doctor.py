@@ -112,7 +112,7 @@ def _gpu_holders(ours: set[int]) -> tuple[list[dict[str, Any]], str | None]:
 
 def check_sqlite(db: Path) -> StudyHealth:
     """Integrity, stale RUNNING trials, leftover locks, WAL size and free space of one file."""
-    from tuner.storage import StudyLock
+    from tuner.locks import StudyLock
 
     health = StudyHealth(path=str(db), ok=True, integrity="not checked")
     try:

@@ -260,7 +260,8 @@ def run_nightly(
     import time
 
     from tuner.search import backend_for, run_search
-    from tuner.storage import StudyBusy, StudyLock, default_storage, is_shared
+    from tuner.locks import StudyBusy, StudyLock
+    from tuner.storage import default_storage, is_shared
     from tuner.study import open_study
     from tuner.workers import budget_used
 

@@ -5,8 +5,7 @@ nightly runs, ``tuner doctor``).
 * :func:`optuna_storage` — the Optuna storage for a URL: ``sqlite:///studies/<name>.db``
   by default (WAL mode), or a server database with Optuna's heartbeat and one retry of a
   trial whose worker died (:class:`RetryOnce`), for several workers on one study.
-* :class:`StudyLock` — a named lock on a study: a PostgreSQL advisory lock, a lock file
-  beside a SQLite database, or nothing.
+* :class:`~tuner.locks.StudyLock` (from :mod:`tuner.locks`) — a named lock on a study.
 * :func:`storage_open_error` — a storage that cannot be opened (a bad URL, a missing
   driver, a server refusing) as one line of bad input; :func:`storage_fault` and
   :func:`guard_storage` — a database that cannot be written (a full disk, a read-only
@@ -14,18 +13,15 @@ nightly runs, ``tuner doctor``).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
-import hashlib
 import os
-import socket
 import sqlite3
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import EnvironmentFault, InputError
+from tuner.locks import StudyLock, driver_url, sqlite_path
 from tuner.record import TrialRecord
 
 if TYPE_CHECKING:
@@ -42,9 +38,6 @@ GRACE_FACTOR = 3
 
 #: How often a retried configuration may run again.
 MAX_RETRY = 1
-
-class StudyBusy(InputError):
-    """Another process holds the study (a SQLite search, or a nightly run)."""
 
 
 # -- URLs and storages ----------------------------------------------------------------
@@ -77,7 +70,6 @@ def optuna_storage(storage: str | None, name: str) -> Any:
     return url
 
 
-# -- storage -----------------------------------------------------------------------------
 def is_shared(url: str | None) -> bool:
     """True for storages several processes may write at once (anything but SQLite)."""
     return bool(url) and not str(url).startswith("sqlite")
@@ -95,16 +87,6 @@ def heartbeat_s() -> int:
         raise InputError(f"{HEARTBEAT_ENV}={raw!r} is not a whole number of seconds >= 1")
     return value
 
-def driver_url(url: str) -> str:
-    """``url`` with a PostgreSQL driver that is installed: SQLAlchemy 2.1 reads a bare
-    ``postgresql://`` as psycopg 3; with only psycopg2 (the ``postgres`` extra) installed,
-    that becomes ``postgresql+psycopg2://``."""
-    import importlib.util
-
-    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
-            and importlib.util.find_spec("psycopg2") is not None:
-        return "postgresql+psycopg2://" + url[len("postgresql://"):]
-    return url
 
 def shared_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage for a server database, with heartbeat and one retry of a
@@ -155,132 +137,6 @@ class RetryOnce:
         kept = TrialRecord.from_trial(trial)
         clean.user_attrs = TrialRecord(**{k: getattr(kept, k) for k in KEEP_ON_RETRY}).to_attrs()
         self._inner(study, clean)
-
-
-def process_label() -> str:
-    """This process as ``host:pid``: how locks, trials and servers name who holds them."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# -- locks -------------------------------------------------------------------------------
-def _lock_key(purpose: str, study: str) -> int:
-    """A signed 64-bit advisory lock key for ``purpose`` on ``study``."""
-    return int.from_bytes(hashlib.sha256(f"tuner:{purpose}:{study}".encode()).digest()[:8], "big", signed=True)
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL (None for in-memory)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
-    return None if path in ("", ":memory:") else Path(path)
-
-class StudyLock:
-    """A named lock on one study: a PostgreSQL advisory lock (session level, on its own
-    connection, released when the connection closes — also when the process dies), a
-    lock file beside a SQLite database (``fcntl.flock``, released by the kernel when the
-    process dies), or nothing for other storages."""
-
-    def __init__(self, url: str, study: str, purpose: str) -> None:
-        self.url = url
-        self.study = study
-        self.purpose = purpose
-        self.kind = "none"
-        self._conn: Any = None
-        self._engine: Any = None
-        self._fd: int | None = None
-        self._held = False
-        if url.startswith("postgresql"):
-            import sqlalchemy
-            from sqlalchemy.pool import NullPool
-
-            self.kind = "postgresql"
-            self._key = _lock_key(purpose, study)
-            # the holder is named in pg_stat_activity, so a refused run can say who holds it
-            self._engine = sqlalchemy.create_engine(
-                driver_url(url), poolclass=NullPool,
-                connect_args={"application_name": f"tuner {purpose} {process_label()}"[:63]},
-            )
-            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        else:
-            path = sqlite_path(url)
-            if path is not None:
-                self.kind = "file"
-                self.path = path.with_name(f"{path.name}.{purpose}.lock")
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-
-    def acquire(self, blocking: bool = True) -> bool:
-        """Take the lock; False when ``blocking`` is off and someone else holds it."""
-        if self._held or self.kind == "none":
-            self._held = True
-            return True
-        if self.kind == "postgresql":
-            from sqlalchemy import text
-
-            if blocking:
-                self._conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
-            elif not self._conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self._key}).scalar():
-                return False
-        else:
-            assert self._fd is not None
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                return False
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, f"{process_label()}\n".encode(), 0)
-        self._held = True
-        return True
-
-    def holder(self) -> str:
-        """Who holds the lock (``host:pid``), as far as the lock file or PostgreSQL says."""
-        if self.kind == "file":
-            with contextlib.suppress(OSError):
-                return self.path.read_text().strip() or "another process"
-        if self.kind == "postgresql":
-            from sqlalchemy import text
-
-            # a bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low)
-            key = self._key & 0xFFFFFFFFFFFFFFFF
-            with contextlib.suppress(Exception):
-                row = self._conn.execute(text(
-                    "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks l "
-                    "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                    "AND l.classid = :hi AND l.objid = :lo AND l.objsubid = 1"),
-                    {"hi": key >> 32, "lo": key & 0xFFFFFFFF}).first()
-                if row is not None:
-                    name = str(row[0] or "").removeprefix(f"tuner {self.purpose} ")
-                    return name or f"PostgreSQL backend {row[2]} from {row[1]}"
-        return "another process"
-
-    def release(self) -> None:
-        if not self._held:
-            return
-        self._held = False
-        if self.kind == "postgresql":
-            from sqlalchemy import text
-
-            self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
-        elif self.kind == "file":
-            assert self._fd is not None
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.release()
-        if self._conn is not None:
-            self._conn.close()
-            self._engine.dispose()
-            self._conn = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> StudyLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def storage_open_error(err: BaseException, shown: str) -> InputError | None:

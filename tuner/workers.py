@@ -45,16 +45,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.record import TrialRecord, write
-from tuner.storage import (
-    GRACE_FACTOR,
-    StudyBusy,
-    StudyLock,
-    heartbeat_s,
-    is_shared,
-    process_label,
-    sqlite_path,
-    storage_fault,
-)
+from tuner.locks import StudyBusy, StudyLock, process_label, sqlite_path
+from tuner.storage import GRACE_FACTOR, heartbeat_s, is_shared, storage_fault
 
 if TYPE_CHECKING:
     import optuna

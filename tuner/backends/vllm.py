@@ -194,7 +194,7 @@ class _Replica:
             return True
         # The group exists; if only our unreaped leader is left, it is a zombie.
         if self.proc.poll() is not None:
-            return _group_has_live_members(self.pgid)
+            return processes.group_alive(self.pgid)
         return True
 
     def stop(self, grace_s: float) -> None:
@@ -235,39 +235,6 @@ def check_writable(folder: Path, *, what: str) -> None:
     if free < MIN_FREE_BYTES:
         raise EnvironmentFault("disk_full", f"{what} {folder} has {free / 2**20:.0f} MiB free; free at least "
                                f"{MIN_FREE_BYTES / 2**20:.0f} MiB there (old logs: studies/*/logs/)", path=str(folder))
-
-
-def _listener_in_group(port: int, pgid: int) -> bool:
-    """True when the process listening on ``port`` is in process group ``pgid``."""
-    import psutil
-
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.AccessDenied, OSError):
-        return False
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            try:
-                return os.getpgid(c.pid) == pgid
-            except (ProcessLookupError, PermissionError):
-                return False
-    return False
-
-
-def _group_has_live_members(pgid: int) -> bool:
-    """True if a non-zombie process is in group ``pgid`` (Linux /proc)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 class VllmInstance:
@@ -605,7 +572,11 @@ class VllmBackend:
             return True
         if any("--served-model-name" in a for a in r.argv):
             return False
-        return _listener_in_group(r.port, r.pgid)
+        pid = processes.listener_pid(r.port)  # the port's listener is in the replica's process group
+        try:
+            return pid is not None and os.getpgid(pid) == r.pgid
+        except (ProcessLookupError, PermissionError):
+            return False
 
     def _model_name(self, r: _Replica) -> str:
         try:

@@ -19,7 +19,8 @@ def readable_storage(storage: str | None) -> None:
         return
     import optuna
 
-    from tuner.storage import driver_url, sqlite_path, storage_open_error
+    from tuner.locks import driver_url, sqlite_path
+    from tuner.storage import storage_open_error
     from tuner.urls import redact
 
     shown = redact(storage)

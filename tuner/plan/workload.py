@@ -39,7 +39,7 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
-        from tuner.storage import driver_url  # postgresql:// with the driver that is installed
+        from tuner.locks import driver_url  # postgresql:// with the driver that is installed
 
         names = optuna.get_all_study_names(driver_url(storage))
         if not names:

@@ -359,7 +359,7 @@ class SearchRun:
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
         several workers, the one that takes the study's confirm lock does it."""
-        from tuner.storage import StudyLock
+        from tuner.locks import StudyLock
         from tuner.workers import budget_used
 
         s, st, worker = self.settings, self.study, self.worker
