@@ -12,7 +12,7 @@ throughput divides by the run's wall time (:func:`replay_async`). ``issue_s`` re
 when the scheduler started the request (never before its scheduled time, in schedule
 order). Beside them, ``ttft_kernel_s`` is tuner's own, closer reading: from when the
 request body was handed to the socket to the kernel's receive stamp of the first chunk
-(:mod:`tuner.replay.kernel_time`), so neither connection set-up nor a busy event loop
+(:mod:`tuner.kernel_time`), so neither connection set-up nor a busy event loop
 adds to it.
 
 Each request forces its logged output length: ``max_tokens = min_tokens = output`` and
