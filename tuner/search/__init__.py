@@ -51,8 +51,8 @@ The package, one noun a module, each importing only those below it:
 * :mod:`~tuner.search.defaults`, :mod:`~tuner.search.samplers`,
   :mod:`~tuner.search.inputs`, :mod:`~tuner.search.records`,
   :mod:`~tuner.search.progress`, :mod:`~tuner.search.command` — vLLM's defaults as first
-  trials, the samplers, backend and workload, what is recorded around a trial, progress
-  hooks, the ``vllm serve`` line;
+  trials, the samplers, backend and workload, what is recorded around a trial, Optuna
+  kept quiet, the ``vllm serve`` line;
 * :mod:`~tuner.search.workflow` — :func:`search`, what ``tuner search`` does as one call
   (space, deployment, workload, backend, study), and the package is callable as it:
   ``tuner.search(...)``; :mod:`~tuner.search.backend` — the protocol a backend meets.
