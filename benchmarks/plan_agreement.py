@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.backends import get_backend  # noqa: E402
-from tuner.plan import plan_capacity  # noqa: E402
+from tuner.plan import Sweep, plan_capacity  # noqa: E402
 from tuner.search import run_search  # noqa: E402
 from tuner.space import parse_space  # noqa: E402
 from tuner.traffic.workload import Workload  # noqa: E402
@@ -53,6 +53,9 @@ class LateWatch:
 
     def __init__(self, backend):
         self.backend, self.name, self.late_p95_s = backend, backend.name, 0.0
+
+    def __getattr__(self, name):  # the rest of the protocol (capabilities, preflight) is the backend's
+        return getattr(self.backend, name)
 
     def precheck(self, deployment, config):
         return self.backend.precheck(deployment, config)
@@ -86,7 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         storage = f"sqlite:///{tmp}/s.db"
         run_search(space, backend="sim", workload=wl, budget=1, storage=storage, study="agree", max_replays=2)
-        common = dict(study="agree", storage=storage, workload=wl, levels=[8, 16], max_extensions=1, store=False)
+        common = dict(study="agree", storage=storage, workload=wl, sweep=Sweep(levels=[8, 16], max_extensions=1),
+                      store=False)
         t = time.perf_counter()
         plans = [("in-process", plan_capacity(2.0, backend="sim", **common), None, time.perf_counter() - t)]
         for busy in ([0, args.busy] if args.busy else [0]):

@@ -23,9 +23,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from tuner.capacity import conversations_per_min, max_load_meeting
+from tuner.capacity import max_load_meeting
+from tuner.demand import conversations_per_min
 from tuner.config import Deployment, ServeConfig
-from tuner.plan import plan_capacity, sweep_rows
+from tuner.plan import Figures, Sweep, plan_capacity, sweep_rows
 
 # Article 004, section 5: users -> (mean TTFT s, P95 TTFT s, mean E2E s, tokens/s in+out)
 ARTICLE = {
@@ -50,8 +51,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     # the article's seven levels, every one run (the default sweep stops one past the target)
-    est = plan_capacity("5s", config=CONFIG, deployment=DEPLOYMENT, num_requests=args.requests,
-                        tokens_per_conversation=300, repeats=args.repeats, levels=sorted(ARTICLE))
+    est = plan_capacity("5s", config=CONFIG, deployment=DEPLOYMENT, figures=Figures(tokens_per_conversation=300),
+                        sweep=Sweep(requests=args.requests, repeats=args.repeats, levels=sorted(ARTICLE)))
     wall = time.perf_counter() - t0
 
     print(f"article 004 scenario on the simulator: {DEPLOYMENT.gpu_count}x {DEPLOYMENT.gpu}, {DEPLOYMENT.model} "
@@ -90,8 +91,8 @@ def main() -> None:
     for note in est.notes:
         print(f"note: {note}")
     print()
-    q = plan_capacity("5s", config=QWEN_CONFIG, deployment=QWEN, num_requests=args.requests,
-                      tokens_per_conversation=300, repeats=args.repeats)
+    q = plan_capacity("5s", config=QWEN_CONFIG, deployment=QWEN, figures=Figures(tokens_per_conversation=300),
+                      sweep=Sweep(requests=args.requests, repeats=args.repeats))
     print(f"qwen2.5-7b, TP4 x 2 replicas (max-num-seqs 128 each): {q.max_concurrency:,.0f} users "
           f"({q.max_concurrency / 90:.2f}x the article's 80-100 midpoint), {q.tokens_per_s:,.0f} tokens/s "
           f"({q.tokens_per_s / 5500:.2f}x), {q.conversations_per_min:,.0f} conversations/min "

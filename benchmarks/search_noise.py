@@ -63,6 +63,7 @@ from tuner.backends.sim import SimBackend
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, Poisson
+from tuner.record import TrialRecord
 from tuner.search import evaluate_config, num_heads, run_search
 from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.traffic import load_trace
@@ -201,6 +202,7 @@ class NoisySim(SimBackend):
     the study uses the real-vLLM noise prior, not the simulator's."""
 
     name = "sim-noisy"
+    measures_gpu_time = True
 
     def __init__(self, seed: int, tokens_sd: float = TOKENS_SD, p95_sd: float = P95_SD) -> None:
         super().__init__()
@@ -243,9 +245,9 @@ def study_job(job: tuple[str, str, int, int]) -> dict:
             winner = res.best
             ties = [] if conf is None else [trials[n] for n in (conf.ties or [])]
             out[budget] = {
-                "winner": None if winner is None else key_of(ServeConfig.from_dict(winner.user_attrs["config"])),
-                "ties": [key_of(ServeConfig.from_dict(t.user_attrs["config"])) for t in ties],
-                "repeats": sum(1 for t in trials.values() if "confirm_of" in t.user_attrs),
+                "winner": None if winner is None else key_of(TrialRecord.from_trial(winner).config),
+                "ties": [key_of(TrialRecord.from_trial(t).config) for t in ties],
+                "repeats": sum(1 for t in trials.values() if TrialRecord.from_trial(t).is_confirmation),
             }
     return {"family": fam_name, "sampler": sampler, "seed": seed, "confirm": confirm, **{str(k): v for k, v in out.items()}}
 

@@ -52,6 +52,7 @@ from tuner.backends.sim import SimBackend
 from tuner.config import ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, Poisson
+from tuner.record import TrialRecord
 from tuner.search import CONSTRAINT, default_trials, evaluate_config, make_sampler, num_heads
 from tuner.space import SearchSpace, choice_param, load_space, parse_layout
 from tuner.traffic.synth import default_workload
@@ -96,8 +97,8 @@ def _evaluate(config: ServeConfig) -> tuple[str, dict]:
     space, workload = scenario()
     ev = evaluate_config(SimBackend(), space.deployment, config, workload, space.workload.target_ttft_s)
     record = {"value": ev.value, "feasible": ev.feasible, "constraint": ev.constraint, "gpu_s": ev.gpu_s,
-              "replays": len(ev.attrs.get("loads", [])), "rejected": "rejected_kind" in ev.attrs,
-              "startup_s": ev.attrs.get("startup_s")}
+              "replays": len(ev.record.loads), "rejected": ev.record.rejected_kind is not None,
+              "startup_s": ev.record.run.startup_s}
     return key_of(config), record
 
 
@@ -224,6 +225,7 @@ class StandIn(SimBackend):
     replay seconds a real one would take."""
 
     name = "sim-as-vllm"
+    measures_gpu_time = True
 
 
 #: Predictors of the GPU-time study: the simulator with the stand-in's own constants, and
@@ -273,17 +275,18 @@ def gpu_time_of_study(job: tuple[str, str, int]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = run_search(space, backend=StandIn(), workload=workload, budget=TRIALS, seed=seed,
                          storage=f"sqlite:///{tmp}/s.db", predictor=predictor)
-        done = [t for t in out.study.trials if "config" in t.user_attrs]
+        done = [(t, rec) for t, rec in ((t, TrialRecord.from_trial(t)) for t in out.study.trials)
+                if rec.config is not None]
         records = []
-        for t in done:
-            ev = evaluate_config(SimBackend(), space.deployment, ServeConfig.from_dict(t.user_attrs["config"]),
-                                 workload, target, load_kind=space.workload.load, precheck=False, early_stop=False)
-            records.append({"gpu_s": ev.gpu_s, "rejected": "rejected_kind" in ev.attrs,
-                            "startup_s": ev.attrs.get("startup_s")})
+        for _, rec in done:
+            ev = evaluate_config(SimBackend(), space.deployment, rec.config, workload, target,
+                                 load_kind=space.workload.load, precheck=False, early_stop=False)
+            records.append({"gpu_s": ev.gpu_s, "rejected": ev.record.rejected_kind is not None,
+                            "startup_s": ev.record.run.startup_s})
         return {"space": space_name, "predictor": kind, "seed": seed,
-                "smart_s": sum(t.user_attrs.get("gpu_s", 0.0) for t in done), "naive_s": naive_gpu_s(records),
-                "refused": sum(1 for t in done if "rejected_kind" in t.user_attrs),
-                "pruned": sum(1 for t in done if t.state.name == "PRUNED"),
+                "smart_s": sum(rec.gpu_s or 0.0 for _, rec in done), "naive_s": naive_gpu_s(records),
+                "refused": sum(1 for _, rec in done if rec.rejected_kind is not None),
+                "pruned": sum(1 for t, _ in done if t.state.name == "PRUNED"),
                 "best": float(out.best.value) if out.best is not None else 0.0}
 
 

@@ -30,7 +30,7 @@ _BUILT: dict[str, Path] = {}
 
 def build(folder: Path) -> Path:
     """``folder/analysis-test.db``: BUDGET sim trials and a plan of the best one."""
-    from tuner.plan import plan_capacity
+    from tuner.plan import Sweep, plan_capacity
     from tuner.search import num_heads, run_search
     from tuner.space import load_space
 
@@ -41,7 +41,7 @@ def build(folder: Path) -> Path:
     db = folder / f"{STUDY}.db"
     out = run_search(space, budget=BUDGET, storage=f"sqlite:///{db}", study=STUDY, seed=0, max_replays=3)
     assert out.best is not None, "the test study found no feasible configuration"
-    plan_capacity(TARGET_S, study=out.study, num_requests=60, levels=(2, 4, 8, 16), max_extensions=2)
+    plan_capacity(TARGET_S, study=out.study, sweep=Sweep(requests=60, levels=(2, 4, 8, 16), max_extensions=2))
     return db
 
 

@@ -28,6 +28,7 @@ from tuner.calibrate import (
 )
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
+from tuner.progress import Observer
 from tuner.sim.calibration import find_profile, load_calibration
 from tuner.sim.hardware import get_gpu
 from tuner.sim.memory import plan_memory
@@ -83,7 +84,7 @@ TINY = [
 
 
 def test_measure_writes_rows_and_resumes(tmp_path):
-    rows = measure(SimBackend(), H200, TINY, tmp_path, log=lambda s: None, meta={"gpu": "H200"})
+    rows = measure(SimBackend(), H200, TINY, tmp_path, meta={"gpu": "H200"})
     kinds = [r["kind"] for r in rows]
     assert kinds.count("trial_end") == 2 and kinds.count("load") == 2 and kinds[0] == "meta"
     st = {s.trial: s for s in startups(rows)}
@@ -93,13 +94,18 @@ def test_measure_writes_rows_and_resumes(tmp_path):
     pts = load_points(rows)
     assert [p.users for p in pts] == [1, 4] and pts[1].offset == pts[0].requests
     # a second call finds everything done and adds nothing
-    again = measure(SimBackend(), H200, TINY, tmp_path, log=lambda s: None)
+    again = measure(SimBackend(), H200, TINY, tmp_path)
     assert len(again) == len(rows) == len(read_measurements(tmp_path))
 
 
 def test_measure_stops_before_a_trial_that_does_not_fit_the_budget(tmp_path):
     said = []
-    rows = measure(SimBackend(), H200, TINY, tmp_path, budget_s=30.0, log=said.append)
+
+    class Said(Observer):
+        def on_phase(self, text):
+            said.append(text)
+
+    rows = measure(SimBackend(), H200, TINY, tmp_path, budget_s=30.0, observer=Said())
     assert rows == [] and "stopping here" in said[-1]
 
 

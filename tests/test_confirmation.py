@@ -3,7 +3,6 @@ random numbers across trials, the edge located by a monotone fit, and the edge a
 max-num-seqs x replicas."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -22,12 +21,12 @@ from tuner.confirmation import (
     paired_noise,
     race,
 )
-from tuner.load import Poisson
 from tuner.search import evaluate_config, monotone_crossing, run_search
 from tuner.study import best_feasible_trial, confirmation, count_finished
 from tuner.traffic.workload import Workload
 
-from test_search import SPACE, FakeBackend, FakeInstance, fake_space, small_workload
+from fakes import FakeBackend, NoisyBackend, small_workload
+from test_search import SPACE, fake_space
 
 
 def cfg(gmu: float = 0.9, seqs: int = 64, eager: bool = False) -> dict:
@@ -149,39 +148,6 @@ def test_a_lone_candidate_is_measured_every_round_for_its_band():
     assert conf.band == (1000.0, 1030.0) and conf.rounds == 3
 
 
-# -- the search: common random numbers, confirmation stored, resumed ---------------------------
-class NoisyBackend(FakeBackend):
-    """The fake server with run-to-run noise: each start draws a throughput factor
-    (sd ``sd``), and every knob but the layout and max-num-seqs is without effect. It
-    records the seeds of the Poisson loads it is offered and the order of the requests."""
-
-    name = "noisy"
-
-    def __init__(self, sd: float = 0.02, seed: int = 0) -> None:
-        super().__init__(ttft_per_user=0.01)
-        self.rng = np.random.default_rng(seed)
-        self.sd = sd
-        self.seeds: list[int] = []
-        self.orders: list[tuple[int, ...]] = []
-
-    def start(self, deployment, config):
-        self.started.append(config)
-        factor = float(np.exp(self.rng.normal(0.0, self.sd)))
-        backend = self
-
-        class Inst(FakeInstance):
-            def run(self, workload, load, *, stop=None):
-                if isinstance(load, Poisson):
-                    backend.seeds.append(load.seed)
-                backend.orders.append(tuple(int(x) for x in workload.prompt_tokens[:5]))
-                result = super().run(workload, load, stop=stop)
-                return dataclasses.replace(result, duration_s=result.duration_s / factor)
-
-        inst = Inst(config, self.ttft_per_user)
-        self.instances.append(inst)
-        return inst
-
-
 def test_every_trial_replays_the_same_sample_and_the_winner_is_confirmed_on_new_ones(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     space = fake_space(SPACE.replace("requests: 60}", "requests: 60, load: rate}"))
@@ -273,21 +239,21 @@ def test_the_edge_is_located_within_the_tolerance_when_replays_allow():
     backend = FakeBackend(ttft_per_user=0.01)  # P95 ~ 0.0105 x users: the 1 s edge near 95 users
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9),
                          small_workload(600), 1.0, max_replays=10, edge_tolerance=0.05)
-    edge = ev.attrs["edge"]
-    assert edge["located"] and edge["failing_level"] - edge["level"] <= max(1, 0.05 * edge["level"])
-    loads = ev.attrs["loads"]
-    assert all(p["p95_ttft_s"] <= 1.0 for p in loads if p["passed"])
-    assert all(p["level"] > edge["level"] for p in loads if not p["passed"])
+    edge = ev.record.edge
+    assert edge.located and edge.failing_level - edge.level <= max(1, 0.05 * edge.level)
+    loads = ev.record.loads
+    assert all(p.p95_ttft_s <= 1.0 for p in loads if p.passed)
+    assert all(p.level > edge.level for p in loads if not p.passed)
 
 
 def test_a_configuration_that_holds_at_its_cap_is_tried_above_it():
     backend = FakeBackend(ttft_per_user=0.01)  # 16 seqs: P95 0.17 s at the cap, 1 s near 95 users
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9),
                          small_workload(600), 1.0, max_replays=8)
-    edge = ev.attrs["edge"]
-    assert edge["cap"] == 16 and edge["beyond_cap"] and edge["level"] > 16
+    edge = ev.record.edge
+    assert edge.cap == 16 and edge.beyond_cap and edge.level > 16
     # a configuration already under the incumbent at its cap is not: that costs replays
     ev = evaluate_config(FakeBackend(ttft_per_user=0.01), Deployment(),
                          ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9), small_workload(600), 1.0,
                          max_replays=8, incumbent=10**9)
-    assert len(ev.attrs["loads"]) == 1 and not ev.attrs["edge"]["beyond_cap"]
+    assert len(ev.record.loads) == 1 and not ev.record.edge.beyond_cap

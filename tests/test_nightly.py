@@ -16,7 +16,7 @@ from tuner.nightly import Night, compare, latest_window, nights, parse_threshold
 from tuner.study import load_study_by_name
 from tuner.traffic import native
 from tuner.traffic.workload import Workload
-from tuner.workers import StudyLock
+from tuner.locks import StudyLock
 
 STUDY = "nightly-test"
 

@@ -7,13 +7,13 @@ import sys
 import numpy as np
 import optuna
 import pytest
+from fakes import Analytic, LateWatch
 
-from tuner.capacity import (
-    CapacityEstimate,
+from tuner.capacity import CapacityEstimate, max_load_meeting
+from tuner.demand import (
     Demand,
     conversations_per_min,
     cost_figures,
-    max_load_meeting,
     parse_demand,
     parse_fraction,
     replicas_needed,
@@ -21,8 +21,8 @@ from tuner.capacity import (
 )
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError, NoFeasibleConfig
-from tuner.load import Concurrency
-from tuner.plan import load_plan, plan_capacity, plan_key, rescale, sim_serve_speed, write_plan_files
+from tuner.backends.vllm import VllmBackend
+from tuner.plan import Figures, Sweep, load_plan, plan_capacity, plan_key, rescale, write_plan_files
 from tuner.result import RunResult
 from tuner.search import run_search
 from tuner.space import parse_space
@@ -127,40 +127,6 @@ def test_cost_hand_worked():
     assert c["cost_per_million_output_tokens"] == pytest.approx(32)
 
 
-# -- plan_capacity on an analytic server --------------------------------------------------
-class Analytic:
-    """P95 TTFT = ``f(users)`` exactly (every request waits that long); 100 tokens/s per user."""
-
-    name = "analytic"
-
-    def __init__(self, f):
-        self.f = f
-        self.runs: list[float] = []
-        self.info = {}
-
-    def precheck(self, deployment, config):
-        return {}
-
-    def start(self, deployment, config):
-        return self
-
-    def run(self, workload, load, *, stop=None):
-        level = load.users if isinstance(load, Concurrency) else load.rate
-        self.runs.append(level)
-        n = len(workload)
-        ttft = np.full(n, float(self.f(level)))
-        tokens = float((workload.prompt_tokens + workload.output_tokens).sum())
-        return RunResult(send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 2.0, prompt_tokens=workload.prompt_tokens,
-                         output_tokens=workload.output_tokens, error=[None] * n,
-                         duration_s=tokens / (100.0 * level))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-
 def wl(n: int = 400, sessions=None) -> Workload:
     return Workload(arrival_s=np.zeros(n), prompt_tokens=np.full(n, 200), output_tokens=np.full(n, 100),
                     session=sessions, source="test")
@@ -206,7 +172,8 @@ def test_a_server_that_misses_at_the_lowest_load_is_infeasible():
 
 
 def test_demand_headroom_cost_and_json_keys():
-    est = plan(lambda u: 0.05 * u, tokens_per_conversation=300, demand="2500/min", headroom=0.2, gpu_hour_cost=2.0)
+    est = plan(lambda u: 0.05 * u, figures=Figures(tokens_per_conversation=300, demand="2500/min", headroom=0.2,
+                                                gpu_hour_cost=2.0))
     assert est.conversations_per_min == pytest.approx(2000)  # 10,000 tok/s x 60 / 300
     assert est.replicas == 2  # 2500 x 1.2 = 3000 per minute over 2000 each
     assert est.cost_per_hour == 4.0 and est.total_cost_per_hour == 8.0  # TP2 = 2 GPUs
@@ -226,7 +193,7 @@ def test_sessions_count_requests_per_conversation():
 
 
 def test_repeats_give_ranges_around_the_headline():
-    est = plan(lambda u: 0.05 * u, repeats=3)
+    est = plan(lambda u: 0.05 * u, sweep=Sweep(repeats=3))
     assert est.repeats == 3 and {p.repeat for p in est.sweep} == {0, 1, 2}
     for key in ("max_concurrency", "tokens_per_s", "conversations_per_min"):
         lo, hi = est.ranges[key]
@@ -234,7 +201,7 @@ def test_repeats_give_ranges_around_the_headline():
 
 
 def test_open_loop_rates():
-    est = plan(lambda r: 0.5 * r, rates=[1, 2, 4, 8, 16])  # 5 s at 10 req/s
+    est = plan(lambda r: 0.5 * r, sweep=Sweep(rates=[1, 2, 4, 8, 16]))  # 5 s at 10 req/s
     assert est.load_kind == "rate" and est.max_load == pytest.approx(10, rel=1e-6)
     assert est.max_concurrency == pytest.approx(est.requests_per_s * est.e2e_mean_s)
 
@@ -245,8 +212,8 @@ def test_time_scale_restores_simulated_time():
                   output_tokens=np.full(n, 10), error=[None] * n, duration_s=2.0)
     s = rescale(r, 20.0).summary()
     assert s["ttft_p95_s"] == pytest.approx(2.0) and s["tokens_per_s"] == pytest.approx(r.summary()["tokens_per_s"] / 20)
-    assert sim_serve_speed("python -m tuner sim-serve --speed 25") == 25
-    assert sim_serve_speed("vllm serve --speed 25") is None
+    assert VllmBackend(vllm_cmd="python -m tuner sim-serve --speed 25").time_scale == 25
+    assert VllmBackend(vllm_cmd="vllm serve --speed 25").time_scale == 1.0
 
 
 def test_files_are_written(tmp_path):
@@ -266,7 +233,7 @@ def test_plan_is_stored_in_a_real_study_and_read_back(tmp_path):
     small = wl(80)
     out = run_search(space, workload=small, budget=2, storage=storage, study="s")
     assert out.best is not None
-    est = plan_capacity(2.0, study="s", storage=storage, workload=small, levels=[2, 4, 8], max_extensions=1)
+    est = plan_capacity(2.0, study="s", storage=storage, workload=small, sweep=Sweep(levels=[2, 4, 8], max_extensions=1))
     assert est.study == "s" and est.trial == out.best.number
     again = optuna.load_study(study_name="s", storage=storage)
     assert plan_key(est.trial, 2.0) in again.user_attrs
@@ -295,7 +262,7 @@ def test_the_default_sweep_stops_one_point_after_the_target_breaks(tmp_path):
 
 
 def test_levels_given_are_all_run_and_a_miss_at_the_first_default_level_goes_down():
-    est = plan(lambda u: 0.05 * u, levels=[20, 150, 200])
+    est = plan(lambda u: 0.05 * u, sweep=Sweep(levels=[20, 150, 200]))
     assert sorted(p.level for p in est.sweep if p.role == "sweep") == [20, 150, 200]
     backend = Analytic(lambda u: 0.5 * u)  # 5 s at 10 users: 5 users meet it
     est = plan_capacity(1.0, config=ServeConfig(), workload=wl(), backend=backend)
@@ -323,7 +290,7 @@ def test_a_study_on_a_trace_is_planned_on_that_trace(tmp_path):
     space = parse_space(AGREEMENT_SPACE.replace("V100-32GB-SXM2", "H100-SXM").replace("dtype: float16", "dtype: auto"),
                         path="t.yaml")
     run_search(space.bind(space.deployment, num_heads=28), workload=trace, budget=1, storage=storage, study="t")
-    est = plan_capacity(2.0, study="t", storage=storage, levels=[2, 4], max_extensions=1, repeats=2)
+    est = plan_capacity(2.0, study="t", storage=storage, sweep=Sweep(levels=[2, 4], max_extensions=1, repeats=2))
     assert est.workload.source == trace.source and est.workload.requests == 80
     assert est.workload.fingerprint == trace.fingerprint() and est.workload.matches_study
 
@@ -373,39 +340,6 @@ def agreement_workload(n: int = 32) -> Workload:
 LATE_S = 0.008
 
 
-class LateWatch:
-    """The vLLM backend, reading sim-serve's ``/debug/loop`` after every run: how late the
-    engine loop's steps ended (a busy machine makes the server slower than simulated time)."""
-
-    def __init__(self, backend):
-        self.backend = backend
-        self.name = backend.name
-        self.late_p95_s = 0.0
-
-    def precheck(self, deployment, config):
-        return self.backend.precheck(deployment, config)
-
-    def start(self, deployment, config):
-        import json as _json
-        import urllib.request
-
-        inst = self.backend.start(deployment, config)
-        inner_run = inst.run
-
-        def run(workload, load, *, stop=None):
-            result = inner_run(workload, load, stop=stop)
-            for url in inst.urls:
-                try:
-                    with urllib.request.urlopen(f"{url}/debug/loop", timeout=10) as resp:
-                        self.late_p95_s = max(self.late_p95_s, float(_json.load(resp).get("late_p95_s", 0.0)))
-                except (OSError, ValueError):  # a sim-serve without /debug/loop: no excuse recorded
-                    pass
-            return result
-
-        inst.run = run
-        return inst
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
@@ -422,9 +356,9 @@ def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
     assert out.best is not None
     options = {"vllm_cmd": f"{sys.executable} -m tuner sim-serve --speed {SPEED:g}", "log_dir": str(tmp_path / "logs")}
     watched = LateWatch(get_backend("vllm", **options))
-    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=[8, 16], max_extensions=1,
+    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, sweep=Sweep(levels=[8, 16], max_extensions=1),
                          backend=watched)
-    sim = plan_capacity(2.0, study="agree", storage=storage, workload=wl, levels=[8, 16], max_extensions=1,
+    sim = plan_capacity(2.0, study="agree", storage=storage, workload=wl, sweep=Sweep(levels=[8, 16], max_extensions=1),
                         backend="sim", store=False)
     assert real.backend == "vllm" and sim.backend == "sim"
     assert sim.max_concurrency >= 11  # the crossing where one user is under 10 % of the answer

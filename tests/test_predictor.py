@@ -5,7 +5,8 @@ import optuna
 import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
-from test_search import FakeBackend, fake_space, small_workload
+from fakes import FakeBackend, small_workload
+from test_search import fake_space
 
 from tuner.backends.sim import SimBackend
 from tuner.config import Deployment, ServeConfig
@@ -103,22 +104,22 @@ def test_goodput_search_from_a_predicted_load_steps_up_and_brackets_the_edge():
     backend = FakeBackend(ttft_per_user=0.01)  # P95 = 1.0225 x 0.01 s x users: 97 users meet 1 s
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0, start_level=80)
-    loads = ev.attrs["loads"]
-    assert loads[0]["level"] == 80 and loads[0]["passed"]
-    assert loads[1]["level"] == 92  # 80 x 1.15
-    chosen = max(p["level"] for p in loads if p["passed"])
+    loads = ev.record.loads
+    assert loads[0].level == 80 and loads[0].passed
+    assert loads[1].level == 92  # 80 x 1.15
+    chosen = max(p.level for p in loads if p.passed)
     assert 90 <= chosen <= 97 and len(loads) <= MAX_REPLAYS
-    assert all(p["level"] > chosen for p in loads if not p["passed"])
+    assert all(p.level > chosen for p in loads if not p.passed)
 
 
 def test_goodput_search_from_a_predicted_load_too_high_steps_down_gently():
     backend = FakeBackend(ttft_per_user=0.01)
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0, start_level=110)
-    loads = ev.attrs["loads"]
-    assert loads[0]["level"] == 110 and not loads[0]["passed"]
-    assert 85 <= loads[1]["level"] < 110  # not the x0.7 jump used from the top
-    assert ev.feasible and 85 <= max(p["level"] for p in loads if p["passed"]) <= 97  # edge: P95 = 1.0225 x 0.01 x users
+    loads = ev.record.loads
+    assert loads[0].level == 110 and not loads[0].passed
+    assert 85 <= loads[1].level < 110  # not the x0.7 jump used from the top
+    assert ev.feasible and 85 <= max(p.level for p in loads if p.passed) <= 97  # edge: P95 = 1.0225 x 0.01 x users
 
 
 class ByMaxNumSeqs:

@@ -1,104 +1,15 @@
 from __future__ import annotations
 
-
-import numpy as np
 import optuna
 import pytest
+from fakes import ErrorBackend, FakeBackend, small_workload
 from optuna.trial import TrialState
 
-from tuner.backends.base import RunControl
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError, ConfigRejected
-from tuner.load import Concurrency
-from tuner.result import RunResult
+from tuner.control import RunControl
 from tuner.search import MAX_REPLAYS, evaluate_config, make_sampler, run_search, serve_command, slo_stop_hook
 from tuner.space import parse_space
 from tuner.study import best_feasible_trial, closest_miss, trial_config
-from tuner.traffic.workload import Workload
-
-
-def small_workload(n: int = 60) -> Workload:
-    rng = np.random.default_rng(0)
-    return Workload(
-        arrival_s=np.arange(n) * 0.1,
-        prompt_tokens=rng.integers(50, 300, n),
-        output_tokens=rng.integers(20, 200, n),
-        source="test",
-    )
-
-
-class FakeInstance:
-    """Analytic server: P95 TTFT = ``ttft_per_user`` x users (x 1/rate-capacity for open
-    loop), throughput grows with users until max_num_seqs x replicas."""
-
-    def __init__(self, config: ServeConfig, ttft_per_user: float, crash: bool = False) -> None:
-        self.config = config
-        self.ttft_per_user = ttft_per_user
-        self.crash = crash
-        self.info = {"startup_s": 30.0, "kv_cache_tokens": 10**6, "vllm_version": "0.0-fake", "log_paths": ["/tmp/fake.log"]}
-        self.runs: list[str] = []
-        self.closed = 0
-
-    def run(self, workload, load, *, stop=None) -> RunResult:
-        if self.crash:
-            raise BackendError("fake server died")
-        self.runs.append(load.label)
-        cap = self.config.max_num_seqs * self.config.replicas
-        users = load.users if isinstance(load, Concurrency) else load.rate * 2.0
-        n = len(workload)
-        ttft = np.full(n, self.ttft_per_user * users / self.config.replicas)
-        ttft *= np.linspace(0.5, 1.05, n)  # P95 ≈ the nominal value
-        control = RunControl(total=n)
-        errors: list[str | None] = [None] * n
-        stopped = False
-        for i in range(n):
-            control.finished += 1
-            control.ttft_s.append(float(ttft[i]))
-            if stop is not None and stop(control):
-                stopped = True
-                errors[i + 1:] = ["not_sent"] * (n - i - 1)
-                ttft[i + 1:] = np.nan
-                break
-        tokens = float((workload.prompt_tokens + workload.output_tokens).sum())
-        tps = 100.0 * min(users, cap)
-        done = (i + 1) / n
-        return RunResult(
-            send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 1.0,
-            prompt_tokens=workload.prompt_tokens, output_tokens=workload.output_tokens,
-            error=errors, duration_s=tokens / tps * done, server={"num_preemptions": 0},
-            stopped_early=stopped, load_label=load.label,
-        )
-
-    def close(self) -> None:
-        self.closed += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-class FakeBackend:
-    """Rejects gpu_memory_utilization > 0.9 (as an OOM) and crashes on enforce_eager."""
-
-    name = "fake"
-
-    def __init__(self, ttft_per_user: float = 0.01) -> None:
-        self.ttft_per_user = ttft_per_user
-        self.started: list[ServeConfig] = []
-        self.instances: list[FakeInstance] = []
-
-    def precheck(self, deployment, config):
-        if (config.gpu_memory_utilization or 0.9) > 0.9:
-            raise ConfigRejected("oom", "CUDA out of memory (fake)")
-        return {"max_num_seqs": config.max_num_seqs, "kv_cache_tokens": 10**6}
-
-    def start(self, deployment, config):
-        self.started.append(config)
-        inst = FakeInstance(config, self.ttft_per_user, crash=config.enforce_eager)
-        self.instances.append(inst)
-        return inst
 
 
 SPACE = """\
@@ -131,17 +42,17 @@ def test_goodput_finds_the_highest_load_meeting_the_target():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0)
     assert ev.feasible
-    assert len(ev.attrs["loads"]) <= MAX_REPLAYS
-    passed = [p for p in ev.attrs["loads"] if p["passed"]]
-    failed = [p for p in ev.attrs["loads"] if not p["passed"]]
-    chosen = max(p["level"] for p in passed)
-    assert all(p["p95_ttft_s"] <= 1.0 for p in passed)
-    assert all(p["level"] > chosen for p in failed)
+    assert len(ev.record.loads) <= MAX_REPLAYS
+    passed = [p for p in ev.record.loads if p.passed]
+    failed = [p for p in ev.record.loads if not p.passed]
+    chosen = max(p.level for p in passed)
+    assert all(p.p95_ttft_s <= 1.0 for p in passed)
+    assert all(p.level > chosen for p in failed)
     assert 60 <= chosen <= 95  # within the few replays allowed, close to the edge
     assert ev.value == pytest.approx(100.0 * chosen, rel=0.01)
-    assert ev.attrs["summary"]["ttft_p95_s"] <= 1.0
+    assert ev.record.summary["ttft_p95_s"] <= 1.0
     assert ev.constraint <= 0
-    assert ev.gpu_s == pytest.approx(30.0 + sum(p["duration_s"] for p in ev.attrs["loads"]))
+    assert ev.gpu_s == pytest.approx(30.0 + sum(p.duration_s for p in ev.record.loads))
     assert backend.instances[0].closed == 1
 
 
@@ -150,7 +61,7 @@ def test_open_loop_rate_axis():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     ev = evaluate_config(backend, Deployment(), config, small_workload(600), 1.0, load_kind="rate")
     assert ev.feasible
-    assert ev.attrs["chosen_load"].endswith("req/s")
+    assert ev.record.chosen_load.endswith("req/s")
 
 
 def test_rejected_config_costs_no_launch_and_records_the_reason():
@@ -159,18 +70,18 @@ def test_rejected_config_costs_no_launch_and_records_the_reason():
     assert not ev.feasible and ev.constraint > 0 and ev.value == 0.0
     assert backend.started == []
     assert ev.gpu_s == 0.0
-    assert ev.attrs["infeasible_reason"].startswith("oom:")
-    assert ev.attrs["rejected_at"] == "pre-check"
+    assert ev.record.infeasible_reason.startswith("oom:")
+    assert ev.record.rejected_at == "pre-check"
 
 
 def test_slo_lost_even_at_the_lowest_load_is_infeasible_with_evidence():
     backend = FakeBackend(ttft_per_user=5.0)  # one user already takes 5 s to first token
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=64), small_workload(), 1.0)
     assert not ev.feasible and ev.constraint > 0
-    assert "even at 1 users" in ev.attrs["infeasible_reason"]
-    assert ev.attrs["lowest_load"] == "1 users"
-    assert any(p["stopped_early"] for p in ev.attrs["loads"])
-    assert len(ev.attrs["loads"]) <= MAX_REPLAYS
+    assert "even at 1 users" in ev.record.infeasible_reason
+    assert ev.record.lowest_load == "1 users"
+    assert any(p.stopped_early for p in ev.record.loads)
+    assert len(ev.record.loads) <= MAX_REPLAYS
 
 
 def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
@@ -333,10 +244,10 @@ def test_refining_stops_when_the_incumbent_cannot_be_beaten():
     config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
     free = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0)
     bounded = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1e9)
-    assert len(bounded.attrs["loads"]) == 2 < len(free.attrs["loads"])  # top load fails, next passes, stop
+    assert len(bounded.record.loads) == 2 < len(free.record.loads)  # top load fails, next passes, stop
     assert bounded.feasible and bounded.value <= free.value
     weak = evaluate_config(FakeBackend(0.005), Deployment(), config, small_workload(600), 1.0, incumbent=1.0)
-    assert weak.attrs["loads"] == free.attrs["loads"]  # an incumbent it can beat changes nothing
+    assert weak.record.loads == free.record.loads  # an incumbent it can beat changes nothing
 
 
 def test_vllm_defaults_run_first_and_are_moved_one_knob_when_snapping_makes_them_refuse():
@@ -363,47 +274,6 @@ def test_vllm_defaults_run_first_and_are_moved_one_knob_when_snapping_makes_them
         assert (c.gpu_memory_utilization, c.max_model_len, c.enforce_eager) == (0.9, 32768, False)
 
 
-class ErrorInstance(FakeInstance):
-    """Every ``every``-th request fails with ``kind`` (all when every=1); the rest take
-    0.1 s to their first token. Honours the stop hook like a replay: a failed request
-    finishes without a TTFT."""
-
-    def __init__(self, config, kind: str, every: int) -> None:
-        super().__init__(config, 0.0)
-        self.kind, self.every = kind, every
-
-    def run(self, workload, load, *, stop=None) -> RunResult:
-        n = len(workload)
-        control = RunControl(total=n)
-        errors: list[str | None] = ["not_sent"] * n
-        ttft = np.full(n, np.nan)
-        stopped = False
-        for i in range(n):
-            control.finished += 1
-            if i % self.every == 0:
-                errors[i] = self.kind
-            else:
-                errors[i], ttft[i] = None, 0.1
-                control.ttft_s.append(0.1)
-            if stop is not None and stop(control):
-                stopped = True
-                break
-        return RunResult(send_s=np.zeros(n), ttft_s=ttft, e2e_s=ttft + 1.0, prompt_tokens=workload.prompt_tokens,
-                         output_tokens=workload.output_tokens, error=errors, duration_s=10.0, stopped_early=stopped,
-                         load_label=load.label, error_detail={self.kind: "rate limit reached"})
-
-
-class ErrorBackend(FakeBackend):
-    def __init__(self, kind: str = "http_429", every: int = 1) -> None:
-        super().__init__()
-        self.kind, self.every = kind, every
-
-    def start(self, deployment, config):
-        inst = ErrorInstance(config, self.kind, self.every)
-        self.instances.append(inst)
-        return inst
-
-
 def test_a_replay_stops_once_more_than_one_percent_of_its_requests_failed():
     from tuner.search import error_stop_hook
 
@@ -418,29 +288,29 @@ def test_errors_fail_every_load_and_the_reason_names_them_not_a_latency():
     w = small_workload(200)
     ev = evaluate_config(ErrorBackend("http_429"), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
     assert not ev.feasible and ev.value == 0.0 and ev.constraint >= 1.0
-    reason = ev.attrs["infeasible_reason"]
+    reason = ev.record.infeasible_reason
     assert reason.startswith("the first 3 requests answered failed at ") and "http_429 x3" in reason
     assert "rate limit reached" in reason and "so the replay stopped" in reason
     assert "P95 TTFT" not in reason and "nan" not in reason
-    assert ev.attrs["failed_by"] == "errors" and set(ev.attrs["errors"]) == {"http_429"}
-    assert ev.attrs["error_detail"] == {"http_429": "rate limit reached"}
+    assert ev.record.failed_by == "errors" and set(ev.record.errors) == {"http_429"}
+    assert ev.record.error_detail == {"http_429": "rate limit reached"}
     # the replay stopped at the third failure (2 of 200 allowed), not after 200
-    assert all(p["errors"] == {"http_429": 3} and p["stopped_early"] and not p["passed"] for p in ev.attrs["loads"])
-    assert ev.attrs["summary"]["errors_http_429"] == 3
+    assert all(p.errors == {"http_429": 3} and p.stopped_early and not p.passed for p in ev.record.loads)
+    assert ev.record.summary["errors_http_429"] == 3
 
 
 def test_errors_under_the_limit_are_kept_on_a_feasible_trial():
     w = small_workload(200)  # one request in 200 fails: 0.5%, under the 1% allowed
     ev = evaluate_config(ErrorBackend("timeout", every=200), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
-    assert ev.feasible and ev.attrs["errors"] == {"timeout": 1}
-    assert all(p["errors"] == {"timeout": 1} for p in ev.attrs["loads"])
+    assert ev.feasible and ev.record.errors == {"timeout": 1}
+    assert all(p.errors == {"timeout": 1} for p in ev.record.loads)
     # two in 100 fail: 2%, over it
     ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0)
-    assert not ev.feasible and ev.attrs["infeasible_reason"].startswith("3 of the first 101 requests answered failed")
+    assert not ev.feasible and ev.record.infeasible_reason.startswith("3 of the first 101 requests answered failed")
     ev = evaluate_config(ErrorBackend("short_output", every=50), Deployment(), ServeConfig(max_num_seqs=64), w, 1.0,
                          early_stop=False)  # every request answered
-    assert ev.attrs["infeasible_reason"].startswith("4 of 200 requests failed at ")
-    assert ev.attrs["infeasible_reason"].endswith("short_output x4 (first short_output: 'rate limit reached'); "
+    assert ev.record.infeasible_reason.startswith("4 of 200 requests failed at ")
+    assert ev.record.infeasible_reason.endswith("short_output x4 (first short_output: 'rate limit reached'); "
                                                   "at most 1% may fail")
 
 

@@ -7,11 +7,11 @@ from optuna.trial import TrialState, create_trial
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
+from tuner.storage import default_storage
 from tuner.study import (
     best_feasible_trial,
     closest_miss,
     count_finished,
-    default_storage,
     list_studies,
     load_study_by_name,
     miss_explanation,

@@ -16,7 +16,10 @@ import pytest
 from optuna.trial import TrialState
 from pg_db import pg_url  # noqa: F401  (fixture)
 
-from tuner.workers import RetryOnce, StudyLock, Worker, budget_used, driver_url
+from tuner.record import TrialRecord
+from tuner.locks import StudyLock, driver_url
+from tuner.storage import RetryOnce
+from tuner.workers import Worker, budget_used
 
 STUDY = "workers-test"
 BUDGET = 40
@@ -112,7 +115,7 @@ def test_a_retry_starts_clean_of_the_dead_run_but_keeps_its_parameters():
     retry = st.trials[1]
     assert retry.state == TrialState.WAITING and retry.params == {"x": 3}
     assert retry.system_attrs["failed_trial"] == 0 and not any(k.startswith("constraints") for k in retry.system_attrs)
-    assert retry.user_attrs == {"warm_start": True}
+    assert TrialRecord.from_trial(retry) == TrialRecord(warm_start=True)
     RetryOnce()(st, st.trials[1])  # a retry that dies too is not retried again
     assert len(st.trials) == 2
 

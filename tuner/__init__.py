@@ -1,6 +1,28 @@
 """tuner: find the vLLM configuration with the most token throughput under a P95
-TTFT target, and plan capacity from it."""
+TTFT target, and plan capacity from it.
+
+The API that the ``tuner`` command and notebooks both call (each imported on first use):
+
+* ``tuner.search(space="default", *, deployment=..., workload=..., backend="sim",
+  settings=tuner.SearchSettings(budget=40), observer=None, ...)`` — run or resume a
+  study (:func:`tuner.search.workflow.search`); returns a ``SearchOutcome``.
+* ``tuner.plan(target_ttft_s=None, *, study=..., trial=..., sweep=tuner.Sweep(...),
+  figures=tuner.Figures(...), observer=None, ...)`` — how much traffic a study's best
+  configuration holds at the target (:func:`tuner.plan.plan_capacity`); returns a
+  ``CapacityEstimate``.
+* ``tuner.open_study(path_or_name, storage=None)`` — an existing study, to read with
+  :mod:`tuner.analysis` (:func:`tuner.analysis.open_study`).
+
+``tuner.search`` and ``tuner.plan`` are also the modules that implement them: calling the
+module calls its function. Progress goes to an optional ``observer``
+(:class:`tuner.progress.Observer`); ``None`` shows nothing.
+"""
 from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import (
@@ -13,13 +35,58 @@ from tuner.errors import (
 
 __version__ = "0.1.0"
 
+#: Lazily imported names of the API: name -> (module, attribute).
+_LAZY = {
+    "search": ("tuner.search", None),
+    "plan": ("tuner.plan", None),
+    "open_study": ("tuner.analysis", "open_study"),
+    "SearchSettings": ("tuner.search.driver", "SearchSettings"),
+    "Sweep": ("tuner.plan", "Sweep"),
+    "Figures": ("tuner.plan", "Figures"),
+    "Observer": ("tuner.progress", "Observer"),
+    "TrialRecord": ("tuner.record", "TrialRecord"),
+    "StudyRecord": ("tuner.record", "StudyRecord"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    found = importlib.import_module(module)
+    return found if attribute is None else getattr(found, attribute)
+
+
+class _Verb(types.ModuleType):
+    """A module that is also the API's verb: calling it calls its ``__verb__``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self, "__verb__")(*args, **kwargs)
+
+
+def callable_as(module: str, verb: Any) -> None:
+    """Make the imported module ``module`` callable as ``verb`` (``tuner.search(...)``)."""
+    found = sys.modules[module]
+    found.__class__ = _Verb
+    found.__verb__ = verb  # type: ignore[attr-defined]
+
+
 __all__ = [
     "BackendError",
     "ConfigRejected",
     "Deployment",
+    "Figures",
     "InputError",
     "NoFeasibleConfig",
+    "Observer",
+    "SearchSettings",
     "ServeConfig",
+    "StudyRecord",
+    "Sweep",
+    "TrialRecord",
     "TunerError",
     "__version__",
+    "open_study",
+    "plan",
+    "search",
 ]

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
+from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
-from tuner.study import best_feasible_trial, is_feasible, load_study_by_name
+from tuner.study import best_feasible_trial, load_study_by_name
 from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
@@ -95,11 +96,12 @@ def study_location(study: optuna.Study) -> Path | None:
 
 def target_ttft_s(study: optuna.Study) -> float | None:
     """The study's P95 TTFT target in seconds (stamped by ``tuner search``)."""
-    target = study.user_attrs.get("target_ttft_s")
+    target = StudyRecord.from_study(study).target_ttft_s
     if target is None:  # older studies: each trial carries it
         for t in study.get_trials(deepcopy=False):
-            if t.user_attrs.get("target_ttft_s") is not None:
-                return float(t.user_attrs["target_ttft_s"])
+            rec = TrialRecord.from_trial(t)
+            if rec.target_ttft_s is not None:
+                return float(rec.target_ttft_s)
         return None
     return float(target)
 
@@ -110,29 +112,28 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
     return best_feasible_trial(study)
 
 
-def _status(trial: FrozenTrial) -> str:
+def _status(trial: FrozenTrial, rec: TrialRecord) -> str:
     from optuna.trial import TrialState
 
     if trial.state == TrialState.COMPLETE:
-        if is_feasible(trial):
+        if rec.feasible:
             return "feasible"
-        return "refused" if trial.user_attrs.get("rejected_kind") else "infeasible"
+        return "refused" if rec.rejected_kind else "infeasible"
     return {TrialState.FAIL: "failed", TrialState.PRUNED: "pruned"}.get(trial.state, "running")
 
 
-def _reason(trial: FrozenTrial, status: str) -> str | None:
-    text = _why(trial, status)
+def _reason(trial: FrozenTrial, rec: TrialRecord, status: str) -> str | None:
+    text = _why(trial, rec, status)
     return None if text is None else redact(text)  # a study written before redaction may hold a key
 
 
-def _why(trial: FrozenTrial, status: str) -> str | None:
-    attrs = trial.user_attrs
+def _why(trial: FrozenTrial, rec: TrialRecord, status: str) -> str | None:
     if status in ("infeasible", "refused"):
-        return str(attrs.get("infeasible_reason") or "did not meet the target")
+        return str(rec.infeasible_reason or "did not meet the target")
     if status == "failed":
-        return str(attrs.get("error") or "the trial raised (see the search log)")
+        return str(rec.error or "the trial raised (see the search log)")
     if status == "pruned":
-        return str(attrs.get("pruned_reason") or "pruned by the sampler or a callback")
+        return str(rec.pruned_reason or "pruned by the sampler or a callback")
     if status == "running":
         return f"still {trial.state.name.lower()} (or its process was killed)"
     return None
@@ -142,13 +143,14 @@ def _number(value: Any) -> Any:
     return math.nan if value is None else value
 
 
-def _folded(trial: FrozenTrial, status: str, config: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+def _folded(rec: TrialRecord, status: str) -> tuple[str | None, dict[str, str]]:
     """The trial's group key and its folded knobs with why (:mod:`tuner.effective`)."""
     from tuner.effective import group_key, no_effect
 
-    if not config:
+    if rec.config is None:
         return None, {}
-    facts = {"run": trial.user_attrs.get("run") or {}, "server": trial.user_attrs.get("server"),
+    config = rec.config.to_dict()
+    facts = {"run": rec.run.to_dict(), "server": rec.server,
              "started": status in ("feasible", "infeasible")}  # measured, so vLLM started
     return group_key(config, **facts), no_effect(config, **facts)
 
@@ -157,26 +159,26 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     """One :func:`trials_frame` row: base columns, then the configuration's knobs, the
     summary of the chosen load point (every percentile), ``server_*`` readings and
     ``plan_*`` memory-planner facts."""
-    attrs = trial.user_attrs
-    status = _status(trial)
-    config = dict(attrs.get("config") or {})
-    group, folded = _folded(trial, status, config)
+    rec = TrialRecord.from_trial(trial)
+    status = _status(trial, rec)
+    config = rec.config.to_dict() if rec.config is not None else {}
+    group, folded = _folded(rec, status)
     tp = config.get("tensor_parallel_size") or 1
     replicas = config.get("replicas") or 1
     duration = trial.duration.total_seconds() if trial.duration is not None else math.nan
     row: dict[str, Any] = {
         "number": trial.number, "state": trial.state.name, "status": status,
         "feasible": status == "feasible", "value": _number(trial.value),
-        "constraint": _number(attrs.get("constraint")), "reason": _reason(trial, status),
-        "errors": describe_errors(attrs.get("errors"), limit=8) or None,
+        "constraint": _number(rec.constraint), "reason": _reason(trial, rec, status),
+        "errors": describe_errors(rec.errors, limit=8) or None,
         "layout": f"tp{tp}x{replicas}", "tensor_parallel_size": tp, "replicas": replicas,
-        "repeat_of": _number(attrs.get("repeat_of")),
+        "repeat_of": _number(rec.repeat_of),
         "datetime_start": trial.datetime_start, "duration_s": duration,
         "group": group, "folded": "; ".join(f"{k}: {why}" for k, why in folded.items()) or None,
     }
     for key, value in config.items():
         row[key] = value
-    for key, value in (attrs.get("summary") or {}).items():
+    for key, value in rec.summary.items():
         row[key] = _number(value)
     # What the trial measured at its chosen load (at its lowest load when infeasible,
     # where the objective ``value`` stays 0); nothing for a configuration never run.
@@ -184,15 +186,14 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     row.setdefault("ttft_p95_s", math.nan)
     for key in ("chosen_load", "lowest_load", "p95_ttft_at_lowest_load_s", "gpu_s", "rejected_kind",
                 "rejected_at", "failed_by"):
-        if key in attrs:
-            row[key] = _number(attrs[key])
-    row["n_loads"] = len(attrs.get("loads") or [])
-    for key, value in (attrs.get("server") or {}).items():
+        if getattr(rec, key) is not None:
+            row[key] = getattr(rec, key)
+    row["n_loads"] = len(rec.loads)
+    for key, value in rec.server.items():
         row[f"server_{key}"] = _number(redact_value(value))
-    plan = (attrs.get("run") or {}).get("plan") or attrs.get("plan") or {}
     for key in PLAN_FACTS:
-        if key in plan:
-            row[f"plan_{key}"] = _number(plan[key])
+        if key in rec.run.plan:
+            row[f"plan_{key}"] = _number(rec.run.plan[key])
     return row
 
 
@@ -277,8 +278,7 @@ def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None =
     for key, members in feasible.groupby("group", sort=False):
         members = members.sort_values(["tokens_per_s", "number"], ascending=[False, True])
         best = members.iloc[0]
-        trial = trials[int(best["number"])]
-        folded = _folded(trial, "feasible", dict(trial.user_attrs.get("config") or {}))[1]
+        folded = _folded(TrialRecord.from_trial(trials[int(best["number"])]), "feasible")[1]
         row = {"number": int(best["number"]), "trials": len(members), "missed": int(missed.get(key, 0)),
                "tokens_per_s": best["tokens_per_s"], "tokens_per_s_min": members["tokens_per_s"].min(),
                "tokens_per_s_max": members["tokens_per_s"].max(), "ttft_p95_s": best["ttft_p95_s"],
@@ -291,7 +291,7 @@ def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None =
     out = pd.DataFrame(rows, columns=[*GROUP_COLUMNS, *knobs])
     if len(out):
         out = out.sort_values(["tokens_per_s", "number"], ascending=[False, True]).head(n).reset_index(drop=True)
-    runs = [t.user_attrs.get("run") or {} for t in study.get_trials(deepcopy=False)]
+    runs = [TrialRecord.from_trial(t).run.to_dict() for t in study.get_trials(deepcopy=False)]
     out.attrs["caveat"] = next((c for c in map(caveat, runs) if c), None)
     out.attrs["study"] = study.study_name
     return out
@@ -312,9 +312,9 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
     ``load_kind``, ``trial``, ``tokens_per_s`` and ``max_concurrency``."""
     import pandas as pd
 
-    from tuner.plan import load_plan
+    from tuner.capacity import stored_plan
 
-    est = load_plan(study, trial=trial, target_ttft_s=target_ttft_s)
+    est = stored_plan(study, trial=trial, target_ttft_s=target_ttft_s)
     if est is None:
         frame = pd.DataFrame({c: pd.Series(dtype=object) for c in SWEEP_COLUMNS})
         frame.attrs.update(plan=None)

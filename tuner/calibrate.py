@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.progress import Observer, observer_or_headless
+
 import numpy as np
 
 from tuner.config import Deployment, ServeConfig
@@ -41,7 +43,7 @@ from tuner.jsonsafe import json_safe
 from tuner.load import Concurrency
 
 if TYPE_CHECKING:
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
 MEASUREMENTS = "measurements.jsonl"
@@ -238,7 +240,7 @@ def measure(
     out_dir: str | Path,
     *,
     budget_s: float | None = None,
-    log: Callable[[str], None] = print,
+    observer: Observer | None = None,
     meta: dict[str, Any] | None = None,
     deployment_for: Callable[[Trial], Deployment] | None = None,
 ) -> list[dict[str, Any]]:
@@ -254,6 +256,7 @@ def measure(
     shapes). Probe rows carry the workload reference and the load (:mod:`tuner.probes`);
     for rows of a shared trace the per-request lengths are not written (the reference
     rebuilds them from the trace). Returns every row of the file."""
+    log = observer_or_headless(observer).on_phase
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / MEASUREMENTS
@@ -261,7 +264,6 @@ def measure(
     done = _done_trials(rows)
     t0 = time.monotonic()
     deadline = t0 + budget_s if budget_s is not None else math.inf
-    salt = sum(1 for r in rows if r.get("kind") == "load")
 
     def emit(row: dict[str, Any]) -> None:
         row = json_safe({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}, digits=7)
@@ -333,10 +335,8 @@ def measure(
                 n = requests_for(users, cfg.enforce_eager)
                 work = calibration_workload(n, offset=offset)
                 offset += n
-                salt += 1
-                opts = getattr(backend, "replay_options", None)
-                if isinstance(opts, dict) and not hasattr(instance, "runs"):
-                    opts["salt"] = salt  # fresh prompt ids: no prefix-cache hits across runs
+                # each run sends fresh prompts (the Instance contract, tuner.search.backend): no
+                # prefix-cache hits across runs
                 t_run = time.monotonic()
                 try:
                     res = instance.run(work, Concurrency(users), stop=over_budget)
@@ -914,7 +914,7 @@ def point_name(p: LoadPoint) -> str:
 def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: Sequence[str] | None = None,
         fit_points: Sequence[str] | None = None, noise: dict[str, float] | None = None, starts: int = 1,
         max_nfev: int | None = None, graph_fraction: float | None = None, exclude: Sequence[str] = (),
-        log: Callable[[str], None] | None = None, start: Any | None = None) -> FitResult:
+        observer: Observer | None = None, start: Any | None = None) -> FitResult:
     """Fit memory and step-time constants on ``fit_trials`` (default: the first half of the
     trials with loads, in design order: the anchor, eager, a small batch cap, KV-limited)
     and check on the rest. ``fit_points`` instead names what the fit sees, point by point
@@ -924,8 +924,10 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
     ``starts`` starts (or from ``start``'s constants, :func:`fit_step_time`); ``noise`` is
     each metric's run-to-run noise (:func:`measurement_noise`).
     Points named in ``exclude`` are neither fitted nor checked (a replay a known artefact
-    spoiled; the profile says why)."""
+    spoiled; the profile says why). ``observer`` sees the fit's progress (None: headless)."""
     import tempfile
+
+    log = None if observer is None else observer.on_phase
 
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu

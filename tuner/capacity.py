@@ -1,30 +1,24 @@
 """What a capacity plan found (:class:`CapacityEstimate`, one :class:`SweepPoint` per
-measured load) and the pure arithmetic behind it: the largest load meeting the TTFT
-target by monotone interpolation, conversations per minute, replicas for a demand, and
-cost. :mod:`tuner.plan` runs the sweeps; this module only computes and serialises.
-
-Definitions (article 004, section 7.2, does the same by hand):
-
-* **conversations/min** = requests/s x 60 / requests per conversation when the workload
-  has conversation ids; otherwise tokens/s x 60 / tokens per conversation (the article:
-  5000 tokens/s x 60 / 300 tokens = 1000 conversations per minute).
-* **replicas** = ceil(demand x (1 + headroom) / capacity): headroom is spare capacity on
-  top of the demand (20% provisions 1.2x the demand).
-* **cost per million tokens** = (GPU-hour price x GPUs of one deployment) / (tokens/s x 3600) x 1e6.
+measured load), the largest load meeting the TTFT target by monotone interpolation, and
+the study as the plans' storage (:func:`store_plan`, :func:`stored_plan`).
+:mod:`tuner.plan` runs the sweeps; :mod:`tuner.demand` turns a capacity into
+conversations, replicas and cost; this module only computes and serialises.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tuner.errors import InputError
 from tuner.jsonsafe import json_safe
+
+if TYPE_CHECKING:
+    import optuna
 
 #: Figures of an estimate that get a (min, max) range over repeats.
 RANGED = ("max_load", "max_concurrency", "requests_per_s", "tokens_per_s", "output_tokens_per_s",
@@ -281,117 +275,42 @@ def max_load_meeting(levels: Sequence[float], p95_ttft_s: Sequence[float], targe
     return Crossing(float(level), "between")
 
 
-# -- conversations, demand, replicas, cost -----------------------------------------------
-def requests_per_conversation(sessions: Sequence[str | None] | None) -> float | None:
-    """Requests / distinct conversations, from per-request conversation ids (a request
-    without an id is a conversation of its own); ``None`` when there are no ids."""
-    if sessions is None or not any(s is not None for s in sessions):
-        return None
-    named = [s for s in sessions if s is not None]
-    conversations = len(set(named)) + (len(sessions) - len(named))
-    return len(sessions) / conversations
+# -- the study as storage -----------------------------------------------------------------
+#: Study user attrs that hold a plan start with this.
+ATTR_PREFIX = "plan/"
 
 
-def conversations_per_min(*, tokens_per_s: float, requests_per_s: float,
-                          tokens_per_conversation: float | None = None,
-                          requests_per_conversation: float | None = None) -> float:
-    """Tokens/s x 60 / tokens per conversation when that is given (it wins), else
-    requests/s x 60 / requests per conversation."""
-    if tokens_per_conversation is not None:
-        if not tokens_per_conversation > 0:
-            raise InputError(f"--tokens-per-conversation must be > 0, got {tokens_per_conversation}")
-        return tokens_per_s * 60.0 / tokens_per_conversation
-    if requests_per_conversation is None or not requests_per_conversation > 0:
-        raise InputError("need tokens or requests per conversation to count conversations")
-    return requests_per_s * 60.0 / requests_per_conversation
+def plan_key(trial: int | None, target_ttft_s: float) -> str:
+    """``plan/trial-3/ttft-5s`` (``trial-config`` for a configuration given directly)."""
+    who = "config" if trial is None else str(trial)
+    return f"{ATTR_PREFIX}trial-{who}/ttft-{target_ttft_s:g}s"
 
 
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """Traffic to serve: ``per_min`` conversations (or requests) per minute."""
-
-    per_min: float
-    unit: str = "conversations"
-
-    def __post_init__(self) -> None:
-        if not self.per_min >= 0 or not math.isfinite(self.per_min):
-            raise InputError(f"demand must be a finite number >= 0 per minute, got {self.per_min}")
-        if self.unit not in ("conversations", "requests"):
-            raise InputError(f"demand unit must be conversations or requests, got {self.unit!r}")
+def store_plan(study: optuna.Study, estimate: CapacityEstimate) -> str:
+    """Store the estimate (JSON) in the study's user attrs; returns the key."""
+    key = plan_key(estimate.trial, estimate.target_ttft_s)
+    study.set_user_attr(key, estimate.to_dict())
+    return key
 
 
-_DEMAND_RE = re.compile(
-    r"\s*([0-9]*\.?[0-9]+(?:e\d+)?)\s*(conversations?|convs?|requests?|reqs?)?\s*"
-    r"(?:/|per\s*)?\s*(s|sec|second|m|min|minute|h|hr|hour)?\s*")
+def list_plans(study: optuna.Study) -> dict[str, CapacityEstimate]:
+    """Every stored plan of the study, by key."""
+    return {k: CapacityEstimate.from_dict(v) for k, v in study.user_attrs.items() if k.startswith(ATTR_PREFIX)}
 
 
-def parse_demand(text: str | float, unit: str = "conversations") -> Demand:
-    """``"1200/min"``, ``"20/s"``, ``"72000/h"``, ``"1200"`` (per minute), ``"20 req/s"``,
-    ``"1200 conv/min"``; the word picks the unit, else ``unit``."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return Demand(float(text), unit)
-    m = _DEMAND_RE.fullmatch(str(text).lower())
-    if not m:
-        raise InputError(f"cannot read demand {text!r}",
-                         hint="write 1200/min, 20/s or 72000/h (conversations; add req for requests: 20req/s)")
-    per = {"s": 60.0, "sec": 60.0, "second": 60.0, "h": 1 / 60, "hr": 1 / 60, "hour": 1 / 60}.get(m.group(3) or "min", 1.0)
-    word = m.group(2) or ""
-    if word.startswith("req"):
-        unit = "requests"
-    elif word.startswith("conv"):
-        unit = "conversations"
-    return Demand(float(m.group(1)) * per, unit)
+def stored_plan(study: optuna.Study, *, trial: int | None = None,
+                target_ttft_s: float | str | None = None) -> CapacityEstimate | None:
+    """The newest plan stored in ``study`` for ``trial`` at ``target_ttft_s`` (either may be
+    left out), or ``None``."""
+    from tuner.units import parse_seconds
 
-
-def replicas_needed(demand_per_min: float, capacity_per_min: float, headroom: float = 0.2) -> int:
-    """Deployments needed to serve ``demand_per_min`` with ``headroom`` spare:
-    ceil(demand x (1 + headroom) / capacity); 0 for no demand."""
-    if not headroom >= 0:
-        raise InputError(f"--headroom must be >= 0, got {headroom}")
-    if demand_per_min <= 0:
-        return 0
-    if not capacity_per_min > 0:
-        raise InputError("capacity is 0 per minute: no number of replicas serves the demand")
-    need = demand_per_min * (1.0 + headroom) / capacity_per_min
-    return max(1, math.ceil(need * (1 - 1e-12)))  # 2500 x 1.2 / 1000 is 3.0000000000000004 in floats
-
-
-def parse_fraction(text: str | float, what: str = "--headroom") -> float:
-    """``"20%"``, ``"0.2"`` or ``0.2`` → 0.2."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        s = str(text).strip()
-        try:
-            value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
-        except ValueError:
-            raise InputError(f"cannot read {what} {text!r}", hint="write 20% or 0.2") from None
-    if not value >= 0 or not math.isfinite(value):
-        raise InputError(f"{what} must be >= 0, got {text!r}")
-    return value
-
-
-def cost_figures(gpu_hour_cost: float, gpus: int, tokens_per_s: float, output_tokens_per_s: float,
-                 replicas: int | None = None) -> dict[str, float | None]:
-    """Cost per deployment-hour, per million tokens (in+out) and per million output tokens,
-    and per hour for ``replicas`` deployments."""
-    if not gpu_hour_cost >= 0:
-        raise InputError(f"--gpu-hour-cost must be >= 0, got {gpu_hour_cost}")
-    per_hour = gpu_hour_cost * gpus
-
-    def per_million(rate: float) -> float | None:
-        return per_hour / (rate * 3600.0) * 1e6 if rate > 0 else None
-
-    return {
-        "cost_per_hour": per_hour,
-        "total_cost_per_hour": None if replicas is None else per_hour * replicas,
-        "cost_per_million_tokens": per_million(tokens_per_s),
-        "cost_per_million_output_tokens": per_million(output_tokens_per_s),
-    }
+    target = None if target_ttft_s is None else parse_seconds(target_ttft_s, what="target")
+    found = [e for e in list_plans(study).values()
+             if (trial is None or e.trial == trial) and (target is None or math.isclose(e.target_ttft_s, target))]
+    return max(found, key=lambda e: e.created, default=None)
 
 
 __all__ = [
-    "MATCHES", "CapacityEstimate", "Crossing", "Demand", "ReplayedWorkload", "SweepPoint", "conversations_per_min",
-    "cost_figures",
-    "max_load_meeting", "parse_demand", "parse_fraction", "replicas_needed", "requests_per_conversation",
+    "ATTR_PREFIX", "MATCHES", "CapacityEstimate", "Crossing", "ReplayedWorkload", "SweepPoint", "list_plans",
+    "max_load_meeting", "plan_key", "store_plan", "stored_plan",
 ]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.values import is_int, is_number, shown
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float16", "half", "bfloat16", "float32")
@@ -43,21 +43,14 @@ _INT_LIMITS = {
 }
 _VERSION_RE = re.compile(r"\s*v?\d{1,6}(\.\d{1,6}){0,2}\b")
 
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 3, 60, 60
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a readable length (a YAML alias can make a value enormous)."""
-    return _SHORT.repr(value)
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as keyword arguments of dataclass ``cls``; InputError naming unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise InputError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}",
+                         hint=f"known: {', '.join(sorted(names))}")
+    return dict(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +105,7 @@ class ServeConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise InputError(
-                f"unknown ServeConfig field(s): {', '.join(unknown)}",
-                hint=f"known: {', '.join(sorted(names))}",
-            )
-        return cls(**data)
+        return cls(**_known_fields(cls, data))
 
     def replace(self, **changes: Any) -> ServeConfig:
         return dataclasses.replace(self, **changes)
@@ -191,6 +177,13 @@ class Deployment:
         data = dataclasses.asdict(self)
         data["gpu_ids"] = list(self.gpu_ids)
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Deployment:
+        """From :meth:`to_dict` (``gpu_ids`` as a list, as JSON keeps it)."""
+        kw = _known_fields(cls, data)
+        kw["gpu_ids"] = tuple(kw.get("gpu_ids") or ())
+        return cls(**kw)
 
     def label(self) -> str:
         """Short human label, also used in study names: ``8xV100-32GB-SXM2.qwen2.5-7b``."""

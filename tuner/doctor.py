@@ -112,7 +112,7 @@ def _gpu_holders(ours: set[int]) -> tuple[list[dict[str, Any]], str | None]:
 
 def check_sqlite(db: Path) -> StudyHealth:
     """Integrity, stale RUNNING trials, leftover locks, WAL size and free space of one file."""
-    from tuner.workers import StudyLock
+    from tuner.locks import StudyLock
 
     health = StudyHealth(path=str(db), ok=True, integrity="not checked")
     try:
@@ -170,12 +170,12 @@ def check_storage(url: str) -> StudyHealth:
     """A server database: can it be reached, and which studies does it hold."""
     import optuna
 
-    from tuner.study import _storage
+    from tuner.storage import optuna_storage
     from tuner.urls import redact
 
     health = StudyHealth(path=redact(url), ok=True, integrity="server database")
     try:
-        store = _storage(url, "")
+        store = optuna_storage(url, "")
         health.studies = optuna.get_all_study_names(store)
     except Exception as err:  # noqa: BLE001 - any driver error is the finding
         health.ok = False

@@ -33,18 +33,20 @@ import datetime as dt
 import html
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError, TunerError
+from tuner.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.config import Deployment
-    from tuner.search import SearchObserver
+    from tuner.progress import Observer
     from tuner.space import SearchSpace
     from tuner.traffic.workload import Workload
 
@@ -248,21 +250,26 @@ def run_nightly(
     report_dir: str | Path | None = None,
     seed: int = 0,
     now: dt.datetime | None = None,
-    observer: SearchObserver | None = None,
+    observer: Observer | None = None,
+    backend_options: Mapping[str, Any] | None = None,
 ) -> NightlyOutcome:
-    """One night (see the module docstring). ``space`` must be bound; ``workload`` is
-    tonight's traffic (e.g. :func:`latest_window` of the log)."""
+    """One night (see the module docstring). ``space`` must be bound
+    (:func:`tuner.search.prepare`); ``workload`` is tonight's traffic (e.g.
+    :func:`latest_window` of the log); ``backend`` a name (constructor options in
+    ``backend_options``) or a backend."""
     import time
 
-    from tuner.search import get_backend_by_name, run_search
-    from tuner.study import default_storage, open_study
-    from tuner.workers import StudyBusy, StudyLock, budget_used, is_shared
+    from tuner.search import backend_for, run_search
+    from tuner.locks import StudyBusy, StudyLock
+    from tuner.storage import default_storage, is_shared
+    from tuner.study import open_study
+    from tuner.workers import budget_used
 
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
     t0 = time.perf_counter()
-    backend_obj = get_backend_by_name(backend) if isinstance(backend, str) else backend
-    name = study or nightly_study_name(space.deployment, space.name, backend_obj.name)
+    name = study or nightly_study_name(space.deployment, space.name, backend if isinstance(backend, str) else backend.name)
+    backend_obj = backend_for(backend, name, backend_options)
     url = storage or default_storage(name)
     started = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     started_at = started.isoformat(timespec="seconds")
@@ -275,20 +282,22 @@ def run_nightly(
         previous = history[-1] if history else None
         if previous is not None and previous.trial is not None:
             # tonight's first trial: last night's best, on tonight's workload
-            st.enqueue_trial(st.trials[previous.trial].params, user_attrs={"rerun_of_night": previous.started_at})
+            st.enqueue_trial(st.trials[previous.trial].params,
+                             user_attrs=TrialRecord(rerun_of_night=previous.started_at).to_attrs())
         used = budget_used(st, shared=is_shared(url))[0]
         tags = {"night": started_at}
         run_search(space, backend=backend_obj, workload=workload, budget=used + trials, timeout_s=wall_clock_s,
                    storage=url, study=name, seed=seed, observer=observer, tags=tags)
         st = open_study(name, url)
-        tonight = [t for t in st.get_trials(deepcopy=False) if t.user_attrs.get("night") == started_at]
+        records = {t.number: TrialRecord.from_trial(t) for t in st.get_trials(deepcopy=False)}
+        tonight = [t for t in st.get_trials(deepcopy=False) if records[t.number].tags.get("night") == started_at]
         best = max((t for t in tonight if _feasible(t)), key=lambda t: (t.value, -t.number), default=None)
-        rerun = next((t for t in tonight if t.user_attrs.get("rerun_of_night")), None)
+        rerun = next((t for t in tonight if records[t.number].rerun_of_night), None)
         night = Night(
             started_at=started_at, date=started.date().isoformat(), fingerprint=workload.fingerprint(),
             shape=workload_shape(workload), tokens_per_s=None if best is None else float(best.value),
             trial=None if best is None else best.number,
-            config=None if best is None else best.user_attrs.get("config"), new_trials=len(tonight),
+            config=None if best is None else records[best.number].config.to_dict(), new_trials=len(tonight),
             workload=describe(workload), deployment=space.deployment.to_dict(),
             rerun_of_previous=None if rerun is None else (float(rerun.value) if _feasible(rerun) else 0.0),
         )

@@ -127,20 +127,27 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def listener(port: int) -> str | None:
-    """Who listens on TCP ``port`` of this host: ``pid 123: cmdline``, or None when that
-    cannot be seen (another user's process, or nothing)."""
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` of this host, or None when that cannot be
+    seen (another user's process, or nothing)."""
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.AccessDenied, OSError):
         return None
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            try:
-                return f"pid {c.pid}: {' '.join(psutil.Process(c.pid).cmdline())[:160]}"
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                return f"pid {c.pid}"
-    return None
+    return next((c.pid for c in conns
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid), None)
+
+
+def listener(port: int) -> str | None:
+    """Who listens on TCP ``port`` of this host: ``pid 123: cmdline``, or None when that
+    cannot be seen."""
+    pid = listener_pid(port)
+    if pid is None:
+        return None
+    try:
+        return f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:160]}"
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return f"pid {pid}"
 
 
 def die_with_parent() -> None:
@@ -166,5 +173,5 @@ def _load_prctl():  # looked up once in the parent: the child only calls it
 _PRCTL = _load_prctl()
 
 
-__all__ = ["MARKER_ENV", "NAME_PREFIX", "ServerProcess", "die_with_parent", "group_alive", "listener", "marker",
-           "marked_processes", "stale_servers", "stop_group"]
+__all__ = ["MARKER_ENV", "NAME_PREFIX", "ServerProcess", "die_with_parent", "group_alive", "listener", "listener_pid",
+           "marked_processes", "marker", "stale_servers", "stop_group"]

@@ -16,11 +16,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.record import NOT_MEASURED, TrialRecord, write
+
 if TYPE_CHECKING:
     import optuna
 
-#: ``fail_kind`` values that say nothing about the configuration.
-NOT_MEASURED = ("interrupted", "environment")
 #: Failures of one configuration after which it is reported, not queued again.
 MAX_FAILURES = 2
 
@@ -29,14 +29,14 @@ def not_measured(trial: Any) -> bool:
     """A FAIL trial that says nothing about its configuration."""
     from optuna.trial import TrialState
 
-    return trial.state == TrialState.FAIL and trial.user_attrs.get("fail_kind") in NOT_MEASURED
+    return trial.state == TrialState.FAIL and TrialRecord.from_trial(trial).measured_nothing
 
 
 def mark_failed(study: optuna.Study, trial_id: int, kind: str, reason: str) -> None:
     """Record why a trial failed (before or after Optuna set its state)."""
     storage = study._storage
-    storage.set_trial_user_attr(trial_id, "fail_kind", kind)
-    storage.set_trial_user_attr(trial_id, "fail_reason", reason[:2000])
+    write(lambda key, value: storage.set_trial_user_attr(trial_id, key, value),
+          TrialRecord(fail_kind=kind, fail_reason=reason[:2000]))
 
 
 def fail_leftovers(study: optuna.Study) -> list[int]:
@@ -47,8 +47,9 @@ def fail_leftovers(study: optuna.Study) -> list[int]:
 
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        who = t.user_attrs.get("worker") or "a process that never claimed it"
-        here = t.user_attrs.get("host") in (None, socket.gethostname())
+        rec = TrialRecord.from_trial(t)
+        who = rec.worker or "a process that never claimed it"
+        here = rec.host in (None, socket.gethostname())
         reason = f"left RUNNING by {who}, which is gone" + ("" if here else " (another host)")
         mark_failed(study, t._trial_id, "interrupted", reason)
         study.tell(t.number, state=TrialState.FAIL)
@@ -71,7 +72,8 @@ def requeue(study: optuna.Study, max_failures: int = MAX_FAILURES) -> Requeued:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get("retry_of") for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
+    records = {t.number: TrialRecord.from_trial(t) for t in trials}
+    retried = {r.retry_of for r in records.values()} | {t.system_attrs.get("failed_trial") for t in trials}
     waiting = {_key(t.params) for t in trials if t.state == TrialState.WAITING}
     failures: dict[tuple, list[Any]] = {}
     for t in trials:
@@ -88,10 +90,10 @@ def requeue(study: optuna.Study, max_failures: int = MAX_FAILURES) -> Requeued:
         if len(fails) >= max_failures:
             if not any(g["params"] == t.params for g in out.given_up):
                 out.given_up.append({"params": dict(t.params), "failures": len(fails),
-                                     "reasons": [f.user_attrs.get("fail_reason") or f.user_attrs.get("error", "")
+                                     "reasons": [records[f.number].fail_reason or records[f.number].error or ""
                                                  for f in fails]})
             continue
-        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number}, skip_if_exists=False)
+        study.enqueue_trial(dict(t.params), user_attrs=TrialRecord(retry_of=t.number).to_attrs(), skip_if_exists=False)
         waiting.add(key)
         out.queued.append(t.number)
     return out

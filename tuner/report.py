@@ -24,8 +24,10 @@ from tuner.analysis import best_trial, study_location, target_ttft_s, top_groups
 from tuner.effective import ANY
 from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
+from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
-from tuner.study import STUDIES_DIR, error_totals
+from tuner.storage import STUDIES_DIR
+from tuner.study import error_totals
 from tuner.urls import redact
 
 if TYPE_CHECKING:
@@ -114,7 +116,6 @@ def _pairs(rows: list[tuple[str, str]]) -> str:
 
 
 def _answer(study: optuna.Study) -> str:
-    from tuner.config import Deployment
     from tuner.search import serve_command
     from tuner.study import closest_miss, miss_explanation, trial_config
 
@@ -122,22 +123,23 @@ def _answer(study: optuna.Study) -> str:
     if best is None:
         miss = closest_miss(study)
         text = "No configuration met the target." + (f" {miss_explanation(miss)}." if miss is not None else "")
-        if miss is not None and miss.user_attrs.get("errors"):
-            text += f" Its failed requests: {describe_errors(miss.user_attrs['errors'], limit=8)}."
+        errors = TrialRecord.from_trial(miss).errors if miss is not None else None
+        if errors:
+            text += f" Its failed requests: {describe_errors(errors, limit=8)}."
         return f"<p class='skipped'>{html.escape(redact(text))}</p>"
     config = trial_config(best)
+    rec = TrialRecord.from_trial(best)
     rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{best.value:,.0f}")]
-    summary = best.user_attrs.get("summary") or {}
-    if summary.get("ttft_p95_s") is not None:
-        rows.append(("P95 TTFT", f"{summary['ttft_p95_s']:.3g} s at {best.user_attrs.get('chosen_load', '?')}"))
-    if best.user_attrs.get("errors"):
-        rows.append(("failed requests", describe_errors(best.user_attrs["errors"], limit=8)))
+    if rec.summary.get("ttft_p95_s") is not None:
+        rows.append(("P95 TTFT", f"{rec.summary['ttft_p95_s']:.3g} s at {rec.chosen_load or '?'}"))
+    if rec.errors:
+        rows.append(("failed requests", describe_errors(rec.errors, limit=8)))
     rows += [(k, _knob(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
-    dep = study.user_attrs.get("deployment")
-    if dep:
+    dep = StudyRecord.from_study(study).deployment
+    if dep is not None:
         try:
-            command = serve_command(Deployment(**{**dep, "gpu_ids": tuple(dep.get("gpu_ids") or ())}), config)
+            command = serve_command(dep, config)
             out += f"<p>Serve it with:</p><pre>{html.escape(command)}</pre>"
         except Exception as err:  # an older study's deployment record: the table still stands
             out += f"<p class='skipped'>(no serve command: {html.escape(str(err))})</p>"
@@ -208,11 +210,12 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     pngs = {p.name: png_bytes(p.figure) for p in plots if p.figure is not None}
     target = target_ttft_s(study)
     counts = frame["status"].value_counts().to_dict() if len(frame) else {}
-    dep = study.user_attrs.get("deployment") or {}
-    where = (f"{dep.get('gpu_count', '?')}x {dep.get('gpu', '?')}, {dep.get('model', '?')}, "
-             f"vLLM {dep.get('vllm_version', '?')}") if dep else "deployment not recorded"
-    meta = (f"{where}; backend {study.user_attrs.get('backend', '?')}; space {study.user_attrs.get('space', '?')}; "
-            f"sampler {study.user_attrs.get('sampler', '?')}; target P95 TTFT "
+    stamp = StudyRecord.from_study(study)
+    dep = stamp.deployment
+    where = (f"{dep.gpu_count}x {dep.gpu}, {dep.model}, vLLM {dep.vllm_version}" if dep is not None
+             else "deployment not recorded")
+    meta = (f"{where}; backend {stamp.backend or '?'}; space {stamp.space or '?'}; "
+            f"sampler {stamp.sampler or '?'}; target P95 TTFT "
             f"{'?' if target is None else f'{target:g} s'}; {len(frame)} trials ("
             + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")")
     parts = [

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from tuner.config import KV_CACHE_DTYPES, MAX_GPUS, Deployment, ServeConfig, is_int, is_number, shown
+from tuner.config import KV_CACHE_DTYPES, MAX_GPUS, Deployment, ServeConfig
+from tuner.values import is_int, is_number, shown
 from tuner.errors import InputError
 from tuner.units import parse_seconds
 from tuner.yamlfile import YamlDoc, line_of, parse_yaml, read_yaml

@@ -4,8 +4,9 @@ trials the search wrote (see ``tuner.search`` for what each trial stores).
 Storage defaults to ``sqlite:///studies/<name>.db`` (one file per study, relative to the
 working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
 ``tuner search`` workers share one study). Every trial keeps its results in
-``trial.user_attrs``; ``feasible`` says whether the configuration met the TTFT target and
-``constraint`` repeats Optuna's constraint value (<= 0 feasible).
+``trial.user_attrs``, read through :class:`tuner.record.TrialRecord`: ``feasible`` says
+whether the configuration met the TTFT target and ``constraint`` repeats Optuna's
+constraint value (<= 0 feasible).
 
 Budget: ``--budget N`` counts the study's *finished* trials, whatever their state
 (COMPLETE, PRUNED, FAIL); infeasible configurations are COMPLETE trials with a
@@ -16,22 +17,19 @@ running on other workers count too; see :mod:`tuner.workers`.
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
-from tuner.errors import EnvironmentFault, InputError
+from tuner.errors import InputError
+from tuner.record import TrialRecord
+from tuner.storage import STUDIES_DIR, optuna_storage, storage_fault, storage_open_error
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.config import Deployment
-
-STUDIES_DIR = Path("studies")
-
+    from tuner.config import Deployment, ServeConfig
 
 def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default",
                backend: str = "sim", target_ttft_s: float | None = None) -> str:
@@ -45,39 +43,6 @@ def study_name(deployment: Deployment, workload_fingerprint: str, space_name: st
     if backend != "sim":
         raw += f".{backend}"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)
-
-
-def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
-    """``sqlite:///studies/<name>.db``; creates the folder."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder / name}.db"
-
-
-class _WalSqlite(sqlite3.Connection):
-    """SQLite connection in WAL mode with ``synchronous=NORMAL``: a commit no longer
-    waits for an fsync (18 ms each on this machine's disk, ~15 per trial), and a crash of
-    the process still loses nothing committed (only a power cut can drop the last few
-    transactions; https://www.sqlite.org/wal.html). Readers and other writers still work."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.execute("PRAGMA journal_mode=WAL")
-        self.execute("PRAGMA synchronous=NORMAL")
-
-
-def _storage(storage: str | None, name: str) -> Any:
-    """An Optuna storage for the URL (the default SQLite file when ``None``)."""
-    import optuna
-
-    url = storage or default_storage(name)
-    if url.startswith("sqlite:///"):
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
-    if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
-        from tuner.workers import shared_storage
-
-        return shared_storage(url)
-    return url
 
 
 def finished_states() -> tuple[Any, ...]:
@@ -98,7 +63,7 @@ def count_finished(study: optuna.Study) -> int:
 def is_confirmation(trial: Any) -> bool:
     """A repeat measurement of an earlier trial's configuration made to confirm the
     study's winner (:mod:`tuner.confirmation`): not sampled, not counted in the budget."""
-    return "confirm_of" in trial.user_attrs
+    return TrialRecord.from_trial(trial).is_confirmation
 
 
 def open_study(name: str, storage: str | None = None, *, sampler: Any = None) -> optuna.Study:
@@ -111,7 +76,7 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
         return name_objective(optuna.create_study(
-            study_name=name, storage=_storage(storage, name), sampler=sampler,
+            study_name=name, storage=optuna_storage(storage, name), sampler=sampler,
             direction="maximize", load_if_exists=True,
         ))
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
@@ -144,87 +109,6 @@ def name_objective(study: optuna.Study) -> optuna.Study:
     return study
 
 
-def storage_open_error(err: BaseException, shown: str) -> InputError | None:
-    """The one line for a storage that cannot be opened (a bad URL, a missing driver, a
-    server refusing the connection or the credentials), as every command says it; None
-    when ``err`` is something else. ``shown`` is the URL as the user may see it."""
-    from tuner.urls import redact
-
-    lines = str(err).splitlines() or [type(err).__name__]
-    if isinstance(err, (ImportError, ValueError, TypeError)):
-        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
-                          hint="give an SQLAlchemy URL such as sqlite:///studies/x.db")
-    if type(err).__module__.startswith("sqlalchemy"):
-        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
-                          hint="check the URL, the server and the credentials")
-    return None
-
-
-#: What a database says when the study cannot be written (SQLite, PostgreSQL wording).
-_STORAGE_FAULTS = (
-    ("disk_full", ("database or disk is full", "no space left on device", "could not extend file")),
-    ("storage", ("attempt to write a readonly database", "unable to open database file", "disk i/o error",
-                 "server closed the connection", "connection refused", "could not connect to server",
-                 "terminating connection", "connection to server")),
-)
-
-
-def guard_storage(fn: Any) -> Any:
-    """Decorator: a failure to write the study anywhere inside ``fn`` (keyword ``storage``,
-    else the SQLite files under ``studies/``) becomes the one-line :func:`storage_fault`."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (EnvironmentFault, InputError):
-            raise
-        except Exception as err:
-            fault = storage_fault(err, kwargs.get("storage") or f"{STUDIES_DIR}/")
-            if fault is None:
-                raise
-            raise fault from err
-
-    return wrapper
-
-
-def _disk_full(where: str) -> bool:
-    import shutil
-
-    from tuner.workers import sqlite_path
-
-    path = sqlite_path(where) if where.startswith("sqlite") else Path(where)
-    folder = path if path is not None and path.is_dir() else (path.parent if path is not None else None)
-    try:
-        return folder is not None and shutil.disk_usage(folder).free < (1 << 20)
-    except OSError:
-        return False
-
-
-def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
-    """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
-    cannot be written (a full disk, a read-only file, a lost server), else None."""
-    from tuner.urls import redact
-
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).lower()
-        for kind, needles in _STORAGE_FAULTS:
-            if any(n in text for n in needles):
-                if kind == "storage" and _disk_full(where):
-                    kind = "disk_full"  # SQLite says "disk I/O error" when even its -shm file cannot grow
-                what = "no space left on its disk: free space there" if kind == "disk_full" else \
-                    "it cannot be written now (read-only, or the database server went away)"
-                return EnvironmentFault(kind, f"cannot write the study to {redact(where)}: {what}; every trial "
-                                        "finished before this is kept, and a trial cut short is measured again "
-                                        "on the next run", path=where)
-        e = e.__cause__ or e.__context__
-    return None
-
-
 def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
     """An existing study; ``InputError`` listing the known ones when absent."""
     import optuna
@@ -236,9 +120,9 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
     try:
-        return optuna.load_study(study_name=name, storage=_storage(storage, name))
+        return optuna.load_study(study_name=name, storage=optuna_storage(storage, name))
     except KeyError as err:
-        known = ", ".join(optuna.get_all_study_names(_storage(storage, name))) if storage else ""
+        known = ", ".join(optuna.get_all_study_names(optuna_storage(storage, name))) if storage else ""
         raise InputError(f"no study {name!r} in {storage}", hint=f"known studies: {known or 'none'}") from err
 
 
@@ -271,7 +155,7 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
     urls = [storage] if storage else [f"sqlite:///{p}" for p in sorted(STUDIES_DIR.glob("*.db"))]
     out = []
     for url in urls:
-        store = _storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
+        store = optuna_storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
         for name in optuna.get_all_study_names(store):
             out.append(summarize(optuna.load_study(study_name=name, storage=store), url))
     return out
@@ -280,7 +164,7 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
 def is_feasible(trial: FrozenTrial) -> bool:
     from optuna.trial import TrialState
 
-    return trial.state == TrialState.COMPLETE and bool(trial.user_attrs.get("feasible"))
+    return trial.state == TrialState.COMPLETE and bool(TrialRecord.from_trial(trial).feasible)
 
 
 def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -315,7 +199,7 @@ def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """The ``k`` best feasible trials, one per configuration (repeats and confirmation
     measurements left out)."""
     feasible = [t for t in study.get_trials(deepcopy=False)
-                if is_feasible(t) and "repeat_of" not in t.user_attrs and not is_confirmation(t)]
+                if is_feasible(t) and not TrialRecord.from_trial(t).is_repeat and not is_confirmation(t)]
     return sorted(feasible, key=lambda t: (-t.value, t.number))[:k]
 
 
@@ -326,11 +210,12 @@ def closest_miss(study: optuna.Study) -> FrozenTrial | None:
     from optuna.trial import TrialState
 
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if not is_feasible(t)]
-    measured = [t for t in done if t.user_attrs.get("p95_ttft_at_lowest_load_s") is not None
-                and t.user_attrs.get("failed_by") != "errors"]
+    records = {t.number: TrialRecord.from_trial(t) for t in done}
+    measured = [t for t in done if records[t.number].p95_ttft_at_lowest_load_s is not None
+                and records[t.number].failed_by != "errors"]
     if measured:
-        return min(measured, key=lambda t: (t.user_attrs["p95_ttft_at_lowest_load_s"], t.number))
-    by_errors = [t for t in done if t.user_attrs.get("failed_by") == "errors"]
+        return min(measured, key=lambda t: (records[t.number].p95_ttft_at_lowest_load_s, t.number))
+    by_errors = [t for t in done if records[t.number].failed_by == "errors"]
     if by_errors:
         return by_errors[0]
     return done[0] if done else None
@@ -343,10 +228,11 @@ def error_totals(study: optuna.Study) -> dict[str, int]:
 
     totals: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if "repeat_of" in t.user_attrs:
+        rec = TrialRecord.from_trial(t)
+        if rec.is_repeat:
             continue
-        for point in t.user_attrs.get("loads") or []:
-            for kind, n in ((point or {}).get("errors") or {}).items():
+        for point in rec.loads:
+            for kind, n in point.errors.items():
                 totals[str(kind)] = totals.get(str(kind), 0) + int(n)
     return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -356,23 +242,23 @@ def miss_explanation(trial: FrozenTrial) -> str:
     errors failed: how many requests failed, of which kinds)."""
     from tuner.urls import redact
 
-    attrs = trial.user_attrs
-    target = attrs.get("target_ttft_s")
-    p95 = attrs.get("p95_ttft_at_lowest_load_s")
-    if attrs.get("failed_by") == "errors":
-        return f"trial {trial.number}: {redact(str(attrs.get('infeasible_reason')))}"
+    rec = TrialRecord.from_trial(trial)
+    target = rec.target_ttft_s
+    p95 = rec.p95_ttft_at_lowest_load_s
+    if rec.failed_by == "errors":
+        return f"trial {trial.number}: {redact(str(rec.infeasible_reason))}"
     if p95 is not None and target:
-        load = attrs.get("lowest_load", "the lowest load")
+        load = rec.lowest_load or "the lowest load"
         return (
             f"trial {trial.number} came closest: P95 TTFT {p95:.3g} s at {load} vs the {target:.3g} s "
             f"target ({p95 - target:+.3g} s, {p95 / target - 1:+.0%})"
         )
-    return f"trial {trial.number}: {redact(str(attrs.get('infeasible_reason', 'no measurement')))}"
+    return f"trial {trial.number}: {redact(rec.infeasible_reason or 'no measurement')}"
 
 
 def trial_config(trial: FrozenTrial) -> ServeConfig:
     """The :class:`ServeConfig` a trial ran."""
-    data = trial.user_attrs.get("config")
-    if data is None:
+    config = TrialRecord.from_trial(trial).config
+    if config is None:
         raise InputError(f"trial {trial.number} stores no config (not written by tuner search?)")
-    return ServeConfig.from_dict(dict(data))
+    return config

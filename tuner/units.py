@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 
-from tuner.config import shown
+from tuner.values import shown
 from tuner.errors import InputError
 
 

@@ -35,122 +35,24 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
 import datetime as dt
-import fcntl
 import hashlib
 import os
 import socket
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
-from tuner.study import storage_fault
+from tuner.record import TrialRecord, write
+from tuner.locks import StudyBusy, StudyLock, process_label, sqlite_path
+from tuner.storage import GRACE_FACTOR, heartbeat_s, is_shared, storage_fault
 
 if TYPE_CHECKING:
     import optuna
 
-HEARTBEAT_ENV = "TUNER_HEARTBEAT_S"
-DEFAULT_HEARTBEAT_S = 60
-#: A running trial is stale after this many missed heartbeats.
-GRACE_FACTOR = 3
-#: How often a retried configuration may run again.
-MAX_RETRY = 1
 #: A SQLite study's disk must have this much free before a trial starts.
 MIN_STUDY_FREE_BYTES = 1 << 20
-
-
-class StudyBusy(InputError):
-    """Another process holds the study (a SQLite search, or a nightly run)."""
-
-
-# -- storage -----------------------------------------------------------------------------
-def is_shared(url: str | None) -> bool:
-    """True for storages several processes may write at once (anything but SQLite)."""
-    return bool(url) and not str(url).startswith("sqlite")
-
-
-def heartbeat_s() -> int:
-    """Heartbeat interval in whole seconds (Optuna's unit): ``TUNER_HEARTBEAT_S`` or 60."""
-    raw = os.environ.get(HEARTBEAT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_HEARTBEAT_S
-    try:
-        value = int(float(raw))
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InputError(f"{HEARTBEAT_ENV}={raw!r} is not a whole number of seconds >= 1")
-    return value
-
-
-def driver_url(url: str) -> str:
-    """``url`` with a PostgreSQL driver that is installed: SQLAlchemy 2.1 reads a bare
-    ``postgresql://`` as psycopg 3; with only psycopg2 (the ``postgres`` extra) installed,
-    that becomes ``postgresql+psycopg2://``."""
-    import importlib.util
-
-    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
-            and importlib.util.find_spec("psycopg2") is not None:
-        return "postgresql+psycopg2://" + url[len("postgresql://"):]
-    return url
-
-
-def shared_storage(url: str) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage for a server database, with heartbeat and one retry of a
-    trial whose worker died."""
-
-    beat = heartbeat_s()
-    # Optuna creates its tables on first use; two workers starting on an empty database
-    # race there (duplicate key on alembic_version), so creation is serialised.
-    schema_lock = StudyLock(url, "*", "schema") if url.startswith("postgresql") else None
-    if schema_lock is not None:
-        schema_lock.acquire()
-    try:
-        return _rdb_storage(url, beat)
-    finally:
-        if schema_lock is not None:
-            schema_lock.close()
-
-
-def _rdb_storage(url: str, beat: int) -> optuna.storages.RDBStorage:
-    import optuna
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            driver_url(url), heartbeat_interval=beat, grace_period=GRACE_FACTOR * beat,
-            heartbeat_stale_trial_callback=RetryOnce(),
-            engine_kwargs={"pool_pre_ping": True},
-        )
-
-
-#: User attrs a retry keeps from the failed trial (what the run itself wrote is dropped).
-KEEP_ON_RETRY = ("warm_start", "rerun_of_night")
-
-
-class RetryOnce:
-    """Optuna's ``RetryHeartbeatStaleTrialCallback(max_retry=1)``, handed the dead trial
-    without what its run already wrote: its constraint (Optuna keeps the first value set,
-    so the retry's own would be ignored) and partial results. The WAITING copy keeps the
-    parameters and ``failed_trial`` / ``retry_history`` in its system attrs."""
-
-    def __init__(self, max_retry: int = MAX_RETRY) -> None:
-        import optuna
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self._inner = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-
-    def __call__(self, study: optuna.Study, trial: Any) -> None:
-        clean = copy.deepcopy(trial)
-        clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints:")}
-        clean.user_attrs = {k: v for k, v in trial.user_attrs.items() if k in KEEP_ON_RETRY}
-        self._inner(study, clean)
 
 
 def identity(gpus: Any = None) -> dict[str, Any]:
@@ -162,7 +64,7 @@ def identity(gpus: Any = None) -> dict[str, Any]:
         gpus = visible
     elif isinstance(gpus, (tuple, list)):
         gpus = ",".join(str(g) for g in gpus)
-    return {"worker": f"{host}:{pid}", "host": host, "pid": pid, "gpus": None if gpus is None else str(gpus)}
+    return {"worker": process_label(), "host": host, "pid": pid, "gpus": None if gpus is None else str(gpus)}
 
 
 def worker_seed(seed: int, storage: str | None) -> int:
@@ -174,135 +76,12 @@ def worker_seed(seed: int, storage: str | None) -> int:
     return (seed + int(hashlib.sha256(ident.encode()).hexdigest()[:7], 16)) % (2**31)
 
 
-# -- locks -------------------------------------------------------------------------------
-def _lock_key(purpose: str, study: str) -> int:
-    """A signed 64-bit advisory lock key for ``purpose`` on ``study``."""
-    return int.from_bytes(hashlib.sha256(f"tuner:{purpose}:{study}".encode()).digest()[:8], "big", signed=True)
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URL (None for in-memory)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
-    return None if path in ("", ":memory:") else Path(path)
-
-
-class StudyLock:
-    """A named lock on one study: a PostgreSQL advisory lock (session level, on its own
-    connection, released when the connection closes — also when the process dies), a
-    lock file beside a SQLite database (``fcntl.flock``, released by the kernel when the
-    process dies), or nothing for other storages."""
-
-    def __init__(self, url: str, study: str, purpose: str) -> None:
-        self.url = url
-        self.study = study
-        self.purpose = purpose
-        self.kind = "none"
-        self._conn: Any = None
-        self._engine: Any = None
-        self._fd: int | None = None
-        self._held = False
-        if url.startswith("postgresql"):
-            import sqlalchemy
-            from sqlalchemy.pool import NullPool
-
-            self.kind = "postgresql"
-            self._key = _lock_key(purpose, study)
-            # the holder is named in pg_stat_activity, so a refused run can say who holds it
-            self._engine = sqlalchemy.create_engine(
-                driver_url(url), poolclass=NullPool,
-                connect_args={"application_name": f"tuner {purpose} {identity()['worker']}"[:63]},
-            )
-            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        else:
-            path = sqlite_path(url)
-            if path is not None:
-                self.kind = "file"
-                self.path = path.with_name(f"{path.name}.{purpose}.lock")
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-
-    def acquire(self, blocking: bool = True) -> bool:
-        """Take the lock; False when ``blocking`` is off and someone else holds it."""
-        if self._held or self.kind == "none":
-            self._held = True
-            return True
-        if self.kind == "postgresql":
-            from sqlalchemy import text
-
-            if blocking:
-                self._conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
-            elif not self._conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self._key}).scalar():
-                return False
-        else:
-            assert self._fd is not None
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                return False
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, f"{identity()['worker']}\n".encode(), 0)
-        self._held = True
-        return True
-
-    def holder(self) -> str:
-        """Who holds the lock (``host:pid``), as far as the lock file or PostgreSQL says."""
-        if self.kind == "file":
-            with contextlib.suppress(OSError):
-                return self.path.read_text().strip() or "another process"
-        if self.kind == "postgresql":
-            from sqlalchemy import text
-
-            # a bigint advisory key shows in pg_locks as classid (high 32 bits), objid (low)
-            key = self._key & 0xFFFFFFFFFFFFFFFF
-            with contextlib.suppress(Exception):
-                row = self._conn.execute(text(
-                    "SELECT a.application_name, a.client_addr, a.pid FROM pg_locks l "
-                    "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                    "AND l.classid = :hi AND l.objid = :lo AND l.objsubid = 1"),
-                    {"hi": key >> 32, "lo": key & 0xFFFFFFFF}).first()
-                if row is not None:
-                    name = str(row[0] or "").removeprefix(f"tuner {self.purpose} ")
-                    return name or f"PostgreSQL backend {row[2]} from {row[1]}"
-        return "another process"
-
-    def release(self) -> None:
-        if not self._held:
-            return
-        self._held = False
-        if self.kind == "postgresql":
-            from sqlalchemy import text
-
-            self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
-        elif self.kind == "file":
-            assert self._fd is not None
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.release()
-        if self._conn is not None:
-            self._conn.close()
-            self._engine.dispose()
-            self._conn = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> StudyLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 # -- the budget --------------------------------------------------------------------------
 def _orphan(trial: Any, now: dt.datetime) -> bool:
     """A RUNNING trial no tuner worker claimed (no ``worker`` attr, which a worker sets
     right after creating it) for longer than a grace period: left by a process without a
     heartbeat, so nobody will ever fail it. It is neither counted nor waited for."""
-    if "worker" in trial.user_attrs or trial.datetime_start is None:
+    if TrialRecord.from_trial(trial).worker is not None or trial.datetime_start is None:
         return False
     return (now - trial.datetime_start).total_seconds() > GRACE_FACTOR * heartbeat_s()
 
@@ -321,7 +100,7 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
     used = running = 0
     for t in trials:
-        if t.number == exclude or "confirm_of" in t.user_attrs:  # confirmation repeats: outside the budget
+        if t.number == exclude or TrialRecord.from_trial(t).is_confirmation:  # repeats: outside the budget
             continue
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             used += 1
@@ -340,15 +119,15 @@ class Worker:
     objective calls :meth:`started` first and :meth:`wait_for_twin` after sampling."""
 
     def __init__(self, study: optuna.Study, storage: str | None, *, budget: int,
-                 timeout_s: float | None = None, gpus: Any = None, attrs: dict[str, Any] | None = None) -> None:
-        from tuner.study import default_storage
+                 timeout_s: float | None = None, gpus: Any = None, tags: dict[str, Any] | None = None) -> None:
+        from tuner.storage import default_storage
 
         self.study = study
         self.url = storage or default_storage(study.study_name)
         self.shared = is_shared(self.url)
         self.budget = budget
         self.timeout_s = timeout_s
-        self.attrs = {**identity(gpus), **(attrs or {})}
+        self.stamp = TrialRecord(tags=dict(tags or {}), **identity(gpus))  # on every trial it starts
         self.poll_s = min(1.0, heartbeat_s() / 2) if self.shared else 0.2
         self._budget_lock: StudyLock | None = None
         self._writer_lock: StudyLock | None = None
@@ -475,11 +254,8 @@ class Worker:
             self._budget_lock.release()
         self._current = trial._trial_id
         self.ran += 1
-        for key, value in self.attrs.items():
-            trial.set_user_attr(key, value)
         failed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
-        if failed is not None:
-            trial.set_user_attr("retry_of", failed)
+        write(trial.set_user_attr, self.stamp.replace(retry_of=failed))
 
     def wait_for_twin(self, trial: optuna.Trial) -> None:
         """Wait while an earlier trial runs the same parameters elsewhere (its result is

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tuner.config import shown
+from tuner.values import shown
 from tuner.errors import InputError
 
 # Search spaces, calibration profiles and GPU catalogs are read here. These limits keep a

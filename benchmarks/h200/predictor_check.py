@@ -24,18 +24,22 @@ SPACE = HERE / "search-space.yaml"
 
 
 def load_run(path: Path = TRIALS) -> tuple[dict, list[dict]]:
+    """The study's facts and its trials, each with its ``record`` (:class:`TrialRecord`)."""
+    from tuner.record import TrialRecord
+
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows[1:]:
+        r["record"] = TrialRecord.from_attrs(r["user_attrs"], trial=r["number"])
     return rows[0]["meta"], rows[1:]
 
 
 def measured(rows: list[dict]) -> list[dict]:
     """Trials that launched and measured (no pruned trial, no reuse of an earlier one)."""
-    return [r for r in rows if r["state"] == "COMPLETE" and "repeat_of" not in r["user_attrs"]
-            and r["user_attrs"].get("loads")]
+    return [r for r in rows if r["state"] == "COMPLETE" and not r["record"].is_repeat and r["record"].loads]
 
 
-def edge(attrs: dict) -> float:
-    return max(p["level"] for p in attrs["loads"] if p["passed"])
+def edge(rec) -> float:
+    return max(p.level for p in rec.loads if p.passed)
 
 
 def scenario():
@@ -49,22 +53,21 @@ def scenario():
 
 def compare(rows: list[dict]) -> list[dict]:
     """Per measured trial: today's prediction vs the real measurement."""
-    from tuner.config import ServeConfig
     from tuner.search.prediction import Predictor
 
     space, workload = scenario()
     predictor = Predictor(space.deployment, workload, space.workload.target_ttft_s)
     out = []
     for r in measured(rows):
-        a = r["user_attrs"]
-        pred = predictor.predict(ServeConfig.from_dict(a["config"]))
-        first = a["loads"][0]
-        fails = [p["level"] for p in a["loads"] if not p["passed"] and p.get("level") is not None]
-        out.append({"trial": r["number"], "config": a["config"], "pred_level": pred.level,
-                    "pred_tokens_per_s": pred.tokens_per_s, "level": edge(a), "tokens_per_s": r["value"],
-                    "failed_level": min((f for f in fails if f > edge(a)), default=None),
-                    "first_level": first["level"], "first_passed": first["passed"], "gpu_s": a["gpu_s"],
-                    "startup_s": a["run"]["startup_s"]})
+        rec = r["record"]
+        pred = predictor.predict(rec.config)
+        first = rec.loads[0]
+        fails = [p.level for p in rec.loads if not p.passed and p.level is not None]
+        out.append({"trial": r["number"], "config": rec.config.to_dict(), "pred_level": pred.level,
+                    "pred_tokens_per_s": pred.tokens_per_s, "level": edge(rec), "tokens_per_s": r["value"],
+                    "failed_level": min((f for f in fails if f > edge(rec)), default=None),
+                    "first_level": first.level, "first_passed": first.passed, "gpu_s": rec.gpu_s,
+                    "startup_s": rec.run.startup_s})
     return out
 
 
@@ -72,15 +75,14 @@ def naive_gpu_s(rows: list[dict], startup_s: float) -> float:
     """The same trials run naively: ``startup_s`` (the real median start) each, plus the
     simulator's seconds of a goodput search from the top with every replay run to its end."""
     from tuner.backends.sim import SimBackend
-    from tuner.config import ServeConfig
     from tuner.search import evaluate_config
 
     space, workload = scenario()
     total = 0.0
     for r in rows:
-        ev = evaluate_config(SimBackend(), space.deployment, ServeConfig.from_dict(r["user_attrs"]["config"]),
+        ev = evaluate_config(SimBackend(), space.deployment, r["record"].config,
                              workload, space.workload.target_ttft_s, precheck=False, early_stop=False)
-        total += startup_s + sum(p["duration_s"] for p in ev.attrs["loads"])
+        total += startup_s + sum(p.duration_s for p in ev.record.loads)
     return total
 
 
@@ -89,7 +91,7 @@ def main() -> None:
     print(f"real study: {meta['machine']}; {meta['when']}")
     print(f"{len(rows)} trials: {len(measured(rows))} launched and measured, "
           f"{sum(r['state'] == 'PRUNED' for r in rows)} pruned by the predictor, "
-          f"{sum('repeat_of' in r['user_attrs'] for r in rows)} reused (same configuration proposed again)\n")
+          f"{sum(r['record'].is_repeat for r in rows)} reused (same configuration proposed again)\n")
     rows_cmp = compare(rows)
     print(f"{'trial':>5} {'seqs':>5} {'mbt':>5} {'eager':>5} {'edge: predicted':>16} {'measured':>9} "
           f"{'tok/s: predicted':>17} {'measured':>9} {'error':>7} {'first replay':>13} {'GPU s':>6}")
@@ -106,8 +108,8 @@ def main() -> None:
           f"{sum(c['first_passed'] for c in rows_cmp)}/{len(rows_cmp)}")
     for r in rows:
         if r["state"] == "PRUNED":
-            print(f"  pruned trial {r['number']}: {r['user_attrs']['pruned_reason']}")
-    spent = sum(r["user_attrs"].get("gpu_s") or 0.0 for r in rows)
+            print(f"  pruned trial {r['number']}: {r['record'].pruned_reason}")
+    spent = sum(r["record"].gpu_s or 0.0 for r in rows)
     naive = naive_gpu_s(rows, statistics.median(c["startup_s"] for c in rows_cmp))
     print(f"\nGPU seconds: this study {spent:,.0f} s vs the same {len(rows)} trials run naively ~{naive:,.0f} s "
           f"= {spent / naive:.0%}")

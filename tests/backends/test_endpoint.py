@@ -90,7 +90,7 @@ def test_the_key_is_checked_before_a_study_and_sent_with_every_request(keyed):
         EndpointBackend(keyed, api_key="sk-wrong-0123456789").preflight(Deployment())
     backend = EndpointBackend(keyed, api_key=KEY)
     backend.preflight(Deployment())
-    assert KEY not in repr(backend) and KEY not in repr(backend.replay_options)
+    assert KEY not in repr(backend) and KEY not in repr(backend._replay)
     w = Workload(arrival_s=np.zeros(6), prompt_tokens=np.full(6, 30), output_tokens=np.full(6, 5))
     with backend.start(Deployment(), ServeConfig()) as inst:
         assert inst.info["model_name"] == "ok" and KEY not in repr(inst.info)

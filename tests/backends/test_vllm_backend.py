@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from tuner.backends import get_backend
-from tuner.backends.vllm import VllmBackend, _group_has_live_members, detect_version
+from tuner.backends.vllm import VllmBackend, detect_version
+from tuner.processes import group_alive
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
 from tuner.versions import parse_version
 from tuner.config import Deployment, ServeConfig
@@ -185,7 +186,7 @@ def test_start_replay_close_against_sim_serve(tmp_path):
         pgids = inst.pgids
     assert r.error == [None] * 40
     assert r.server["num_requests_running_max"] <= 16 and r.server["kv_cache_tokens"] == plan.kv_cache_tokens
-    assert not any(_group_has_live_members(g) for g in pgids)
+    assert not any(group_alive(g) for g in pgids)
 
 
 def test_two_replicas_get_their_own_gpus_ports_and_logs(backend):
@@ -240,7 +241,7 @@ def test_server_killed_mid_run_is_a_backend_error_without_hanging(backend):
         assert time.monotonic() - t < 30
     finally:
         inst.close()
-    assert not _group_has_live_members(inst.pgids[0])
+    assert not group_alive(inst.pgids[0])
 
 
 def test_close_is_sigterm_then_sigkill_on_our_group_only(backend):
@@ -251,7 +252,7 @@ def test_close_is_sigterm_then_sigkill_on_our_group_only(backend):
         assert pgid != os.getpgid(0)  # its own session: signals to it never reach us
         inst.close()
         inst.close()  # idempotent
-        assert not _group_has_live_members(pgid)
+        assert not group_alive(pgid)
         assert bystander.is_running()
     finally:
         bystander.kill()

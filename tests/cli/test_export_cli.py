@@ -96,7 +96,7 @@ def test_no_study_says_how_to_get_or_name_one(tmp_path, monkeypatch, capsys):
 def test_report_and_export_find_the_newest_study_in_a_server_database(pg_url, tmp_path, capsys):  # noqa: F811
     from test_analysis import _errors_study
 
-    from tuner.workers import driver_url
+    from tuner.locks import driver_url
 
     _errors_study(driver_url(pg_url))
     code, text, err = run_cli(["export", "--storage", pg_url, "--out", str(tmp_path / "t.csv")], capsys)

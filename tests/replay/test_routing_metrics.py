@@ -6,7 +6,7 @@ import pytest
 
 from tuner.errors import InputError
 from tuner.replay.metrics import MetricsPoller, parse_prometheus, snapshot
-from tuner.replay.routing import Router
+from tuner.routing import Router
 
 # Two DP engines, in the format vLLM 0.33 exports (v1/metrics/loggers.py names).
 TEXT = """\

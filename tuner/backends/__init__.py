@@ -1,17 +1,22 @@
 """Backends start a deployment with a :class:`~tuner.config.ServeConfig` and run a
 load against it. One module each: ``sim`` (embedded simulator), ``vllm`` (real
-processes), ``endpoint`` (a server someone else runs). :func:`get_backend` picks one."""
+processes), ``endpoint`` (a server someone else runs). :func:`get_backend` picks one.
+Each meets the protocol its users declare (:mod:`tuner.search.backend`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tuner.backends.base import Backend, Instance, RunControl
 from tuner.errors import InputError
+
+if TYPE_CHECKING:
+    from tuner.backends.endpoint import EndpointBackend
+    from tuner.backends.sim import SimBackend
+    from tuner.backends.vllm import VllmBackend
 
 BACKENDS = ("sim", "vllm", "endpoint")
 
 
-def get_backend(name: str, **options: Any) -> Backend:
+def get_backend(name: str, **options: Any) -> SimBackend | VllmBackend | EndpointBackend:
     """``get_backend("sim")``, ``get_backend("vllm", vllm_cmd=..., log_dir=...)``,
     ``get_backend("endpoint", urls=[...])``; options go to the backend's constructor."""
     match name:
@@ -26,4 +31,4 @@ def get_backend(name: str, **options: Any) -> Backend:
     return cls(**options)
 
 
-__all__ = ["BACKENDS", "Backend", "Instance", "RunControl", "get_backend"]
+__all__ = ["BACKENDS", "get_backend"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.backends.base import StopHook
+from tuner.control import StopHook
 from tuner.backends.vllm import _http
 from tuner.errors import BackendError, InputError
 from tuner.urls import redact
@@ -38,7 +38,7 @@ class EndpointInstance:
 
         # a fresh salt per run: the server outlives us, and a rerun must not hit an earlier run's prefix cache
         result = replay(self.backend.given, workload, load, model=self.info.get("model_name"), stop=stop,
-                        salt=time.time_ns() % 2**31, api_key=self.backend._api_key, **self.backend.replay_options)
+                        salt=time.time_ns() % 2**31, api_key=self.backend._api_key, **self.backend._replay)
         if "num_gpu_blocks" in self.info:
             result.server.setdefault("num_gpu_blocks", self.info["num_gpu_blocks"])
         return result
@@ -59,6 +59,10 @@ class EndpointBackend:
     replica; ``urls`` holds them without credentials."""
 
     name = "endpoint"
+    restarts = False  # the operator owns the server's flags
+    measures_gpu_time = True
+    simulated = False
+    time_scale = 1.0
 
     def __init__(
         self,
@@ -81,7 +85,7 @@ class EndpointBackend:
         if not self.urls:
             raise InputError("the endpoint backend needs at least one URL", hint="pass --endpoint http://host:8000")
         self.model = model
-        self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
+        self._replay = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
 
     def __repr__(self) -> str:
         return f"EndpointBackend({self.urls!r})"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.errors import ConfigRejected
 
 if TYPE_CHECKING:
-    from tuner.backends.base import StopHook
+    from tuner.control import StopHook
     from tuner.config import Deployment, ServeConfig
     from tuner.load import Load
     from tuner.result import RunResult
@@ -80,9 +80,13 @@ class SimInstance:
 
 
 class SimBackend:
-    """Backend ``sim``: the embedded simulator of vLLM."""
+    """Backend ``sim``: the embedded simulator of vLLM (virtual time: a trial costs no GPU)."""
 
     name = "sim"
+    restarts = True
+    measures_gpu_time = False
+    simulated = True
+    time_scale = 1.0  # RunResult times are already the simulated GPU's
 
     def __init__(self, *, router: str = "round_robin", record_itl: bool = False,
                  profile: Calibration | None = None) -> None:
@@ -100,6 +104,9 @@ class SimBackend:
                 f"needs {config.gpus_needed} GPUs; the deployment has {deployment.gpu_count}",
             )
         return plan_memory(deployment, config)
+
+    def preflight(self, deployment: Deployment) -> None:
+        """Nothing to check before a study: every refusal is the configuration's."""
 
     def precheck(self, deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
         plan = self._plan(deployment, config)

@@ -43,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.backends.base import StopHook
+from tuner.control import StopHook
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
 from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
@@ -122,6 +122,18 @@ def _http(url: str, *, data: dict | None = None, timeout: float = 5.0,
         return err.code, err.read()
 
 
+def sim_serve_speed(argv: list[str]) -> float | None:
+    """For a ``tuner sim-serve`` command line: its ``--speed`` (1 when not given); else None."""
+    if not any("sim-serve" in a or a == "tuner.sim.server" for a in argv):
+        return None
+    for i, a in enumerate(argv):
+        if a == "--speed" and i + 1 < len(argv):
+            return float(argv[i + 1])
+        if a.startswith("--speed="):
+            return float(a.split("=", 1)[1])
+    return 1.0
+
+
 def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
     """The vLLM version the command would run, or None when it cannot be told.
 
@@ -182,7 +194,7 @@ class _Replica:
             return True
         # The group exists; if only our unreaped leader is left, it is a zombie.
         if self.proc.poll() is not None:
-            return _group_has_live_members(self.pgid)
+            return processes.group_alive(self.pgid)
         return True
 
     def stop(self, grace_s: float) -> None:
@@ -225,39 +237,6 @@ def check_writable(folder: Path, *, what: str) -> None:
                                f"{MIN_FREE_BYTES / 2**20:.0f} MiB there (old logs: studies/*/logs/)", path=str(folder))
 
 
-def _listener_in_group(port: int, pgid: int) -> bool:
-    """True when the process listening on ``port`` is in process group ``pgid``."""
-    import psutil
-
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.AccessDenied, OSError):
-        return False
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            try:
-                return os.getpgid(c.pid) == pgid
-            except (ProcessLookupError, PermissionError):
-                return False
-    return False
-
-
-def _group_has_live_members(pgid: int) -> bool:
-    """True if a non-zombie process is in group ``pgid`` (Linux /proc)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as fh:
-                stat = fh.read().decode()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
 class VllmInstance:
     """Running replicas of one trial; ``run`` replays a load, ``close`` stops them."""
 
@@ -289,7 +268,7 @@ class VllmInstance:
         self._raise_if_dead("before the run")
         self.runs += 1
         result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop, salt=self.runs,
-                        **self.backend.replay_options)
+                        **self.backend._replay)
         self._raise_if_dead("during the run")
         result.server.update({k: self.info[k] for k in ("kv_cache_tokens", "num_gpu_blocks") if k in self.info})
         return result
@@ -347,6 +326,8 @@ class VllmBackend:
     """
 
     name = "vllm"
+    restarts = True
+    measures_gpu_time = True
 
     def __init__(
         self,
@@ -376,7 +357,7 @@ class VllmBackend:
         self.stop_grace_s = stop_grace_s
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
-        self.replay_options = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
+        self._replay = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
         self._detected: str | None = None
         self._trial_counter = 0
         self._platform = platform
@@ -389,6 +370,16 @@ class VllmBackend:
         return self._platform
 
     # -- facts ---------------------------------------------------------------------------
+    @property
+    def simulated(self) -> bool:
+        """The command is ``tuner sim-serve`` (the simulator behind real processes and HTTP)."""
+        return sim_serve_speed(shlex.split(self.vllm_cmd)) is not None
+
+    @property
+    def time_scale(self) -> float:
+        """``tuner sim-serve --speed N`` runs N times faster than the GPU it simulates."""
+        return sim_serve_speed(shlex.split(self.vllm_cmd)) or 1.0
+
     def version(self, deployment: Deployment) -> str:
         if self.vllm_version:
             return self.vllm_version
@@ -446,7 +437,7 @@ class VllmBackend:
         else:
             head = cmd + [deployment.model]
         flags = render_flags(deployment, config, version, host=self.host, port=port)
-        if any("sim-serve" in part or part == "tuner.sim.server" for part in cmd):
+        if self.simulated:
             # the simulated server also needs the GPU type and the version it follows
             flags += ["--gpu", deployment.gpu, "--vllm-version", version]
         if token:
@@ -581,7 +572,11 @@ class VllmBackend:
             return True
         if any("--served-model-name" in a for a in r.argv):
             return False
-        return _listener_in_group(r.port, r.pgid)
+        pid = processes.listener_pid(r.port)  # the port's listener is in the replica's process group
+        try:
+            return pid is not None and os.getpgid(pid) == r.pgid
+        except (ProcessLookupError, PermissionError):
+            return False
 
     def _model_name(self, r: _Replica) -> str:
         try:

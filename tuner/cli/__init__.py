@@ -1,5 +1,5 @@
 """The ``tuner`` command. Each command group lives in its own module and registers
-itself on :data:`app`; commands stay thin and call the same library functions that
+itself on :data:`~tuner.cli.app.app` when :func:`main` imports it; commands stay thin and call the same library functions that
 notebooks call. Errors print one line (``tuner: ...``) and exit with the error's code
 (2 bad input, 3 no feasible configuration, 1 otherwise); ``--debug`` shows the traceback.
 """
@@ -10,33 +10,8 @@ import sys
 
 import typer
 
+from tuner.cli.app import app
 from tuner.errors import TunerError
-
-app = typer.Typer(
-    name="tuner",
-    help=(
-        "Find the vLLM serving configuration with the most token throughput while P95 "
-        "time-to-first-token stays under a target, and plan how much traffic it holds.\n\n"
-        "Runs on an embedded simulator of vLLM by default (no GPU needed); "
-        "--backend vllm restarts real vLLM for each trial."
-    ),
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # click's own help layout: it wraps help text and never cuts an option name (rich's
-    # table squeezes names to "--gpu-memory-utili…" at 80 columns) and shows no metavar
-    # on flags; every sub-Typer says the same
-    rich_markup_mode=None,
-)
-
-
-@app.callback()
-def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
-) -> None:
-    if debug:
-        os.environ["TUNER_DEBUG"] = "1"
-
 
 def _register() -> None:
     # Each module adds its commands to `app` on import.
@@ -71,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
             code = err.code
         except Exception as err:  # a study database that cannot be read or written, anywhere
-            from tuner.study import storage_fault
+            from tuner.storage import storage_fault
 
             fault = storage_fault(err, _storage_arg(argv))
             if fault is None or os.environ.get("TUNER_DEBUG"):

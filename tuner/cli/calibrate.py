@@ -3,11 +3,23 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.errors import InputError
+from tuner.progress import Observer
+
+
+class _Lines(Observer):
+    """Calibration's progress, a line a step, on the command's console."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def on_phase(self, text: str) -> None:
+        self.console.print(text)
 
 
 @app.command(
@@ -113,7 +125,7 @@ def calibrate(
 
             runner = VllmBackend(vllm_cmd=vllm_cmd, vllm_version=version, log_dir=folder / "logs",
                                  extra_args=shlex.split(extra_args))
-        measure(runner, dep, design, folder, budget_s=budget_s, log=console.print,
+        measure(runner, dep, design, folder, budget_s=budget_s, observer=_Lines(console),
                 meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
                       "extra_args": extra_args, "model": model})
     rows = campaign_rows(folder)
@@ -131,7 +143,7 @@ def calibrate(
                                        if (folder / "excluded_points.txt").is_file() else None)
     result = fit(rows, dep, fit_trials=chosen, fit_points=read_names(points_file) if points_file else None,
                  exclude=read_names(excluded_file) if excluded_file else (), noise=noise, starts=starts,
-                 max_nfev=max_evals, graph_fraction=graph_kv_fraction, log=console.print)
+                 max_nfev=max_evals, graph_fraction=graph_kv_fraction, observer=_Lines(console))
     old_meta = profile_section(folder / "profile.yaml", "fit").get("meta")
     meta = old_meta or next(({k: v for k, v in r.items() if k not in ("kind", "design")}
                              for r in rows if r.get("kind") == "meta"), None)

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli._knobs import build_deployment_config
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig

@@ -7,7 +7,7 @@ from enum import Enum
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.export import TABLES, formats
 
 #: The formats this installation can write (Parquet needs pyarrow), as --format's choices.

@@ -2,12 +2,9 @@
 flag throughput regressions (exit 4). The work is :func:`tuner.nightly.run_nightly`."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import Backend, Output
 from tuner.errors import InputError
 
@@ -50,18 +47,18 @@ def nightly_cmd(
     from tuner.nightly import (
         RegressionDetected,
         latest_window,
-        nightly_study_name,
         parse_threshold,
         run_nightly,
     )
-    from tuner.search import build_workload, get_backend_by_name, num_heads
-    from tuner.space import load_space
+    from tuner.cli.trace import bad_rows_advice
+    from tuner.search import prepare
     from tuner.units import parse_seconds
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     limit = parse_threshold(threshold)
     wall_s = parse_seconds(wall_clock, what="--wall-clock") if wall_clock else None
-    sp = load_space(space)
+    if window and not trace:
+        raise InputError("--window needs --trace", hint="give the request log to cut the window from")
     changes = deployment_changes(model=model, gpu=gpu, gpus=gpus)
     if calibration:
         from pathlib import Path
@@ -69,27 +66,15 @@ def nightly_cmd(
         if not Path(calibration).is_file():
             raise InputError("no such calibration profile", path=calibration)
         changes["calibration"] = calibration
-    dep = dataclasses.replace(sp.deployment, **changes) if changes else sp.deployment
-    wl: dict[str, Any] = {}
-    if target_ttft:
-        wl["target_ttft_s"] = parse_seconds(target_ttft, what="--target-ttft")
-    if trace:
-        wl["trace"] = trace
-    if wl:
-        sp = sp.with_workload(**wl)
-    sp = sp.bind(dep, num_heads(dep))
-    from tuner.cli.trace import bad_rows_advice
-
     with bad_rows_advice(trace):
-        workload = build_workload(sp.workload, dep)
+        target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
+        prepared = prepare(space, deployment=changes, workload={"target_ttft_s": target, "trace": trace})
+    workload = prepared.workload
     if window:
-        if not trace:
-            raise InputError("--window needs --trace", hint="give the request log to cut the window from")
         workload = latest_window(workload, parse_seconds(window, what="--window"))
-    options = backend_options(backend, study or nightly_study_name(dep, sp.name, backend),
-                              vllm_cmd=vllm_cmd, endpoint=endpoint)
-    outcome = run_nightly(sp, workload, backend=get_backend_by_name(backend, **options), storage=storage,
-                          study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
+    outcome = run_nightly(prepared.space, workload, backend=backend,
+                          backend_options=backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint),
+                          storage=storage, study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
                           report_dir=report_dir, seed=seed)
     if output == "json":
         print((outcome.report.parent / "nightly.json").read_text())

@@ -1,5 +1,5 @@
 """``tuner plan``: how much traffic a configuration holds at a P95 TTFT target (a thin
-shell over :func:`tuner.plan.plan_capacity`)."""
+shell over ``tuner.plan(...)``, :func:`tuner.plan.plan_capacity`)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,11 @@ from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output
+from tuner.cli.search import warn
 from tuner.errors import InputError
+from tuner.progress import Observer
 
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
           "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
@@ -131,10 +133,12 @@ def plan_cmd(
       tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
           --model llama-2-7b --dtype float16 --tp 8 --max-num-seqs 128
     """
-    from tuner.capacity import parse_demand, parse_fraction
+    import tuner
     from tuner.cli.estimate import parse_list
+    from tuner.cli.search import backend_options
     from tuner.cli.storage import readable_storage
-    from tuner.plan import plan_capacity, write_plan_files
+    from tuner.demand import parse_fraction
+    from tuner.plan import Figures, Sweep, write_plan_files
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
@@ -146,49 +150,23 @@ def plan_cmd(
             raise InputError(f"--{given[0].replace('_', '-')} describes a configuration; --study/--trial pick one "
                              "from a study", hint="give one or the other")
         deployment, config = _config_from_flags(values)
-        target_ttft = target_ttft or "5s"
-    elif target_ttft is None:
-        from tuner.plan import find_newest_study
-        from tuner.study import load_study_by_name
-
-        if not study:
-            study, storage = find_newest_study(storage=storage)
-        st = load_study_by_name(study, storage)
-        target_ttft = st.user_attrs.get("target_ttft_s") or "5s"
-    levels = parse_list(concurrency, int, "--concurrency") or None
-    rate_list = parse_list(rates, float, "--rates") or None
+    sweep = Sweep(levels=parse_list(concurrency, int, "--concurrency") or None,
+                  rates=parse_list(rates, float, "--rates") or None, repeats=repeats, seed=seed,
+                  requests=num_requests, time_scale=time_scale)
+    figures = Figures(tokens_per_conversation=tokens_per_conversation, demand=demand,
+                      headroom=parse_fraction(headroom), gpu_hour_cost=gpu_hour_cost)
     workload = None
     if trace:
         from tuner.cli.estimate import build_workload
 
         workload = build_workload(trace, None, None, num_requests, skip_bad=skip_bad)
-    options: dict[str, Any] = {}
-    if backend == "vllm" and vllm_cmd:
-        options["vllm_cmd"] = vllm_cmd
-    if api_key_file and backend != "endpoint":
-        raise InputError(f"--api-key-file is for --backend endpoint, not {backend}",
-                         hint="tuner starts the vllm and sim servers itself; they need no key")
-    if backend == "endpoint":
-        from tuner.urls import read_api_key
-
-        if not endpoint:
-            raise InputError("the endpoint backend needs --endpoint http://host:8000")
-        options["urls"] = [u for u in endpoint.split(",") if u]
-        key = read_api_key(api_key_file)
-        if key is not None:
-            options["api_key"] = key
-    say = _progress(output == "text" and sys.stderr.isatty())
+    options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, api_key_file=api_key_file)
     from tuner.cli.trace import bad_rows_advice
 
     with bad_rows_advice(None):  # the study's own file, read whole (--skip-bad is for --trace)
-        est = plan_capacity(
-            target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
-            workload=workload, num_requests=num_requests, backend=backend, backend_options=options,
-            levels=levels, rates=rate_list, tokens_per_conversation=tokens_per_conversation,
-            demand=None if demand is None else parse_demand(demand), headroom=parse_fraction(headroom),
-            gpu_hour_cost=gpu_hour_cost, repeats=repeats, seed=seed, time_scale=time_scale, store=store,
-            progress=say, warn=_warn,
-        )
+        est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
+                         workload=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
+                         store=store, observer=_Lines(output == "text" and sys.stderr.isatty()))
     paths = write_plan_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()
@@ -198,17 +176,20 @@ def plan_cmd(
     _print(est, paths)
 
 
-def _warn(text: str) -> None:
-    print(f"tuner: warning: {text}", file=sys.stderr, flush=True)
+class _Lines(Observer):
+    """The plan's progress, one dim line a phase on a terminal; warnings always."""
 
+    def __init__(self, phases: bool) -> None:
+        from rich.console import Console
 
-def _progress(enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from rich.console import Console
+        self.console = Console(stderr=True) if phases else None
 
-    console = Console(stderr=True)
-    return lambda text: console.print(f"[dim]{text}[/]")
+    def on_phase(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[dim]{text}[/]")
+
+    def on_warning(self, text: str) -> None:
+        warn(text)
 
 
 def _print(est: Any, paths: Any) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 
 @app.command("report", short_help="Write a study's HTML report and its figures as PNG files.")

@@ -1,7 +1,6 @@
 """``tuner search`` (run or resume a study) and ``tuner studies`` (list / show them)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import sys
@@ -9,10 +8,12 @@ from typing import Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import best_record, confirmation_record, print_best
 from tuner.errors import InputError, NoFeasibleConfig
+from tuner.progress import Observer
+from tuner.record import TrialRecord
 
 def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
     """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
@@ -50,10 +51,10 @@ def deployment_changes(*, model: str | None = None, quantization: str | None = N
     return changes
 
 
-def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
+def backend_options(backend: str, *, vllm_cmd: str | None = None,
                     endpoint: str | None = None, startup_timeout: str | None = None,
                     request_timeout: str | None = None, api_key_file: str | None = None) -> dict[str, Any]:
-    """Constructor options of the chosen backend: the vLLM logs go to studies/<study>/logs/;
+    """Constructor options of the chosen backend (``tuner search``, ``plan``, ``nightly``):
     ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations;
     the endpoint's API key from ``--api-key-file`` or the environment
     (:func:`tuner.urls.read_api_key`: ``OPENAI_API_KEY``, ``VLLM_API_KEY``)."""
@@ -67,7 +68,6 @@ def backend_options(backend: str, study: str, *, vllm_cmd: str | None = None,
     if request_timeout and backend in ("vllm", "endpoint"):
         options["timeout_s"] = parse_seconds(request_timeout, what="--request-timeout")
     if backend == "vllm":
-        options["log_dir"] = f"studies/{study}/logs"
         if vllm_cmd:
             options["vllm_cmd"] = vllm_cmd
         if startup_timeout:
@@ -94,7 +94,7 @@ def warn(text: str) -> None:
     print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
 
 
-class _Progress:
+class _Progress(Observer):
     """Rich progress on stderr: trial n/budget, best so far, current phase."""
 
     def __init__(self, budget: int, enabled: bool) -> None:
@@ -116,7 +116,7 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(*exc)
 
-    # SearchObserver hooks
+    # tuner.progress.Observer hooks
     def on_start(self, name: str, finished: int, budget: int) -> None:
         self.progress.update(self.task, completed=min(finished, budget), phase=f"study {name}")
 
@@ -184,61 +184,31 @@ def search_cmd(
       tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
       tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
     """
-    from tuner.search import (
-        build_workload,
-        get_backend_by_name,
-        num_heads,
-        run_search,
-        warm_start_configs,
-    )
-    from tuner.space import load_space
+    import tuner
+    from tuner.cli.trace import bad_rows_advice
+    from tuner.interrupts import alarm
+    from tuner.search import SearchSettings
+    from tuner.study import closest_miss, miss_explanation
     from tuner.units import parse_seconds
-    from tuner.study import closest_miss, miss_explanation, study_name
 
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
-    if budget < 1:
-        raise InputError(f"--budget must be >= 1, got {budget}")
-    sp = load_space(space)
-    dep = sp.deployment
-    changes = deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus)
-    if changes:
-        dep = dataclasses.replace(dep, **changes)
-    wl_changes: dict[str, Any] = {}
-    if target_ttft:
-        wl_changes["target_ttft_s"] = parse_seconds(target_ttft, what="--target-ttft")
-    if trace:
-        wl_changes["trace"] = trace
-    if load:
-        wl_changes["load"] = load
-    if wl_changes:
-        sp = sp.with_workload(**wl_changes)
-    sp = sp.bind(dep, num_heads(dep))
-    from tuner.cli.trace import bad_rows_advice
-
-    with bad_rows_advice(trace):
-        workload = build_workload(sp.workload, dep)
-    name = study or study_name(dep, workload.fingerprint(), sp.name, backend, sp.workload.target_ttft_s)
-    options = backend_options(backend, name, vllm_cmd=vllm_cmd, endpoint=endpoint,
-                              startup_timeout=startup_timeout, request_timeout=request_timeout,
-                              api_key_file=api_key_file)
-    backend_obj = get_backend_by_name(backend, **options)
-    from tuner.interrupts import alarm
-
+    settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
+                              edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+    options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
+                              request_timeout=request_timeout, api_key_file=api_key_file)
+    target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
+    workload = {"target_ttft_s": target, "trace": trace, "load": load}
     alarm(None if timeout is None else timeout + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
-    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress:
-        enqueue = []
-        if warm_start == "sim" and backend != "sim":
-            progress.on_phase("warm start: simulator study")
-            enqueue = warm_start_configs(sp, workload, budget=40, seed=seed, storage=storage)
-        outcome = run_search(
-            sp, backend=backend_obj, workload=workload, budget=budget, timeout_s=timeout,
-            storage=storage, study=name, sampler=sampler, seed=seed, enqueue=enqueue, observer=progress,
-            predictor="auto" if predict else None, kill_stale=kill_stale, confirm=confirm,
-            edge_tolerance=edge_tolerance,
-        )
+    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress, bad_rows_advice(trace):
+        outcome = tuner.search(
+            space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
+            workload=workload, backend=backend, backend_options=options,
+            study=study, storage=storage, settings=settings, predict=predict, warm_start=warm_start == "sim",
+            observer=progress)
     alarm(None)
+    dep = outcome.deployment
     from tuner.study import error_totals
     from tuner.urls import redact, redact_value
 
@@ -247,7 +217,7 @@ def search_cmd(
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
-        "target_ttft_s": sp.workload.target_ttft_s, "backend": backend_obj.name,
+        "target_ttft_s": outcome.target_ttft_s, "backend": outcome.backend,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
         "errors_total": error_totals(outcome.study),
@@ -260,7 +230,7 @@ def search_cmd(
     else:
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
-        report["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
+        report["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
     report = redact_value(report)
     if output == "json":
         print(json.dumps(report, indent=2))
@@ -272,7 +242,7 @@ def search_cmd(
                                    "measured again when the study resumes (run the same command with a longer "
                                    "--timeout)")
         raise NoFeasibleConfig(
-            f"no configuration met P95 TTFT <= {sp.workload.target_ttft_s:g} s in {outcome.finished} trials; "
+            f"no configuration met P95 TTFT <= {outcome.target_ttft_s:g} s in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),
         )
 

@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 
 
 @app.command(

@@ -1,6 +1,6 @@
 """Checks a ``--storage`` URL before a command reads studies from it, so that a typo, a
 missing driver, a server that is down or refuses the credentials is one line (exit 2),
-the same line ``tuner search`` gives (:func:`tuner.study.storage_open_error`)."""
+the same line ``tuner search`` gives (:func:`tuner.storage.storage_open_error`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,9 +19,9 @@ def readable_storage(storage: str | None) -> None:
         return
     import optuna
 
-    from tuner.study import storage_open_error
+    from tuner.locks import driver_url, sqlite_path
+    from tuner.storage import storage_open_error
     from tuner.urls import redact
-    from tuner.workers import driver_url, sqlite_path
 
     shown = redact(storage)
     if "://" not in storage:

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.cli.output import console, fit, print_json, table
+from tuner.record import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -31,9 +32,7 @@ def deployment_of(study: optuna.Study) -> Deployment:
     """The deployment ``tuner search`` stamped on the study (the default one when none)."""
     from tuner.config import Deployment
 
-    data = dict(study.user_attrs.get("deployment") or {})
-    data["gpu_ids"] = tuple(data.get("gpu_ids") or ())
-    return Deployment(**data) if data else Deployment()
+    return StudyRecord.from_study(study).deployment or Deployment()
 
 
 def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
@@ -44,13 +43,13 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     from tuner.study import trial_config
 
     config = trial_config(best)
-    summary = best.user_attrs.get("summary") or {}
+    rec = TrialRecord.from_trial(best)
     return {
         "trial": best.number, "tokens_per_s": best.value,
-        "output_tokens_per_s": best.user_attrs.get("output_tokens_per_s"),
-        "ttft_p95_s": summary.get("ttft_p95_s"), "load": best.user_attrs.get("chosen_load"),
+        "output_tokens_per_s": rec.output_tokens_per_s,
+        "ttft_p95_s": rec.summary.get("ttft_p95_s"), "load": rec.chosen_load,
         "config": config.to_dict(), "command": serve_command(deployment, config),
-        "errors": best.user_attrs.get("errors") or {}, "edge": best.user_attrs.get("edge"),
+        "errors": dict(rec.errors or {}), "edge": None if rec.edge is None else rec.edge.to_dict(),
     }
 
 
@@ -156,24 +155,23 @@ def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, st
     """The study's stamp (what ``tuner search`` recorded) as rows a person reads."""
     from tuner.plan import list_plans
 
-    attrs = study.user_attrs
-    dep = attrs.get("deployment") or {}
+    stamp = StudyRecord.from_study(study)
+    dep = stamp.deployment
     rows: list[tuple[str, str]] = []
-    if dep:
-        quant = f", {dep['quantization']}" if dep.get("quantization") else ""
-        rows.append(("deployment", f"{dep.get('gpu_count', '?')}x {dep.get('gpu', '?')}, {dep.get('model', '?')}"
-                                   f"{quant}, vLLM {dep.get('vllm_version', '?')}"))
-    for key, label in (("backend", "backend"), ("space", "search space")):
-        if attrs.get(key) is not None:
-            rows.append((label, str(attrs[key])))
-    if attrs.get("target_ttft_s") is not None:
-        rows.append(("target", f"P95 TTFT <= {float(attrs['target_ttft_s']):g} s"))
-    if attrs.get("load_kind"):
-        rows.append(("load", str(attrs["load_kind"])))
-    if attrs.get("workload_fingerprint"):
-        rows.append(("workload", f"fingerprint {attrs['workload_fingerprint']}"))
-    if attrs.get("sampler"):
-        rows.append(("sampler", f"{attrs['sampler']}, seed {attrs.get('seed', 0)}"))
+    if dep is not None:
+        quant = f", {dep.quantization}" if dep.quantization else ""
+        rows.append(("deployment", f"{dep.gpu_count}x {dep.gpu}, {dep.model}{quant}, vLLM {dep.vllm_version}"))
+    for value, label in ((stamp.backend, "backend"), (stamp.space, "search space")):
+        if value is not None:
+            rows.append((label, str(value)))
+    if stamp.target_ttft_s is not None:
+        rows.append(("target", f"P95 TTFT <= {float(stamp.target_ttft_s):g} s"))
+    if stamp.load_kind:
+        rows.append(("load", str(stamp.load_kind)))
+    if stamp.workload_fingerprint:
+        rows.append(("workload", f"fingerprint {stamp.workload_fingerprint}"))
+    if stamp.sampler:
+        rows.append(("sampler", f"{stamp.sampler}, seed {stamp.seed or 0}"))
     rows.append(("trials", ", ".join(f"{n:,} {state.lower()}" for state, n in counts.items()) or "none"))
     plans = list_plans(study)
     if plans:
@@ -224,12 +222,12 @@ def studies_show(
                             "errors_total": error_totals(st)}
     if best is not None:
         info["best"] = best_record(best, deployment_of(st))
-        info["best"]["summary"] = best.user_attrs.get("summary")
+        info["best"]["summary"] = dict(TrialRecord.from_trial(best).summary)
         info["confirmation"] = confirmation_record(confirmation(st), best.number)
     else:
         miss = closest_miss(st)
         info["closest_miss"] = None if miss is None else miss_explanation(miss)
-        info["closest_miss_errors"] = None if miss is None else miss.user_attrs.get("errors")
+        info["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
     info = redact_value(info)
     if output is Output.json:
         print_json(info)
@@ -253,7 +251,7 @@ def studies_show(
     if info["best"]["errors"]:
         say(f"its failed requests: {describe_errors(info['best']['errors'], limit=8)}")
     out.print()
-    print_best(info["best"], st.user_attrs.get("target_ttft_s"), info.get("confirmation"))
+    print_best(info["best"], StudyRecord.from_study(st).target_ttft_s, info.get("confirmation"))
 
 
 __all__ = ["best_record", "confirmation_record", "deployment_of", "print_best", "studies_app"]

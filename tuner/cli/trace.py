@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from tuner.cli import app
+from tuner.cli.app import app
 from tuner.cli.options import Output
 from tuner.errors import InputError
 from tuner.traffic import READERS, load_trace, trace_stats

@@ -12,7 +12,7 @@ throughput divides by the run's wall time (:func:`replay_async`). ``issue_s`` re
 when the scheduler started the request (never before its scheduled time, in schedule
 order). Beside them, ``ttft_kernel_s`` is tuner's own, closer reading: from when the
 request body was handed to the socket to the kernel's receive stamp of the first chunk
-(:mod:`tuner.replay.kernel_time`), so neither connection set-up nor a busy event loop
+(:mod:`tuner.kernel_time`), so neither connection set-up nor a busy event loop
 adds to it.
 
 Each request forces its logged output length: ``max_tokens = min_tokens = output`` and
@@ -48,14 +48,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import numpy as np
 
-from tuner.backends.base import RunControl, StopHook
+from tuner.control import RunControl, StopHook
 from tuner.errors import BackendError, InputError
+from tuner.kernel_time import KernelStampedSocket, kernel_stamps
 from tuner.load import Load, arrival_times
-from tuner.replay.kernel_time import KernelStampedSocket, kernel_stamps
 from tuner.replay.metrics import MetricsPoller
 from tuner.replay.prompts import prompt_ids, prompt_text
-from tuner.replay.routing import Router
 from tuner.result import RunResult
+from tuner.routing import Router
 from tuner.urls import bearer, redact, split_credentials
 
 if TYPE_CHECKING:

@@ -28,7 +28,8 @@ crash marks only that trial FAIL and the study goes on. A configuration the samp
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
 A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_trials`).
 
-Stored per trial (``trial.user_attrs``): ``config``, ``feasible``, ``constraint``,
+Stored per trial (``trial.user_attrs``, written and read as a
+:class:`~tuner.record.TrialRecord`): ``config``, ``feasible``, ``constraint``,
 ``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
 load point), ``server`` (server readings), ``loads`` (every load point tried, each with
 its ``errors``), ``errors`` (failed requests per kind at the chosen load, or at the
@@ -50,15 +51,19 @@ The package, one noun a module, each importing only those below it:
 * :mod:`~tuner.search.defaults`, :mod:`~tuner.search.samplers`,
   :mod:`~tuner.search.inputs`, :mod:`~tuner.search.records`,
   :mod:`~tuner.search.progress`, :mod:`~tuner.search.command` — vLLM's defaults as first
-  trials, the samplers, backend and workload, what is recorded around a trial, progress
-  hooks, the ``vllm serve`` line.
+  trials, the samplers, backend and workload, what is recorded around a trial, Optuna
+  kept quiet, the ``vllm serve`` line;
+* :mod:`~tuner.search.workflow` — :func:`search`, what ``tuner search`` does as one call
+  (space, deployment, workload, backend, study), and the package is callable as it:
+  ``tuner.search(...)``; :mod:`~tuner.search.backend` — the protocol a backend meets.
 """
 from __future__ import annotations
 
+from tuner import callable_as
 from tuner.search.command import serve_command
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
-from tuner.search.driver import PREDICTED_BACKENDS, SearchOutcome, SearchRun, SearchSettings, run_search, warm_start_configs
+from tuner.search.driver import SearchOutcome, SearchRun, SearchSettings, run_search, warm_start_configs
 from tuner.search.goodput import (
     EDGE_TOLERANCE,
     MAX_ERROR_RATE,
@@ -72,14 +77,16 @@ from tuner.search.goodput import (
 )
 from tuner.search.inputs import build_workload, get_backend_by_name, num_heads, workload_facts
 from tuner.search.objective import CONSTRAINT, Evaluation, evaluate_config, planner_precheck
-from tuner.search.progress import SearchObserver
 from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
+from tuner.search.workflow import Prepared, backend_for, prepare, search
+
+callable_as(__name__, search)  # tuner.search(...) is search(...)
 
 __all__ = [
     "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "MAX_ERROR_RATE", "MAX_REPLAYS", "N_STARTUP_TRIALS",
-    "PREDICTED_BACKENDS", "SAMPLERS", "Evaluation", "SearchObserver", "SearchOutcome", "SearchRun", "SearchSettings",
+    "SAMPLERS", "Evaluation", "Prepared", "SearchOutcome", "SearchRun", "SearchSettings",
     "build_workload", "confirm_winner", "default_trials", "edge_width", "error_stop_hook", "evaluate_config",
     "get_backend_by_name", "load_for", "make_sampler", "max_users", "monotone_crossing", "num_heads",
-    "planner_precheck", "run_search", "serve_command", "slo_stop_hook", "study_noise", "warm_start_configs",
+    "backend_for", "planner_precheck", "prepare", "run_search", "search", "serve_command", "slo_stop_hook", "study_noise", "warm_start_configs",
     "workload_facts",
 ]

@@ -6,21 +6,22 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import EnvironmentFault
-from tuner.jsonsafe import json_safe
+from tuner.record import RunFacts, TrialRecord
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
-from tuner.search.progress import SearchObserver
+from tuner.progress import Observer, observer_or_headless
 from tuner.urls import redact
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
 #: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
 CONFIRM_ROUNDS = 2
+#: What a repeat's record says of itself, beside its measurement.
+CONFIRMATION = ("confirm_of", "confirm_round", "tags", "worker", "host", "pid", "gpus")
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -39,18 +40,18 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
 
     groups: dict[str, list[float]] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        a = t.user_attrs
-        if "repeat_of" in a or "config" not in a or not a.get("feasible"):
+        rec = TrialRecord.from_trial(t)
+        if rec.is_repeat or rec.config is None or not rec.feasible:
             continue
-        groups.setdefault(config_key(a["config"]), []).append(float(t.value or 0.0))
+        groups.setdefault(config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
     return noise_floor(groups.values(), backend)
 
 
 def confirm_winner(
     study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float, *,
     rounds: int = CONFIRM_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
-    precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: SearchObserver | None = None,
-    run_facts: dict[str, Any] | None = None, tags: dict[str, Any] | None = None,
+    precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
+    run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (fresh start; round r replays the requests in another order,
@@ -65,73 +66,75 @@ def confirm_winner(
     from tuner.study import confirmation, count_finished, is_feasible
     from tuner.workers import identity
 
-    obs = observer or SearchObserver()
+    obs = observer_or_headless(observer)
     fresh = confirmation(study)
     if fresh is not None and fresh.rounds >= rounds:
         return fresh
     trials = study.get_trials(deepcopy=False)
+    records = {t.number: TrialRecord.from_trial(t) for t in trials}
     tags = tags or {}
     fingerprint = workload.fingerprint()
 
-    def ours(t: FrozenTrial) -> bool:
-        a = t.user_attrs
-        return (all(a.get(k) == v for k, v in tags.items())
-                and (a.get("run") or {}).get("workload_fingerprint", fingerprint) == fingerprint)
+    def original(rec: TrialRecord) -> bool:
+        """A measurement of this run's own (same tags, same workload), not a copy or a repeat."""
+        studied = rec.run.workload_fingerprint
+        return (all(rec.tags.get(k) == v for k, v in tags.items()) and (studied or fingerprint) == fingerprint
+                and not rec.is_repeat and not rec.is_confirmation and rec.config is not None)
 
-    originals = [t for t in trials if is_feasible(t) and ours(t) and "repeat_of" not in t.user_attrs
-                 and "confirm_of" not in t.user_attrs and "config" in t.user_attrs]
+    originals = [t for t in trials if is_feasible(t) and original(records[t.number])]
     if not originals:
         return None
-    done = {(int(t.user_attrs["confirm_of"]), int(t.user_attrs.get("confirm_round", 0))): t
-            for t in trials if "confirm_of" in t.user_attrs and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
+    done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
+            for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
-    field_ = candidates([Candidate(t.number, dict(t.user_attrs["config"]), [float(t.value or 0.0)])
+    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)])
                          for t in originals], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
     for (number, _r), t in done.items():
         if number not in entrants and t.state == TrialState.COMPLETE:
-            groups.setdefault(config_key(t.user_attrs.get("config") or {}), []).append(float(t.value or 0.0))
+            config = records[t.number].config
+            groups.setdefault(config_key(config.to_dict() if config else {}), []).append(float(t.value or 0.0))
     history = list(groups.values())
     by_number = {t.number: t for t in originals}
-    base = dict(run_facts or {})
+    base = run_facts or RunFacts()
 
     def measure(c: Candidate, r: int) -> float:
+        nonlocal base
         if (c.number, r) in done:
             t = done[(c.number, r)]
-            return float(t.value or 0.0) if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible") else 0.0
-        original = by_number[c.number]
+            return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
+        original = records[c.number]
         obs.on_phase(f"confirming trial {c.number}: repeat {r}/{rounds}")
-        edge = (original.user_attrs.get("edge") or {}).get("level")
+        edge = original.edge.level if original.edge is not None else None
         config = ServeConfig.from_dict(c.config)
-        attrs: dict[str, Any] = {"confirm_of": c.number, "confirm_round": r, **identity(deployment.gpu_ids or None),
-                                 **tags}
+        rec = TrialRecord(confirm_of=c.number, confirm_round=r, tags=tags, **identity(deployment.gpu_ids or None))
         state = TrialState.COMPLETE
         value: float | None = 0.0
         constraint = 1.0
         try:
             ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
                                  load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
-                                 phase=obs.on_phase, start_level=edge if load_kind == "concurrency" else None,
+                                 observer=obs, start_level=edge if load_kind == "concurrency" else None,
                                  edge_tolerance=edge_tolerance)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration
         except Exception as err:  # the server crashed on this sample: the configuration's
             state, value = TrialState.FAIL, None
-            attrs.update(fail_kind="crash", fail_reason=redact(f"{type(err).__name__}: {err}")[:2000],
-                         config=c.config)
+            rec = rec.replace(fail_kind="crash", fail_reason=redact(f"{type(err).__name__}: {err}")[:2000],
+                              config=config)
         else:
-            moved = {k: ev.attrs[k] for k in ("vllm_version", "log_paths", "startup_s", "plan") if k in ev.attrs}
-            attrs.update({k: v for k, v in ev.attrs.items() if k not in moved})
-            base.update(moved)
+            base = base.with_start(ev.record.run)
+            rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
             value, constraint = ev.value, ev.constraint
-        attrs["run"] = {**base, "load_seed": seed + r, "sample": f"reordered (seed {seed + r})"}
+        rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
+        trial = by_number[c.number]
         study.add_trial(create_trial(
-            state=state, value=value, params=original.params, distributions=original.distributions,
-            user_attrs={k: json_safe(v) for k, v in attrs.items()},
+            state=state, value=value, params=trial.params, distributions=trial.distributions,
+            user_attrs=rec.to_attrs(),
             constraints={CONSTRAINT: float(constraint)} if state == TrialState.COMPLETE else None))
-        return float(value or 0.0) if attrs.get("feasible") else 0.0
+        return float(value or 0.0) if rec.feasible else 0.0
 
     def on_round(r: int, alive: list[Candidate]) -> None:
         obs.on_phase(f"confirmed round {r}/{rounds}: {len(alive)} in the race")

@@ -17,16 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
+from tuner.config import Deployment, ServeConfig
 from tuner.errors import EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
+from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config
-from tuner.search.progress import SearchObserver, quiet_optuna
+from tuner.progress import Observer, observer_or_headless
+from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import propose, prune
 from tuner.search.records import (
     best_value,
@@ -37,25 +39,27 @@ from tuner.search.records import (
     stamp_study,
 )
 from tuner.search.samplers import make_sampler
-from tuner.study import count_finished, guard_storage, open_study, study_name, top_feasible_trials
+from tuner.storage import guard_storage
+from tuner.study import count_finished, open_study, study_name, top_feasible_trials
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.search.prediction import Predictor
     from tuner.space import SearchSpace
     from tuner.traffic.workload import Workload
 
-#: Backends whose trials cost GPU time: ``run_search(predictor="auto")`` predicts for them.
-PREDICTED_BACKENDS = ("vllm",)
 #: Environment faults in a row after which the search stops (one may be a passing glitch).
 ENVIRONMENT_FAULTS_TO_STOP = 2
 
 
 @dataclass(slots=True)
 class SearchOutcome:
+    """What a run of a study left: the study, its recommendation (``best``, None when no
+    configuration met the target) and what this run did."""
+
     study: optuna.Study
     name: str
     storage: str | None
@@ -67,9 +71,12 @@ class SearchOutcome:
     notes: list[str] = field(default_factory=list)
     timed_out: bool = False
     confirmation: Any = None  # tuner.confirmation.Confirmation of the study's winner, when made
+    deployment: Deployment | None = None
+    target_ttft_s: float | None = None
+    backend: str | None = None  # the backend's name
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SearchSettings:
     """How a study measures (the knobs of :func:`run_search` that are not its inputs)."""
 
@@ -83,6 +90,10 @@ class SearchSettings:
     confirm: int = CONFIRM_ROUNDS
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise InputError(f"--budget must be >= 1, got {self.budget}")
 
 
 @guard_storage
@@ -101,7 +112,7 @@ def run_search(
     precheck: bool = True,
     early_stop: bool = True,
     max_replays: int = MAX_REPLAYS,
-    observer: SearchObserver | None = None,
+    observer: Observer | None = None,
     tags: dict[str, Any] | None = None,
     predictor: Predictor | str | None = "auto",
     kill_stale: bool = False,
@@ -115,8 +126,9 @@ def run_search(
     the budget is global). ``tags`` are stamped on every new trial, and a configuration
     is only reused from a trial with the same tags and workload.
 
-    ``predictor`` (:mod:`tuner.search.prediction`): ``"auto"`` uses the simulator for the
-    vLLM backend when it can model the deployment (a trial then starts its goodput search
+    ``predictor`` (:mod:`tuner.search.prediction`): ``"auto"`` uses the simulator for a
+    backend that starts the configuration on real GPUs (``restarts`` and
+    ``measures_gpu_time``: vLLM) when it can model the deployment (a trial then starts its goodput search
     at the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
     is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`.
 
@@ -134,8 +146,6 @@ def run_search(
     recommendation is made on those repeats (:mod:`tuner.confirmation`); ``confirm=0``
     turns that off. ``edge_tolerance``: how close the passing and failing loads of a
     trial must come (share of the load, closed loop at least one user)."""
-    if budget < 1:
-        raise InputError(f"--budget must be >= 1, got {budget}")
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               edge_tolerance=edge_tolerance, kill_stale=kill_stale)
@@ -149,18 +159,16 @@ class SearchRun:
 
     def __init__(self, space: SearchSpace, backend: Backend | str, workload: Workload | None, storage: str | None,
                  study: str | None, settings: SearchSettings, *, enqueue: Sequence[ServeConfig] = (),
-                 observer: SearchObserver | None = None, tags: dict[str, Any] | None = None,
+                 observer: Observer | None = None, tags: dict[str, Any] | None = None,
                  predictor: Predictor | str | None = "auto") -> None:
         self.t0 = time.perf_counter()
         self.space, self.settings, self.storage = space, settings, storage
-        self.obs = observer or SearchObserver()
+        self.obs = observer_or_headless(observer)
         self.tags = dict(tags or {})
         self.deployment = space.deployment
         self.backend = get_backend_by_name(backend) if isinstance(backend, str) else backend
         check_gpu(space, self.backend, self.obs)
-        preflight = getattr(self.backend, "preflight", None)
-        if preflight is not None:
-            preflight(self.deployment)  # EnvironmentFault before any study or trial is written
+        self.backend.preflight(self.deployment)  # EnvironmentFault before any study or trial is written
         if workload is None:
             self.obs.on_phase("building workload")
             workload = build_workload(space.workload, self.deployment)
@@ -172,13 +180,12 @@ class SearchRun:
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
-        self.run_facts = json_safe({
-            "workload_fingerprint": self.fingerprint, "workload_source": workload.source,
-            "workload_file": workload_file(space, workload), "workload_requests": len(workload),
-            **workload_facts(workload), "backend": self.backend.name,
-            "hardware": self.deployment.to_dict(), "seed": s.seed, "load_seed": s.seed, "sample": "as logged",
-            "sampler": s.sampler, "space": space.name, "load_kind": space.workload.load,
-        })
+        self.run_facts = RunFacts(
+            workload_fingerprint=self.fingerprint, workload_source=json_safe(workload.source),
+            workload_file=workload_file(space, workload), workload_requests=len(workload),
+            **workload_facts(workload), backend=self.backend.name, hardware=self.deployment, seed=s.seed,
+            load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
+        )
         self.gpu_s = 0.0
         self.notes: list[str] = []
         self.env_faults: list[str] = []
@@ -190,7 +197,8 @@ class SearchRun:
             from tuner.search.prediction import sim_predictor
 
             s = self.settings
-            if self.backend.name in PREDICTED_BACKENDS and s.precheck and s.early_stop:
+            # worth predicting: a server started with the configuration, whose trials cost GPU time
+            if self.backend.restarts and self.backend.measures_gpu_time and s.precheck and s.early_stop:
                 return sim_predictor(self.deployment, self.workload, self.target, self.space.workload.load)
             return None
         if isinstance(predictor, str):
@@ -205,7 +213,7 @@ class SearchRun:
                         sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
                      self.target)
-        stamped = st.user_attrs.get("target_ttft_s")
+        stamped = StudyRecord.from_study(st).target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
                 f"study {self.name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {self.target:g} s: "
@@ -220,9 +228,9 @@ class SearchRun:
         """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
         trials = self.study.get_trials(deepcopy=False)
         waiting = {tuple(sorted(t.params.items())) for t in trials}
-        first = [(self.space.params_of(c), {"warm_start": True}) for c in enqueue]
+        first = [(self.space.params_of(c), TrialRecord(warm_start=True).to_attrs()) for c in enqueue]
         if not trials and self.settings.sampler.lower() in ("tpe", "gp"):
-            first += [(p, {"vllm_defaults": True}) for p in default_trials(self.space)]
+            first += [(p, TrialRecord(vllm_defaults=True).to_attrs()) for p in default_trials(self.space)]
         for params, attrs in first:
             if tuple(sorted(params.items())) not in waiting:
                 waiting.add(tuple(sorted(params.items())))
@@ -257,7 +265,7 @@ class SearchRun:
             ev = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.target,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,
-                precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, phase=self.obs.on_phase,
+                precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
                 # within the noise band of the best, a configuration is refined as a rival
                 incumbent=best * (1 - noise.band()) if s.early_stop and best else None,
                 start_level=advice.start_level if advice else None,
@@ -278,43 +286,38 @@ class SearchRun:
             mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}")
             raise
         self.gpu_s += ev.gpu_s
-        attrs = dict(ev.attrs)
-        run = dict(self.run_facts)
-        for key in ("vllm_version", "log_paths", "startup_s", "plan"):
-            if key in attrs:
-                run[key] = attrs.pop(key)
-        attrs["run"] = run
+        rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
         if advice is not None and advice.prediction:
-            attrs["prediction"] = advice.prediction
+            rec = rec.replace(prediction=json_safe(advice.prediction))
         trial.set_constraint(CONSTRAINT, ev.constraint)
-        for key, value in attrs.items():
-            trial.set_user_attr(key, json_safe(value))
+        write(trial.set_user_attr, rec)
         return ev.value
 
     def _copy(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
+        """This trial measures nothing: it stores the earlier trial's measurement (not what
+        the queue or the worker stamped on that one) as a repeat of it."""
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
-        trial.set_constraint(CONSTRAINT, float(earlier.user_attrs.get("constraint", 1.0)))
-        for key, value in earlier.user_attrs.items():
-            if key not in ("warm_start", "vllm_defaults", "gpu_s"):
-                trial.set_user_attr(key, value)
-        trial.set_user_attr("repeat_of", earlier.number)
-        trial.set_user_attr("gpu_s", 0.0)
+        rec = TrialRecord.from_trial(earlier)
+        trial.set_constraint(CONSTRAINT, rec.constraint if rec.constraint is not None else 1.0)
+        write(trial.set_user_attr, rec.replace(**{k: getattr(TrialRecord(), k) for k in QUEUED},
+                                                repeat_of=earlier.number, gpu_s=0.0))
         return float(earlier.value)
 
     def after(self, st: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's callback after each trial: environment faults counted, progress."""
         from tuner.study import best_feasible_trial
 
-        if trial.user_attrs.get("fail_kind") == "environment":
-            self.env_faults.append(str(trial.user_attrs.get("fail_reason")))
+        rec = TrialRecord.from_trial(trial)
+        if rec.fail_kind == "environment":
+            self.env_faults.append(str(rec.fail_reason))
             self.obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {self.env_faults[-1]}")
             if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
                 self.worker.halt = self.env_faults[-1]
                 st.stop()
         else:
             self.env_faults.clear()
-            if trial.user_attrs.get("fail_kind") == "crash":
-                self.obs.on_warning(f"trial {trial.number} failed: {trial.user_attrs.get('fail_reason')}")
+            if rec.fail_kind == "crash":
+                self.obs.on_warning(f"trial {trial.number} failed: {rec.fail_reason}")
         self.obs.on_trial(trial, best_feasible_trial(st), count_finished(st))
 
     # -- the run --------------------------------------------------------------------------
@@ -326,7 +329,7 @@ class SearchRun:
         s, st = self.settings, self.study
         interrupted: Interrupted | None = None
         with Worker(st, self.storage, budget=s.budget, timeout_s=s.timeout_s,
-                    gpus=self.deployment.gpu_ids or self.deployment.gpu_count, attrs=self.tags) as worker:
+                    gpus=self.deployment.gpu_ids or self.deployment.gpu_count, tags=self.tags) as worker:
             self.worker = worker
             for number in worker.leftovers:
                 self.obs.on_warning(f"trial {number} was left RUNNING by a run that is gone: failed as interrupted "
@@ -350,12 +353,14 @@ class SearchRun:
                                    f"in a row (no configuration was judged by them): {worker.halt}")
         return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
-                             timed_out=interrupted is not None, confirmation=confirmation(st))
+                             timed_out=interrupted is not None, confirmation=confirmation(st),
+                             deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name)
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
         several workers, the one that takes the study's confirm lock does it."""
-        from tuner.workers import StudyLock, budget_used
+        from tuner.locks import StudyLock
+        from tuner.workers import budget_used
 
         s, st, worker = self.settings, self.study, self.worker
         used, running = budget_used(st, shared=worker.shared)
@@ -376,7 +381,7 @@ class SearchRun:
 
 
 def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
-                       seed: int = 0, storage: str | None = None, observer: SearchObserver | None = None,
+                       seed: int = 0, storage: str | None = None, observer: Observer | None = None,
                        ) -> list[ServeConfig]:
     """Run (or reuse) a simulator study of the same space and workload and return its
     ``k`` best feasible configurations, to enqueue as the first real trials."""

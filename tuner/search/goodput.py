@@ -13,7 +13,7 @@ holds at its cap is tried above it: queued requests may still meet the target.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,8 @@ from tuner.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.result import describe_errors
 
 if TYPE_CHECKING:
-    from tuner.backends.base import RunControl
+    from tuner.control import RunControl, StopHook
+    from tuner.progress import Observer
     from tuner.result import RunResult
     from tuner.traffic.workload import Workload
 
@@ -53,7 +54,7 @@ EDGE_TOLERANCE = 0.05
 MAX_REPLAYS = 5
 
 
-def slo_stop_hook(target_ttft_s: float, total: int, share: float = EARLY_STOP_SHARE) -> Callable[[RunControl], bool]:
+def slo_stop_hook(target_ttft_s: float, total: int, share: float = EARLY_STOP_SHARE) -> StopHook:
     """Stop hook: True once more than ``share`` of ``total`` requests had TTFT over the
     target — P95 is then over the target whatever the rest do."""
     allowed = math.floor(share * total)
@@ -72,7 +73,7 @@ def slo_stop_hook(target_ttft_s: float, total: int, share: float = EARLY_STOP_SH
     return stop
 
 
-def error_stop_hook(total: int, share: float = MAX_ERROR_RATE) -> Callable[[RunControl], bool]:
+def error_stop_hook(total: int, share: float = MAX_ERROR_RATE) -> StopHook:
     """Stop hook: True once more than ``share`` of ``total`` requests have failed — the
     load point fails whatever the rest do (a hung or refusing server costs one burst of
     timeouts or errors, not the whole workload)."""
@@ -189,7 +190,7 @@ def monotone_crossing(points: Sequence[tuple[float, float]], target: float, lo: 
 
 def goodput_search(
     instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
-    early_stop: bool, seed: int, say: Callable[[str], None], top: int, incumbent: float | None = None,
+    early_stop: bool, seed: int, observer: Observer, top: int, incumbent: float | None = None,
     start: float | None = None, expected: float | None = None, tolerance: float = EDGE_TOLERANCE,
     ceiling: int | None = None,
 ) -> list[LoadPoint]:
@@ -206,7 +207,7 @@ def goodput_search(
 
     def run(level: float, kind: str) -> LoadPoint:
         load = load_for(kind, level, workload, seed)
-        say(f"replay {len(points) + 1}/{max_replays} at {load.label}")
+        observer.on_phase(f"replay {len(points) + 1}/{max_replays} at {load.label}")
         deadline.check()
         slo = slo_stop_hook(target, len(workload)) if early_stop else None
         errs = error_stop_hook(len(workload)) if early_stop else None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import Deployment
 
 if TYPE_CHECKING:
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.space import SearchSpace, WorkloadSpec
     from tuner.traffic.workload import Workload
 

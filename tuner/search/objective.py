@@ -9,33 +9,36 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
 from tuner.jsonsafe import json_safe
+from tuner.progress import Observer, observer_or_headless
+from tuner.record import Edge, LoadRecord, RunFacts, TrialRecord
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_width, goodput_search, max_users
 from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
-    from tuner.backends.base import Backend
+    from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
 #: Name of the trial constraint: P95 TTFT / target - 1 (<= 0 feasible; 1.0 for refusals).
 CONSTRAINT = "p95_ttft_over_target"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Evaluation:
     """What one configuration scored. ``value`` is tokens/s at the chosen load (0 when
-    infeasible); ``constraint`` is P95 TTFT / target − 1 at that load (> 0 infeasible)."""
+    infeasible); ``constraint`` is P95 TTFT / target − 1 at that load (> 0 infeasible);
+    ``record`` what the trial stores of it (its ``run`` holds only what the start
+    reported: the study's facts are the driver's)."""
 
     feasible: bool
     value: float
     constraint: float
-    attrs: dict[str, Any] = field(default_factory=dict)
+    record: TrialRecord = field(default_factory=TrialRecord)
     gpu_s: float = 0.0
 
 
@@ -51,7 +54,7 @@ def evaluate_config(
     precheck: bool = True,
     early_stop: bool = True,
     seed: int = 0,
-    phase: Callable[[str], None] | None = None,
+    observer: Observer | None = None,
     incumbent: float | None = None,
     start_level: float | None = None,
     expected_value: float | None = None,
@@ -66,54 +69,51 @@ def evaluate_config(
     instead of the most the configuration holds; ``expected_value`` (the predicted
     tokens/s) stops refining a passing load of a configuration not expected to come
     within reach of the incumbent."""
-    say = phase or (lambda text: None)
-    attrs: dict[str, Any] = {"config": config.to_dict(), "target_ttft_s": target_ttft_s}
+    obs = observer_or_headless(observer)
+    rec = TrialRecord(config=config, target_ttft_s=target_ttft_s)
     facts: dict[str, Any] = {}
     launched = 0.0
     try:
         if precheck:
-            say("pre-check")
-            facts = planner_precheck(deployment, config) if backend.name != "sim" else {}
-            facts.update(backend.precheck(deployment, config) or {})
-            attrs["plan"] = json_safe(facts)
-        say("starting")
+            obs.on_phase("pre-check")
+            facts = {**planner_precheck(deployment, config), **(backend.precheck(deployment, config) or {})}
+            rec = rec.replace(run=RunFacts(plan=json_safe(facts)))
+        obs.on_phase("starting")
         launched = time.perf_counter()
         instance = backend.start(deployment, config)
     except ConfigRejected as err:
         # a real refused start cost its wall time on the GPUs; the simulator's costs nothing
-        spent = time.perf_counter() - launched if launched and backend.name != "sim" else 0.0
-        return rejected(attrs, err, launched=bool(launched), gpu_s=spent)
+        spent = time.perf_counter() - launched if launched and backend.measures_gpu_time else 0.0
+        return rejected(rec, err, launched=bool(launched), gpu_s=spent)
     info = dict(getattr(instance, "info", {}) or {})
     startup_s = float(info.get("startup_s") or 0.0)
-    attrs["startup_s"] = startup_s
-    attrs["log_paths"] = json_safe(info.get("log_paths") or [])
-    attrs["vllm_version"] = info.get("vllm_version") or deployment.vllm_version
+    rec = rec.replace(run=rec.run.replace(
+        startup_s=startup_s, log_paths=tuple(json_safe(info.get("log_paths") or [])),
+        vllm_version=info.get("vllm_version") or deployment.vllm_version))
     points: list[LoadPoint] = []
     try:
         with instance:
             points = goodput_search(
                 instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
-                early_stop=early_stop, seed=seed, say=say,
+                early_stop=early_stop, seed=seed, observer=obs,
                 top=max_users(facts, info, config, workload), incumbent=incumbent,
                 start=start_level, expected=expected_value, tolerance=edge_tolerance,
                 ceiling=max(1, len(workload) // 2),
             )
     except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
-        return rejected(attrs, err, launched=True, gpu_s=startup_s)
+        return rejected(rec, err, launched=True, gpu_s=startup_s)
     replay_s = sum(p.result.duration_s for p in points)
     gpu_s = startup_s + replay_s
-    attrs["gpu_s"] = gpu_s
-    attrs["loads"] = [
-        json_safe({"load": p.load.label, "level": p.level, "p95_ttft_s": p.summary.get("ttft_p95_s"),
-                "tokens_per_s": p.summary.get("tokens_per_s"), "error_rate": p.summary.get("error_rate"),
-                "errors": p.errors, "duration_s": p.result.duration_s, "stopped_early": p.result.stopped_early,
-                "passed": p.passed})
-        for p in points
-    ]
     passed = [p for p in points if p.passed]
     lowest = min(points, key=lambda p: p.level)
-    attrs["p95_ttft_at_lowest_load_s"] = json_safe(lowest.summary.get("ttft_p95_s"))
-    attrs["lowest_load"] = lowest.load.label
+    rec = rec.replace(
+        gpu_s=gpu_s, loads=tuple(LoadRecord.from_dict(json_safe({
+            "load": p.load.label, "level": p.level, "p95_ttft_s": p.summary.get("ttft_p95_s"),
+            "tokens_per_s": p.summary.get("tokens_per_s"), "error_rate": p.summary.get("error_rate"),
+            "errors": p.errors, "duration_s": p.result.duration_s, "stopped_early": p.result.stopped_early,
+            "passed": p.passed})) for p in points),
+        p95_ttft_at_lowest_load_s=json_safe(lowest.summary.get("ttft_p95_s")), lowest_load=lowest.load.label,
+    )
     if not passed:
         over = lowest.p95 if math.isfinite(lowest.p95) else 2 * target_ttft_s
         constraint = over / target_ttft_s - 1.0
@@ -129,35 +129,34 @@ def evaluate_config(
                          else ""))
         else:
             reason = f"no request completed at {lowest.load.label}"
-        attrs.update(
+        rec = rec.replace(
             feasible=False, constraint=constraint, infeasible_reason=reason,
             failed_by="errors" if lowest.failed_by_errors else "latency",
             summary=json_safe(lowest.summary), server=json_safe(redact_value(lowest.result.server)),
-            tokens_per_s=0.0, output_tokens_per_s=0.0, **error_attrs(lowest),
+            tokens_per_s=0.0, output_tokens_per_s=0.0, **error_fields(lowest),
         )
-        return Evaluation(False, 0.0, attrs["constraint"], attrs, gpu_s)
+        return Evaluation(False, 0.0, constraint, rec, gpu_s)
     best = max(passed, key=lambda p: p.level)
     above = [p for p in points if not p.passed and p.level > best.level and p.level != math.inf]
     failing = min(above, key=lambda p: p.level) if above else None
     cap = max_users(facts, info, config, workload)
-    attrs["edge"] = json_safe({
-        "level": best.level, "failing_level": failing.level if failing else None,
-        "located": failing is not None and failing.level - best.level <= edge_width(best.level, load_kind, edge_tolerance),
-        "tolerance": edge_tolerance, "cap": cap if load_kind == "concurrency" else None,
-        "beyond_cap": load_kind == "concurrency" and best.level > cap,
-    })
     s = best.summary
-    attrs.update(
-        feasible=True,
-        constraint=s["ttft_p95_s"] / target_ttft_s - 1.0,
+    rec = rec.replace(
+        edge=Edge(**json_safe({
+            "level": best.level, "failing_level": failing.level if failing else None,
+            "located": failing is not None and failing.level - best.level <= edge_width(best.level, load_kind,
+                                                                                         edge_tolerance),
+            "tolerance": edge_tolerance, "cap": cap if load_kind == "concurrency" else None,
+            "beyond_cap": load_kind == "concurrency" and best.level > cap})),
+        feasible=True, constraint=s["ttft_p95_s"] / target_ttft_s - 1.0,
         summary=json_safe(s), server=json_safe(redact_value(best.result.server)),
         tokens_per_s=float(s["tokens_per_s"]), output_tokens_per_s=float(s["output_tokens_per_s"]),
-        error_rate=float(s["error_rate"]), chosen_load=best.load.label, **error_attrs(best),
+        error_rate=float(s["error_rate"]), chosen_load=best.load.label, **error_fields(best),
     )
-    return Evaluation(True, float(s["tokens_per_s"]), attrs["constraint"], attrs, gpu_s)
+    return Evaluation(True, float(s["tokens_per_s"]), rec.constraint, rec, gpu_s)
 
 
-def error_attrs(point: LoadPoint) -> dict[str, Any]:
+def error_fields(point: LoadPoint) -> dict[str, Any]:
     """``errors`` (kind -> count) of a load point, and ``error_detail`` when any failed."""
     errors = point.errors
     out: dict[str, Any] = {"errors": errors}
@@ -178,12 +177,12 @@ def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, A
         return {}
 
 
-def rejected(attrs: dict[str, Any], err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
-    attrs.update(
+def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
+    rec = rec.replace(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
         infeasible_reason=f"{err.kind}: {redact(err.message)}", rejected_kind=err.kind,
         rejected_at="start" if launched else "pre-check", gpu_s=gpu_s,
     )
     if err.log_path:
-        attrs["log_paths"] = [err.log_path]
-    return Evaluation(False, 0.0, 1.0, attrs, gpu_s)
+        rec = rec.replace(run=rec.run.replace(log_paths=(err.log_path,)))
+    return Evaluation(False, 0.0, 1.0, rec, gpu_s)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigRejected, InputError
+from tuner.record import TrialRecord
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -115,12 +116,13 @@ class Predictor:
                                  load_kind=self.load_kind, max_replays=PREDICT_REPLAYS)
         except (InputError, ConfigRejected):
             return None
-        if "rejected_kind" in ev.attrs:  # vLLM would refuse it: the search's pre-check records that
+        rec = ev.record
+        if rec.rejected_kind:  # vLLM would refuse it: the search's pre-check records that
             return None
-        p95 = (ev.attrs.get("summary") or {}).get("ttft_p95_s")
+        p95 = rec.summary.get("ttft_p95_s")
         if not ev.feasible:
-            return Prediction(False, 0.0, 0.0, p95, str(ev.attrs.get("infeasible_reason", "")))
-        level = max(p["level"] for p in ev.attrs["loads"] if p["passed"])
+            return Prediction(False, 0.0, 0.0, p95, str(rec.infeasible_reason or ""))
+        level = max(p.level for p in rec.loads if p.passed)
         return Prediction(True, float(level), ev.value, p95)
 
 
@@ -141,19 +143,19 @@ def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: flo
 
 def correction(trials: Iterable[FrozenTrial]) -> Correction:
     """How far measurements were from predictions, over the measured feasible trials
-    that carry a feasible prediction (``user_attrs["prediction"]``)."""
+    that carry a feasible prediction (:attr:`TrialRecord.prediction`)."""
     levels: list[float] = []
     values: list[float] = []
     for t in trials:
-        a = t.user_attrs
-        pred = a.get("prediction") or {}
-        if not (a.get("feasible") and pred.get("feasible")) or "repeat_of" in a:
+        rec = TrialRecord.from_trial(t)
+        pred = rec.prediction or {}
+        if not (rec.feasible and pred.get("feasible")) or rec.is_repeat:
             continue
-        level = _chosen_level(a)
+        level = _chosen_level(rec)
         if level and pred.get("level"):
             levels.append(level / float(pred["level"]))
-        if pred.get("tokens_per_s") and a.get("tokens_per_s"):
-            values.append(float(a["tokens_per_s"]) / float(pred["tokens_per_s"]))
+        if pred.get("tokens_per_s") and rec.tokens_per_s:
+            values.append(float(rec.tokens_per_s) / float(pred["tokens_per_s"]))
     if not values:
         return Correction()
     return Correction(statistics.median(levels) if levels else 1.0, statistics.median(values), len(values))
@@ -169,12 +171,11 @@ def predicted_twins(trials: Iterable[FrozenTrial], config: ServeConfig, pred: Pr
 
     out = []
     for t in trials:
-        a = t.user_attrs
-        other = a.get("prediction") or {}
-        cfg = a.get("config") or {}
-        if (t.state != TrialState.COMPLETE or "repeat_of" in a or not other or "rejected_kind" in a
-                or cfg.get("tensor_parallel_size") != config.tensor_parallel_size
-                or cfg.get("replicas") != config.replicas):
+        rec = TrialRecord.from_trial(t)
+        other = rec.prediction or {}
+        if (t.state != TrialState.COMPLETE or rec.is_repeat or not other or rec.rejected_kind
+                or rec.config is None or rec.config.tensor_parallel_size != config.tensor_parallel_size
+                or rec.config.replicas != config.replicas):
             continue
         if bool(other.get("feasible")) != pred.feasible or float(other.get("level") or 0) != pred.level:
             continue
@@ -216,8 +217,9 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
     twin = max(twins, key=lambda t: (float(t.value or 0.0), -t.number), default=None)
     if twin is not None and best and (len(twins) >= TWINS_MEASURED or float(twin.value or 0.0) < twin_share * best):
         value = float(twin.value or 0.0)
-        other = twin.user_attrs.get("config") or {}
-        differs = ", ".join(k for k, v in config.to_dict().items() if other.get(k) != v) or "what differs"
+        other = TrialRecord.from_trial(twin).config
+        differs = ", ".join(k for k, v in config.to_dict().items()
+                            if other is None or getattr(other, k) != v) or "what differs"
         advice.prune, advice.value, advice.twin_of = True, value, twin.number
         why = (f"{len(twins)} such trials measured already" if len(twins) >= TWINS_MEASURED
                else f"under {twin_share:.0%} of the best {best:,.0f}")
@@ -242,9 +244,8 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
     return advice
 
 
-def _chosen_level(attrs: dict[str, Any]) -> float | None:
-    passed = [p.get("level") for p in attrs.get("loads") or [] if p.get("passed")]
-    passed = [float(x) for x in passed if x is not None and math.isfinite(float(x))]
+def _chosen_level(rec: TrialRecord) -> float | None:
+    passed = [float(p.level) for p in rec.loads if p.passed and p.level is not None and math.isfinite(float(p.level))]
     return max(passed) if passed else None
 
 

@@ -2,10 +2,11 @@
 without a launch, or propose the best neighbour when the sampler proposed a twin."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tuner.config import ServeConfig
 from tuner.jsonsafe import json_safe
+from tuner.record import RunFacts, StudyRecord, TrialRecord, write
 from tuner.search.defaults import snapped_grid
 from tuner.search.objective import CONSTRAINT
 
@@ -38,23 +39,21 @@ def propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best:
             if advice.prediction and not advice.prune:
                 scored.append((advice.expected_value or advice.prediction.get("tokens_per_s") or 0.0, params))
     if scored:
-        study.enqueue_trial(max(scored, key=lambda x: x[0])[1], user_attrs={"proposed_by": "predictor"},
-                            skip_if_exists=True)
+        study.enqueue_trial(max(scored, key=lambda x: x[0])[1],
+                            user_attrs=TrialRecord(proposed_by="predictor").to_attrs(), skip_if_exists=True)
 
 
-def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: dict[str, Any]) -> None:
+def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: RunFacts) -> None:
     """Record a configuration the predictor ruled out, without launching it: PRUNED,
     with the prediction as evidence (TPE ranks pruned trials below every measured one)."""
     import optuna
 
     pred = advice.prediction
     p95 = pred.get("p95_ttft_s")
-    target = trial.study.user_attrs.get("target_ttft_s")
+    target = StudyRecord.from_study(trial.study).target_ttft_s
     constraint = p95 / target - 1.0 if pred["feasible"] and p95 and target else 1.0
     trial.set_constraint(CONSTRAINT, constraint)
-    for key, value in (("config", config.to_dict()), ("prediction", pred), ("pruned_reason", advice.reason),
-                       ("feasible", False), ("gpu_s", 0.0), ("run", run_facts), ("twin_of", advice.twin_of)):
-        if value is not None:
-            trial.set_user_attr(key, json_safe(value))
+    write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(pred), pruned_reason=advice.reason,
+                                           feasible=False, gpu_s=0.0, run=run_facts, twin_of=advice.twin_of))
     trial.report(float(advice.value), step=0)
     raise optuna.TrialPruned(advice.reason)

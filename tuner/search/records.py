@@ -7,31 +7,30 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
+from tuner.record import RunFacts, StudyRecord, TrialRecord, write
 from tuner.urls import redact
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.backends.base import Backend
-    from tuner.search.progress import SearchObserver
+    from tuner.search.backend import Backend
+    from tuner.progress import Observer
     from tuner.space import SearchSpace
 
 
-def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: dict[str, Any], kind: str, reason: str) -> None:
+def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFacts, kind: str, reason: str) -> None:
     """What a trial that is about to FAIL stores: its config, why (``fail_kind``:
     interrupted, environment or crash; :mod:`tuner.recovery`) and the run facts."""
     from tuner.recovery import mark_failed
 
     reason = redact(reason)  # a message may name an endpoint with its credentials
-    trial.set_user_attr("config", config.to_dict())
-    trial.set_user_attr("run", run_facts)
-    if kind == "crash":
-        trial.set_user_attr("error", reason[:2000])
+    write(trial.set_user_attr, TrialRecord(config=config, run=run_facts,
+                                           error=reason[:2000] if kind == "crash" else None))
     mark_failed(trial.study, trial._trial_id, kind, reason)
 
 
-def check_gpu(space: SearchSpace, backend: Backend, obs: SearchObserver) -> None:
+def check_gpu(space: SearchSpace, backend: Backend, obs: Observer) -> None:
     """A GPU tuner's catalog does not know: the simulator cannot run it (bad input, with
     the space file's line); a real vLLM can, without pre-check or prediction (a warning)."""
     from tuner.sim.hardware import get_gpu
@@ -39,15 +38,13 @@ def check_gpu(space: SearchSpace, backend: Backend, obs: SearchObserver) -> None
     try:
         get_gpu(space.deployment.gpu)
     except InputError as err:
-        simulated = backend.name == "sim" or any(
-            "sim-serve" in a or a == "tuner.sim.server" for a in str(getattr(backend, "vllm_cmd", "")).split())
-        if simulated:
+        if backend.simulated:
             raise space.error(err.message, ("deployment", "gpu"), hint=err.hint) from err
         obs.on_warning(f"{err.message}: no pre-check and no prediction for this GPU (add it to "
                        "~/.config/tuner/gpus.yaml to get both)")
 
 
-def report_stale_servers(obs: SearchObserver, kill: bool) -> None:
+def report_stale_servers(obs: Observer, kill: bool) -> None:
     """Report (and with ``kill``, stop) servers a dead tuner run left on this host."""
     from tuner.processes import stale_servers, stop_group
 
@@ -74,13 +71,14 @@ def same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | Non
     workload and with the same ``tags``, when given)."""
     from optuna.trial import TrialState
 
-    wanted = config.to_dict()
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.user_attrs.get("config") != wanted or "repeat_of" in t.user_attrs or "confirm_of" in t.user_attrs:
+        rec = TrialRecord.from_trial(t)
+        if rec.config != config or rec.is_repeat or rec.is_confirmation:
             continue
-        if fingerprint and (t.user_attrs.get("run") or {}).get("workload_fingerprint", fingerprint) != fingerprint:
+        studied = rec.run.workload_fingerprint
+        if fingerprint and (studied or fingerprint) != fingerprint:
             continue
-        if any(t.user_attrs.get(k) != v for k, v in (tags or {}).items()):
+        if any(rec.tags.get(k) != v for k, v in (tags or {}).items()):
             continue
         return t
     return None
@@ -88,14 +86,10 @@ def same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | Non
 
 def stamp_study(st: optuna.Study, space: SearchSpace, deployment: Deployment, fingerprint: str,
                  backend: str, sampler: str, seed: int, target: float) -> None:
-    if st.user_attrs.get("space"):
+    """What the study was made for, written once, when it is created."""
+    if StudyRecord.from_study(st).space:
         return
-    st.set_user_attr("space", space.name)
-    st.set_user_attr("space_path", space.path)
-    st.set_user_attr("deployment", deployment.to_dict())
-    st.set_user_attr("workload_fingerprint", fingerprint)
-    st.set_user_attr("backend", backend)
-    st.set_user_attr("sampler", sampler)
-    st.set_user_attr("seed", seed)
-    st.set_user_attr("target_ttft_s", target)
-    st.set_user_attr("load_kind", space.workload.load)
+    stamp = StudyRecord(space=space.name, space_path=space.path, deployment=deployment,
+                        workload_fingerprint=fingerprint, backend=backend, sampler=sampler, seed=seed,
+                        target_ttft_s=target, load_kind=space.workload.load)
+    write(st.set_user_attr, stamp)

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import is_number, shown
+from tuner.values import is_number, shown
 from tuner.errors import InputError
 from tuner.versions import same_version
 

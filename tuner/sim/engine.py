@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tuner.backends.base import RunControl, StopHook
-from tuner.errors import ConfigRejected, InputError
+from tuner.control import RunControl, StopHook
+from tuner.errors import ConfigRejected
 from tuner.load import Concurrency, arrival_times
 from tuner.result import RunResult
+from tuner.routing import Router
 from tuner.sim.calibration import Calibration, load_calibration
 from tuner.sim.scheduler import EngineCore, StepOutput  # noqa: F401  (EngineCore is part of this module's API)
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from tuner.load import Load
     from tuner.sim.memory import MemoryPlan
     from tuner.traffic.workload import Workload
-
-ROUTERS = ("round_robin", "least_outstanding")
 
 _SEND, _KICK, _END, _ARRIVE, _FRONT = 0, 1, 2, 3, 4
 _VERSIONS = 1 << 20     # END events carry replica * _VERSIONS + (version mod _VERSIONS)
@@ -66,8 +65,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
              record_itl: bool = False, profile: Calibration | None = None,
              fast: bool = True) -> RunResult:
     """:func:`simulate` for an already computed memory plan (one plan per replica)."""
-    if router not in ROUTERS:
-        raise InputError(f"unknown router {router!r}", hint=f"use one of {', '.join(ROUTERS)}")
+    route = Router(replicas, router)
     n = len(workload)
     cores = [EngineCore(plan, profile, fast=fast, record_itl=record_itl) for _ in range(replicas)]
     # every replica knows every request (request j is column j everywhere); one table shared
@@ -101,8 +99,6 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     kicked = [False] * replicas
     version = [0] * replicas          # END events of a truncated run are stale
     pending: list[np.ndarray | None] = [None] * replicas
-    outstanding = np.zeros(replicas, dtype=np.int64)
-    rr = 0
     control = RunControl(total=n)
     t0 = 0.0
     t_last_done = 0.0
@@ -133,20 +129,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     # that replica's engine when its front end has taken it in
     front = bool(cores and cores[0].fe_req)
 
-    def route() -> int:
-        nonlocal rr
-        if router == "round_robin":
-            r = rr % replicas
-            rr += 1
-            return r
-        return int(np.argmin(outstanding))
-
     while heap:
         t, _, kind, arg = heapq.heappop(heap)
         if kind == _FRONT:
-            r = route()
+            r = route.pick()
             where[arg] = r
-            outstanding[r] += 1
             heapq.heappush(heap, (cores[r].frontend_admit(t), seq, _ARRIVE, arg))
             seq += 1
             continue
@@ -176,9 +163,8 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             if where[j] >= 0:
                 r = int(where[j])            # routed when its front end took it in
             else:
-                r = route()
+                r = route.pick()
                 where[j] = r
-                outstanding[r] += 1
             core = cores[r]
             if not busy[r] and not core.has_work():
                 core.now = max(core.now, t)
@@ -218,7 +204,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             t_first = core.t_first
             t_done = core.t_done
             for j in fin.tolist():
-                outstanding[r] -= 1
+                route.done(r)
                 if core.rejected and j in core.rejected:
                     error[j] = "kv_cache_too_small"
                 if finish_one(j, max(t, float(t_done[j])), t_first[j] - send[j]):

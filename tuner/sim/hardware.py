@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import is_int, is_number, shown
+from tuner.values import is_int, is_number, shown
 from tuner.errors import InputError
 
 if TYPE_CHECKING:

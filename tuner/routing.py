@@ -1,7 +1,8 @@
 """Which replica gets the next request: ``round_robin`` or ``least_outstanding``.
 
-A router only sees the client's own view (requests it has in flight per endpoint);
+A router only sees its own view (requests it has in flight per replica);
 ``least_outstanding`` is what a proxy in front of several vLLM replicas usually does.
+The HTTP replayer routes between endpoints with it, the simulator between its engines.
 """
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ ROUTERS = ("round_robin", "least_outstanding")
 
 
 class Router:
-    """Picks an endpoint index for each request; ``done(i)`` when that request ends."""
+    """Picks a replica index for each request; ``done(i)`` when that request ends."""
 
-    def __init__(self, n_endpoints: int, policy: str = "round_robin") -> None:
+    def __init__(self, replicas: int, policy: str = "round_robin") -> None:
         if policy not in ROUTERS:
             raise InputError(f"unknown router {policy!r}", hint=f"use one of {', '.join(ROUTERS)}")
-        if n_endpoints < 1:
-            raise InputError("replay needs at least one endpoint URL")
+        if replicas < 1:
+            raise InputError("a router needs at least one replica (an endpoint URL)")
         self.policy = policy
-        self.outstanding = [0] * n_endpoints
+        self.outstanding = [0] * replicas
         self._next = 0
 
     def pick(self) -> int:

@@ -1,0 +1,119 @@
+"""The import directions of ARCHITECTURE.md hold: every import between tuner's parts, at
+module level or inside a function (those under ``if TYPE_CHECKING:`` aside), goes down
+the layers, parts declared independent never import each other, and no module imports
+itself back through others."""
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parents[1] / "tuner"
+
+#: The layers, lowest first; a part (a top-level module or package of tuner) may import
+#: parts of its own layer and of the layers below, never above (ARCHITECTURE.md).
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("core", frozenset({"errors", "values", "units", "versions", "jsonsafe", "yamlfile", "urls", "files",
+                        "interrupts", "processes", "control", "routing", "kernel_time", "progress"})),
+    ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation"})),
+    ("engines", frozenset({"sim", "replay", "probes", "estimation"})),
+    ("backends", frozenset({"backends", "space", "effective"})),
+    ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),
+    ("search", frozenset({"search", "analysis"})),
+    ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "doctor"})),
+    ("api", frozenset({"__init__"})),
+    ("cli", frozenset({"cli", "__main__"})),
+)
+#: Parts of one layer that must not import each other.
+INDEPENDENT = ({"sim", "replay"}, {"backends", "space"}, {"search", "analysis"})
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _part(module: str) -> str:
+    names = module.split(".")
+    return names[1] if len(names) > 1 else "__init__"
+
+
+def _type_checking(node: ast.If) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """``(module imported, line, inside a function)`` for each tuner import of the file."""
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _type_checking(child):
+                for sub in child.orelse:
+                    visit(sub, in_function)
+                continue
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, nested) for a in child.names if a.name.startswith("tuner"))
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and (child.module or "").startswith("tuner"):
+                out.extend((f"{child.module}.{a.name}", child.lineno, nested) for a in child.names)
+            visit(child, nested)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return out
+
+
+def import_graph() -> dict[str, set[tuple[str, int, bool]]]:
+    """Module -> the tuner modules it imports (a name imported from a package resolves to
+    the submodule when there is one, else to the package)."""
+    files = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[tuple[str, int, bool]]] = {}
+    for module, path in files.items():
+        edges = set()
+        for target, line, nested in imports(path):
+            while target not in files and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in files and target != module:
+                edges.add((target, line, nested))
+        graph[module] = edges
+    return graph
+
+
+LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
+
+
+def test_every_part_of_tuner_has_a_layer():
+    parts = {_part(_module(p)) for p in PACKAGE.rglob("*.py")}
+    assert parts - set(LAYER_OF) == set(), "add the new part to LAYERS here and to ARCHITECTURE.md"
+
+
+def test_imports_go_down_the_layers_never_up_nor_across_independent_parts():
+    wrong = []
+    for module, edges in import_graph().items():
+        for target, line, nested in edges:
+            a, b = _part(module), _part(target)
+            if a == b or b == "__init__":  # the package root is every module's parent, imported first
+                continue
+            where = f"{module.replace('.', '/')}.py:{line}{' (in a function)' if nested else ''}"
+            if LAYER_OF[b] > LAYER_OF[a]:
+                wrong.append(f"{where}: {a} ({LAYERS[LAYER_OF[a]][0]}) imports {target} ({LAYERS[LAYER_OF[b]][0]})")
+            elif any({a, b} <= pair for pair in INDEPENDENT):
+                wrong.append(f"{where}: {a} imports {target}; they are independent")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_module_imports_itself_back_through_others():
+    graph = {m: {t for t, _, _ in edges} for m, edges in import_graph().items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"import cycle: {' -> '.join(err.args[1])}")
+
+
+def test_the_check_sees_imports_inside_functions_and_skips_type_only_ones(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nimport tuner.errors\nif TYPE_CHECKING:\n"
+                   "    from tuner.plan import x\ndef f():\n    from tuner.cli import app\n")
+    assert imports(src) == [("tuner.errors", 2, False), ("tuner.cli.app", 6, True)]

@@ -1,0 +1,107 @@
+"""Studies written by an earlier release stay readable: a study made by tuner 0.1.0
+(``tests/fixtures/study-0.1.0``: ``tuner search`` on the simulator, then ``tuner plan``;
+its trials carry no schema version) is read through plan, report and the notebook's
+functions, which must find the facts that release's own readers found
+(``facts.json``, written by them when the study was made)."""
+from __future__ import annotations
+
+import html
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FIXTURE = Path(__file__).parent / "fixtures" / "study-0.1.0"
+STUDY = "release-0.1.0"
+#: Columns of the trials frame that are the study's facts (not timings of this machine).
+_TIMING = ("datetime_start", "duration_s")
+
+
+def _clean(value: Any) -> Any:
+    """JSON-comparable: NaN as None, numbers rounded to 9 significant digits, tuples as lists."""
+    if isinstance(value, float):
+        return None if math.isnan(value) else float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):  # numpy scalars
+        return _clean(value.item())
+    return value
+
+
+def facts(study: Any) -> dict[str, Any]:
+    """What the readers of a study find in it: the notebook's tables (:mod:`tuner.analysis`),
+    the stored plan (:func:`tuner.plan.load_plan`) and the answer with its serve command."""
+    from tuner import analysis
+    from tuner.config import Deployment
+    from tuner.plan import load_plan, summary_rows
+    from tuner.search import serve_command
+    from tuner.study import trial_config
+
+    frame = analysis.trials_frame(study)
+    rows = [{k: v for k, v in row.items() if k not in _TIMING} for row in frame.to_dict("records")]
+    top = analysis.top_groups(study)
+    sweep = analysis.plan_sweep(study)
+    best = analysis.best_trial(study)
+    dep = study.user_attrs["deployment"]
+    est = load_plan(study)
+    return _clean({
+        "target_ttft_s": analysis.target_ttft_s(study),
+        "trials": rows,
+        "top": top[["number", "trials", "members", "tokens_per_s", "folded"]].to_dict("records"),
+        "sweep": sweep.to_dict("records"),
+        "sweep_attrs": {k: v for k, v in sweep.attrs.items()},
+        "best": best.number,
+        "best_value": best.value,
+        "config": trial_config(best).to_dict(),
+        "command": serve_command(Deployment(**{**dep, "gpu_ids": tuple(dep.get("gpu_ids") or ())}), trial_config(best)),
+        "plan": {"trial": est.trial, "max_load": est.max_load, "tokens_per_s": est.tokens_per_s,
+                 "workload": est.workload.fingerprint, "summary": summary_rows(est)},
+    })
+
+
+@pytest.fixture
+def old_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A copy of the 0.1.0 study (opening SQLite writes beside the file), read from the
+    repository root, where its search space's recorded path leads."""
+    from tuner.analysis import open_study
+
+    shutil.copy(FIXTURE / "study.db", tmp_path / "study.db")
+    monkeypatch.chdir(FIXTURE.parents[2])
+    return open_study(tmp_path / "study.db")
+
+
+def test_the_notebook_functions_and_the_stored_plan_read_what_0_1_0_read(old_study):
+    expected = json.loads((FIXTURE / "facts.json").read_text())
+    assert facts(old_study) == expected
+
+
+def test_the_report_of_a_0_1_0_study_shows_its_answer_plan_and_reasons(old_study):
+    from tuner.report import render_report
+
+    expected = json.loads((FIXTURE / "facts.json").read_text())
+    page, _ = render_report(old_study)
+    assert html.escape(expected["command"]) in page
+    for label, value in expected["plan"]["summary"]:
+        assert f"<th class='l'>{html.escape(label)}</th><td class='l'>{html.escape(value)}</td>" in page
+    for row in expected["trials"]:
+        if row["reason"]:
+            assert html.escape(row["reason"]) in page
+
+
+def test_plan_replays_a_0_1_0_study_on_the_requests_and_configuration_it_recorded(old_study):
+    """The study's own workload is rebuilt from what its trials recorded, and the trial's
+    configuration and deployment are read back (the capacity itself is the simulator's of
+    today, which may have been calibrated since)."""
+    from tuner.plan import Sweep, load_plan, plan_capacity
+
+    stored = load_plan(old_study)
+    again = plan_capacity(stored.target_ttft_s, study=old_study, store=False,
+                          sweep=Sweep(requests=stored.workload.requests, levels=(1, 2, 4, 8)))
+    assert again.workload.match == "same" and again.workload.fingerprint == stored.workload.fingerprint
+    assert (again.trial, again.config, again.deployment) == (stored.trial, stored.config, stored.deployment)
+    assert {p.level for p in again.sweep if p.role == "sweep"} == {p.level for p in stored.sweep if p.role == "sweep"}

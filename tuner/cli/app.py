@@ -1,0 +1,34 @@
+"""The ``tuner`` Typer application, which every command module adds its commands to."""
+from __future__ import annotations
+
+import os
+
+import typer
+
+app = typer.Typer(
+    name="tuner",
+    help=(
+        "Find the vLLM serving configuration with the most token throughput while P95 "
+        "time-to-first-token stays under a target, and plan how much traffic it holds.\n\n"
+        "Runs on an embedded simulator of vLLM by default (no GPU needed); "
+        "--backend vllm restarts real vLLM for each trial."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # click's own help layout: it wraps help text and never cuts an option name (rich's
+    # table squeezes names to "--gpu-memory-utili…" at 80 columns) and shows no metavar
+    # on flags; every sub-Typer says the same
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    if debug:
+        os.environ["TUNER_DEBUG"] = "1"
+
+
+__all__ = ["app"]

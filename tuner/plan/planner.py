@@ -1,0 +1,236 @@
+"""The planner: one configuration started once, its load swept at a P95 TTFT target, and
+what the capacity found means (:func:`plan_capacity`; the package docstring says how)."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.capacity import RANGED, CapacityEstimate, ReplayedWorkload, SweepPoint, store_plan, stored_plan
+from tuner.config import Deployment, ServeConfig
+from tuner.demand import Demand, parse_demand, requests_per_conversation
+from tuner.errors import InputError, NoFeasibleConfig
+from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_once
+from tuner.plan.workload import PLAN_REQUESTS, Chosen, Studied, find_newest_study, given, resample, study_workload
+from tuner.progress import observer_or_headless
+from tuner.record import StudyRecord
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from tuner.progress import Observer
+    from tuner.search.backend import Backend
+    from tuner.traffic.workload import Workload
+
+#: The target when neither it nor a study says one (a configuration given directly).
+DEFAULT_TARGET_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What a capacity means for the traffic to serve (:mod:`tuner.demand`).
+
+    ``tokens_per_conversation`` (in+out, as article 004's 300; default: requests per
+    conversation from the workload's session ids, else its mean tokens per request);
+    ``demand`` (``"1200/min"``, ``"20req/s"``, a :class:`Demand` or conversations/min)
+    gives ``replicas`` with ``headroom`` spare on top; ``gpu_hour_cost`` (per GPU-hour)
+    gives costs."""
+
+    tokens_per_conversation: float | None = None
+    demand: Demand | str | float | None = None
+    headroom: float = 0.2
+    gpu_hour_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.demand is not None and not isinstance(self.demand, Demand):
+            object.__setattr__(self, "demand", parse_demand(self.demand))
+        if not (math.isfinite(self.headroom) and self.headroom >= 0):
+            raise InputError(f"--headroom must be >= 0, got {self.headroom}")
+        if self.tokens_per_conversation is not None and not self.tokens_per_conversation > 0:
+            raise InputError(f"--tokens-per-conversation must be > 0, got {self.tokens_per_conversation}")
+        if self.gpu_hour_cost is not None and not self.gpu_hour_cost >= 0:
+            raise InputError(f"--gpu-hour-cost must be >= 0, got {self.gpu_hour_cost}")
+
+
+def _chosen_trial(st: optuna.Study, trial: int | None, notes: list[str]) -> FrozenTrial:
+    """Trial ``trial`` of the study, or its best feasible trial."""
+    from tuner.study import best_feasible_trial, is_feasible
+
+    if trial is None:
+        chosen = best_feasible_trial(st)
+        if chosen is None:
+            raise NoFeasibleConfig(f"study {st.study_name!r} has no feasible trial to plan from")
+        return chosen
+    chosen = next((t for t in st.get_trials(deepcopy=False) if t.number == trial), None)
+    if chosen is None:
+        raise InputError(f"study {st.study_name!r} has no trial {trial}",
+                         hint=f"trials: 0-{len(st.trials) - 1}" if st.trials else "the study is empty")
+    if not is_feasible(chosen):
+        notes.append(f"trial {trial} did not meet the study's target in the search")
+    return chosen
+
+
+def plan_capacity(
+    target_ttft_s: float | str | None = None,
+    *,
+    study: optuna.Study | str | None = None,
+    storage: str | None = None,
+    trial: int | None = None,
+    config: ServeConfig | None = None,
+    deployment: Deployment | None = None,
+    workload: Workload | None = None,
+    backend: Backend | str = "sim",
+    backend_options: Mapping[str, Any] | None = None,
+    sweep: Sweep = Sweep(),
+    figures: Figures = Figures(),
+    store: bool = True,
+    observer: Observer | None = None,
+) -> CapacityEstimate:
+    """Plan the capacity of one configuration at a P95 TTFT target (``tuner.plan(...)``;
+    the package docstring says how).
+
+    The configuration is ``config`` (on ``deployment``, default :class:`Deployment`), or
+    trial ``trial`` of ``study`` (an Optuna study or a name in ``storage``; default the
+    newest study), or that study's best feasible trial. ``target_ttft_s`` (seconds or
+    ``"5s"``) defaults to the study's target, else :data:`DEFAULT_TARGET_S`. ``workload``
+    defaults to the study's requests (:mod:`tuner.plan.workload`); one given that is not
+    the study's is replayed after ``observer.on_warning`` (and a note says so). ``sweep``
+    says how the load is swept (:class:`Sweep`), ``figures`` what the capacity means
+    (:class:`Figures`); ``observer`` sees each phase (``None``: headless).
+
+    Raises InputError (no such study/trial; the study's workload cannot be rebuilt: its
+    file changed or is gone, its space builds other requests), NoFeasibleConfig (no
+    feasible trial, or even the lowest load misses the target), ConfigRejected (the
+    configuration does not start). The estimate is stored in the study unless ``store``
+    is False or there is no study."""
+    from tuner.search import get_backend_by_name
+    from tuner.study import load_study_by_name, trial_config
+    from tuner.units import parse_seconds
+
+    obs = observer_or_headless(observer)
+    notes: list[str] = []
+    st = None
+    trial_number: int | None = None
+    studied: Studied | None = None
+    chosen_workload: Chosen | None = None
+    if config is None:
+        if study is None or isinstance(study, str):
+            name, storage = (study, storage) if study else find_newest_study(storage=storage)
+            st = load_study_by_name(name, storage)
+        else:
+            st = study
+        chosen = _chosen_trial(st, trial, notes)
+        trial_number, config = chosen.number, trial_config(chosen)
+        deployment = deployment or StudyRecord.from_study(st).deployment
+        studied = Studied.of(st, chosen)
+        if workload is None:
+            chosen_workload = study_workload(st, chosen, sweep.requests, sweep.seed)
+    elif study is not None:
+        st = load_study_by_name(study, storage) if isinstance(study, str) else study
+    if target_ttft_s is None:
+        target_ttft_s = (StudyRecord.from_study(st).target_ttft_s if st is not None else None) or DEFAULT_TARGET_S
+    target = parse_seconds(target_ttft_s, what="--target-ttft")
+    deployment = deployment or Deployment()
+    if workload is not None:
+        chosen_workload = given(workload, studied, obs.on_warning)
+    elif chosen_workload is None:  # a configuration given directly: the built-in mix
+        from tuner.traffic.synth import default_workload
+
+        n = sweep.requests or PLAN_REQUESTS
+        chosen_workload = Chosen(default_workload(seed=sweep.seed, n=n), lambda s: default_workload(seed=s, n=n))
+    notes += chosen_workload.notes
+    backend_obj = get_backend_by_name(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
+    time_scale = sweep.time_scale if sweep.time_scale is not None else backend_obj.time_scale
+    if not time_scale > 0:
+        raise InputError(f"--time-scale must be > 0, got {time_scale}")
+    if time_scale != 1.0:
+        notes.append(f"measured times x{time_scale:g} (the server ran {time_scale:g}x faster than real time)")
+    est = _measure(backend_obj, deployment, config, target, chosen_workload, sweep, figures, time_scale, notes, obs)
+    est = dataclasses.replace(
+        est, study=None if st is None else st.study_name, trial=trial_number,
+        workload=dataclasses.replace(est.workload, study_fingerprint=None if studied is None else studied.fingerprint,
+                                     study_requests=None if studied is None else studied.requests))
+    if store and st is not None:
+        store_plan(st, est)
+    return est
+
+
+def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, target: float, chosen: Chosen,
+             sweep: Sweep, figures: Figures, time_scale: float, notes: list[str], obs: Observer) -> CapacityEstimate:
+    """Start the configuration once, sweep each repeat, and make the estimate (the median
+    repeat's figures, with min-max ranges over the repeats)."""
+    base, builder, seed, repeats = chosen.base, chosen.build, sweep.seed, sweep.repeats
+    if repeats > 1:
+        again = (f"other samples of the mix (seeds {seed + 1}-{seed + repeats - 1})" if builder is not None
+                 else "90% of these requests each, in order (seeded)")
+        notes.append(f"repeats 2-{repeats} replay {again}")
+    rpc = requests_per_conversation(base.session)
+    tpc = figures.tokens_per_conversation
+    if tpc is None and rpc is None:
+        tpc = float(base.prompt_tokens.mean() + base.output_tokens.mean()) if len(base) else 1.0
+        notes.append(f"one conversation = one request of the workload's mean {tpc:.0f} tokens "
+                     "(give --tokens-per-conversation to change it)")
+    obs.on_phase("pre-check")
+    backend.precheck(deployment, config)
+    obs.on_phase("starting")
+    per_repeat: list[dict[str, Any]] = []
+    points: list[SweepPoint] = []
+    with backend.start(deployment, config) as instance:
+        for k in range(repeats):
+            wl = base if k == 0 else builder(seed + k) if builder is not None else resample(base, seed + k)
+            sw = Sweeper(instance, wl, sweep.kind, time_scale=time_scale, repeat=k, seed=seed + k, observer=obs)
+            rnotes: list[str] = []
+            cap = float(max(1, len(wl) // 2)) if sweep.kind == "concurrency" else math.inf
+            point, interp, bound, verified = sweep_once(sw, sweep.grid, target, max_extensions=sweep.max_extensions,
+                                                        cap=cap, notes=rnotes, stop_at_miss=sweep.default_grid)
+            figs = figures_at(point, sweep.kind, tpc=tpc, rpc=rpc, demand=figures.demand, headroom=figures.headroom,
+                              gpu_hour_cost=figures.gpu_hour_cost, gpus=config.gpus_needed)
+            figs.update(interpolated_load=interp, bound=bound, verified=verified)
+            per_repeat.append(figs)
+            points += sw.points
+            notes += [(f"repeat {k + 1}: " if repeats > 1 else "") + n for n in rnotes]
+    order = sorted(range(repeats), key=lambda k: per_repeat[k]["max_load"])
+    head = dict(per_repeat[order[(repeats - 1) // 2]])  # the (lower) median repeat, figures kept together
+    ranges: dict[str, tuple[float, float]] = {}
+    if repeats > 1:
+        for key in RANGED:
+            vals = [r[key] for r in per_repeat if r.get(key) is not None]
+            if vals:
+                ranges[key] = (float(min(vals)), float(max(vals)))
+        head["bound"] = "at_least" if all(r["bound"] == "at_least" for r in per_repeat) else "interpolated"
+        head["verified"] = all(r["verified"] for r in per_repeat)
+    dem = figures.demand
+    return CapacityEstimate(
+        target_ttft_s=target, load_kind=sweep.kind,
+        tokens_per_conversation=tpc, requests_per_conversation=rpc if tpc is None else None,
+        conversation_basis="tokens" if tpc is not None else "requests",
+        demand_per_min=None if dem is None else dem.per_min, demand_unit="conversations" if dem is None else dem.unit,
+        headroom=figures.headroom, gpus=config.gpus_needed, gpu_hour_cost=figures.gpu_hour_cost, repeats=repeats,
+        ranges=ranges, sweep=tuple(points), notes=tuple(notes), backend=backend.name,
+        config=config.to_dict(), deployment=deployment.to_dict(),
+        workload=ReplayedWorkload(source=base.source, requests=len(base), fingerprint=base.fingerprint(),
+                                  file=chosen.file, match=chosen.match),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **{k: v for k, v in head.items() if k in _ESTIMATE_FIELDS},
+    )
+
+
+_ESTIMATE_FIELDS = {f.name for f in dataclasses.fields(CapacityEstimate)}
+
+
+def load_plan(study: optuna.Study | str, *, trial: int | None = None, target_ttft_s: float | str | None = None,
+              storage: str | None = None) -> CapacityEstimate | None:
+    """The stored plan for ``trial`` at ``target_ttft_s`` (either may be left out: then
+    the newest matching plan), or ``None``. ``study`` is an Optuna study or a name
+    (:func:`tuner.capacity.stored_plan` reads it)."""
+    from tuner.study import load_study_by_name
+
+    st = load_study_by_name(study, storage) if isinstance(study, str) else study
+    return stored_plan(st, trial=trial, target_ttft_s=target_ttft_s)
+
+
+__all__ = ["DEFAULT_TARGET_S", "Figures", "load_plan", "plan_capacity"]

@@ -1,0 +1,218 @@
+"""The load sweep of one started configuration, and how it is asked for (:class:`Sweep`):
+levels run, extended until the target breaks, the crossing interpolated and verified
+(:func:`sweep_once`), and the figures at the answer (:func:`figures_at`)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tuner.capacity import SweepPoint, max_load_meeting
+from tuner.demand import Demand, conversations_per_min, cost_figures, replicas_needed
+from tuner.errors import InputError, NoFeasibleConfig
+
+if TYPE_CHECKING:
+    from tuner.progress import Observer
+    from tuner.result import RunResult
+    from tuner.traffic.workload import Workload
+
+#: Article 004's concurrency levels (section 5).
+ARTICLE_LEVELS = (5, 10, 20, 50, 80, 120, 160)
+
+EXTEND_FACTOR = 1.5
+
+MAX_EXTENSIONS = 8
+
+MAX_VERIFY_TRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """How a plan sweeps the load. ``levels`` are closed-loop users (default
+    :data:`ARTICLE_LEVELS`, stopping at the first level over the target; levels given are
+    all run); ``rates`` (requests/s) switch to open loop. Above the last level the sweep
+    goes on in x1.5 steps while the target holds (``max_extensions``). ``repeats`` > 1
+    reruns it on other samples (seed + k) for min-max ranges; ``requests`` per run (the
+    first rows of a file, or that many of a synthetic mix, default :data:`~tuner.plan.workload.PLAN_REQUESTS`
+    or the study's count); ``time_scale`` multiplies measured times (default the
+    backend's: a server running faster than real time)."""
+
+    levels: Sequence[float] | None = None
+    rates: Sequence[float] | None = None
+    max_extensions: int = MAX_EXTENSIONS
+    repeats: int = 1
+    seed: int = 0
+    requests: int | None = None
+    time_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise InputError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.levels is not None and self.rates is not None:
+            raise InputError("give concurrency levels or rates, not both")
+        grid = self.grid
+        if not grid or any(not v > 0 for v in grid):
+            raise InputError(f"load levels must be > 0, got {grid}")
+        for name in ("levels", "rates"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def kind(self) -> str:
+        """``concurrency`` (closed loop) or ``rate`` (open loop)."""
+        return "rate" if self.rates is not None else "concurrency"
+
+    @property
+    def default_grid(self) -> bool:
+        return self.rates is None and self.levels is None
+
+    @property
+    def grid(self) -> list[float]:
+        """The levels to run, users as whole numbers."""
+        grid = [float(v) for v in (self.rates if self.rates is not None else (self.levels or ARTICLE_LEVELS))]
+        return grid if self.kind == "rate" else [float(int(v)) for v in grid]
+
+
+# -- running ------------------------------------------------------------------------------
+def rescale(result: RunResult, factor: float) -> RunResult:
+    """The run as the simulated GPU would have timed it: every time x ``factor``."""
+    if factor == 1.0:
+        return result
+
+    def s(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else np.asarray(a, dtype=np.float64) * factor
+
+    return dataclasses.replace(result, send_s=s(result.send_s), ttft_s=s(result.ttft_s), e2e_s=s(result.e2e_s),
+                               queue_s=s(result.queue_s), issue_s=s(result.issue_s), itl_s=s(result.itl_s),
+                               ttft_kernel_s=s(result.ttft_kernel_s),
+                               duration_s=result.duration_s * factor)
+
+class Sweeper:
+    """Runs load levels on one started instance, for one repeat."""
+
+    def __init__(self, instance: Any, workload: Workload, kind: str, *, time_scale: float, repeat: int,
+                 seed: int, observer: Observer) -> None:
+        self.instance, self.workload, self.kind = instance, workload, kind
+        self.time_scale, self.repeat, self.seed, self.observer = time_scale, repeat, seed, observer
+        self.points: list[SweepPoint] = []
+
+    def run(self, level: float, role: str) -> SweepPoint:
+        from tuner.search import load_for
+
+        offered = level * self.time_scale if self.kind == "rate" else level
+        load = load_for(self.kind, offered, self.workload, self.seed)
+        label = f"{int(level)} users" if self.kind == "concurrency" else f"{level:.4g} req/s"
+        self.observer.on_phase(f"repeat {self.repeat + 1}: {role} run at {label}")
+        result = rescale(self.instance.run(self.workload, load), self.time_scale)
+        point = SweepPoint.from_summary(level, label, result.summary(), role=role, repeat=self.repeat, seed=self.seed)
+        self.points.append(point)
+        return point
+
+    def measured(self, level: float) -> SweepPoint | None:
+        return next((p for p in self.points if p.level == level), None)
+
+def _snap(level: float, kind: str) -> float:
+    return float(max(1, math.floor(level + 1e-9))) if kind == "concurrency" else float(level)
+
+def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_extensions: int,
+                cap: float, notes: list[str], stop_at_miss: bool = False) -> tuple[SweepPoint, float, str, bool]:
+    """Steps 1-3 for one repeat: (chosen point, interpolated level, bound, verified).
+    With ``stop_at_miss`` the sweep ends at the first level over the target (kept, so that
+    the curve brackets the edge); loads beyond it are not run."""
+    from tuner.search import MAX_ERROR_RATE
+
+    kind = sw.kind
+    todo = sorted(set(levels))
+    for i, level in enumerate(todo):
+        point = sw.run(level, "sweep")
+        if stop_at_miss and not point.meets(target, MAX_ERROR_RATE) and i + 1 < len(todo):
+            skipped = ", ".join(f"{v:g}" for v in todo[i + 1:])
+            notes.append(f"the sweep stopped at {point.load}, the first load over the target ({skipped} not run)")
+            break
+
+    def curve() -> tuple[list[float], list[float]]:
+        pts = sorted(sw.points, key=lambda p: p.level)
+        return ([p.level for p in pts],
+                [p.ttft_p95_s if p.error_rate <= MAX_ERROR_RATE else math.inf for p in pts])
+
+    crossing = max_load_meeting(*curve(), target)
+    while crossing.status == "below":  # even the lowest load misses: go down
+        low = min(p.level for p in sw.points)
+        nxt = _snap(low / 2, kind)
+        if nxt >= low or (kind == "rate" and nxt < min(levels) / 64):
+            worst = min(sw.points, key=lambda p: p.level)
+            if worst.error_rate > MAX_ERROR_RATE:
+                raise NoFeasibleConfig(
+                    f"{worst.error_rate:.0%} of requests failed at {worst.load}, more than {MAX_ERROR_RATE:.0%}, "
+                    f"even at the lowest load: this configuration cannot serve this workload",
+                )
+            raise NoFeasibleConfig(
+                f"P95 TTFT {worst.ttft_p95_s:.3g} s at {worst.load} is over the {target:g} s target even at "
+                f"the lowest load: this configuration cannot meet it",
+            )
+        sw.run(nxt, "extend")
+        crossing = max_load_meeting(*curve(), target)
+    extensions = 0
+    while crossing.status == "above" and extensions < max_extensions:  # never broke: go up
+        top = max(p.level for p in sw.points)
+        nxt = min(top * EXTEND_FACTOR, cap)
+        nxt = float(math.ceil(nxt)) if kind == "concurrency" else nxt
+        if nxt <= top:
+            break
+        sw.run(nxt, "extend")
+        extensions += 1
+        crossing = max_load_meeting(*curve(), target)
+    if crossing.status == "above":
+        top = max(sw.points, key=lambda p: p.level)
+        notes.append(f"P95 TTFT stayed under the target up to {top.load} (the largest load tried"
+                     f"{', capped at half the workload' if top.level >= cap else ''}): capacity is at least this")
+        return top, top.level, "at_least", True
+    interpolated = float(crossing.level)
+    level = _snap(interpolated, kind)
+    for _ in range(MAX_VERIFY_TRIES):
+        point = sw.measured(level)
+        if point is None:
+            point = sw.run(level, "verify")
+        if point.meets(target, MAX_ERROR_RATE):
+            return point, interpolated, "interpolated", True
+        notes.append(f"verify run at {point.load} missed (P95 TTFT {point.ttft_p95_s:.3g} s > {target:g} s); "
+                     f"stepped down")
+        crossing = max_load_meeting(*curve(), target)
+        if crossing.level is None:
+            break
+        nxt = _snap(crossing.level, kind)
+        level = min(nxt, level - 1) if kind == "concurrency" else min(nxt, level * 0.95)
+        if level < 1 and kind == "concurrency":
+            break
+    passing = [p for p in sw.points if p.meets(target, MAX_ERROR_RATE)]
+    if not passing:
+        raise NoFeasibleConfig(f"no load met the {target:g} s P95 TTFT target on verification")
+    best = max(passing, key=lambda p: p.level)
+    notes.append(f"fell back to the largest measured load that met the target: {best.load}")
+    return best, interpolated, "interpolated", False
+
+def figures_at(point: SweepPoint, kind: str, *, tpc: float | None, rpc: float | None, demand: Demand | None,
+             headroom: float, gpu_hour_cost: float | None, gpus: int) -> dict[str, Any]:
+    conc = point.level if kind == "concurrency" else point.requests_per_s * point.e2e_mean_s
+    cpm = conversations_per_min(tokens_per_s=point.tokens_per_s, requests_per_s=point.requests_per_s,
+                                tokens_per_conversation=tpc, requests_per_conversation=None if tpc else rpc)
+    out: dict[str, Any] = {
+        "max_load": point.level, "max_concurrency": conc, "requests_per_s": point.requests_per_s,
+        "tokens_per_s": point.tokens_per_s, "output_tokens_per_s": point.output_tokens_per_s,
+        "ttft_mean_s": point.ttft_mean_s, "ttft_p95_s": point.ttft_p95_s, "e2e_mean_s": point.e2e_mean_s,
+        "tpot_mean_s": point.tpot_mean_s, "conversations_per_min": cpm, "replicas": None,
+    }
+    if demand is not None:
+        capacity = cpm if demand.unit == "conversations" else point.requests_per_s * 60.0
+        out["replicas"] = replicas_needed(demand.per_min, capacity, headroom)
+    if gpu_hour_cost is not None:
+        out.update(cost_figures(gpu_hour_cost, gpus, point.tokens_per_s, point.output_tokens_per_s, out["replicas"]))
+    return out
+
+
+__all__ = ["ARTICLE_LEVELS", "EXTEND_FACTOR", "MAX_EXTENSIONS", "Sweep", "Sweeper", "figures_at", "rescale",
+           "sweep_once"]

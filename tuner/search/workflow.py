@@ -1,0 +1,114 @@
+"""What ``tuner search`` does, as one call a notebook makes too (``tuner.search(...)``):
+the search space read and bound to the deployment, the workload built, the backend made,
+a simulator warm start when trials cost GPU time, and the study run.
+
+:func:`prepare` is the first half (space, deployment, workload) that ``tuner nightly``
+shares; :func:`search` the whole.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.search.driver import SearchOutcome, SearchSettings, run_search, warm_start_configs
+from tuner.search.inputs import build_workload, get_backend_by_name, num_heads
+
+if TYPE_CHECKING:
+    from tuner.progress import Observer
+    from tuner.search.backend import Backend
+    from tuner.space import SearchSpace
+    from tuner.traffic.workload import Workload
+
+#: Budget of the simulator study a warm start runs first.
+WARM_START_BUDGET = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A search space bound to its deployment, and the requests its study replays."""
+
+    space: SearchSpace
+    workload: Workload
+
+    def study_name(self, backend: str) -> str:
+        """The study's default name (:func:`tuner.study.study_name`)."""
+        from tuner.study import study_name
+
+        return study_name(self.space.deployment, self.workload.fingerprint(), self.space.name, backend,
+                          self.space.workload.target_ttft_s)
+
+
+def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[str, Any] | None = None,
+            workload: Mapping[str, Any] | None = None, requests: Workload | None = None) -> Prepared:
+    """The search space (a shipped name, a YAML file, or a :class:`SearchSpace`) with
+    ``deployment`` changes (fields of :class:`~tuner.config.Deployment`: ``model``, ``gpu``,
+    ``gpu_count``, ``gpu_ids``, ``quantization``, ``calibration``, ...) and ``workload``
+    changes (of its workload section: ``target_ttft_s`` in seconds or as ``"2s"``,
+    ``trace``, ``load``, ``requests``, ...; ``None`` leaves a field as the space says),
+    bound to the deployment (layouts resolved and checked); ``requests`` replaces the
+    workload the space would build."""
+    from tuner.space import SearchSpace, load_space
+    from tuner.units import parse_seconds
+
+    sp = space if isinstance(space, SearchSpace) else load_space(space)
+    dep = dataclasses.replace(sp.deployment, **deployment) if deployment else sp.deployment
+    changes = {k: v for k, v in (workload or {}).items() if v is not None}  # None: as the space says
+    if "target_ttft_s" in changes:
+        changes["target_ttft_s"] = parse_seconds(changes["target_ttft_s"], what="target_ttft_s")
+    if changes:
+        sp = sp.with_workload(**changes)
+    sp = sp.bind(dep, num_heads(dep))
+    return Prepared(sp, requests if requests is not None else build_workload(sp.workload, dep))
+
+
+#: Constructor options a backend gets by default, from the study's name.
+_STUDY_OPTIONS = {"vllm": lambda study: {"log_dir": f"studies/{study}/logs"}}
+
+
+def backend_for(backend: Backend | str, study: str, options: Mapping[str, Any] | None = None) -> Backend:
+    """``backend`` made from its name and constructor ``options`` (a vLLM backend logs to
+    ``studies/<study>/logs`` unless told otherwise), or as given."""
+    if not isinstance(backend, str):
+        return backend
+    return get_backend_by_name(backend, **{**_STUDY_OPTIONS.get(backend, lambda _: {})(study), **(options or {})})
+
+
+def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[str, Any] | None = None,
+           workload: Mapping[str, Any] | None = None, requests: Workload | None = None,
+           backend: Backend | str = "sim", backend_options: Mapping[str, Any] | None = None,
+           study: str | None = None, storage: str | None = None, settings: SearchSettings | None = None,
+           predict: bool = True, warm_start: bool = False, observer: Observer | None = None,
+           tags: Mapping[str, Any] | None = None) -> SearchOutcome:
+    """Run (or resume) the study of ``space`` (see :func:`prepare` for ``deployment``,
+    ``workload`` and ``requests``) on ``backend`` (``sim``, ``vllm`` or ``endpoint`` with
+    ``backend_options`` for its constructor, or a backend object) until it holds
+    ``settings.budget`` finished trials (:class:`SearchSettings`), and confirm its winner.
+
+    ``study`` defaults to a name made of the deployment, space, workload and target, so
+    the same call resumes the same study in ``storage`` (default ``studies/<study>.db``).
+    ``predict``: let the simulator guide trials that cost GPU time. ``warm_start``: for a
+    backend whose trials cost GPU time, run a simulator study first and try its best
+    configurations first. ``observer`` (:class:`~tuner.progress.Observer`) sees progress;
+    ``None`` is headless. Returns the :class:`SearchOutcome`; ``outcome.best`` is the
+    recommendation (``None`` when nothing met the target)."""
+    from tuner.progress import observer_or_headless
+
+    s = settings or SearchSettings()
+    prepared = prepare(space, deployment=deployment, workload=workload, requests=requests)
+    if isinstance(backend, str):
+        backend = backend_for(backend, study or prepared.study_name(backend), backend_options)
+    name = study or prepared.study_name(backend.name)
+    enqueue = []
+    if warm_start and backend.measures_gpu_time:
+        observer_or_headless(observer).on_phase("warm start: simulator study")
+        enqueue = warm_start_configs(prepared.space, prepared.workload, budget=WARM_START_BUDGET, seed=s.seed,
+                                     storage=storage)
+    return run_search(prepared.space, backend=backend, workload=prepared.workload, storage=storage, study=name,
+                      enqueue=enqueue, observer=observer, tags=dict(tags or {}),
+                      predictor="auto" if predict else None, **dataclasses.asdict(s))
+
+
+__all__ = ["WARM_START_BUDGET", "Prepared", "backend_for", "prepare", "search"]
