@@ -111,7 +111,10 @@ def searched(workdir, vllm_python):
     cmd = f"{vllm_python} -m vllm.entrypoints.openai.api_server"
     done = _tuner(["search", "--backend", "vllm", "--vllm-cmd", cmd, "--space", str(workdir / "space.yaml"),
                    "--model", str(workdir / "tiny-llama"), "--budget", "3", "--sampler", "grid",
-                   "--study", "live-cpu", "--storage", _storage(workdir), "--output", "json", "--no-predict"], workdir, timeout=900)
+                   "--study", "live-cpu", "--storage", _storage(workdir), "--output", "json", "--no-predict",
+                   # no confirmation repeats: each is one more vLLM start (a minute here); the
+                   # repeats themselves are checked in tests/test_confirmation.py and tests/faults
+                   "--confirm", "0"], workdir, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     import optuna
