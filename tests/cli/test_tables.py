@@ -36,7 +36,7 @@ def test_a_key_value_table_wraps_its_labels_before_its_values():
     tbl = table("capacity", header=False)
     tbl.add_column("")
     tbl.add_column("", justify="right")
-    tbl.add_row("replicas for 3,000 conversations/min", "1 (+20% headroom, 1 GPUs each)")
+    tbl.add_row("replicas", "1 for 3,000 conversations/min (+20% headroom, 1 GPU each)")
     tbl.add_row("cost per hour", "2.50 per deployment (1 GPUs x 2.5), 2.50 for all replicas")
     out.print(fit(tbl, out))
     text = out.export_text()

@@ -167,13 +167,10 @@ def convert_cmd(
         w = shape.sample(w, sample_n, seed=seed)
     if multiplier is not None:
         w = shape.scale_rate(w, multiplier)
-    cut = 0
     if max_model_len is not None:
-        w, cut = shape.truncate(w, max_model_len)
+        w, _ = shape.truncate(w, max_model_len)
     native.write(w, out)
-    msg = f"wrote {len(w):,} requests to {out} (fingerprint {w.fingerprint()})"
-    if cut:
-        msg += f"; truncated {cut:,} to {max_model_len} tokens"
-    typer.echo(msg)
+    # what was cut or kept is one of the workload's notes, printed below
+    typer.echo(f"wrote {len(w):,} requests to {out} (fingerprint {w.fingerprint()})")
     for note in w.notes:
         typer.echo(f"note: {note}")

@@ -44,13 +44,13 @@ def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
     rows.append(("conversations/min", _fmt_range(est, "conversations_per_min", est.conversations_per_min, ",.0f")
                  + f" at {per}"))
     if est.demand_per_min is not None:
-        rows.append((f"replicas for {est.demand_per_min:,.0f} {est.demand_unit}/min",
-                     _fmt_range(est, "replicas", est.replicas, "d")
-                     + f" (+{est.headroom:.0%} headroom, {est.gpus} GPUs each)"))
+        rows.append(("replicas", _fmt_range(est, "replicas", est.replicas, "d")
+                     + f" for {est.demand_per_min:,.0f} {est.demand_unit}/min (+{est.headroom:.0%} headroom, "
+                     + f"{est.gpus} GPU{'s' * (est.gpus != 1)} each)"))
     if est.gpu_hour_cost is not None:
-        rows.append(("cost per hour", f"{est.cost_per_hour:,.2f} per deployment ({est.gpus} GPUs x {est.gpu_hour_cost:g})"
+        rows.append(("cost per hour", f"{est.cost_per_hour:,.2f} per deployment ({est.gpus} GPU{'s' * (est.gpus != 1)} x {est.gpu_hour_cost:g})"
                      + ("" if est.total_cost_per_hour is None else f", {est.total_cost_per_hour:,.2f} for all replicas")))
-        rows.append(("cost per million tokens", _fmt_range(est, "cost_per_million_tokens",
+        rows.append(("cost per 1M tokens", _fmt_range(est, "cost_per_million_tokens",
                                                            est.cost_per_million_tokens, ",.3f")
                      + ("" if est.cost_per_million_output_tokens is None
                         else f" (output tokens only: {est.cost_per_million_output_tokens:,.3f})")))

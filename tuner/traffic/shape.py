@@ -41,7 +41,8 @@ def window(w: Workload, start_s: float | None = None, end_s: float | None = None
     idx = np.flatnonzero((t >= lo) & (t < hi))
     if not len(idx):
         raise InputError(f"no requests in the window [{start_s}, {end_s}) s; the trace spans {w.span_s:.1f} s")
-    return _noted(w.take(idx), f"window [{start_s}, {end_s}) s: {len(idx)} of {len(w)} requests")
+    hi_txt = "the end" if end_s is None else f"{end_s:g} s"
+    return _noted(w.take(idx), f"window {start_s or 0:g} s to {hi_txt}: {len(idx):,} of {len(w):,} requests")
 
 
 def sample(
