@@ -244,7 +244,9 @@ def test_trials_differing_only_in_knobs_without_effect_are_one_group(prefix_stud
     top = top_groups(study)
     assert len(top) == 2 and list(top["trials"]) == [4, 4] and list(top["missed"]) == [0, 0]
     assert sorted(n for row in top["members"] for n in row) == list(range(8))
-    assert set(top["max_num_seqs"]) == {16, 32}
+    # max-num-seqs 16 placed its edge at its cap (kept); 32 never met more users than it holds
+    # and a higher load missed the target: folded (tuner.effective)
+    assert sorted(map(str, top["max_num_seqs"])) == ["16", "any (at most 20 users offered, never more than max-num-seqs)"]
     assert (top["enable_prefix_caching"] == "any (no shared prefixes)").all()
     assert top["max_model_len"].str.startswith("any (>= ").all()
     for _, row in top.iterrows():

@@ -79,8 +79,37 @@ def test_the_default_max_model_len_is_read_from_the_trial_plan():
     ("0.10.1", "V100-32GB-SXM2"),
     ("0.7.3", "H200"),    # V0 on every GPU before 0.8
 ])
-def test_v0_folds_nothing(version, gpu):
+def test_v0_folds_only_max_num_seqs(version, gpu):
     assert fold(vllm_version=version, hardware={"gpu": gpu}) == {}
+    assert list(seqs_fold(vllm_version=version, hardware={"gpu": gpu})) == ["max_num_seqs"]
+
+
+def seqs_fold(config=None, *, levels=(30, 21, 15), failing=21, started=True, **run):
+    """The max_num_seqs rule alone: closed loop, max-num-seqs 64 unless ``config`` says."""
+    folded = no_effect({**CONFIG, **(config or {})}, {**RUN, "load_kind": "concurrency", **run}, started=started,
+                       server={"num_preemptions": 3}, levels=list(levels), failing=failing)
+    return {k: v for k, v in folded.items() if k == "max_num_seqs"}
+
+
+def test_max_num_seqs_folds_when_no_load_offered_more_users_and_the_target_placed_the_edge():
+    # 30, 21 and 15 users against max-num-seqs 64; 21 missed the target, 15 met it
+    assert seqs_fold() == {"max_num_seqs": "at most 30 users offered, never more than max-num-seqs"}
+    assert seqs_fold({"max_num_seqs": 30}) != {}          # 30 users, 30 slots: nobody ever waited for one
+    eff = effective_config({**CONFIG, "max_num_seqs": 64}, {**RUN, "load_kind": "concurrency"}, started=True,
+                           levels=[30, 21, 15], failing=21)
+    assert eff["max_num_seqs"] == ANY and eff["gpu_memory_utilization"] == 0.9
+
+
+@pytest.mark.parametrize(("config", "kw", "why"), [
+    ({"max_num_seqs": 16}, {"levels": (16, 18, 17), "failing": 18}, "18 users met 16 slots: the cap held some back"),
+    ({"max_num_seqs": 8}, {"levels": (8,), "failing": None}, "the search stopped at its cap: it measured the cap"),
+    ({}, {"load_kind": "rate", "levels": (2.0, 4.0), "failing": 4.0}, "open loop: in-flight requests are unbounded"),
+    ({}, {"started": False}, "vLLM never started with it"),
+    ({}, {"levels": ()}, "no load recorded"),
+    ({"max_num_seqs": None}, {}, "vLLM's default, not known here"),
+])
+def test_max_num_seqs_stays(config, kw, why):
+    assert seqs_fold(config, **kw) == {}, why
 
 
 def test_v1_on_a_pre_ampere_gpu_folds():

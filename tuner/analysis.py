@@ -145,14 +145,9 @@ def _number(value: Any) -> Any:
 
 def _folded(rec: TrialRecord, status: str) -> tuple[str | None, dict[str, str]]:
     """The trial's group key and its folded knobs with why (:mod:`tuner.effective`)."""
-    from tuner.effective import group_key, no_effect
+    from tuner.effective import trial_group
 
-    if rec.config is None:
-        return None, {}
-    config = rec.config.to_dict()
-    facts = {"run": rec.run.to_dict(), "server": rec.server,
-             "started": status in ("feasible", "infeasible")}  # measured, so vLLM started
-    return group_key(config, **facts), no_effect(config, **facts)
+    return trial_group(rec, started=status in ("feasible", "infeasible"))  # measured, so vLLM started
 
 
 def trial_row(trial: FrozenTrial) -> dict[str, Any]:

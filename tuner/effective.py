@@ -4,19 +4,23 @@ workload, and the configuration with those knobs folded: what the top trials are
 * :func:`no_effect` — knob -> one line saying why it had no effect here.
 * :func:`effective_config` — the configuration with those knobs replaced by :data:`ANY`.
 * :func:`group_key` — equal for two trials exactly when their effective configurations are.
+* :func:`trial_group` — both, from a :class:`~tuner.record.TrialRecord`.
 * :func:`caveat` — a line about the whole study when its configurations were never applied.
 
-Each rule rests on vLLM's V1 engine (cited beside it) and on facts ``tuner search`` records
+Each rule rests on vLLM's scheduler (cited beside it) and on facts ``tuner search`` records
 in each trial's ``run``: the backend, the vLLM version and GPU (``hardware``), the longest
-request and whether requests share prefixes. A fact not recorded (a study written before
-tuner recorded it), a version or GPU not known, the V0 engine, or a backend other than
-``sim`` / ``vllm`` folds nothing.
+request, whether requests share prefixes and the loads it replayed. A fact not recorded (a
+study written before tuner recorded it), a version or GPU not known, or a backend other
+than ``sim`` / ``vllm`` folds nothing; the V0 engine folds only max_num_seqs.
 """
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.record import TrialRecord
 
 #: What a folded knob reads in :func:`effective_config`.
 ANY = "any"
@@ -29,8 +33,8 @@ DEFAULT_SEQS_MIN = 256
 DEFAULT_BUDGET_MAX = 16384
 
 
-def _v1(run: Mapping[str, Any]) -> bool:
-    """Whether the trial ran vLLM's V1 engine; False when that is not known."""
+def _engine(run: Mapping[str, Any]) -> str | None:
+    """``"v1"`` or ``"v0"``: the vLLM engine the trial ran; None when that is not known."""
     from tuner.errors import TunerError
     from tuner.sim.hardware import get_gpu
     from tuner.sim.memory import uses_v1_engine
@@ -38,11 +42,33 @@ def _v1(run: Mapping[str, Any]) -> bool:
 
     version, gpu = run.get("vllm_version"), (run.get("hardware") or {}).get("gpu")
     if not version or not gpu:
-        return False
+        return None
     try:  # V0 before 0.8, and before 0.10.2 below compute capability 8.0 (tuner.sim.memory)
-        return uses_v1_engine(get_gpu(str(gpu)), parse_version(str(version)))
+        return "v1" if uses_v1_engine(get_gpu(str(gpu)), parse_version(str(version))) else "v0"
     except TunerError:  # "sim", "dev", a GPU outside the catalog
-        return False
+        return None
+
+
+def _max_num_seqs(config: Mapping[str, Any], run: Mapping[str, Any], levels: Sequence[float] | None,
+                  failing: float | None) -> str | None:
+    # max-num-seqs caps the requests running at once: V1's scheduler stops admitting when
+    # len(running) == max_num_running_reqs (v1/core/sched/scheduler.py ``schedule``), V0's
+    # when num_curr_seqs + num_new_seqs > max_num_seqs (core/scheduler.py
+    # ``SchedulingBudget.can_schedule``). Closed-loop users keep at most one request each in
+    # the server, so no engine (of one or several replicas) runs more than the users
+    # offered: when no load the trial replayed offered more users than max-num-seqs, the
+    # cap never held a request back, at the scored load or at the loads that placed the
+    # edge. (The decode batches stay under the CUDA-graph capture sizes, which reach
+    # max-num-seqs, in both.) And the edge must have been placed by the target, a load
+    # that missed it (``failing``), not by the search's load cap, which is max-num-seqs x
+    # replicas: a trial stopped at its cap measured the cap. Open-loop loads: never folded.
+    seqs = config.get("max_num_seqs")
+    if run.get("load_kind") != "concurrency" or not levels or not isinstance(seqs, int) or failing is None:
+        return None
+    most = max(levels)
+    if not most > 0 or most > seqs:
+        return None
+    return f"at most {most:,.0f} users offered, never more than max-num-seqs"
 
 
 def _prefix_caching(run: Mapping[str, Any], server: Mapping[str, Any] | None) -> str | None:
@@ -86,16 +112,24 @@ def _max_model_len(config: Mapping[str, Any], run: Mapping[str, Any], started: b
 
 
 def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
-              server: Mapping[str, Any] | None = None) -> dict[str, str]:
+              server: Mapping[str, Any] | None = None, levels: Sequence[float] | None = None,
+              failing: float | None = None) -> dict[str, str]:
     """Knob -> why it had no effect on this trial's throughput, for the knobs of
     ``config`` (a trial's ``user_attrs["config"]``) that the rules fold.
 
     ``run`` is the trial's ``user_attrs["run"]``; ``started``: vLLM started with this
     configuration (the trial was measured); ``server``: the readings at the scored load
-    (``user_attrs["server"]``). Empty when a fact a rule needs is missing."""
-    if run.get("backend") not in APPLIED or not _v1(run):
+    (``user_attrs["server"]``); ``levels``: every load the trial replayed (users or
+    requests/s, as ``run["load_kind"]``), ``failing``: the lowest of them that missed the
+    target (the edge's upper bracket). Empty when a fact a rule needs is missing."""
+    engine = _engine(run)
+    if run.get("backend") not in APPLIED or engine is None:
         return {}
     out: dict[str, str] = {}
+    if "max_num_seqs" in config and started and (why := _max_num_seqs(config, run, levels, failing)):
+        out["max_num_seqs"] = why
+    if engine != "v1":
+        return out
     if "enable_prefix_caching" in config and (why := _prefix_caching(run, server)):
         out["enable_prefix_caching"] = why
     if "max_model_len" in config and (why := _max_model_len(config, run, started)):
@@ -104,16 +138,31 @@ def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: boo
 
 
 def effective_config(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
-                     server: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     server: Mapping[str, Any] | None = None, levels: Sequence[float] | None = None,
+                     failing: float | None = None) -> dict[str, Any]:
     """``config`` with each knob of :func:`no_effect` replaced by :data:`ANY`."""
-    folded = no_effect(config, run, started=started, server=server)
+    folded = no_effect(config, run, started=started, server=server, levels=levels, failing=failing)
     return {k: ANY if k in folded else v for k, v in config.items()}
 
 
 def group_key(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
-              server: Mapping[str, Any] | None = None) -> str:
+              server: Mapping[str, Any] | None = None, levels: Sequence[float] | None = None,
+              failing: float | None = None) -> str:
     """The effective configuration as canonical JSON: one key per group of trials."""
-    return json.dumps(effective_config(config, run, started=started, server=server), sort_keys=True)
+    return json.dumps(effective_config(config, run, started=started, server=server, levels=levels,
+                                       failing=failing), sort_keys=True)
+
+
+def trial_group(rec: TrialRecord, *, started: bool) -> tuple[str | None, dict[str, str]]:
+    """A trial's :func:`group_key` and :func:`no_effect`, from the facts its record holds
+    (None and nothing for a trial without a configuration)."""
+    if rec.config is None:
+        return None, {}
+    config = rec.config.to_dict()
+    facts = {"run": rec.run.to_dict(), "server": rec.server, "started": started,
+             "levels": [p.level for p in rec.loads if p.level is not None],
+             "failing": rec.edge.failing_level if rec.edge is not None else None}
+    return group_key(config, **facts), no_effect(config, **facts)
 
 
 def caveat(run: Mapping[str, Any]) -> str | None:
@@ -124,4 +173,4 @@ def caveat(run: Mapping[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["ANY", "caveat", "effective_config", "group_key", "no_effect"]
+__all__ = ["ANY", "caveat", "effective_config", "group_key", "no_effect", "trial_group"]
