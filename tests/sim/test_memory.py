@@ -323,3 +323,12 @@ def test_the_soft_cap_refusal_from_a_real_log_is_classified_as_attention():
            "ERROR 12-06 14:41:08 engine.py:366] ValueError: XFormers does not support attention logits soft capping.\n")
     err = classify_failure(1, log)
     assert err.kind == "attention" and err.message == "XFormers does not support attention logits soft capping."
+
+
+def test_a_head_size_paged_attention_refuses_is_classified_as_attention():
+    from tuner.backends.vllm_args import classify_failure
+
+    message = ("Head size 160 is not supported by PagedAttention. Supported head sizes are: "
+               "[32, 64, 80, 96, 112, 120, 128, 192, 256].")
+    err = classify_failure(1, f"ERROR 12-06 14:41:08 engine.py:366] ValueError: {message}\n")
+    assert err.kind == "attention" and err.message == message

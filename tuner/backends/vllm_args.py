@@ -117,7 +117,9 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                                    r"tensor[_ ]parallel|tensor_parallel_size .* exceeds|"
                                    r"greater than the number of available GPUs", re.I)),
     ("batch_tokens", re.compile(r"max_num_batched_tokens \(\d+\) (must be greater|is smaller)")),
-    ("attention", re.compile(r"does not support attention logits soft capping")),
+    # V0's PagedAttention refusals (attention/ops/paged_attn.py, attention/backends/xformers.py)
+    ("attention", re.compile(r"does not support attention logits soft capping|Head size \d+ is not supported by "
+                             r"PagedAttention")),
 ]
 #: Faults of the machine, not of the configuration (checked before _PATTERNS): the search
 #: must not learn from them. ``bad_flag``: the flags tuner renders exist in the vLLM version
