@@ -35,19 +35,37 @@ def test_every_figure_of_the_sim_study_is_drawn_and_not_blank(sim_study_db):
     assert matplotlib.rcParams["axes.facecolor"] == matplotlib.rcParamsDefault["axes.facecolor"]
 
 
+def _star(fig):
+    star = [c for c in fig.axes[0].collections if c.get_label().startswith("best feasible")]
+    assert len(star) == 1
+    return star[0].get_label(), tuple(star[0].get_offsets()[0])
+
+
 def test_tradeoff_marks_the_best_feasible_trial_and_the_target(sim_study_db):
     study = open_study(sim_study_db)
     frame = trials_frame(study)
-    fig = plot_tradeoff(frame)
-    ax = fig.axes[0]
-    star = [c for c in ax.collections if c.get_label().startswith("best feasible")]
-    assert len(star) == 1
     best = best_trial(study)
-    x, y = star[0].get_offsets()[0]
+    fig = plot_tradeoff(frame, best=best.number)
+    label, (x, y) = _star(fig)
+    assert label == f"best feasible (#{best.number})"
     assert y == pytest.approx(best.value) and x == pytest.approx(best.user_attrs["summary"]["ttft_p95_s"])
     assert x <= TARGET_S
-    target_lines = [line for line in ax.get_lines() if line.get_label().startswith("target")]
+    target_lines = [line for line in fig.axes[0].get_lines() if line.get_label().startswith("target")]
     assert target_lines and target_lines[0].get_xdata()[0] == TARGET_S
+
+
+def test_tradeoff_stars_the_recommended_trial_not_a_luckier_measurement(sim_study_db):
+    study = open_study(sim_study_db)
+    frame = trials_frame(study)
+    best = best_trial(study).number
+    lucky = frame[frame["feasible"] & (frame["number"] != best)].index[0]  # measured more, not recommended
+    frame.loc[lucky, "tokens_per_s"] = frame["tokens_per_s"].max() * 1.05
+    assert _star(plot_tradeoff(frame, best=best))[0] == f"best feasible (#{best})"
+    # without the study's recommendation: the fastest feasible measurement
+    assert _star(plot_tradeoff(frame))[0] == f"best feasible (#{int(frame.loc[lucky, 'number'])})"
+    # the report's figure is drawn with the recommendation
+    tradeoff = next(p for p in study_plots(study) if p.name == "tradeoff")
+    assert _star(tradeoff.figure)[0] == f"best feasible (#{best})"
 
 
 def test_layouts_has_one_box_per_layout_the_study_ran(sim_study_db):

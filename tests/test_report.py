@@ -16,7 +16,7 @@ from test_analysis import prefix_study_db  # noqa: F401  (session fixture)
 from tuner.analysis import best_trial, open_study
 from tuner.cli import main
 from tuner.plots import CAPTIONS
-from tuner.report import write_report
+from tuner.report import render_report, write_report
 from tuner.search import serve_command
 from tuner.study import trial_config
 
@@ -43,6 +43,24 @@ def test_report_embeds_every_figure_and_writes_pngs_beside_the_study(sim_study_d
     command = serve_command(Deployment(**{**dep, "gpu_ids": tuple(dep["gpu_ids"])}), trial_config(best_trial(study)))
     assert command in page.replace("&#x27;", "'")
     assert "optuna-dashboard sqlite:///" in page
+
+
+def test_the_answer_shows_the_repeats_that_chose_it(sim_study_db):
+    from tuner.study import confirmation
+
+    study = open_study(sim_study_db)
+    conf = confirmation(study)
+    assert conf is not None and conf.winner == best_trial(study).number  # the fixture runs the default --confirm
+    page, _ = render_report(study)
+    n = len(conf.measurements[conf.winner])
+    assert n >= 2
+    assert (f"<th class='l'>confirmed</th><td class='l'>{conf.mean:,.0f} tokens/s, mean of {n} "
+            f"({conf.band[0]:,.0f}–{conf.band[1]:,.0f})</td>") in page
+    assert html.escape(conf.reason[1:]) in page  # why this one: the decision's own words
+    if conf.ties:
+        assert f"#{conf.ties[0]}" in page
+    repeats = sum(1 for t in study.trials if "confirm_of" in t.user_attrs)
+    assert f"{len(study.trials)} trials (" in page and f"{repeats} of them confirmation repeats outside the budget" in page
 
 
 def test_tuner_report_cli(sim_study_db, tmp_path, capsys):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.analysis import pareto_mask, plan_sweep, target_ttft_s, trials_frame
+from tuner.analysis import best_trial, pareto_mask, plan_sweep, target_ttft_s, trials_frame
 from tuner.errors import InputError
 from tuner.study import is_feasible
 
@@ -163,10 +163,12 @@ def plot_importances(study: optuna.Study) -> Figure:
 
 
 @_styled
-def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None) -> Figure:
+def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int | None = None) -> Figure:
     """tokens/s against P95 TTFT, one marker per measured trial (colour: status), the
     target as a vertical line, the Pareto front as a step line, the best feasible trial
-    starred. ``frame`` is :func:`tuner.analysis.trials_frame`."""
+    starred: trial ``best`` (the study's recommendation, :func:`tuner.analysis.best_trial`,
+    which a confirmation may have chosen over a luckier single measurement), or the
+    fastest feasible one. ``frame`` is :func:`tuner.analysis.trials_frame`."""
     target = target_s if target_s is not None else frame.attrs.get("target_ttft_s")
     measured = frame[frame["tokens_per_s"].notna() & frame["ttft_p95_s"].notna()]
     if measured.empty:
@@ -183,9 +185,11 @@ def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None) -> Figure:
                 linewidth=1.5, label="Pareto front")
     feasible = measured[measured["feasible"].astype(bool)]
     if len(feasible):
-        best = feasible.sort_values(["tokens_per_s", "number"], ascending=[False, True]).iloc[0]
-        ax.scatter([best["ttft_p95_s"]], [best["tokens_per_s"]], marker="*", s=260, color="gold",
-                   edgecolor="black", zorder=5, label=f"best feasible (#{int(best['number'])})")
+        chosen = feasible[feasible["number"] == best] if best is not None else feasible.iloc[:0]
+        star = (chosen if len(chosen) else
+                feasible.sort_values(["tokens_per_s", "number"], ascending=[False, True])).iloc[0]
+        ax.scatter([star["ttft_p95_s"]], [star["tokens_per_s"]], marker="*", s=260, color="gold",
+                   edgecolor="black", zorder=5, label=f"best feasible (#{int(star['number'])})")
     if target:
         ax.axvline(target, color="red", linestyle="--", label=f"target P95 TTFT {target:g} s")
         ax.axvspan(0, target, color="tab:green", alpha=0.12)
@@ -315,13 +319,18 @@ CAPTIONS = {
 }
 
 
+def _best_number(study: optuna.Study) -> int | None:
+    best = best_trial(study)
+    return None if best is None else best.number
+
+
 def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[StudyPlot]:
     """Every figure of :data:`CAPTIONS`, in that order (skipped ones carry the reason)."""
     df = frame if frame is not None else trials_frame(study)
     makers: dict[str, Callable[[], Figure]] = {
         "history": lambda: plot_history(study),
         "importances": lambda: plot_importances(study),
-        "tradeoff": lambda: plot_tradeoff(df, target_ttft_s(study)),
+        "tradeoff": lambda: plot_tradeoff(df, target_ttft_s(study), _best_number(study)),
         "layouts": lambda: plot_layouts(df),
         "capacity": lambda: plot_capacity(plan_sweep(study)),
     }

@@ -27,7 +27,7 @@ from tuner.plots import CAPTIONS, png_bytes, study_plots
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
 from tuner.storage import STUDIES_DIR
-from tuner.study import error_totals
+from tuner.study import error_totals, is_confirmation
 from tuner.urls import redact
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _pairs(rows: list[tuple[str, str]]) -> str:
 
 def _answer(study: optuna.Study) -> str:
     from tuner.search import serve_command
-    from tuner.study import closest_miss, miss_explanation, trial_config
+    from tuner.study import closest_miss, confirmation, miss_explanation, trial_config
 
     best = best_trial(study)
     if best is None:
@@ -134,8 +134,17 @@ def _answer(study: optuna.Study) -> str:
         rows.append(("P95 TTFT", f"{rec.summary['ttft_p95_s']:.3g} s at {rec.chosen_load or '?'}"))
     if rec.errors:
         rows.append(("failed requests", describe_errors(rec.errors, limit=8)))
+    conf = confirmation(study)
+    if conf is not None and conf.winner == best.number:  # the repeats that chose it (tuner.confirmation)
+        n = len(conf.measurements.get(conf.winner, []))
+        rows.append(("confirmed", f"{conf.mean:,.0f} tokens/s, mean of {n} ({conf.band[0]:,.0f}–{conf.band[1]:,.0f})"))
+        if conf.ties:
+            rows.append(("tied with", ", ".join(f"#{n}" for n in conf.ties)
+                         + f" (noise sd {conf.noise.rel_sd:.1%})"))
     rows += [(k, _knob(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
+    if conf is not None and conf.winner == best.number:
+        out += f"<p>{html.escape(redact(conf.reason[:1].upper() + conf.reason[1:]))}.</p>"
     dep = StudyRecord.from_study(study).deployment
     if dep is not None:
         try:
@@ -210,6 +219,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     pngs = {p.name: png_bytes(p.figure) for p in plots if p.figure is not None}
     target = target_ttft_s(study)
     counts = frame["status"].value_counts().to_dict() if len(frame) else {}
+    repeats = sum(1 for t in study.get_trials(deepcopy=False) if is_confirmation(t))
     stamp = StudyRecord.from_study(study)
     dep = stamp.deployment
     where = (f"{dep.gpu_count}x {dep.gpu}, {dep.model}, vLLM {dep.vllm_version}" if dep is not None
@@ -217,7 +227,8 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     meta = (f"{where}; backend {stamp.backend or '?'}; space {stamp.space or '?'}; "
             f"sampler {stamp.sampler or '?'}; target P95 TTFT "
             f"{'?' if target is None else f'{target:g} s'}; {len(frame)} trials ("
-            + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")")
+            + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
+            + (f", {repeats} of them confirmation repeats outside the budget" if repeats else ""))
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>tuner report: {html.escape(study.study_name)}</title><style>{_CSS}</style></head><body>",
