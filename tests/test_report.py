@@ -59,6 +59,8 @@ def test_the_answer_shows_the_repeats_that_chose_it(sim_study_db):
     assert html.escape(conf.reason[1:]) in page  # why this one: the decision's own words
     if conf.ties:
         assert f"#{conf.ties[0]}" in page
+    # the top table marks the row whose configuration was recommended
+    assert f"★ marks the configuration of the recommended trial #{conf.winner}" in page and page.count(">★ ") == 1
     repeats = sum(1 for t in study.trials if "confirm_of" in t.user_attrs)
     assert f"{len(study.trials)} trials (" in page and f"{repeats} of them confirmation repeats outside the budget" in page
 
@@ -152,8 +154,9 @@ def test_the_top_configurations_count_trials_that_differ_only_in_knobs_without_e
     page = write_report(open_study(prefix_study_db), tmp_path / "out").read_text(encoding="utf-8")
     top = page[page.index("<h2>Top feasible configurations</h2>"):page.index("<h2>Trials that did not count")
                if "<h2>Trials that did not count" in page else len(page)]
-    rows = re.findall(r"<tr><td[^>]*>(\d+)</td><td class='l'>([^<]*)</td>", top)
-    assert len(rows) == 2 and [count for _, count in rows] == ["×4", "×4"]  # 8 trials, 2 configurations
+    rows = re.findall(r"<tr><td[^>]*>(★ )?(\d+)</td><td class='l'>([^<]*)</td>", top)
+    assert len(rows) == 2 and [count for _, _, count in rows] == ["×4", "×4"]  # 8 trials, 2 configurations
+    assert [star for star, _, _ in rows] == ["★ ", ""]  # no confirmation: the fastest is recommended
     assert "enable_prefix_caching any (no shared prefixes)" in top  # alike in both rows: said once
     assert "max_model_len any (&gt;= " in top
     assert "<th class=''>max_<wbr>num_<wbr>seqs</th>" in top  # the knob that differs keeps its column

@@ -176,6 +176,11 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
     top["tokens/s"] = [_fmt(best) + (f"\n{_fmt(lo)}–{_fmt(hi)}" if n > 1 else "") for best, lo, hi, n in
                        zip(top["tokens_per_s"], top["tokens_per_s_min"], top["tokens_per_s_max"], top["trials"])]
     top["trials"] = [f"×{n}" + (f" ({m} missed)" if m else "") for n, m in zip(top["trials"], top["missed"])]
+    # the row that holds the study's recommendation (a confirmation may have chosen a trial
+    # other than the group's fastest measurement, which names the row)
+    chosen = best_trial(study)
+    marked = [chosen is not None and chosen.number in members for members in top["members"]]
+    top["number"] = [f"★ {n}" if m else str(n) for n, m in zip(top["number"], marked)]
     columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
     knobs = TOP_COLUMNS[TOP_COLUMNS.index("gpu_memory_utilization"):]
     for c in knobs:
@@ -187,7 +192,7 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
     columns = [c for c in columns if c not in same]
     # a folded knob in a column reads "any", and why is said once under the table
     whys: dict[str, str] = {}
-    for c in [c for c in columns[columns.index("layout"):] if c in top.columns] if "layout" in columns else []:
+    for c in [c for c in columns if c in knobs and c in top.columns]:  # also when layout is said above
         for value in top[c]:
             if isinstance(value, str) and value.startswith(f"{ANY} ("):
                 whys.setdefault(c, value[len(ANY) + 2:-1])
@@ -197,7 +202,11 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
             "knob reads <i>any</i>. " if folded else "")
     note += ("<i>trials</i> counts the feasible trials of each configuration (repeats included; <i>missed</i>: "
              "those that ran it and missed the target) and the <i>min–max</i> under <i>tokens/s</i> is the spread of their "
-             "throughput: noise between repeats, or what the folded knobs did after all.")
+             "throughput: noise between repeats, or what the folded knobs did after all. <i>trial</i> is the "
+             "configuration's fastest measurement")
+    if any(marked):
+        note += f"; ★ marks the configuration of the recommended trial #{chosen.number}"
+    note += "."
     out = ["<h2>Top feasible configurations</h2>"]
     if top.attrs.get("caveat"):
         out.append(f"<p class='skipped'>{html.escape(top.attrs['caveat'])}.</p>")
