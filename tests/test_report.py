@@ -54,11 +54,12 @@ def test_the_answer_shows_the_repeats_that_chose_it(sim_study_db):
     page, _ = render_report(study)
     n = len(conf.measurements[conf.winner])
     assert n >= 2
-    assert (f"<th class='l'>confirmed</th><td class='l'>{conf.mean:,.0f} tokens/s, mean of {n} "
-            f"({conf.band[0]:,.0f}–{conf.band[1]:,.0f})</td>") in page
+    # the same rows as the CLI's table (tuner.confirmation.confirmation_rows)
+    assert (f"<th class='l'>confirmed</th><td class='l'>{conf.mean:,.0f} tok/s mean of {n} "
+            f"({conf.band[0]:,.0f}-{conf.band[1]:,.0f})</td>") in page
+    tied = ", ".join(f"#{t}" for t in conf.ties) or "none"
+    assert f"<th class='l'>tied with</th><td class='l'>{tied} (noise sd {conf.noise.rel_sd:.1%})</td>" in page
     assert html.escape(conf.reason[1:]) in page  # why this one: the decision's own words
-    if conf.ties:
-        assert f"#{conf.ties[0]}" in page
     # the top table marks the row whose configuration was recommended
     assert f"★ marks the configuration of the recommended trial #{conf.winner}" in page and page.count(">★ ") == 1
     repeats = sum(1 for t in study.trials if "confirm_of" in t.user_attrs)

@@ -202,6 +202,17 @@ def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
     return "CUDA graphs instead of eager"
 
 
+def confirmation_rows(mean: float, count: int, band: Sequence[float], ties: Sequence[int],
+                      noise_sd: float) -> list[tuple[str, str]]:
+    """The decision as two rows of a table (the CLI's and the report's): the winner's mean
+    over its ``count`` measurements with their min-max, and the trials tied with it with
+    the noise that ties them."""
+    lo, hi = band
+    tied = ", ".join(f"#{n}" for n in ties) or "none"
+    return [("confirmed", f"{mean:,.0f} tok/s mean of {count} ({lo:,.0f}-{hi:,.0f})"),
+            ("tied with", f"{tied} (noise sd {noise_sd:.1%})")]
+
+
 def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
            out: dict[int, str] | None = None) -> Confirmation:
     """The recommendation from the candidates' measurements (see the module docstring)."""
@@ -286,5 +297,5 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out)
 
 
-__all__ = ["Candidate", "Confirmation", "NoiseFloor", "candidates", "decide", "headroom_key", "noise_floor",
-           "paired_noise", "prior_sd", "race"]
+__all__ = ["Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide", "headroom_key",
+           "noise_floor", "paired_noise", "prior_sd", "race"]

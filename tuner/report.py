@@ -33,6 +33,7 @@ from tuner.urls import redact
 if TYPE_CHECKING:
     import optuna
     import pandas as pd
+    from optuna.trial import FrozenTrial
 
 REPORT_NAME = "report.html"
 #: Columns of the top-configurations table (:func:`tuner.analysis.top_groups`).
@@ -115,11 +116,12 @@ def _pairs(rows: list[tuple[str, str]]) -> str:
     return f"<table>{body}</table>"
 
 
-def _answer(study: optuna.Study) -> str:
+def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
+    """The recommended trial (``best``, :func:`tuner.analysis.best_trial`) and why."""
+    from tuner.confirmation import confirmation_rows
     from tuner.search import serve_command
     from tuner.study import closest_miss, confirmation, miss_explanation, trial_config
 
-    best = best_trial(study)
     if best is None:
         miss = closest_miss(study)
         text = "No configuration met the target." + (f" {miss_explanation(miss)}." if miss is not None else "")
@@ -135,15 +137,14 @@ def _answer(study: optuna.Study) -> str:
     if rec.errors:
         rows.append(("failed requests", describe_errors(rec.errors, limit=8)))
     conf = confirmation(study)
-    if conf is not None and conf.winner == best.number:  # the repeats that chose it (tuner.confirmation)
-        n = len(conf.measurements.get(conf.winner, []))
-        rows.append(("confirmed", f"{conf.mean:,.0f} tokens/s, mean of {n} ({conf.band[0]:,.0f}–{conf.band[1]:,.0f})"))
-        if conf.ties:
-            rows.append(("tied with", ", ".join(f"#{n}" for n in conf.ties)
-                         + f" (noise sd {conf.noise.rel_sd:.1%})"))
+    if conf is not None and conf.winner != best.number:
+        conf = None  # it chose another trial: not the repeats behind this answer
+    if conf is not None:  # the repeats that chose it (tuner.confirmation)
+        rows += confirmation_rows(conf.mean, len(conf.measurements.get(conf.winner, [])), conf.band, conf.ties,
+                                  conf.noise.rel_sd)
     rows += [(k, _knob(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
-    if conf is not None and conf.winner == best.number:
+    if conf is not None:
         out += f"<p>{html.escape(redact(conf.reason[:1].upper() + conf.reason[1:]))}.</p>"
     dep = StudyRecord.from_study(study).deployment
     if dep is not None:
@@ -165,9 +166,9 @@ def _plan_section(study: optuna.Study) -> str:
     return _pairs(summary_rows(est)) + "".join(f"<p class='meta'>{html.escape(n)}</p>" for n in est.notes)
 
 
-def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
+def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial | None) -> list[str]:
     """The ten best effective configurations: one row per group of trials, with its count
-    and the spread of its throughput."""
+    and the spread of its throughput; ★ marks the one of ``chosen``, the recommended trial."""
     top = top_groups(study, 10, frame=frame)
     if not len(top):
         return []
@@ -178,7 +179,6 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame) -> list[str]:
     top["trials"] = [f"×{n}" + (f" ({m} missed)" if m else "") for n, m in zip(top["trials"], top["missed"])]
     # the row that holds the study's recommendation (a confirmation may have chosen a trial
     # other than the group's fastest measurement, which names the row)
-    chosen = best_trial(study)
     marked = [chosen is not None and chosen.number in members for members in top["members"]]
     top["number"] = [f"★ {n}" if m else str(n) for n, m in zip(top["number"], marked)]
     columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
@@ -229,6 +229,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     target = target_ttft_s(study)
     counts = frame["status"].value_counts().to_dict() if len(frame) else {}
     repeats = sum(1 for t in study.get_trials(deepcopy=False) if is_confirmation(t))
+    best = best_trial(study)
     stamp = StudyRecord.from_study(study)
     dep = stamp.deployment
     where = (f"{dep.gpu_count}x {dep.gpu}, {dep.model}, vLLM {dep.vllm_version}" if dep is not None
@@ -246,7 +247,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
         f"<p class='meta'>Written {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC} by tuner report. "
         "The study is an ordinary Optuna study: <code>pip install optuna-dashboard; optuna-dashboard "
         f"{html.escape(_url(study))}</code> browses it live.</p>",
-        "<h2>Best feasible configuration</h2>", _answer(study),
+        "<h2>Best feasible configuration</h2>", _answer(study, best),
         "<h2>Figures</h2>",
     ]
     for p in plots:
@@ -260,7 +261,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
                          f"<p class='skipped'>Not drawn: {html.escape(p.skipped or '')}</p>")
     parts.append("<h2>Capacity plan</h2>")
     parts.append(_plan_section(study))
-    parts += _top_section(study, frame)
+    parts += _top_section(study, frame, best)
     bad = frame[frame["reason"].notna()] if len(frame) else frame
     if len(bad):
         columns = ["number", "status", "layout", "reason"] + (["errors"] if bad["errors"].notna().any() else [])

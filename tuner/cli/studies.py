@@ -80,6 +80,7 @@ def _edge_note(edge: dict[str, Any] | None) -> str:
 def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str, Any] | None = None) -> None:
     """The best trial's table (:func:`best_record`; ``conf``: :func:`confirmation_record`),
     the recommendation and the ``vllm serve`` command, unwrapped so that it can be copied."""
+    from tuner.confirmation import confirmation_rows
     from tuner.result import describe_errors
 
     out = console()
@@ -95,11 +96,9 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     if best.get("load") is not None:
         tbl.add_row("at load", str(best["load"]) + _edge_note(best.get("edge")))
     if conf:
-        lo, hi = conf["band_tokens_per_s"]
-        tbl.add_row("confirmed", f"{conf['mean_tokens_per_s']:,.0f} tok/s mean of {conf['measurements']} "
-                    f"({lo:,.0f}-{hi:,.0f})")
-        tied = ", ".join(f"#{n}" for n in conf["tied_with"]) or "none"
-        tbl.add_row("tied with", f"{tied} (noise sd {conf['noise_sd']:.1%})")
+        for label, text in confirmation_rows(conf["mean_tokens_per_s"], conf["measurements"],
+                                             conf["band_tokens_per_s"], conf["tied_with"], conf["noise_sd"]):
+            tbl.add_row(label, text)
     if best.get("errors"):
         tbl.add_row("failed requests", describe_errors(best["errors"]))
     for key, value in best["config"].items():
