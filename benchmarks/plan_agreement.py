@@ -14,25 +14,25 @@ ended (P95): a starved CPU makes the real path slower, never faster.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the tests' LateWatch: the vLLM backend reading sim-serve's /debug/loop
 
 from tuner.backends import get_backend  # noqa: E402
 from tuner.plan import Sweep, plan_capacity  # noqa: E402
 from tuner.search import run_search  # noqa: E402
 from tuner.space import parse_space  # noqa: E402
 from tuner.traffic.workload import Workload  # noqa: E402
+from fakes import LateWatch  # noqa: E402
 
 SPACE = """\
 name: sim-serve-agreement
@@ -46,33 +46,6 @@ layouts: [tp1x1]
 FIGURES = (("max concurrency (users)", "max_concurrency"), ("requests/s", "requests_per_s"),
            ("tokens/s", "tokens_per_s"), ("output tokens/s", "output_tokens_per_s"),
            ("conversations/min", "conversations_per_min"), ("P95 TTFT at the answer (s)", "ttft_p95_s"))
-
-
-class LateWatch:
-    """The vLLM backend, reading sim-serve's ``/debug/loop`` after each run (P95 lateness of its steps)."""
-
-    def __init__(self, backend):
-        self.backend, self.name, self.late_p95_s = backend, backend.name, 0.0
-
-    def __getattr__(self, name):  # the rest of the protocol (capabilities, preflight) is the backend's
-        return getattr(self.backend, name)
-
-    def precheck(self, deployment, config):
-        return self.backend.precheck(deployment, config)
-
-    def start(self, deployment, config):
-        inst = self.backend.start(deployment, config)
-        inner = inst.run
-
-        def run(workload, load, *, stop=None):
-            result = inner(workload, load, stop=stop)
-            for url in inst.urls:
-                with urllib.request.urlopen(f"{url}/debug/loop", timeout=10) as resp:
-                    self.late_p95_s = max(self.late_p95_s, float(json.load(resp).get("late_p95_s", 0.0)))
-            return result
-
-        inst.run = run
-        return inst
 
 
 def main() -> None:
@@ -96,8 +69,9 @@ def main() -> None:
         for busy in ([0, args.busy] if args.busy else [0]):
             hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
             try:
-                watched = LateWatch(get_backend("vllm", vllm_cmd=f"{sys.executable} -m tuner sim-serve --speed 1",
-                                                log_dir=f"{tmp}/logs-{busy}"))
+                served = get_backend("vllm", vllm_cmd=f"{sys.executable} -m tuner sim-serve --speed 1",
+                                     log_dir=f"{tmp}/logs-{busy}")
+                watched = LateWatch(served, strict=True)
                 t = time.perf_counter()
                 est = plan_capacity(2.0, backend=watched, **common)
                 plans.append((f"sim-serve{f' busy x{busy}' if busy else ''}", est, watched.late_p95_s,

@@ -229,12 +229,15 @@ class Analytic:
 
 class LateWatch:
     """The vLLM backend, reading sim-serve's ``/debug/loop`` after every run: how late the
-    engine loop's steps ended (a busy machine makes the server slower than simulated time)."""
+    engine loop's steps ended (a busy machine makes the server slower than simulated time).
+    Also benchmarks/plan_agreement.py's; ``strict``: a failed reading raises instead of
+    recording no lateness (a benchmark prints the figure, so it must have been read)."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, strict: bool = False):
         self.backend = backend
         self.name = backend.name
         self.late_p95_s = 0.0
+        self.strict = strict
 
     def __getattr__(self, name):  # the rest of the protocol (capabilities, preflight) is the backend's
         return getattr(self.backend, name)
@@ -256,7 +259,8 @@ class LateWatch:
                     with urllib.request.urlopen(f"{url}/debug/loop", timeout=10) as resp:
                         self.late_p95_s = max(self.late_p95_s, float(_json.load(resp).get("late_p95_s", 0.0)))
                 except (OSError, ValueError):  # a sim-serve without /debug/loop: no excuse recorded
-                    pass
+                    if self.strict:
+                        raise
             return result
 
         inst.run = run
