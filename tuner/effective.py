@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner.values import is_int
+
 if TYPE_CHECKING:
     from tuner.record import TrialRecord
 
@@ -63,7 +65,7 @@ def _max_num_seqs(config: Mapping[str, Any], run: Mapping[str, Any], levels: Seq
     # that missed it (``failing``), not by the search's load cap, which is max-num-seqs x
     # replicas: a trial stopped at its cap measured the cap. Open-loop loads: never folded.
     seqs = config.get("max_num_seqs")
-    if run.get("load_kind") != "concurrency" or not levels or not isinstance(seqs, int) or failing is None:
+    if run.get("load_kind") != "concurrency" or not levels or not is_int(seqs) or failing is None:
         return None
     most = max(levels)
     if not most > 0 or most > seqs:

@@ -43,12 +43,13 @@ def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
            else f"{est.requests_per_conversation:.2f} requests/conversation")
     rows.append(("conversations/min", _fmt_range(est, "conversations_per_min", est.conversations_per_min, ",.0f")
                  + f" at {per}"))
+    gpus = f"{est.gpus} GPU{'s' * (est.gpus != 1)}"
     if est.demand_per_min is not None:
         rows.append(("replicas", _fmt_range(est, "replicas", est.replicas, "d")
                      + f" for {est.demand_per_min:,.0f} {est.demand_unit}/min (+{est.headroom:.0%} headroom, "
-                     + f"{est.gpus} GPU{'s' * (est.gpus != 1)} each)"))
+                     + f"{gpus} each)"))
     if est.gpu_hour_cost is not None:
-        rows.append(("cost per hour", f"{est.cost_per_hour:,.2f} per deployment ({est.gpus} GPU{'s' * (est.gpus != 1)} x {est.gpu_hour_cost:g})"
+        rows.append(("cost per hour", f"{est.cost_per_hour:,.2f} per deployment ({gpus} x {est.gpu_hour_cost:g})"
                      + ("" if est.total_cost_per_hour is None else f", {est.total_cost_per_hour:,.2f} for all replicas")))
         rows.append(("cost per 1M tokens", _fmt_range(est, "cost_per_million_tokens",
                                                            est.cost_per_million_tokens, ",.3f")
