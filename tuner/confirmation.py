@@ -19,9 +19,11 @@ measurements names a winner inside that noise. So, once a study's budget is spen
    to every configuration alike (a harder order of the requests) cancels.
 4. **Decision** (:func:`decide`): the leader is the best mean; its *ties* are the
    candidates the repeats cannot tell from it. Among the ties within
-   :data:`EQUIVALENT` of the leader's mean, the one with the most headroom is
-   recommended (lower gpu-memory-utilization, then fewer max-num-seqs, then CUDA graphs
-   over eager), and the decision says so.
+   :data:`EQUIVALENT` of the leader's mean that differ from it only in headroom knobs
+   (:func:`headroom_tie`), the one with the most headroom is recommended (lower
+   gpu-memory-utilization, then fewer max-num-seqs, then CUDA graphs over eager), and the
+   decision says so. A candidate ruled out in the race cannot lead: its mean is over
+   fewer samples than those still in.
 
 Pure: the measurements come from a callable, so the search (fresh server starts) and
 ``benchmarks/search_quality.py`` (a noisy stand-in) run the same decision.
@@ -118,6 +120,10 @@ class Candidate:
     number: int
     config: dict[str, Any]
     values: list[float] = field(default_factory=list)
+    #: Its cap bound at the edge on some measurement (the most load that met the target was
+    #: at or above max-num-seqs x replicas, or what its KV cache holds): fewer sequences
+    #: are no headroom then.
+    capped: bool = False
 
     @property
     def mean(self) -> float:
@@ -134,6 +140,25 @@ def headroom_key(config: dict[str, Any]) -> tuple[float, float, int]:
     risk on longer requests), CUDA graphs rather than eager."""
     return (float(config.get("gpu_memory_utilization") or 1.0), float(config.get("max_num_seqs") or 1e9),
             int(bool(config.get("enforce_eager"))))
+
+
+#: The knobs :func:`headroom_key` weighs; a tie is traded for headroom only where nothing
+#: else differs.
+HEADROOM_KNOBS = ("gpu_memory_utilization", "max_num_seqs", "enforce_eager")
+
+
+def headroom_tie(c: Candidate, leader: Candidate) -> bool:
+    """Whether a tie ``c`` may be preferred to ``leader`` for headroom: the two differ in no
+    knob but the headroom ones, and where ``c`` has fewer max-num-seqs its cap never bound.
+    Two that differ in a knob that changes speed (the KV dtype, the batched-token budget,
+    the layout) and measure the same are tied by noise, not by design; and a max-num-seqs
+    that bound at the edge is the configuration's limit, not spare room: in both cases the
+    better mean is kept rather than traded for headroom."""
+    a, b = c.config, leader.config
+    if any(a.get(k) != b.get(k) for k in {*a, *b} - set(HEADROOM_KNOBS)):
+        return False
+    fewer = float(a.get("max_num_seqs") or 1e9) < float(b.get("max_num_seqs") or 1e9)
+    return not (fewer and c.capped)
 
 
 def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES) -> list[Candidate]:
@@ -219,8 +244,10 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     alive = [c for c in race_ if c.mean > 0]
     if not alive:
         raise ValueError("no candidate has a measurement")
-    leader = max(alive, key=lambda c: (c.mean, -c.number))
     ruled_out = dict(out or {})
+    # a candidate ruled out in the race has fewer measurements, on other samples: its mean
+    # is not comparable with those still in, so it cannot lead
+    leader = max([c for c in alive if c.number not in ruled_out] or alive, key=lambda c: (c.mean, -c.number))
     ties = []
     for c in alive:
         if c is leader or c.number in ruled_out:
@@ -231,7 +258,7 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
         else:
             ruled_out[c.number] = (f"{gap:.1%} under trial {leader.number}'s mean, beyond the noise band "
                                    f"({noise.band(len(leader.values), len(c.values)):.1%})")
-    equivalent = [c for c in ties if (leader.mean - c.mean) / leader.mean <= EQUIVALENT]
+    equivalent = [c for c in ties if (leader.mean - c.mean) / leader.mean <= EQUIVALENT and headroom_tie(c, leader)]
     pool = [leader, *equivalent]
     winner = min(pool, key=lambda c: (headroom_key(c.config), -c.mean, c.number))
     n = len(winner.values)
@@ -265,7 +292,7 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     and candidates beyond the band of the leader's mean are out. Stops early when one is
     left. An exception from ``measure`` (an interrupt, an environment fault) propagates:
     nothing is decided on a partial round."""
-    field_ = [Candidate(c.number, dict(c.config), list(c.values)) for c in entrants]
+    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped) for c in entrants]
     history = [list(h) for h in history]
     out: dict[int, str] = {}
     done = 0
@@ -297,5 +324,5 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out)
 
 
-__all__ = ["Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide", "headroom_key",
-           "noise_floor", "paired_noise", "prior_sd", "race"]
+__all__ = ["HEADROOM_KNOBS", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
+           "headroom_key", "headroom_tie", "noise_floor", "paired_noise", "prior_sd", "race"]

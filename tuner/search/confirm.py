@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
+from tuner.confirmation import Candidate, candidates, race
 from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
@@ -28,6 +29,14 @@ def config_key(config: dict[str, Any]) -> str:
     import json
 
     return json.dumps(config, sort_keys=True)
+
+
+def cap_bound(rec: TrialRecord) -> bool:
+    """Whether the most load that met the target was at or above the configuration's cap
+    (max-num-seqs x replicas, or what its KV cache holds): its max-num-seqs bound."""
+    edge = rec.edge
+    return bool(edge is not None and edge.level is not None and edge.cap is not None
+                and (edge.beyond_cap or float(edge.level) >= float(edge.cap)))
 
 
 def study_noise(study: optuna.Study, backend: str) -> Any:
@@ -62,7 +71,6 @@ def confirm_winner(
     the next run reuses them. Returns the Confirmation, or None with no feasible trial."""
     from optuna.trial import TrialState, create_trial
 
-    from tuner.confirmation import Candidate, candidates, race
     from tuner.study import confirmation, count_finished, is_feasible
     from tuner.workers import identity
 
@@ -87,8 +95,8 @@ def confirm_winner(
     done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
-    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)])
-                         for t in originals], noise)
+    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
+                                   cap_bound(records[t.number])) for t in originals], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
@@ -104,6 +112,7 @@ def confirm_winner(
         nonlocal base
         if (c.number, r) in done:
             t = done[(c.number, r)]
+            c.capped = c.capped or cap_bound(records[t.number])
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
         original = records[c.number]
         obs.on_phase(f"confirming trial {c.number}: repeat {r}/{rounds}")
@@ -126,6 +135,7 @@ def confirm_winner(
                               config=config)
         else:
             base = base.with_start(ev.record.run)
+            c.capped = c.capped or cap_bound(ev.record)
             rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
             value, constraint = ev.value, ev.constraint
         rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
