@@ -17,11 +17,13 @@ from tuner.confirmation import (
     NoiseFloor,
     candidates,
     decide,
+    headroom_tie,
     noise_floor,
     paired_noise,
     race,
 )
 from tuner.search import evaluate_config, monotone_crossing, run_search
+from tuner.record import TrialRecord
 from tuner.study import best_feasible_trial, confirmation, count_finished
 from tuner.traffic.workload import Workload
 
@@ -108,6 +110,31 @@ def test_fewer_sequences_then_cuda_graphs_break_a_tie_at_equal_memory():
     assert decide([eager, more], noise).winner == 1        # fewer max-num-seqs first
     assert decide([eager, more, graphs], noise).winner == 3  # then CUDA graphs over eager
     assert "CUDA graphs instead of eager" in decide([eager, graphs], noise).reason
+
+
+def test_a_tie_that_differs_in_a_speed_knob_or_whose_cap_bound_is_not_traded_for_headroom():
+    noise = NoiseFloor(0.01)
+    lead = Candidate(7, {**cfg(gmu=0.95), "kv_cache_dtype": "fp8"}, [1000.0, 1004.0, 996.0])
+    other_dtype = Candidate(9, {**cfg(gmu=0.85), "kv_cache_dtype": "auto"}, [996.0, 998.0, 994.0])
+    conf = decide([lead, other_dtype], noise, rounds=2)
+    assert conf.winner == 7 and conf.ties == [9] and conf.equivalent == []  # tied, but not by design
+    assert not headroom_tie(other_dtype, lead)
+    # fewer max-num-seqs is headroom only where that cap never held the edge
+    spare = Candidate(3, cfg(gmu=0.95, seqs=32), [996.0, 998.0, 994.0])
+    assert decide([Candidate(7, cfg(gmu=0.95), lead.values), spare], noise).winner == 3
+    bound = Candidate(3, cfg(gmu=0.95, seqs=32), spare.values, capped=True)
+    conf = decide([Candidate(7, cfg(gmu=0.95), lead.values), bound], noise)
+    assert conf.winner == 7 and conf.ties == [3]
+    # more max-num-seqs, or lower memory, is judged as before even for a capped tie
+    assert headroom_tie(Candidate(4, cfg(gmu=0.85), [1.0], capped=True), Candidate(7, cfg(gmu=0.95), [1.0]))
+
+
+def test_a_candidate_ruled_out_in_the_race_cannot_lead_on_its_fewer_samples():
+    # out after round 1 (on an easy sample); the one still in then met a hard sample
+    still_in = Candidate(1, cfg(), [1000.0, 1040.0, 800.0])   # mean 947
+    ruled_out = Candidate(2, cfg(gmu=0.8), [990.0, 960.0])    # mean 975, on the first two samples
+    conf = decide([still_in, ruled_out], NoiseFloor(0.02), rounds=2, out={2: "under trial 1's mean"})
+    assert conf.leader == 1 and conf.winner == 1 and 2 in conf.out
 
 
 def test_the_race_drops_a_rival_the_repeats_put_below_the_band_and_keeps_the_true_tie():
@@ -246,6 +273,26 @@ def test_the_edge_is_located_within_the_tolerance_when_replays_allow():
     assert all(p.level > edge.level for p in loads if not p.passed)
 
 
+def test_without_a_prediction_a_closed_loop_trial_starts_at_the_best_trials_edge(tmp_path):
+    # P95 ~ 0.05 s x users: the 1 s edge near 19 users, below every cap (30: half the workload)
+    out = run_search(fake_space(), backend=FakeBackend(ttft_per_user=0.05), workload=small_workload(),
+                     budget=8, storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=3, confirm=0,
+                     predictor=None)
+    best_edge, checked = None, 0
+    for t in sorted(out.study.trials, key=lambda t: t.number):
+        rec = TrialRecord.from_trial(t)
+        if rec.loads and not rec.is_repeat:
+            first = rec.loads[0].level
+            if best_edge is None:
+                assert first == rec.edge.cap  # nothing measured yet: from the top
+            elif rec.edge is None or rec.edge.cap > best_edge:
+                assert first == best_edge  # where the question "better than the best?" is decided
+                checked += 1
+        if rec.feasible and t.value and (best_edge is None or t.value > best_value):
+            best_edge, best_value = rec.edge.level, t.value
+    assert checked >= 2
+
+
 def test_a_configuration_that_holds_at_its_cap_is_tried_above_it():
     backend = FakeBackend(ttft_per_user=0.01)  # 16 seqs: P95 0.17 s at the cap, 1 s near 95 users
     ev = evaluate_config(backend, Deployment(), ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9),
@@ -257,3 +304,21 @@ def test_a_configuration_that_holds_at_its_cap_is_tried_above_it():
                          ServeConfig(max_num_seqs=16, gpu_memory_utilization=0.9), small_workload(600), 1.0,
                          max_replays=8, incumbent=10**9)
     assert len(ev.record.loads) == 1 and not ev.record.edge.beyond_cap
+
+
+# -- exploration ------------------------------------------------------------------
+def test_a_configuration_proposed_again_gives_its_slot_to_a_neighbour_of_the_best(tmp_path):
+    out = run_search(fake_space(), backend=FakeBackend(ttft_per_user=0.05), workload=small_workload(),
+                     budget=16, storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=2, confirm=0,
+                     predictor=None)
+    trials = sorted(out.study.trials, key=lambda t: t.number)
+    copies = [t.number for t in trials if "repeat_of" in t.user_attrs]
+    explored = [t for t in trials if t.user_attrs.get("proposed_by") == "neighbour of the best"]
+    assert copies and explored
+    for t in explored:
+        assert t.number - 1 in copies  # the trial after a copy
+        earlier = [u.params for u in trials if u.number < t.number]
+        assert t.params not in earlier  # something not measured yet
+        # one knob (or the layout) away from a trial that was the best when it was queued
+        assert any(sum(u.params[k] != t.params[k] for k in t.params) == 1 for u in trials
+                   if u.number < t.number and u.params.keys() == t.params.keys())
