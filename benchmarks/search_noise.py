@@ -168,7 +168,8 @@ def code_fingerprint(fam: Family) -> str:
     root = Path(tuner.__file__).parent
     h = hashlib.sha256(repr((fam, REQUESTS)).encode())
     for path in sorted([*root.glob("sim/*.py"), *root.glob("data/**/*"), root / "backends" / "sim.py",
-                        root / "search.py", root / "traffic" / "synth.py"]):
+                        root / "search" / "goodput.py", root / "search" / "objective.py",
+                        root / "traffic" / "synth.py"]):
         if path.is_file():
             h.update(path.read_bytes())
     return h.hexdigest()[:16]

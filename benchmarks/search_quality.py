@@ -111,7 +111,7 @@ def code_fingerprint() -> str:
     root = Path(tuner.__file__).parent
     h = hashlib.sha256(f"{REQUESTS}{GRID}{FIXED}".encode())
     for path in sorted([*root.glob("sim/*.py"), *root.glob("data/**/*"), root / "backends" / "sim.py",
-                        root / "search.py", root / "predictor.py", root / "traffic" / "synth.py"]):
+                        *root.glob("search/*.py"), root / "confirmation.py", root / "traffic" / "synth.py"]):
         if path.is_file():
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
