@@ -315,6 +315,7 @@ def test_a_configuration_proposed_again_gives_its_slot_to_a_neighbour_of_the_bes
     copies = [t.number for t in trials if "repeat_of" in t.user_attrs]
     explored = [t for t in trials if t.user_attrs.get("proposed_by") == "neighbour of the best"]
     assert copies and explored
+    assert all(t.state.name != "WAITING" for t in trials)  # nothing queued past the budget
     for t in explored:
         assert t.number - 1 in copies  # the trial after a copy
         earlier = [u.params for u in trials if u.number < t.number]

@@ -248,7 +248,7 @@ class SearchRun:
         self.worker.wait_for_twin(trial)
         earlier = same_config(trial.study, config, self.fingerprint, self.tags)
         if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
-            if self.settings.sampler.lower() != "grid":
+            if self.settings.sampler.lower() != "grid" and self._another_trial(trial.study):
                 explore(trial.study, self.space, self.settings.seed)
             return self._copy(trial, earlier)
         s = self.settings
@@ -262,7 +262,8 @@ class SearchRun:
                 advice = advise(trial.study.get_trials(deepcopy=False), config, self.predictor.predict(config), best,
                                 twin_share=1 - noise.band())
                 if advice.prune:
-                    if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
+                    if advice.twin_of is not None and self._another_trial(trial.study):
+                        # the sampler proposed nothing new: the predictor does
                         propose(trial.study, self.space, self.predictor, best)
                     prune(trial, config, advice, self.run_facts)
             ev = evaluate_config(
@@ -295,6 +296,13 @@ class SearchRun:
         trial.set_constraint(CONSTRAINT, ev.constraint)
         write(trial.set_user_attr, rec)
         return ev.value
+
+    def _another_trial(self, study: optuna.Study) -> bool:
+        """Whether the budget leaves a trial after this one: a trial queued for it is not
+        left WAITING in the study when the run ends."""
+        from tuner.study import count_finished
+
+        return count_finished(study) + 1 < self.settings.budget
 
     def _start_level(self, study: optuna.Study, advice: Any) -> float | None:
         """Where the goodput search starts: the predicted load; without one, on the closed

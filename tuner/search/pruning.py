@@ -16,28 +16,37 @@ if TYPE_CHECKING:
     from tuner.search.prediction import Advice, Predictor
     from tuner.space import SearchSpace
 
+def untried_neighbours(study: optuna.Study, space: SearchSpace) -> list[dict]:
+    """The trial params one knob (or the layout) away from the best feasible trial's that
+    no trial of ``study`` has, in the space's grid order; empty with no feasible trial."""
+    from tuner.study import best_feasible_trial
+
+    incumbent = best_feasible_trial(study)
+    if incumbent is None:
+        return []
+    tried = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
+    out = []
+    for key, values in snapped_grid(space).items():
+        for value in values:
+            params = {**incumbent.params, key: value}
+            if tuple(sorted(params.items())) not in tried:
+                out.append(params)
+    return out
+
+
 def propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best: float | None) -> None:
     """Enqueue, as the next trial, the neighbour of the best trial (one knob or the layout
     changed) that the predictor expects most of, among those it would launch (no predicted
     twin of a measured trial, nothing under the pruning share of the best, not tried)."""
     from tuner.search.prediction import advise
-    from tuner.study import best_feasible_trial
 
-    incumbent = best_feasible_trial(study)
-    if incumbent is None:
-        return
     trials = study.get_trials(deepcopy=False)
-    tried = {tuple(sorted(t.params.items())) for t in trials}
     scored = []
-    for key, values in snapped_grid(space).items():
-        for value in values:
-            params = {**incumbent.params, key: value}
-            if tuple(sorted(params.items())) in tried:
-                continue
-            config = space.config_from_params(params)
-            advice = advise(trials, config, predictor.predict(config), best)
-            if advice.prediction and not advice.prune:
-                scored.append((advice.expected_value or advice.prediction.get("tokens_per_s") or 0.0, params))
+    for params in untried_neighbours(study, space):
+        config = space.config_from_params(params)
+        advice = advise(trials, config, predictor.predict(config), best)
+        if advice.prediction and not advice.prune:
+            scored.append((advice.expected_value or advice.prediction.get("tokens_per_s") or 0.0, params))
     if scored:
         study.enqueue_trial(max(scored, key=lambda x: x[0])[1],
                             user_attrs=TrialRecord(proposed_by="predictor").to_attrs(), skip_if_exists=True)
@@ -52,22 +61,11 @@ def explore(study: optuna.Study, space: SearchSpace, seed: int) -> bool:
     benchmarks/search_noise.py.) False when every neighbour was tried."""
     import numpy as np
 
-    from tuner.study import best_feasible_trial
-
-    incumbent = best_feasible_trial(study)
-    if incumbent is None:
-        return False
-    trials = study.get_trials(deepcopy=False)
-    tried = {tuple(sorted(t.params.items())) for t in trials}
-    untried = []
-    for key, values in snapped_grid(space).items():
-        for value in values:
-            params = {**incumbent.params, key: value}
-            if tuple(sorted(params.items())) not in tried:
-                untried.append(params)
+    untried = untried_neighbours(study, space)
     if not untried:
         return False
-    pick = untried[int(np.random.default_rng([seed, len(trials)]).integers(len(untried)))]
+    draw = np.random.default_rng([seed, len(study.get_trials(deepcopy=False))])
+    pick = untried[int(draw.integers(len(untried)))]
     study.enqueue_trial(pick, user_attrs=TrialRecord(proposed_by="neighbour of the best").to_attrs(),
                         skip_if_exists=True)
     return True
