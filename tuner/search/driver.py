@@ -298,11 +298,17 @@ class SearchRun:
         return ev.value
 
     def _another_trial(self, study: optuna.Study) -> bool:
-        """Whether the budget leaves a trial after this one: a trial queued for it is not
-        left WAITING in the study when the run ends."""
+        """Whether the budget leaves a trial after this one and those running (here or in
+        other workers) and none is queued yet: a trial queued for it is not left WAITING
+        in the study when the run ends."""
+        from optuna.trial import TrialState
+
         from tuner.study import count_finished
 
-        return count_finished(study) + 1 < self.settings.budget
+        pending = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
+        if any(t.state == TrialState.WAITING for t in pending):
+            return False
+        return count_finished(study) + len(pending) < self.settings.budget
 
     def _start_level(self, study: optuna.Study, advice: Any) -> float | None:
         """Where the goodput search starts: the predicted load; without one, on the closed
