@@ -36,7 +36,7 @@ def cap_bound(rec: TrialRecord) -> bool:
     (max-num-seqs x replicas, or what its KV cache holds): its max-num-seqs bound."""
     edge = rec.edge
     return bool(edge is not None and edge.level is not None and edge.cap is not None
-                and (edge.beyond_cap or float(edge.level) >= float(edge.cap)))
+                and float(edge.level) >= float(edge.cap))  # beyond_cap: level > cap
 
 
 def study_noise(study: optuna.Study, backend: str) -> Any:

@@ -31,8 +31,6 @@ from tuner.progress import Observer, observer_or_headless
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
 from tuner.search.records import (
-    best_edge,
-    best_value,
     check_gpu,
     mark_trial_failed,
     report_stale_servers,
@@ -41,7 +39,7 @@ from tuner.search.records import (
 )
 from tuner.search.samplers import make_sampler
 from tuner.storage import guard_storage
-from tuner.study import count_finished, open_study, study_name, top_feasible_trials
+from tuner.study import best_feasible_trial, count_finished, open_study, study_name, top_feasible_trials
 
 if TYPE_CHECKING:
     import optuna
@@ -253,7 +251,8 @@ class SearchRun:
             return self._copy(trial, earlier)
         s = self.settings
         try:
-            best = best_value(trial.study)
+            incumbent = best_feasible_trial(trial.study)
+            best = None if incumbent is None else float(incumbent.value)
             noise = study_noise(trial.study, self.backend.name)
             advice = None
             if self.predictor is not None:
@@ -272,7 +271,7 @@ class SearchRun:
                 precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
                 # within the noise band of the best, a configuration is refined as a rival
                 incumbent=best * (1 - noise.band()) if s.early_stop and best else None,
-                start_level=self._start_level(trial.study, advice),
+                start_level=self._start_level(incumbent, advice),
                 expected_value=advice.expected_value if advice else None,
                 edge_tolerance=s.edge_tolerance,
             )
@@ -303,24 +302,25 @@ class SearchRun:
         in the study when the run ends."""
         from optuna.trial import TrialState
 
-        from tuner.study import count_finished
-
         pending = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
         if any(t.state == TrialState.WAITING for t in pending):
             return False
         return count_finished(study) + len(pending) < self.settings.budget
 
-    def _start_level(self, study: optuna.Study, advice: Any) -> float | None:
+    def _start_level(self, incumbent: FrozenTrial | None, advice: Any) -> float | None:
         """Where the goodput search starts: the predicted load; without one, on the closed
-        loop, the load the best trial so far met the target at. A configuration matters
-        only where it could beat the best, and that is where the question is decided:
+        loop, the load the best trial so far (``incumbent``) met the target at. A
+        configuration matters only where it could beat the best, and that is where it is decided:
         starting there locates the edge of a contender in the few replays a trial has, not
         the first of them spent far above it (on 2 x A100 with a 70B model, from the top a
         contender's edge came out 5 % low on average, and the study preferred a smaller
         max-num-seqs that starts next to it; benchmarks/search_noise.py)."""
         if advice is not None and advice.start_level:
             return float(advice.start_level)
-        return best_edge(study) if self.space.workload.load == "concurrency" else None
+        if incumbent is None or self.space.workload.load != "concurrency":
+            return None
+        edge = TrialRecord.from_trial(incumbent).edge
+        return float(edge.level) if edge is not None and edge.level is not None else None
 
     def _copy(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
         """This trial measures nothing: it stores the earlier trial's measurement (not what

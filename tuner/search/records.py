@@ -58,22 +58,6 @@ def report_stale_servers(obs: Observer, kill: bool) -> None:
                            "stop it with --kill-stale or tuner doctor --kill-stale")
 
 
-def best_value(study: optuna.Study) -> float | None:
-    from tuner.study import best_feasible_trial
-
-    best = best_feasible_trial(study)
-    return None if best is None else float(best.value)
-
-
-def best_edge(study: optuna.Study) -> float | None:
-    """The load the study's best feasible trial met its target at (its edge), or None."""
-    from tuner.study import best_feasible_trial
-
-    best = best_feasible_trial(study)
-    edge = TrialRecord.from_trial(best).edge if best is not None else None
-    return float(edge.level) if edge is not None and edge.level is not None else None
-
-
 def same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | None = None,
                  tags: dict[str, Any] | None = None) -> FrozenTrial | None:
     """An earlier COMPLETE trial of ``study`` that ran exactly ``config`` (on the same
