@@ -26,8 +26,6 @@ both read it), so it learns the feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
 crash marks only that trial FAIL and the study goes on. A configuration the sampler
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
-TPE and GP learn from the search's own trials and the confirmation repeats on their
-scale, not from the copies (:class:`~tuner.search.samplers.SearchedOnly`).
 A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_trials`).
 
 Stored per trial (``trial.user_attrs``, written and read as a
