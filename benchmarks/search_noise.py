@@ -17,17 +17,9 @@ any one trace's numbers):
   here, its launches hidden under the weight reads);
 * ``article-004``: 8 x V100-32GB, the article-004 space and mix, 2 s.
 
-**Truth**: every configuration of each family's grid evaluated without noise, with the
-product's objective (:func:`tuner.search.evaluate_config` on the simulator, the edge
-located to 1 %), on the logged order of the requests; and, for the configurations within
-:data:`NEAR` of that optimum, on :data:`ORDERS` - 1 more orders of the same requests
-(:meth:`Workload.reordered`, seeds 101.., none of which a study's confirmation draws). A
-configuration's true value is its mean over the orders: tomorrow's traffic is another
-order of the same mix, and on one order the ranking of near-ties moves (on 2 x A100
-max-num-seqs 32 ties the optimum on some orders and is 5.7 % under on others; on 1 x V100
-it is 1.3 % under on the logged order and 0.6 % on average). The table also gives the
-share within 1 % on the logged order alone (``logged``), the measure of earlier runs.
-Cached in ``studies/search_noise_<family>.json``.
+**Truth**: every configuration of each family's grid evaluated once, without noise, with
+the product's objective (:func:`tuner.search.evaluate_config` on the simulator, the edge
+located to 1 %), cached in ``studies/search_noise_<family>.json``.
 
 **The stand-in backend**: the simulator with the noise measured on real vLLM injected
 (the H200 campaign, benchmarks/h200/README.md; issue figures: 1-3 % tokens/s between
@@ -82,11 +74,6 @@ AZURE = TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = TRACES / "mooncake_fast25_synthetic" / "synthetic_trace.jsonl"
 CACHE = Path("studies")
 REQUESTS = 400
-#: Orders of the requests a configuration's true value is averaged over (the logged one first).
-ORDERS = 6
-#: Configurations within this share of the logged order's optimum get every order; the
-#: others keep their logged value (they are far from the optimum on any order).
-NEAR = 0.15
 #: Run-to-run noise of real vLLM (benchmarks/h200/README.md; the issue's 1-3 %, +-10 %).
 TOKENS_SD = 0.02
 P95_SD = 0.10
@@ -166,16 +153,13 @@ def grid_points(space: SearchSpace) -> list[ServeConfig]:
 
 
 # -- truth ------------------------------------------------------------------------------------
-def _truth(job: tuple[str, str, int]) -> tuple[str, int, dict]:
-    """One configuration on order ``r`` of the requests (0: as logged)."""
+def _truth(job: tuple[str, str]) -> tuple[str, dict]:
     fam = BY_NAME[job[0]]
-    r = job[2]
     space, workload = build(fam)
     config = ServeConfig.from_dict(json.loads(job[1]))
-    ev = evaluate_config(SimBackend(), space.deployment, config, workload.reordered(100 + r) if r else workload,
-                         fam.target_s, load_kind=fam.load, max_replays=12, edge_tolerance=0.01, early_stop=True,
-                         seed=100 + r if r else 0)
-    return job[1], r, {"value": ev.value, "feasible": ev.feasible}
+    ev = evaluate_config(SimBackend(), space.deployment, config, workload, fam.target_s, load_kind=fam.load,
+                         max_replays=12, edge_tolerance=0.01, early_stop=True)
+    return job[1], {"value": ev.value, "feasible": ev.feasible}
 
 
 def code_fingerprint(fam: Family) -> str:
@@ -198,35 +182,18 @@ def truth_table(fam: Family, jobs: int) -> dict[str, dict]:
     if cache.get("code") != code:
         cache = {"code": code, "table": {}}
     space, _ = build(fam)
-    table = cache["table"]
-
-    def fill(todo: list[tuple[str, str, int]], what: str) -> None:
-        if not todo:
-            return
-        print(f"{fam.name}: evaluating {what} without noise ({jobs} workers)...", file=sys.stderr)
+    todo = [key_of(c) for c in grid_points(space) if key_of(c) not in cache["table"]]
+    if todo:
+        print(f"{fam.name}: evaluating {len(todo)} configurations without noise ({jobs} workers)...", file=sys.stderr)
         t0 = time.perf_counter()
         with ProcessPoolExecutor(jobs) as pool:
-            for i, (key, r, rec) in enumerate(pool.map(_truth, todo, chunksize=2), 1):
-                if r == 0:
-                    table[key] = {**rec, "orders": {"0": rec["value"] if rec["feasible"] else 0.0}}
-                else:
-                    table[key]["orders"][str(r)] = rec["value"] if rec["feasible"] else 0.0
+            for i, (key, rec) in enumerate(pool.map(_truth, [(fam.name, k) for k in todo], chunksize=2), 1):
+                cache["table"][key] = rec
                 if i % 20 == 0 or i == len(todo):
                     path.parent.mkdir(exist_ok=True)
                     path.write_text(json.dumps(cache))
                     print(f"  {i}/{len(todo)} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-
-    fill([(fam.name, key_of(c), 0) for c in grid_points(space) if key_of(c) not in table],
-         "every configuration on the logged order")
-    for rec in table.values():
-        rec.setdefault("orders", {"0": rec["value"] if rec["feasible"] else 0.0})
-    logged_opt = max((r["value"] for r in table.values() if r["feasible"]), default=0.0)
-    near = [k for k, r in table.items() if r["feasible"] and r["value"] >= logged_opt * (1 - NEAR)]
-    fill([(fam.name, k, r) for k in near for r in range(1, ORDERS) if str(r) not in table[k]["orders"]],
-         f"the {len(near)} configurations within {NEAR:.0%} of the optimum on {ORDERS - 1} more orders")
-    for rec in table.values():
-        rec["mean"] = statistics.fmean(rec["orders"].values()) if rec["feasible"] else 0.0
-    return table
+    return cache["table"]
 
 
 # -- the noisy stand-in ----------------------------------------------------------------------------
@@ -337,14 +304,8 @@ def auto_tune_job(job: tuple[str, int]) -> dict:
 
 
 # -- the table -------------------------------------------------------------------------------------------
-def share(table: dict, key: str | None, optimum: float, field: str = "mean") -> float:
-    """The configuration's true value (``mean`` over the orders, or the ``value`` on the
-    logged order) as a share of ``optimum`` (the best of the same field)."""
-    return table[key][field] / optimum if key and key in table and table[key]["feasible"] else 0.0
-
-
-def best_of(table: dict, field: str = "mean") -> float:
-    return max((r[field] for r in table.values() if r["feasible"]), default=0.0)
+def share(table: dict, key: str | None, optimum: float) -> float:
+    return table[key]["value"] / optimum if key and key in table and table[key]["feasible"] else 0.0
 
 
 def main() -> None:
@@ -355,7 +316,7 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.perf_counter()
     tables = {name: truth_table(BY_NAME[name], args.jobs) for name in args.families}
-    optima = {name: best_of(t) for name, t in tables.items()}
+    optima = {name: max((r["value"] for r in t.values() if r["feasible"]), default=0.0) for name, t in tables.items()}
     jobs = [(f, s, seed, c) for f in args.families for s in ("tpe", "random") for seed in range(args.seeds)
             for c in (2, 0)]
     results: list[dict] = []
@@ -370,40 +331,36 @@ def main() -> None:
         at = list(pool.map(auto_tune_job, [(f, seed) for f in args.families for seed in range(args.seeds)]))
 
     print(f"noise injected: tokens/s sd {TOKENS_SD:.0%} per start, P95 TTFT sd {P95_SD:.0%} per replay; "
-          f"{args.seeds} seeds; share = the reported winner's TRUE value (mean over {ORDERS} orders of the requests) "
-          "/ the true optimum of the grid; logged = within 1 % on the logged order alone")
+          f"{args.seeds} seeds; share = the reported winner's TRUE value / the true optimum of the grid")
     head = (f"{'family':<14} {'grid':>5} {'optimum tok/s':>13}  {'searcher':<22} {'median':>7} {'worst':>6} "
-            f"{'<=1% off':>8} {'logged':>6} {'ties hold opt':>13} {'exact':>5} {'repeats':>7}")
+            f"{'<=1% off':>8} {'ties hold opt':>13} {'exact':>5} {'repeats':>7}")
     print(head)
     print("-" * len(head))
     for name in args.families:
-        table, opt, logged_opt = tables[name], optima[name], best_of(tables[name], "value")
-        exact_opt = {k for k, r in table.items() if r["feasible"] and r["mean"] >= opt * 0.999}
+        table, opt = tables[name], optima[name]
+        exact_opt = {k for k, r in table.items() if r["feasible"] and r["value"] >= opt * 0.999}
         rows = []
         for sampler in ("tpe", "random"):
             for confirm in (2, 0):
                 for budget in ("15", "40"):
                     mine = [r for r in results if r["family"] == name and r["sampler"] == sampler and r["confirm"] == confirm]
                     shares = [share(table, r[budget]["winner"], opt) for r in mine]
-                    logged = [share(table, r[budget]["winner"], logged_opt, "value") for r in mine]
                     tie_best = [max([share(table, k, opt) for k in [r[budget]["winner"], *r[budget]["ties"]]])
                                 for r in mine]
                     tie_exact = [bool({r[budget]["winner"], *r[budget]["ties"]} & exact_opt) for r in mine]
                     label = f"{sampler.upper() if sampler == 'tpe' else sampler}@{budget}" + (
                         " confirmed" if confirm else " single best")
-                    rows.append((label, shares, logged, tie_best if confirm else None, tie_exact if confirm else None,
+                    rows.append((label, shares, tie_best if confirm else None, tie_exact if confirm else None,
                                  statistics.median(r[budget]["repeats"] for r in mine)))
-        mine = [r for r in at if r["family"] == name]
-        rows.append(("auto_tune.sh strategy", [share(table, r["pick"], opt) for r in mine],
-                     [share(table, r["pick"], logged_opt, "value") for r in mine], None, None, 0))
-        for i, (label, shares, logged, tie_best, tie_exact, repeats) in enumerate(rows):
+        picks = [share(table, r["pick"], opt) for r in at if r["family"] == name]
+        rows.append(("auto_tune.sh strategy", picks, None, None, 0))
+        for i, (label, shares, tie_best, tie_exact, repeats) in enumerate(rows):
             first = f"{name:<14} {len(table):>5} {opt:>13,.0f}" if i == 0 else " " * 34
             n = len(shares)
             ties = f"{sum(t >= 0.99 for t in tie_best)}/{n}" if tie_best is not None else "-"
             exact = f"{sum(tie_exact)}/{n}" if tie_exact is not None else "-"
             print(f"{first}  {label:<22} {statistics.median(shares):>7.1%} {min(shares):>6.1%} "
-                  f"{sum(s >= 0.99 for s in shares):>5}/{n:<2} {sum(s >= 0.99 for s in logged):>3}/{n:<2} "
-                  f"{ties:>13} {exact:>5} {repeats:>7.0f}")
+                  f"{sum(s >= 0.99 for s in shares):>5}/{n:<2} {ties:>13} {exact:>5} {repeats:>7.0f}")
         print()
     print("goal: TPE@40 confirmed within 1 % of the optimum in >= 9/10 seeds, its tie set holding the optimum in 10/10")
     print(f"({time.perf_counter() - t0:.0f} s)")
