@@ -149,6 +149,35 @@ def test_second_sqlite_writer_fails_at_once_pointing_to_postgresql(tmp_path):
 
 
 @pytest.mark.postgres
+def test_two_workers_queueing_the_next_trial_at_once_queue_one(pg_url):  # noqa: F811
+    """A worker queues the next trial (a proposal of the simulator, or exploration after
+    a repeat) when the budget has room and none is queued. Two workers doing that at once
+    both saw room and left a WAITING trial in a finished study; the check and the enqueue
+    now hold the study's budget lock."""
+    import threading
+
+    url = driver_url(pg_url)
+    optuna.create_study(study_name=STUDY, storage=url)
+    barrier = threading.Barrier(2, timeout=30)
+
+    def queue(x: int) -> None:
+        st = optuna.load_study(study_name=STUDY, storage=url)
+        with Worker(st, pg_url, budget=1) as worker:
+            barrier.wait()  # both ask at once
+            with worker.budget_guard():
+                if not st.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    time.sleep(0.5)  # the window in which the other worker looked too
+                    st.enqueue_trial({"x": x})
+
+    threads = [threading.Thread(target=queue, args=(x,)) for x in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [t.state for t in load(pg_url).trials] == [TrialState.WAITING]
+
+
+@pytest.mark.postgres
 @pytest.mark.slow
 def test_four_workers_share_one_budget(tmp_path, pg_url):  # noqa: F811
     trace = small_trace(tmp_path)

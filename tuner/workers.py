@@ -35,13 +35,14 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.record import TrialRecord, write
@@ -211,6 +212,21 @@ class Worker:
             if running == 0:
                 return
             time.sleep(self.poll_s)
+
+    @contextlib.contextmanager
+    def budget_guard(self) -> Iterator[None]:
+        """Hold the study's budget lock (shared storage) while a trial is queued for a
+        free slot: two workers checking the budget at once would otherwise both queue one,
+        and the second would be left WAITING when the budget is spent."""
+        lock = self._budget_lock
+        if lock is None or lock._held:
+            yield
+            return
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _check_room(self) -> None:
         """Before a trial on SQLite: stop cleanly when the study's disk is nearly full

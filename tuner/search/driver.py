@@ -13,7 +13,7 @@ row stop the run. Several processes may share one server-database study
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -246,8 +246,8 @@ class SearchRun:
         self.worker.wait_for_twin(trial)
         earlier = same_config(trial.study, config, self.fingerprint, self.tags)
         if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
-            if self.settings.sampler.lower() != "grid" and self._another_trial(trial.study):
-                explore(trial.study, self.space, self.settings.seed)
+            if self.settings.sampler.lower() != "grid":
+                self._queue_next(trial.study, lambda: explore(trial.study, self.space, self.settings.seed))
             return self._copy(trial, earlier)
         s = self.settings
         try:
@@ -261,9 +261,8 @@ class SearchRun:
                 advice = advise(trial.study.get_trials(deepcopy=False), config, self.predictor.predict(config), best,
                                 twin_share=1 - noise.band())
                 if advice.prune:
-                    if advice.twin_of is not None and self._another_trial(trial.study):
-                        # the sampler proposed nothing new: the predictor does
-                        propose(trial.study, self.space, self.predictor, best)
+                    if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
+                        self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
                     prune(trial, config, advice, self.run_facts)
             ev = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.target,
@@ -295,6 +294,14 @@ class SearchRun:
         trial.set_constraint(CONSTRAINT, ev.constraint)
         write(trial.set_user_attr, rec)
         return ev.value
+
+    def _queue_next(self, study: optuna.Study, queue: Callable[[], object]) -> None:
+        """Call ``queue`` (which enqueues the next trial) when :meth:`_another_trial` says
+        there is room; the check and the enqueue hold the study's budget lock, so two
+        workers never both fill the last slot."""
+        with self.worker.budget_guard():
+            if self._another_trial(study):
+                queue()
 
     def _another_trial(self, study: optuna.Study) -> bool:
         """Whether the budget leaves a trial after this one and those running (here or in
