@@ -23,6 +23,7 @@ from tuner.confirmation import (
     race,
 )
 from tuner.search import evaluate_config, monotone_crossing, run_search
+from tuner.search.goodput import MAX_REPLAYS
 from tuner.record import TrialRecord
 from tuner.study import best_feasible_trial, confirmation, count_finished
 from tuner.traffic.workload import Workload
@@ -271,6 +272,38 @@ def test_the_edge_is_located_within_the_tolerance_when_replays_allow():
     loads = ev.record.loads
     assert all(p.p95_ttft_s <= 1.0 for p in loads if p.passed)
     assert all(p.level > edge.level for p in loads if not p.passed)
+
+
+class CliffBackend(FakeBackend):
+    """P95 TTFT (nominal) 0.01 s x users up to 40 users, then 0.2 s more per user: the
+    1 s target is crossed at 43 users, past a cliff, as a server whose KV cache fills up."""
+
+    def start(self, deployment, config):
+        inst = super().start(deployment, config)
+        run = inst.run
+
+        def cliff(workload, load, *, stop=None):
+            users = load.users
+            inst.ttft_per_user = (0.01 * users + 0.2 * max(0.0, users - 40)) / users
+            return run(workload, load, stop=stop)
+
+        inst.run = cliff
+        return inst
+
+
+def test_a_replay_stopped_far_over_the_target_places_the_edge_past_a_cliff():
+    """From the top (256 users) the P95 is far over the target, and the first pass is the
+    step down to a tenth (26 users). A replay stopped early knows only a lower bound of
+    its P95; kept in the fit, a bound far over the target points the next loads near the
+    edge (43 users): the five default replays end within 20 % under it. Left out, the fit
+    had one point, the loads halved the gap from the top down to 55 users and the edge
+    stayed at 26 users, 40 % under."""
+    ev = evaluate_config(CliffBackend(), Deployment(), ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9),
+                         small_workload(600), 1.0)
+    loads = ev.record.loads
+    assert len(loads) <= MAX_REPLAYS and loads[0].level == 256 and loads[0].stopped_early
+    assert 0.8 * 43 <= ev.record.edge.level <= 43
+    assert all(p.level > 43 for p in loads if not p.passed) and all(p.level <= 43 for p in loads if p.passed)
 
 
 def test_without_a_prediction_a_closed_loop_trial_starts_at_the_best_trials_edge(tmp_path):
