@@ -56,7 +56,7 @@ MAX_REPLAYS = 5
 #: On the closed loop, the next load between a passing and a failing one is the fitted
 #: crossing kept at least this share of the gap from either end (elsewhere a quarter).
 #: With replays stopped early in the fit (:func:`goodput_search`), the default replays put
-#: the top 20 configurations of four scenario families at 92.5-99.6 % (mean) of their
+#: the top 20 configurations of four scenario families at 92.6-99.6 % (mean) of their
 #: tokens/s at the edge located to 1 %, against 90.6-95.4 % with those replays left out
 #: and a quarter of the gap (no noise; V100 with vLLM 0.6.3: worst 96 % instead of 79 %;
 #: benchmarks/search_noise.py's families).
