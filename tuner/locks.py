@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,19 @@ class StudyLock:
         elif self.kind == "file":
             assert self._fd is not None
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Hold the lock for a block (blocking): taken and released here, unless this
+        process already holds it, in which case whoever took it releases it."""
+        if self._held:
+            yield
+            return
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

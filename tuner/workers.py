@@ -42,7 +42,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.record import TrialRecord, write
@@ -213,20 +213,11 @@ class Worker:
                 return
             time.sleep(self.poll_s)
 
-    @contextlib.contextmanager
-    def budget_guard(self) -> Iterator[None]:
+    def budget_guard(self) -> contextlib.AbstractContextManager[None]:
         """Hold the study's budget lock (shared storage) while a trial is queued for a
         free slot: two workers checking the budget at once would otherwise both queue one,
         and the second would be left WAITING when the budget is spent."""
-        lock = self._budget_lock
-        if lock is None or lock._held:
-            yield
-            return
-        lock.acquire()
-        try:
-            yield
-        finally:
-            lock.release()
+        return self._budget_lock.holding() if self._budget_lock is not None else contextlib.nullcontext()
 
     def _check_room(self) -> None:
         """Before a trial on SQLite: stop cleanly when the study's disk is nearly full

@@ -211,6 +211,7 @@ def goodput_search(
     its KV cache holds) is tried above it, up to ``ceiling`` users: queued requests may
     still meet the target, and that is the edge ``tuner plan`` finds."""
     points: list[LoadPoint] = []
+    closed = load_kind == "concurrency"
 
     deadline = current_deadline()
 
@@ -236,7 +237,7 @@ def goodput_search(
 
     hi_level: float = float(top)
     floor_level = 1.0
-    if load_kind != "concurrency":
+    if not closed:
         # Calibrate the open-loop axis with one closed-loop run at the most users: its
         # request rate is what the configuration serves flat out.
         sat = run(top, "concurrency")
@@ -248,9 +249,9 @@ def goodput_search(
         floor_level = hi_level / 64
         max_replays -= 1
         start = None  # a predicted start is in users; this axis is only known now
-    beyond = float(ceiling) if load_kind == "concurrency" and ceiling and ceiling > hi_level else None
-    first_level = min(hi_level, max(start, floor_level)) if start and load_kind == "concurrency" else hi_level
-    if load_kind == "concurrency":
+    beyond = float(ceiling) if closed and ceiling and ceiling > hi_level else None
+    first_level = min(hi_level, max(start, floor_level)) if start and closed else hi_level
+    if closed:
         first_level = float(max(1, round(first_level)))
     first = run(first_level, load_kind)
     good: LoadPoint | None = first if first.passed else None
@@ -259,10 +260,9 @@ def goodput_search(
     def contender(p: LoadPoint, level: float) -> bool:
         """Could a passing point at ``level`` (closed loop: tokens/s grows at most in
         proportion to users, Little's law) come within reach of the incumbent?"""
-        return not (incumbent and load_kind == "concurrency"
+        return not (incumbent and closed
                     and p.summary["tokens_per_s"] * level / p.level < incumbent)
 
-    closed = load_kind == "concurrency"
     for _ in range(max_replays - 1):
         if good is not None and good.level >= hi_level:
             # holds at the top: above it only queueing grows; look for the edge there
@@ -306,7 +306,7 @@ def goodput_search(
             level = fitted if fitted is not None else (good.level + bad.level) / 2
             margin = (FIT_MARGIN if closed else 0.25) * (bad.level - good.level)
             level = min(max(level, good.level + margin), bad.level - margin)
-        if load_kind == "concurrency":
+        if closed:
             level = float(max(1, round(level)))
             if good is not None and level <= good.level:
                 level = good.level + 1
