@@ -19,7 +19,7 @@ from pg_db import pg_url  # noqa: F401  (fixture)
 from tuner.record import TrialRecord
 from tuner.locks import StudyLock, driver_url
 from tuner.storage import RetryOnce
-from tuner.workers import Worker, budget_used
+from tuner.workers import MEASURING, Worker, budget_used
 
 STUDY = "workers-test"
 BUDGET = 40
@@ -110,11 +110,12 @@ def test_a_retry_starts_clean_of_the_dead_run_but_keeps_its_parameters():
     st.add_trial(optuna.create_trial(
         state=TrialState.FAIL, params={"x": 3}, distributions=dist,
         user_attrs={"worker": "h:1", "feasible": False, "warm_start": True},
-        system_attrs={"constraints:p95_ttft_over_target": 0.5}))
+        system_attrs={"constraints:p95_ttft_over_target": 0.5, MEASURING: True}))
     RetryOnce()(st, st.trials[0])
     retry = st.trials[1]
     assert retry.state == TrialState.WAITING and retry.params == {"x": 3}
-    assert retry.system_attrs["failed_trial"] == 0 and not any(k.startswith("constraints") for k in retry.system_attrs)
+    assert retry.system_attrs["failed_trial"] == 0
+    assert not any(k.startswith("constraints") or k == MEASURING for k in retry.system_attrs)  # its own run's
     assert TrialRecord.from_trial(retry) == TrialRecord(warm_start=True)
     RetryOnce()(st, st.trials[1])  # a retry that dies too is not retried again
     assert len(st.trials) == 2
@@ -175,6 +176,34 @@ def test_two_workers_queueing_the_next_trial_at_once_queue_one(pg_url):  # noqa:
     for t in threads:
         t.join(timeout=60)
     assert [t.state for t in load(pg_url).trials] == [TrialState.WAITING]
+
+
+@pytest.mark.postgres
+def test_a_trial_that_samples_a_configuration_late_waits_for_the_twin_measuring_it(pg_url):  # noqa: F811
+    """Trial 0 is created first but samples its parameters after trial 1 has sampled the
+    same ones and started measuring them: trial 0 waits for trial 1 (it used to wait for
+    lower-numbered twins only, and both measured the configuration)."""
+    import threading
+
+    st = optuna.create_study(study_name=STUDY, storage=driver_url(pg_url), direction="maximize")
+    for _ in range(2):  # two trials with one configuration, as two workers' samplers may draw
+        st.enqueue_trial({"x": 3})
+    early, late = st.ask(), st.ask()
+    with Worker(st, pg_url, budget=4) as worker:
+        worker.poll_s = 0.1
+        late.suggest_int("x", 0, 9)  # the higher number samples first ...
+        worker.wait_for_twin(late)   # ... finds nobody measuring x = 3 and goes on
+        early.suggest_int("x", 0, 9)
+        assert early.params == late.params == {"x": 3}
+        waiter = threading.Thread(target=worker.wait_for_twin, args=(early,))
+        waiter.start()
+        waiter.join(timeout=1.5)
+        assert waiter.is_alive(), "trial 0 measured the configuration trial 1 is measuring"
+        st.tell(late, 1.0)
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+    # trial 0 claimed the configuration once its twin was done (then copies its result)
+    assert {t.number: t.system_attrs.get(MEASURING) for t in load(pg_url).trials} == {0: True, 1: True}
 
 
 @pytest.mark.postgres

@@ -118,10 +118,15 @@ def _rdb_storage(url: str, beat: int) -> optuna.storages.RDBStorage:
 #: User attrs a retry keeps from the failed trial (what the run itself wrote is dropped).
 KEEP_ON_RETRY = ("warm_start", "rerun_of_night")
 
+#: System attrs of a trial's run (not carried to its retry); see :data:`tuner.workers.MEASURING`.
+RUN_STATE_PREFIX = "tuner:"
+
+
 class RetryOnce:
     """Optuna's ``RetryHeartbeatStaleTrialCallback(max_retry=1)``, handed the dead trial
     without what its run already wrote: its constraint (Optuna keeps the first value set,
-    so the retry's own would be ignored) and partial results. The WAITING copy keeps the
+    so the retry's own would be ignored), its run state (``tuner:`` system attrs, such as
+    the claim that it measures its parameters) and partial results. The WAITING copy keeps the
     parameters and ``failed_trial`` / ``retry_history`` in its system attrs."""
 
     def __init__(self, max_retry: int = MAX_RETRY) -> None:
@@ -133,7 +138,8 @@ class RetryOnce:
 
     def __call__(self, study: optuna.Study, trial: Any) -> None:
         clean = copy.deepcopy(trial)
-        clean.system_attrs = {k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints:")}
+        clean.system_attrs = {k: v for k, v in trial.system_attrs.items()
+                              if not k.startswith(("constraints:", RUN_STATE_PREFIX))}
         kept = TrialRecord.from_trial(trial)
         clean.user_attrs = TrialRecord(**{k: getattr(kept, k) for k in KEEP_ON_RETRY}).to_attrs()
         self._inner(study, clean)

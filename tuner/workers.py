@@ -21,9 +21,9 @@ Coordination is Optuna's RDB storage; nothing here is a coordinator of its own.
   (MySQL, ...) get no lock: the count is checked without it and may overshoot by the
   number of workers racing for the last slot.
 * **Duplicates.** Workers draw different sampler seeds (``seed`` + a per-process
-  offset). When a worker is proposed a configuration that an earlier, still running
-  trial holds, it waits for that trial and copies its result (``repeat_of``) instead of
-  running it twice.
+  offset). When a worker is proposed a configuration that another running trial is
+  measuring, it waits for that trial and copies its result (``repeat_of``) instead of
+  running it twice (the check and the claim hold the budget lock).
 * **Attribution.** Every trial records ``worker`` (``host:pid``), ``host``, ``pid`` and
   ``gpus`` (``CUDA_VISIBLE_DEVICES`` or the deployment's GPU ids/count) in its user attrs;
   a retry also records ``retry_of`` (the failed trial's number).
@@ -47,10 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.record import TrialRecord, write
 from tuner.locks import StudyBusy, StudyLock, process_label, sqlite_path
-from tuner.storage import GRACE_FACTOR, heartbeat_s, is_shared, storage_fault
+from tuner.storage import GRACE_FACTOR, RUN_STATE_PREFIX, heartbeat_s, is_shared, storage_fault
 
 if TYPE_CHECKING:
     import optuna
+
+#: A trial's system attr: it passed :meth:`Worker.wait_for_twin` and measures its parameters.
+MEASURING = f"{RUN_STATE_PREFIX}measuring"
 
 #: A SQLite study's disk must have this much free before a trial starts.
 MIN_STUDY_FREE_BYTES = 1 << 20
@@ -265,8 +268,15 @@ class Worker:
         write(trial.set_user_attr, self.stamp.replace(retry_of=failed))
 
     def wait_for_twin(self, trial: optuna.Trial) -> None:
-        """Wait while an earlier trial runs the same parameters elsewhere (its result is
-        then reused instead of running the configuration twice)."""
+        """Wait while another trial measures the same parameters elsewhere (its result is
+        then reused instead of running the configuration twice).
+
+        A trial's parameters appear one by one as it samples them, so a trial's number says
+        nothing about which of two twins sampled first. Under the budget lock each trial
+        looks for a twin that is measuring and, finding none, marks itself
+        (:data:`MEASURING`): of two twins the one that looks second waits, whatever their
+        numbers. (Waiting for lower-numbered twins only let a trial that sampled late run
+        a configuration a higher-numbered trial was already measuring.)"""
         from optuna.trial import TrialState
 
         if not self.shared:
@@ -278,9 +288,12 @@ class Worker:
             with warnings.catch_warnings():  # a twin whose worker died fails here, then we run it
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)
-            now = dt.datetime.now()
-            twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                     if t.number < trial.number and t.params == params and not _orphan(t, now)]
-            if not twins:
-                return
+            with self.budget_guard():
+                now = dt.datetime.now()
+                twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                         if t.number != trial.number and t.params == params and t.system_attrs.get(MEASURING)
+                         and not _orphan(t, now)]
+                if not twins:
+                    self.study._storage.set_trial_system_attr(trial._trial_id, MEASURING, True)
+                    return
             time.sleep(self.poll_s)
