@@ -289,10 +289,9 @@ class Worker:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)
             with self.budget_guard():
-                now = dt.datetime.now()
+                # (a claimed trial went through ``started``, which stamps its worker: never an orphan)
                 twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                         if t.number != trial.number and t.params == params and t.system_attrs.get(MEASURING)
-                         and not _orphan(t, now)]
+                         if t.number != trial.number and t.params == params and t.system_attrs.get(MEASURING)]
                 if not twins:
                     self.study._storage.set_trial_system_attr(trial._trial_id, MEASURING, True)
                     return
