@@ -21,6 +21,7 @@ from tuner.confirmation import (
     noise_floor,
     paired_noise,
     race,
+    undecided,
 )
 from tuner.search import evaluate_config, monotone_crossing, run_search
 from tuner.search.goodput import MAX_REPLAYS
@@ -156,6 +157,36 @@ def test_the_race_drops_a_rival_the_repeats_put_below_the_band_and_keeps_the_tru
     rounds = [r for _, r in calls]
     assert rounds == sorted(rounds)
     assert (3, 2) not in calls and (3, 3) not in calls  # out: not measured again
+
+
+def test_a_tie_in_a_speed_knob_is_raced_past_the_set_rounds_until_the_repeats_tell_it():
+    # 3.5 % apart in truth, 2 % noise per start: three measurements each leave them tied
+    truth = {1: 1000.0, 2: 965.0}
+    wobble = {1: (0.98, 1.01, 0.99, 1.0, 1.01, 0.99), 2: (1.02, 0.99, 1.01, 1.0, 0.99, 1.01)}
+    calls = []
+
+    def measure(c, r):
+        calls.append((c.number, r))
+        return truth[c.number] * wobble[c.number][r]
+
+    def entrants(other: dict) -> list[Candidate]:
+        return [Candidate(1, {**cfg(), "kv_cache_dtype": "fp8"}, [truth[1] * wobble[1][0]]),
+                Candidate(2, other, [truth[2] * wobble[2][0]])]
+
+    assert undecided(entrants({**cfg(), "kv_cache_dtype": "auto"}))
+    assert not undecided(entrants({**cfg(gmu=0.8), "kv_cache_dtype": "fp8"}))  # headroom only
+    # with the set rounds only, trial 2 is still tied with the leader
+    two = race(entrants({**cfg(), "kv_cache_dtype": "auto"}), measure, NoiseFloor(0.02), rounds=2)
+    assert two.rounds == 2 and two.ties == [2] and 2 not in two.out
+    calls.clear()
+    conf = race(entrants({**cfg(), "kv_cache_dtype": "auto"}), measure, NoiseFloor(0.02), rounds=2, max_rounds=5)
+    assert conf.winner == 1 and 2 in conf.out and conf.ties == []
+    assert 2 < conf.rounds <= 5 and max(r for _, r in calls) == conf.rounds
+    # a tie in headroom knobs only is decided by the headroom rule after the set rounds
+    calls.clear()
+    conf = race(entrants({**cfg(gmu=0.8), "kv_cache_dtype": "fp8"}), measure, NoiseFloor(0.02), rounds=2,
+                max_rounds=5)
+    assert conf.rounds == 2 and max(r for _, r in calls) == 2
 
 
 def test_a_candidate_that_fails_a_repeat_is_out_and_an_interrupt_decides_nothing():

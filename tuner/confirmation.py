@@ -17,6 +17,11 @@ measurements names a winner inside that noise. So, once a study's budget is spen
    mean falls below the leader's by more than the noise band of the means is out. The
    band's noise is that of paired comparisons (:func:`paired_noise`): what a sample does
    to every configuration alike (a harder order of the requests) cancels.
+   After the set rounds, the race goes on (up to ``max_rounds``) while a candidate that
+   differs from the leader in a knob that changes speed is still in it
+   (:func:`undecided`): with 2 % noise per fresh start, three measurements each cannot
+   tell a 2.5 % gap (band 2 x 2 % x sqrt(2/3) = 3.3 %), six can (2.3 %). Ties that differ
+   only in headroom knobs are decided by the headroom rule, not by more repeats.
 4. **Decision** (:func:`decide`): the leader is the best mean; its *ties* are the
    candidates the repeats cannot tell from it. Among the ties within
    :data:`EQUIVALENT` of the leader's mean that differ from it only in headroom knobs
@@ -282,24 +287,37 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     )
 
 
+def undecided(alive: Sequence[Candidate]) -> bool:
+    """Whether more repeats could change the recommendation: a candidate still in the
+    race differs from the leader in a knob that changes speed (not only in headroom,
+    :func:`headroom_tie`)."""
+    if len(alive) < 2:
+        return False
+    leader = max(alive, key=lambda c: (c.mean, -c.number))
+    return any(not headroom_tie(c, leader) for c in alive if c is not leader)
+
+
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
-         rounds: int, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
+         rounds: int, max_rounds: int | None = None, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
          on_round: Callable[[int, list[Candidate]], None] | None = None) -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
     ``history`` (other repeated configurations of the study) and the race's own values,
     and candidates beyond the band of the leader's mean are out. Stops early when one is
-    left. An exception from ``measure`` (an interrupt, an environment fault) propagates:
+    left; goes on past ``rounds``, up to ``max_rounds``, while the race is
+    :func:`undecided`. An exception from ``measure`` (an interrupt, an environment fault) propagates:
     nothing is decided on a partial round."""
     field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped) for c in entrants]
     history = [list(h) for h in history]
     out: dict[int, str] = {}
     done = 0
-    for r in range(1, rounds + 1):
+    for r in range(1, max(rounds, max_rounds or 0) + 1):
         alive = [c for c in field_ if c.number not in out]
         if not alive or (len(alive) == 1 and len(field_) > 1):
             break  # decided: the others are out (a lone entrant is measured every round, for its band)
+        if r > rounds and not undecided(alive):
+            break
         for c in alive:
             c.values.append(float(measure(c, r)))
         done = r
@@ -325,4 +343,4 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
 
 
 __all__ = ["HEADROOM_KNOBS", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
-           "headroom_key", "headroom_tie", "noise_floor", "paired_noise", "prior_sd", "race"]
+           "headroom_key", "headroom_tie", "noise_floor", "paired_noise", "prior_sd", "race", "undecided"]

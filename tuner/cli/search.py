@@ -162,6 +162,7 @@ def search_cmd(
     startup_timeout: str | None = typer.Option(None, "--startup-timeout", help="vllm backend: a server not healthy after this long (30m, 900s) is recorded as a start timeout. Default 30m."),
     request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),
     confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),
+    confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop servers that a dead tuner run left on this host (found by tuner's marker; they are reported either way, never others' processes)."),
 ) -> None:
@@ -195,7 +196,7 @@ def search_cmd(
     if warm_start not in (None, "sim"):
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
     settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
-                              edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)
     target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None

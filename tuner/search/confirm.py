@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 #: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
 CONFIRM_ROUNDS = 2
+#: Rounds a race may go on to while a candidate that differs from the leader in a speed
+#: knob is still tied with it (``--confirm-max``).
+CONFIRM_MAX_ROUNDS = 5
 #: What a repeat's record says of itself, beside its measurement.
 CONFIRMATION = ("confirm_of", "confirm_round", "tags", "worker", "host", "pid", "gpus")
 
@@ -58,12 +61,13 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
 
 def confirm_winner(
     study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float, *,
-    rounds: int = CONFIRM_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
+    rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
-    more times each (fresh start; round r replays the requests in another order,
+    more times each (up to ``max_rounds`` while one that differs from the leader in a
+    speed knob is still tied with it, :func:`~tuner.confirmation.undecided`) (fresh start; round r replays the requests in another order,
     :meth:`Workload.reordered`, and draws arrivals with seed + r; the same sample for
     every candidate) and store the decision (:mod:`tuner.confirmation`) as the study's
     ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` outside the
@@ -115,7 +119,7 @@ def confirm_winner(
             c.capped = c.capped or cap_bound(records[t.number])
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
         original = records[c.number]
-        obs.on_phase(f"confirming trial {c.number}: repeat {r}/{rounds}")
+        obs.on_phase(f"confirming trial {c.number}: repeat {r}/{rounds if r <= rounds else max_rounds}")
         edge = original.edge.level if original.edge is not None else None
         config = ServeConfig.from_dict(c.config)
         rec = TrialRecord(confirm_of=c.number, confirm_round=r, tags=tags, **identity(deployment.gpu_ids or None))
@@ -147,8 +151,8 @@ def confirm_winner(
         return float(value or 0.0) if rec.feasible else 0.0
 
     def on_round(r: int, alive: list[Candidate]) -> None:
-        obs.on_phase(f"confirmed round {r}/{rounds}: {len(alive)} in the race")
+        obs.on_phase(f"confirmed round {r}/{rounds if r <= rounds else max_rounds}: {len(alive)} in the race")
 
-    conf = race(field_, measure, noise, rounds=rounds, backend=backend.name, history=history, on_round=on_round)
+    conf = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name, history=history, on_round=on_round)
     study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
     return conf

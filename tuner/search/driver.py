@@ -22,7 +22,7 @@ from tuner.errors import EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
 from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
-from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
+from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
@@ -87,6 +87,7 @@ class SearchSettings:
     early_stop: bool = True
     max_replays: int = MAX_REPLAYS
     confirm: int = CONFIRM_ROUNDS
+    confirm_max: int = CONFIRM_MAX_ROUNDS
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
 
@@ -116,6 +117,7 @@ def run_search(
     predictor: Predictor | str | None = "auto",
     kill_stale: bool = False,
     confirm: int = CONFIRM_ROUNDS,
+    confirm_max: int = CONFIRM_MAX_ROUNDS,
     edge_tolerance: float = EDGE_TOLERANCE,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
@@ -141,13 +143,14 @@ def run_search(
     Every trial replays the same requests in the same order with the same arrival seed
     (common random numbers: differences between trials are the configurations', not the
     sample's). Once the budget is spent, the configurations within the noise band of the
-    best are measured ``confirm`` more times each on new samples, and the study's
-    recommendation is made on those repeats (:mod:`tuner.confirmation`); ``confirm=0``
-    turns that off. ``edge_tolerance``: how close the passing and failing loads of a
+    best are measured ``confirm`` more times each on new samples (and up to
+    ``confirm_max`` times while one that differs from the leader in a knob that changes
+    speed is still tied with it), and the study's recommendation is made on those repeats
+    (:mod:`tuner.confirmation`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
     trial must come (share of the load, closed loop at least one user)."""
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
-                              edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 
@@ -408,7 +411,7 @@ class SearchRun:
                 self.notes.append(f"{lock.holder()} is confirming the winner")
                 return
             confirm_winner(st, self.backend, self.deployment, self.workload, self.target, rounds=s.confirm,
-                           seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
+                           max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
                            precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs,
                            run_facts=self.run_facts, tags=self.tags)
         finally:
