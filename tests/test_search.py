@@ -179,6 +179,36 @@ def test_unknown_sampler_is_bad_input():
         make_sampler("annealing", seed=0)
 
 
+def test_tpe_does_not_count_confirmation_repeats_as_new_trials():
+    # A race re-measures the study's few best many times; were those repeats trials of
+    # their own, TPE would fit its "good" group to copies of one configuration.
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+
+    dists = {"x": CategoricalDistribution([1, 2, 3, 4, 5, 6, 7, 8]), "y": CategoricalDistribution([1, 2, 3, 4])}
+    history = [({"x": x, "y": y}, float((x * 7 + y * 3) % 11)) for x in range(1, 9) for y in (1, 3)]
+
+    def proposals(repeats: int, sampler: optuna.samplers.BaseSampler) -> list[dict]:
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for params, value in history:
+            study.add_trial(create_trial(params=params, distributions=dists, value=value))
+        best = max(history, key=lambda h: h[1])
+        for r in range(repeats):  # the winner's race: high values, one configuration
+            study.add_trial(create_trial(params=best[0], distributions=dists, value=best[1] + 1.0,
+                                         user_attrs={"confirm_of": 0, "confirm_round": r + 1}))
+        out = []
+        for _ in range(8):
+            trial = study.ask(dists)
+            out.append(dict(trial.params))
+            study.tell(trial, 0.0)
+        return out
+
+    alone = proposals(0, make_sampler("tpe", seed=3))
+    assert proposals(30, make_sampler("tpe", seed=3)) == alone
+    # the case is one where the copies would matter: a plain TPE proposes otherwise
+    assert proposals(30, optuna.samplers.TPESampler(seed=3, n_startup_trials=5)) != alone
+
+
 def test_serve_command_is_copyable():
     cmd = serve_command(Deployment(model="qwen2.5-7b", dtype="float16"),
                         ServeConfig(max_num_seqs=128, tensor_parallel_size=2, replicas=4, enable_prefix_caching=False))
