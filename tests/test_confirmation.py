@@ -187,6 +187,17 @@ def test_a_tie_in_a_speed_knob_is_raced_past_the_set_rounds_until_the_repeats_te
     conf = race(entrants({**cfg(gmu=0.8), "kv_cache_dtype": "fp8"}), measure, NoiseFloor(0.02), rounds=2,
                 max_rounds=5)
     assert conf.rounds == 2 and max(r for _, r in calls) == 2
+    # a speed-knob tie whose band is under 1 % stops too: more repeats could only tell a gap
+    # no recommendation turns on. The simulator's prior sd is 1 %; paired with near-equal
+    # residuals the sd after 3 rounds is 1 % x sqrt(2/5) = 0.63 %, band 2 x 0.63 % x sqrt(2/4)
+    # = 0.9 % (after 2 rounds: 0.71 %, band 1.15 %, so it goes on once)
+    calls.clear()
+    calm = {1: (1.001, 0.999, 1.0, 1.001, 0.999, 1.0), 2: (0.999, 1.001, 1.0, 0.999, 1.001, 1.0)}
+    conf = race([Candidate(1, {**cfg(), "kv_cache_dtype": "fp8"}, [1000.0 * calm[1][0]]),
+                 Candidate(2, {**cfg(), "kv_cache_dtype": "auto"}, [997.0 * calm[2][0]])],
+                lambda c, r: calls.append(r) or (1000.0 if c.number == 1 else 997.0) * calm[c.number][r],
+                NoiseFloor(0.01), rounds=2, max_rounds=5, backend="sim")
+    assert conf.rounds == 3 and max(calls) == 3 and conf.ties == [2]
 
 
 def test_a_candidate_that_fails_a_repeat_is_out_and_an_interrupt_decides_nothing():

@@ -21,7 +21,8 @@ measurements names a winner inside that noise. So, once a study's budget is spen
    differs from the leader in a knob that changes speed is still in it
    (:func:`undecided`): with 2 % noise per fresh start, three measurements each cannot
    tell a 2.5 % gap (band 2 x 2 % x sqrt(2/3) = 3.3 %), six can (2.3 %). Ties that differ
-   only in headroom knobs are decided by the headroom rule, not by more repeats.
+   only in headroom knobs are decided by the headroom rule, not by more repeats, and so
+   are races whose band is already under 1 % (:data:`SETTLED`).
 4. **Decision** (:func:`decide`): the leader is the best mean; its *ties* are the
    candidates the repeats cannot tell from it. Among the ties within
    :data:`EQUIVALENT` of the leader's mean that differ from it only in headroom knobs
@@ -47,6 +48,10 @@ Z = 2.0
 MAX_CANDIDATES = 4
 #: Ties within this share of the leader's mean are equivalent: the headroom rule picks.
 EQUIVALENT = 0.005
+#: A race whose band is this narrow stops at its set rounds: more repeats could only
+#: tell gaps under 1 %, the closeness the search's quality is judged by
+#: (benchmarks/search_noise.py: "within 1 % of the optimum").
+SETTLED = 0.01
 #: Relative sd of one tokens/s measurement before a study has repeats: real vLLM, the
 #: fresh-restart replicates of the H200 campaign (1.3 % at low load, up to 3 % near the
 #: edge; benchmarks/h200/README.md); the simulator only varies with the sample (~1 %).
@@ -287,14 +292,17 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     )
 
 
-def undecided(alive: Sequence[Candidate]) -> bool:
+def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bool:
     """Whether more repeats could change the recommendation: a candidate still in the
     race differs from the leader in a knob that changes speed (not only in headroom,
-    :func:`headroom_tie`)."""
+    :func:`headroom_tie`), and (given the race's ``noise``) the band between them is
+    still wider than :data:`SETTLED`."""
     if len(alive) < 2:
         return False
     leader = max(alive, key=lambda c: (c.mean, -c.number))
-    return any(not headroom_tie(c, leader) for c in alive if c is not leader)
+    return any(not headroom_tie(c, leader)
+               and (noise is None or noise.band(len(leader.values), len(c.values)) > SETTLED)
+               for c in alive if c is not leader)
 
 
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
@@ -316,7 +324,7 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         alive = [c for c in field_ if c.number not in out]
         if not alive or (len(alive) == 1 and len(field_) > 1):
             break  # decided: the others are out (a lone entrant is measured every round, for its band)
-        if r > rounds and not undecided(alive):
+        if r > rounds and not undecided(alive, noise):
             break
         for c in alive:
             c.values.append(float(measure(c, r)))
@@ -342,5 +350,5 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out)
 
 
-__all__ = ["HEADROOM_KNOBS", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
+__all__ = ["HEADROOM_KNOBS", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
            "headroom_key", "headroom_tie", "noise_floor", "paired_noise", "prior_sd", "race", "undecided"]
