@@ -248,6 +248,11 @@ def confirmation_rows(mean: float, count: int, band: Sequence[float], ties: Sequ
             ("tied with", f"{tied} (noise sd {noise_sd:.1%})")]
 
 
+def _leader(field_: Sequence[Candidate]) -> Candidate:
+    """The best mean; on equal means, the trial measured first."""
+    return max(field_, key=lambda c: (c.mean, -c.number))
+
+
 def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
            out: dict[int, str] | None = None) -> Confirmation:
     """The recommendation from the candidates' measurements (see the module docstring)."""
@@ -257,7 +262,7 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     ruled_out = dict(out or {})
     # a candidate ruled out in the race has fewer measurements, on other samples: its mean
     # is not comparable with those still in, so it cannot lead
-    leader = max([c for c in alive if c.number not in ruled_out] or alive, key=lambda c: (c.mean, -c.number))
+    leader = _leader([c for c in alive if c.number not in ruled_out] or alive)
     ties = []
     for c in alive:
         if c is leader or c.number in ruled_out:
@@ -299,7 +304,7 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
     still wider than :data:`SETTLED`."""
     if len(alive) < 2:
         return False
-    leader = max(alive, key=lambda c: (c.mean, -c.number))
+    leader = _leader(alive)
     return any(not headroom_tie(c, leader)
                and (noise is None or noise.band(len(leader.values), len(c.values)) > SETTLED)
                for c in alive if c is not leader)
@@ -337,7 +342,7 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         noise = (paired_noise([c.values for c in alive], backend) if len(alive) >= 2
                  else noise_floor([*history, *(c.values for c in field_)], backend))
         if alive:
-            leader = max(alive, key=lambda c: (c.mean, -c.number))
+            leader = _leader(alive)
             for c in alive:
                 if c is not leader and (leader.mean - c.mean) / leader.mean > noise.band(len(leader.values), len(c.values)):
                     out[c.number] = (f"{(leader.mean - c.mean) / leader.mean:.1%} under trial {leader.number}'s mean "

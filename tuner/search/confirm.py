@@ -112,6 +112,9 @@ def confirm_winner(
     by_number = {t.number: t for t in originals}
     base = run_facts or RunFacts()
 
+    def of(r: int) -> int:  # the rounds a progress line counts to: the set ones, then the most
+        return rounds if r <= rounds else max_rounds
+
     def measure(c: Candidate, r: int) -> float:
         nonlocal base
         if (c.number, r) in done:
@@ -119,7 +122,7 @@ def confirm_winner(
             c.capped = c.capped or cap_bound(records[t.number])
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
         original = records[c.number]
-        obs.on_phase(f"confirming trial {c.number}: repeat {r}/{rounds if r <= rounds else max_rounds}")
+        obs.on_phase(f"confirming trial {c.number}: repeat {r}/{of(r)}")
         edge = original.edge.level if original.edge is not None else None
         config = ServeConfig.from_dict(c.config)
         rec = TrialRecord(confirm_of=c.number, confirm_round=r, tags=tags, **identity(deployment.gpu_ids or None))
@@ -151,7 +154,7 @@ def confirm_winner(
         return float(value or 0.0) if rec.feasible else 0.0
 
     def on_round(r: int, alive: list[Candidate]) -> None:
-        obs.on_phase(f"confirmed round {r}/{rounds if r <= rounds else max_rounds}: {len(alive)} in the race")
+        obs.on_phase(f"confirmed round {r}/{of(r)}: {len(alive)} in the race")
 
     conf = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name, history=history, on_round=on_round)
     study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
