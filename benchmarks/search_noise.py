@@ -199,10 +199,11 @@ def truth_table(fam: Family, jobs: int) -> dict[str, dict]:
 # -- the noisy stand-in ----------------------------------------------------------------------------
 class NoisySim(SimBackend):
     """The simulator with real vLLM's run-to-run noise: a throughput factor per start,
-    a TTFT factor per replay (see the module docstring). Named like a real backend, so
-    the study uses the real-vLLM noise prior, not the simulator's."""
+    a TTFT factor per replay (see the module docstring). Named as the backend it stands
+    in for: the study treats it as it treats real vLLM (the real-vLLM noise prior, not
+    the simulator's; knobs without effect folded, :mod:`tuner.effective`)."""
 
-    name = "sim-noisy"
+    name = "vllm"
     measures_gpu_time = True
 
     def __init__(self, seed: int, tokens_sd: float = TOKENS_SD, p95_sd: float = P95_SD) -> None:

@@ -398,3 +398,36 @@ def test_a_configuration_proposed_again_gives_its_slot_to_a_neighbour_of_the_bes
         # one knob (or the layout) away from a trial that was the best when it was queued
         assert any(sum(u.params[k] != t.params[k] for k in t.params) == 1 for u in trials
                    if u.number < t.number and u.params.keys() == t.params.keys())
+
+
+def test_trials_that_differ_only_in_knobs_without_effect_race_once(tmp_path):
+    # No prompt shares a prefix and the longest request is ~500 tokens: prefix caching and
+    # max-model-len 4096 vs 8192 cannot change the simulated server (tuner.effective), so
+    # four of the eight configurations run one server twice each; only the KV dtype
+    # changes speed. A race among the best would otherwise spend its places on copies.
+    from tuner.backends.sim import SimBackend
+    from tuner.effective import trial_group
+
+    space = fake_space("""\
+name: folds
+deployment: {model: qwen2.5-7b, gpu: H100-SXM, gpus: 1}
+workload: {target_ttft_s: 1s, requests: 60}
+parameters:
+  enable_prefix_caching: {choices: [true, false]}
+  max_model_len: {choices: [4096, 8192]}
+  kv_cache_dtype: {choices: [auto, fp8]}
+layouts: [tp1x1]
+""")
+    out = run_search(space, backend=SimBackend(), workload=small_workload(), budget=8,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0, confirm=1, predictor=None)
+    records = {t.number: TrialRecord.from_trial(t) for t in out.study.trials}
+    searched = [n for n, r in records.items() if r.feasible and not r.is_repeat and not r.is_confirmation]
+    groups = {n: trial_group(records[n], started=True)[0] for n in searched}
+    entrants = list(out.confirmation.measurements)
+    assert len({records[n].config.to_dict()["enable_prefix_caching"] for n in searched}) == 2  # copies existed
+    assert len(set(groups.values())) < len(searched)
+    # one entrant per effective configuration, and it is that group's best-measured trial
+    assert len({groups[n] for n in entrants}) == len(entrants)
+    for n in entrants:
+        same = [m for m in searched if groups[m] == groups[n]]
+        assert out.study.trials[n].value == max(out.study.trials[m].value for m in same)

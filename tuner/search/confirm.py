@@ -42,6 +42,26 @@ def cap_bound(rec: TrialRecord) -> bool:
                 and float(edge.level) >= float(edge.cap))  # beyond_cap: level > cap
 
 
+def distinct(originals: list[optuna.trial.FrozenTrial], records: dict[int, TrialRecord]) -> list[optuna.trial.FrozenTrial]:
+    """The best-measured trial of each effective configuration (:mod:`tuner.effective`:
+    knobs that could not change throughput on this workload folded): two trials that
+    differ only in such knobs ran the same server as far as the traffic could tell, so
+    racing both would spend a place in the race on one configuration twice (article-004's
+    8 x V100 space: max-num-seqs 128-512 never bound, and two of a race's four places went
+    to one configuration 1.6 % under the optimum while the optimum waited outside)."""
+    from tuner.effective import trial_group
+
+    seen: set[str] = set()
+    out = []
+    for t in sorted(originals, key=lambda t: (-float(t.value or 0.0), t.number)):
+        rec = records[t.number]
+        key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict() if rec.config else {})
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
 def study_noise(study: optuna.Study, backend: str) -> Any:
     """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
     measurement grouped by configuration (copies of an earlier trial left out, so only
@@ -100,7 +120,7 @@ def confirm_winner(
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
     field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
-                                   cap_bound(records[t.number])) for t in originals], noise)
+                                   cap_bound(records[t.number])) for t in distinct(originals, records)], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
