@@ -426,8 +426,10 @@ layouts: [tp1x1]
     entrants = list(out.confirmation.measurements)
     assert len({records[n].config.to_dict()["enable_prefix_caching"] for n in searched}) == 2  # copies existed
     assert len(set(groups.values())) < len(searched)
-    # one entrant per effective configuration, and it is that group's best-measured trial
+    # one entrant per effective configuration: its trial with the most headroom (here the
+    # first measured, all else equal), starting from the mean of the group's values
     assert len({groups[n] for n in entrants}) == len(entrants)
     for n in entrants:
         same = [m for m in searched if groups[m] == groups[n]]
-        assert out.study.trials[n].value == max(out.study.trials[m].value for m in same)
+        assert n == min(same)
+        assert out.confirmation.measurements[n][0] == pytest.approx(np.mean([out.study.trials[m].value for m in same]))

@@ -142,3 +142,37 @@ def test_an_endpoint_study_folds_nothing_and_says_why():
     assert no_effect(CONFIG, run, started=True, server=QUIET) == {}
     assert "endpoint" in caveat(run) and "applied none" in caveat(run)
     assert caveat(RUN) is None and caveat({}) is None
+
+
+def gmu_fold(*, server=None, failing=21, started=True, **run):
+    """The gpu_memory_utilization rule alone: V1, no shared prefixes, the cache at 3 % unless ``server`` says."""
+    folded = no_effect(CONFIG, {**RUN, "load_kind": "concurrency", **run}, started=started,
+                       server={"num_preemptions": 0, "kv_cache_usage_max": 0.03} if server is None else server,
+                       levels=[30, 21, 15], failing=failing)
+    return {k: v for k, v in folded.items() if k == "gpu_memory_utilization"}
+
+
+def test_memory_utilization_folds_when_the_kv_cache_never_came_near_full():
+    assert gmu_fold() == {"gpu_memory_utilization": "the KV cache peaked at 3% of its blocks, no preemption"}
+    assert gmu_fold(server={"num_preemptions": 0, "kv_cache_usage_max": 0.25}) != {}  # the limit itself
+    assert gmu_fold(failing=None) != {}  # stopped at max-num-seqs, a quarter of the cache unused
+    # two trials that differ in it (and in a max-num-seqs never reached) are one configuration
+    facts = {"run": {**RUN, "load_kind": "concurrency"}, "started": True, "levels": [30, 21, 15], "failing": 21}
+    a = group_key({**CONFIG, "gpu_memory_utilization": 0.85}, server={"num_preemptions": 0, "kv_cache_usage_max": 0.04},
+                  **facts)
+    b = group_key({**CONFIG, "gpu_memory_utilization": 0.95, "max_num_seqs": 128},
+                  server={"num_preemptions": 0, "kv_cache_usage_max": 0.03}, **facts)
+    assert a == b
+
+
+@pytest.mark.parametrize(("kw", "why"), [
+    ({"server": {"num_preemptions": 0, "kv_cache_usage_max": 0.26}}, "a quarter full: a few more users could fill it"),
+    ({"server": {"num_preemptions": 2, "kv_cache_usage_max": 0.03}}, "preempted: blocks ran out at some moment"),
+    ({"server": {"num_preemptions": 0}}, "usage not read (a server without the gauge)"),
+    ({"server": {}}, "no readings"),
+    ({"workload_shares_prefixes": True}, "freed blocks keep shared prefixes: more memory, more hits"),
+    ({"started": False}, "vLLM never started with it: the share decides whether it starts"),
+    ({"vllm_version": "0.7.3"}, "V0: only max_num_seqs is folded"),
+])
+def test_memory_utilization_stays(kw, why):
+    assert gmu_fold(**kw) == {}, why

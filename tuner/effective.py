@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.values import is_int
+from tuner.values import is_int, is_number
 
 if TYPE_CHECKING:
     from tuner.record import TrialRecord
@@ -32,6 +32,10 @@ APPLIED = ("sim", "vllm")
 #: ``get_batch_defaults``), and the largest default token budget 16384 (>= 160 GiB GPUs;
 #: tuner never passes --performance-mode, which doubles it): vllm-facts.md section 2.
 DEFAULT_SEQS_MIN = 256
+#: The peak KV cache usage at the scored load under which gpu-memory-utilization is folded:
+#: the loads above it the search tried (a few users more) cannot fill the rest, and the
+#: polled peak may miss a short spike.
+KV_SPARE = 0.25
 DEFAULT_BUDGET_MAX = 16384
 
 
@@ -89,6 +93,24 @@ def _prefix_caching(run: Mapping[str, Any], server: Mapping[str, Any] | None) ->
     return "no shared prefixes"
 
 
+def _gpu_memory_utilization(run: Mapping[str, Any], server: Mapping[str, Any] | None) -> str | None:
+    # gpu-memory-utilization sizes the KV cache and nothing else that runs per step: what
+    # is left of that share of the GPU after the weights, activations and CUDA graphs
+    # becomes KV blocks (vllm-facts.md section 1). The blocks bound how many requests run
+    # at once (a request that finds none waits or, running, is preempted) and, with
+    # prefix caching, how many freed blocks keep their cached prefix. So the share had no
+    # effect on a trial whose cache never came near full: no preemption and the peak usage
+    # (vllm:kv_cache_usage_perc, polled) at most KV_SPARE at the scored load, so that the
+    # load just above it (the edge's upper bracket) had room to spare too and the cap the
+    # search met, if any, was max-num-seqs; and no shared prefixes to keep.
+    if server is None or server.get("num_preemptions") != 0:
+        return None
+    usage = server.get("kv_cache_usage_max")
+    if run.get("workload_shares_prefixes") is not False or not is_number(usage) or not 0 <= usage <= KV_SPARE:
+        return None
+    return f"the KV cache peaked at {usage:.0%} of its blocks, no preemption"
+
+
 def _max_model_len(config: Mapping[str, Any], run: Mapping[str, Any], started: bool) -> str | None:
     # V1 allocates KV blocks as a request grows (v1/core/kv_cache_manager.py
     # ``allocate_slots``); their number is the memory left // bytes per block whatever the
@@ -136,6 +158,8 @@ def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: boo
         out["enable_prefix_caching"] = why
     if "max_model_len" in config and (why := _max_model_len(config, run, started)):
         out["max_model_len"] = why
+    if "gpu_memory_utilization" in config and started and (why := _gpu_memory_utilization(run, server)):
+        out["gpu_memory_utilization"] = why
     return out
 
 

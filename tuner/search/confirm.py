@@ -42,23 +42,28 @@ def cap_bound(rec: TrialRecord) -> bool:
                 and float(edge.level) >= float(edge.cap))  # beyond_cap: level > cap
 
 
-def distinct(originals: list[optuna.trial.FrozenTrial], records: dict[int, TrialRecord]) -> list[optuna.trial.FrozenTrial]:
-    """The best-measured trial of each effective configuration (:mod:`tuner.effective`:
-    knobs that could not change throughput on this workload folded): two trials that
-    differ only in such knobs ran the same server as far as the traffic could tell, so
-    racing both would spend a place in the race on one configuration twice (article-004's
-    8 x V100 space: max-num-seqs 128-512 never bound, and two of a race's four places went
-    to one configuration 1.6 % under the optimum while the optimum waited outside)."""
+def distinct(originals: list[optuna.trial.FrozenTrial], records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, float]]:
+    """One entrant per effective configuration (:mod:`tuner.effective`: knobs that could
+    not change throughput on this workload folded), with the mean of its trials' values.
+    Trials that differ only in such knobs ran the same server as far as the traffic could
+    tell: racing each would spend the race's places on one configuration several times
+    (article-004's 8 x V100 space: a max-num-seqs never reached and a KV cache never a
+    quarter full make eight settings one; two of a race's four places went to one
+    configuration 1.6 % under the optimum while the optimum waited outside), and the best
+    of several draws of one configuration is luckier, not better. The entrant is the trial
+    with the most headroom (:func:`~tuner.confirmation.headroom_key`), as among ties."""
+    from tuner.confirmation import headroom_key
     from tuner.effective import trial_group
 
-    seen: set[str] = set()
-    out = []
-    for t in sorted(originals, key=lambda t: (-float(t.value or 0.0), t.number)):
+    groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
+    for t in originals:
         rec = records[t.number]
         key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict() if rec.config else {})
-        if key not in seen:
-            seen.add(key)
-            out.append(t)
+        groups.setdefault(key, []).append(t)
+    out = []
+    for members in groups.values():
+        entrant = min(members, key=lambda t: (headroom_key(records[t.number].config.to_dict()), t.number))
+        out.append((entrant, sum(float(t.value or 0.0) for t in members) / len(members)))
     return out
 
 
@@ -119,8 +124,8 @@ def confirm_winner(
     done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
-    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
-                                   cap_bound(records[t.number])) for t in distinct(originals, records)], noise)
+    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [value], cap_bound(records[t.number]))
+                         for t, value in distinct(originals, records)], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
