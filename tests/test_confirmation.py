@@ -433,3 +433,6 @@ layouts: [tp1x1]
         same = [m for m in searched if groups[m] == groups[n]]
         assert n == min(same)
         assert out.confirmation.measurements[n][0] == pytest.approx(np.mean([out.study.trials[m].value for m in same]))
+    same = [m for m in searched if groups[m] == groups[out.confirmation.winner]]
+    assert len(same) > 1  # and the recommendation says whose mean its first value is
+    assert f"is the mean of trials {', '.join(map(str, sorted(same)))}, one configuration" in out.confirmation.reason

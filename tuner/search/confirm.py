@@ -42,7 +42,8 @@ def cap_bound(rec: TrialRecord) -> bool:
                 and float(edge.level) >= float(edge.cap))  # beyond_cap: level > cap
 
 
-def distinct(originals: list[optuna.trial.FrozenTrial], records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, float]]:
+def distinct(originals: list[optuna.trial.FrozenTrial],
+             records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, float, list[int]]]:
     """One entrant per effective configuration (:mod:`tuner.effective`: knobs that could
     not change throughput on this workload folded), with the mean of its trials' values.
     Trials that differ only in such knobs ran the same server as far as the traffic could
@@ -51,7 +52,8 @@ def distinct(originals: list[optuna.trial.FrozenTrial], records: dict[int, Trial
     quarter full make eight settings one; two of a race's four places went to one
     configuration 1.6 % under the optimum while the optimum waited outside), and the best
     of several draws of one configuration is luckier, not better. The entrant is the trial
-    with the most headroom (:func:`~tuner.confirmation.headroom_key`), as among ties."""
+    with the most headroom (:func:`~tuner.confirmation.headroom_key`), as among ties;
+    returned with that mean and the group's trial numbers."""
     from tuner.confirmation import headroom_key
     from tuner.effective import trial_group
 
@@ -63,7 +65,8 @@ def distinct(originals: list[optuna.trial.FrozenTrial], records: dict[int, Trial
     out = []
     for members in groups.values():
         entrant = min(members, key=lambda t: (headroom_key(records[t.number].config.to_dict()), t.number))
-        out.append((entrant, sum(float(t.value or 0.0) for t in members) / len(members)))
+        out.append((entrant, sum(float(t.value or 0.0) for t in members) / len(members),
+                    sorted(t.number for t in members)))
     return out
 
 
@@ -124,8 +127,10 @@ def confirm_winner(
     done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
+    pooled = distinct(originals, records)
+    groups_of = {t.number: members for t, _, members in pooled}
     field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [value], cap_bound(records[t.number]))
-                         for t, value in distinct(originals, records)], noise)
+                         for t, value, _ in pooled], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
@@ -182,5 +187,9 @@ def confirm_winner(
         obs.on_phase(f"confirmed round {r}/{of(r)}: {len(alive)} in the race")
 
     conf = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name, history=history, on_round=on_round)
+    if len(same := groups_of.get(conf.winner, [])) > 1:
+        shown = ", ".join(map(str, same[:8])) + (f" and {len(same) - 8} more" if len(same) > 8 else "")
+        conf.reason += (f"; its first measurement is the mean of trials {shown}, one configuration for this "
+                        f"workload (they differ only in knobs without effect)")
     study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
     return conf
