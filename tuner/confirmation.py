@@ -195,7 +195,7 @@ class Confirmation:
     leader: int                          # trial number of the best mean
     band: tuple[float, float]            # the winner's min-max tokens/s over its measurements
     mean: float                          # the winner's mean tokens/s
-    measurements: dict[int, list[float]]  # every candidate's values (first: the search's, over its trials)
+    measurements: dict[int, list[float]]  # every candidate's values (first: the search's)
     ties: list[int]                      # candidates the repeats cannot tell from the leader
     equivalent: list[int]                # ties within EQUIVALENT of the leader's mean
     out: dict[int, str]                  # candidates ruled out, and why

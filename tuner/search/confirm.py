@@ -43,18 +43,21 @@ def cap_bound(rec: TrialRecord) -> bool:
 
 
 def distinct(originals: list[optuna.trial.FrozenTrial],
-             records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, float, list[int]]]:
+             records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, list[int]]]:
     """One entrant per effective configuration (:mod:`tuner.effective`: knobs that could
-    not change throughput on this workload folded), with the mean of its trials' values.
-    Trials that differ only in such knobs ran the same server as far as the traffic could
-    tell: racing each would spend the race's places on one configuration several times
-    (article-004's 8 x V100 space: a max-num-seqs never reached and a KV cache never a
-    quarter full make eight settings one; two of a race's four places went to one
-    configuration 1.6 % under the optimum while the optimum waited outside), and the best
-    of several draws of one configuration is luckier, not better. The entrant is the trial
-    with the most headroom (:func:`~tuner.confirmation.headroom_key`), as among ties;
-    returned with that mean and the group's trial numbers."""
-    from tuner.confirmation import headroom_key
+    not change throughput on this workload folded): its best-measured trial, with the
+    group's trial numbers. Trials that differ only in such knobs ran the same server as far
+    as the traffic could tell: racing each would spend the race's places on one
+    configuration several times (article-004's 8 x V100 space: a max-num-seqs never
+    reached and a KV cache never a quarter full make eight settings one; two of a race's
+    four places went to one configuration 1.6 % under the optimum while the optimum waited
+    outside).
+
+    Not the group's mean: the repeats replay harder samples than the search's (2 x A100,
+    70B: 10-20 % lower for every configuration), so the first value weighs on a race's mean,
+    and the best of a group the sampler returned to often is the better guide. With the
+    mean, TPE@40's winner on that family was within 1 % of the optimum in 7 of 10 seeds;
+    with the best, 10 of 10 (benchmarks/search_noise.py's seeds)."""
     from tuner.effective import trial_group
 
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
@@ -62,12 +65,8 @@ def distinct(originals: list[optuna.trial.FrozenTrial],
         rec = records[t.number]
         key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict() if rec.config else {})
         groups.setdefault(key, []).append(t)
-    out = []
-    for members in groups.values():
-        entrant = min(members, key=lambda t: (headroom_key(records[t.number].config.to_dict()), t.number))
-        out.append((entrant, sum(float(t.value or 0.0) for t in members) / len(members),
-                    sorted(t.number for t in members)))
-    return out
+    return [(max(members, key=lambda t: (float(t.value or 0.0), -t.number)), sorted(t.number for t in members))
+            for members in groups.values()]
 
 
 def study_noise(study: optuna.Study, backend: str) -> Any:
@@ -128,9 +127,9 @@ def confirm_winner(
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
     pooled = distinct(originals, records)
-    groups_of = {t.number: members for t, _, members in pooled}
-    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [value], cap_bound(records[t.number]))
-                         for t, value, _ in pooled], noise)
+    groups_of = {t.number: members for t, members in pooled}
+    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
+                                   cap_bound(records[t.number])) for t, _ in pooled], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
@@ -187,9 +186,9 @@ def confirm_winner(
         obs.on_phase(f"confirmed round {r}/{of(r)}: {len(alive)} in the race")
 
     conf = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name, history=history, on_round=on_round)
-    if len(same := groups_of.get(conf.winner, [])) > 1:
+    if len(same := [n for n in groups_of.get(conf.winner, []) if n != conf.winner]):
         shown = ", ".join(map(str, same[:8])) + (f" and {len(same) - 8} more" if len(same) > 8 else "")
-        conf.reason += (f"; its first measurement is the mean of trials {shown}, one configuration for this "
-                        f"workload (they differ only in knobs without effect)")
+        conf.reason += (f"; trial{'s' * (len(same) > 1)} {shown} {'are' if len(same) > 1 else 'is'} the same "
+                        f"configuration for this workload (only knobs without effect differ)")
     study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
     return conf
