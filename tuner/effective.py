@@ -32,11 +32,11 @@ APPLIED = ("sim", "vllm")
 #: ``get_batch_defaults``), and the largest default token budget 16384 (>= 160 GiB GPUs;
 #: tuner never passes --performance-mode, which doubles it): vllm-facts.md section 2.
 DEFAULT_SEQS_MIN = 256
+DEFAULT_BUDGET_MAX = 16384
 #: The peak KV cache usage at the scored load under which gpu-memory-utilization is folded:
 #: the loads above it the search tried (a few users more) cannot fill the rest, and the
 #: polled peak may miss a short spike.
 KV_SPARE = 0.25
-DEFAULT_BUDGET_MAX = 16384
 
 
 def _engine(run: Mapping[str, Any]) -> str | None:

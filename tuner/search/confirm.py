@@ -63,7 +63,7 @@ def distinct(originals: list[optuna.trial.FrozenTrial],
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
     for t in originals:
         rec = records[t.number]
-        key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict() if rec.config else {})
+        key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())  # originals have one
         groups.setdefault(key, []).append(t)
     return [(max(members, key=lambda t: (float(t.value or 0.0), -t.number)), sorted(t.number for t in members))
             for members in groups.values()]
@@ -126,10 +126,10 @@ def confirm_winner(
     done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.name)
-    pooled = distinct(originals, records)
-    groups_of = {t.number: members for t, members in pooled}
+    entries = distinct(originals, records)
+    groups_of = {t.number: members for t, members in entries}
     field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
-                                   cap_bound(records[t.number])) for t, _ in pooled], noise)
+                                   cap_bound(records[t.number])) for t, _ in entries], noise)
     entrants = {c.number for c in field_}
     history = []
     groups: dict[str, list[float]] = {}
@@ -186,7 +186,7 @@ def confirm_winner(
         obs.on_phase(f"confirmed round {r}/{of(r)}: {len(alive)} in the race")
 
     conf = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name, history=history, on_round=on_round)
-    if len(same := [n for n in groups_of.get(conf.winner, []) if n != conf.winner]):
+    if same := [n for n in groups_of.get(conf.winner, []) if n != conf.winner]:
         shown = ", ".join(map(str, same[:8])) + (f" and {len(same) - 8} more" if len(same) > 8 else "")
         conf.reason += (f"; trial{'s' * (len(same) > 1)} {shown} {'are' if len(same) > 1 else 'is'} the same "
                         f"configuration for this workload (only knobs without effect differ)")
