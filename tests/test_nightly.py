@@ -12,6 +12,7 @@ from pg_db import pg_url  # noqa: F401  (fixture)
 
 from tuner.cli import main
 from tuner.units import parse_seconds
+from tuner.record import TrialRecord
 from tuner.nightly import Night, compare, latest_window, nights, parse_threshold, workload_shape
 from tuner.study import load_study_by_name
 from tuner.traffic import native
@@ -126,6 +127,14 @@ def test_a_changed_workload_is_reported_not_flagged(tmp_path):
     stored = nights(load_study_by_name(STUDY, storage))
     assert stored[0].workload["requests"] == 30  # requests 30..59 arrive in the last 24 h
     assert stored[1].tokens_per_s < 0.9 * stored[0].tokens_per_s  # it would have been flagged
+    # --trials 4 is four trials of the budget each night; the winner's repeats are counted apart
+    assert [n.new_trials for n in stored] == [4, 4]
+    study = load_study_by_name(STUDY, storage)
+    for n in stored:
+        tonight = [TrialRecord.from_trial(t) for t in study.trials]
+        tonight = [r for r in tonight if r.tags.get("night") == n.started_at]
+        assert n.repeats == sum(r.is_confirmation for r in tonight) and len(tonight) == 4 + n.repeats
+    assert sum(n.repeats for n in stored) > 0  # the winner was confirmed: repeats existed to miscount
 
 
 def test_a_second_nightly_run_on_a_sqlite_study_exits_with_a_clear_message(tmp_path, capsys):

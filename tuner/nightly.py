@@ -138,10 +138,11 @@ class Night:
     tokens_per_s: float | None           # tonight's best feasible throughput (None: none feasible)
     trial: int | None
     config: dict[str, Any] | None
-    new_trials: int
+    new_trials: int                      # tonight's trials of the budget (--trials)
     workload: dict[str, Any] = field(default_factory=dict)
     deployment: dict[str, Any] = field(default_factory=dict)
     rerun_of_previous: float | None = None  # the previous night's best config, measured tonight
+    repeats: int = 0                     # confirmation re-measurements of tonight's best (outside --trials)
 
     def __post_init__(self) -> None:
         if self.tokens_per_s is not None and not self.tokens_per_s >= 0:
@@ -290,7 +291,8 @@ def run_nightly(
                    storage=url, study=name, seed=seed, observer=observer, tags=tags)
         st = open_study(name, url)
         records = {t.number: TrialRecord.from_trial(t) for t in st.get_trials(deepcopy=False)}
-        tonight = [t for t in st.get_trials(deepcopy=False) if records[t.number].tags.get("night") == started_at]
+        tonight_all = [t for t in st.get_trials(deepcopy=False) if records[t.number].tags.get("night") == started_at]
+        tonight = [t for t in tonight_all if not records[t.number].is_confirmation]
         best = max((t for t in tonight if _feasible(t)), key=lambda t: (t.value, -t.number), default=None)
         rerun = next((t for t in tonight if records[t.number].rerun_of_night), None)
         night = Night(
@@ -298,7 +300,7 @@ def run_nightly(
             shape=workload_shape(workload), tokens_per_s=None if best is None else float(best.value),
             trial=None if best is None else best.number,
             config=None if best is None else records[best.number].config.to_dict(), new_trials=len(tonight),
-            workload=describe(workload), deployment=space.deployment.to_dict(),
+            repeats=len(tonight_all) - len(tonight), workload=describe(workload), deployment=space.deployment.to_dict(),
             rerun_of_previous=None if rerun is None else (float(rerun.value) if _feasible(rerun) else 0.0),
         )
         st.set_user_attr(NIGHTS_ATTR, [n.to_dict() for n in history] + [night.to_dict()])

@@ -100,12 +100,9 @@ def test_rate_table(capsys):
 
 def test_trace_replay_uses_the_first_rows(capsys):
     pytest.importorskip("tuner.sim.engine")
-    from pathlib import Path
+    from shared_data import AZURE_CONV, need_shared
 
-    trace = (Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-             / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv")
-    if not trace.exists():
-        pytest.skip(f"real trace not present at {trace}")
+    trace = need_shared(AZURE_CONV)
     code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--trace", str(trace),
                        "-n", "200", "--rate", "2", "-o", "json")
     rows = json.loads(out)["load"]

@@ -17,7 +17,7 @@ def test_catalog_has_the_issue_gpus_with_sources():
 
 
 def test_capabilities_follow_compute_capability():
-    v100, t4, l4, h100 = (get_gpu(n) for n in ("v100", "t4", "l4", "h100"))
+    v100, t4, l4, h100 = (get_gpu(n) for n in ("v100-16gb", "t4", "l4", "h100"))
     assert not v100.bf16 and not v100.fp8 and v100.cc == 70
     assert not t4.bf16 and t4.cc == 75
     assert l4.bf16 and l4.fp8
@@ -38,6 +38,17 @@ def test_lookup_is_case_insensitive_and_unknown_names_list_known_ones():
     with pytest.raises(InputError) as err:
         get_gpu("B300")
     assert "H100-SXM" in str(err.value) and "TUNER_GPU_CATALOG" in str(err.value)
+
+
+@pytest.mark.parametrize("family, members", [("A100", {"A100-40GB", "A100-80GB"}),
+                                             ("v100", {"V100-16GB-PCIE", "V100-32GB-SXM2"})])
+def test_a_family_name_with_several_memory_sizes_is_refused_with_the_choices(family, members):
+    """--gpu A100 once meant A100-80GB silently: a 40 GB card got a KV cache twice its size."""
+    with pytest.raises(InputError) as err:
+        get_gpu(family)
+    assert "several" in str(err.value) and all(m in str(err.value) for m in members)
+    assert {get_gpu(m).name for m in members} == members  # the full names still work
+    assert get_gpu("h100").name == "H100-SXM"  # one entry: the family name is unambiguous
 
 
 def test_user_catalog_adds_a_gpu(tmp_path, monkeypatch):

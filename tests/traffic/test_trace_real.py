@@ -13,15 +13,9 @@ import pytest
 from tuner.cli import main
 from tuner.traffic import load_trace, native, trace_stats
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-AZURE = TRACES / "azure_llm_2023_conv" / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE = TRACES / "mooncake_fast25_synthetic" / "synthetic_trace.jsonl"
-
-
-def need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"shared trace {path} is not beside the repository (../shared/traces)")
-    return path
+from shared_data import AZURE_CONV as AZURE
+from shared_data import MOONCAKE
+from shared_data import need_shared as need
 
 
 def run(*args: str) -> int:

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     from tuner.interrupts import handle_signals, hold_signals
 
     _register()
+    argv = _debug_anywhere(list(sys.argv[1:] if argv is None else argv))
     code: int | str | None = 0
     with handle_signals() as caught:
         try:
@@ -77,6 +78,15 @@ def _usage_error(err: typer.TyperException) -> int:
         message = err.format_message().rstrip(".").replace("Value error, ", "")  # typer's validation prefix
         print(f"tuner: {message[:1].lower()}{message[1:]}{where}", file=sys.stderr)
     return getattr(err, "exit_code", 2)
+
+
+def _debug_anywhere(argv: list[str]) -> list[str]:
+    """``--debug`` is accepted after the command too (``tuner trace stats bad.csv --debug``):
+    it is moved to the front, where the root option reads it. Not past ``--``."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" not in argv[:end]:
+        return argv
+    return ["--debug", *(a for i, a in enumerate(argv) if a != "--debug" or i >= end)]
 
 
 def _storage_arg(argv: list[str] | None) -> str:

@@ -79,7 +79,9 @@ def nightly_cmd(
     if output == "json":
         print((outcome.report.parent / "nightly.json").read_text())
     else:
-        print(f"study {outcome.name} ({outcome.storage}): {outcome.verdict.night.new_trials} trials tonight "
+        night = outcome.verdict.night
+        repeats = f" and {night.repeats} confirmation repeats" if night.repeats else ""
+        print(f"study {outcome.name} ({outcome.storage}): {night.new_trials} trials{repeats} tonight "
               f"in {outcome.wall_s:.1f} s")
         print(outcome.verdict.headline)
         print(f"report: {outcome.report}")

@@ -236,6 +236,11 @@ def get_gpu(name: str) -> GPU:
     """Find a GPU by catalog name or alias, case-insensitively (``"h100"``, ``"v100-32gb"``)."""
     gpus = catalog()
     wanted = _key(name)
+    family = [g.name for g in gpus.values() if _key(g.name).startswith(wanted + "-")]
+    if len(family) > 1 and all(wanted != _key(g.name) for g in gpus.values()):
+        # "a100" is the family of A100-40GB and A100-80GB: picking one silently would size
+        # the KV cache for the wrong memory
+        raise InputError(f"GPU {name!r} names several catalog entries", hint=f"say which: {', '.join(family)}")
     for gpu in gpus.values():
         if wanted == _key(gpu.name) or wanted in {_key(a) for a in gpu.aliases}:
             return gpu
