@@ -17,7 +17,7 @@ def test_a_stop_signal_stops_the_trial_and_its_server_and_the_rerun_measures_eve
     assert sc.one_line(o.details["stderr"]) and "interrupted by" in o.details["stderr"], o.details["stderr"]
     assert o.left == 0                                      # its server stopped with it
     assert o.details["interrupted"] == 1                    # the trial in progress: FAIL 'interrupted'
-    assert o.details["rerun_code"] == 0
+    assert o.details["rerun_code"] == 0, o.details["rerun_stderr"]
     assert len(o.details["counts"]) == sc.GRID and max(o.details["counts"].values()) == 1  # each config once
     assert o.after == sc.GRID and o.ok, o
 
