@@ -61,6 +61,25 @@ def _blind_to_repeats(cls: type) -> type:
     return Sampler
 
 
+def _grid(cls: type) -> type:
+    """Optuna's grid sampler, safe for the trials tuner queues itself (the retry of a trial a
+    signal or a kill stopped, last night's best): those carry no ``grid_id``, and Optuna's
+    ``after_trial`` looks it up when one grid point is left unvisited, raising KeyError. A grid
+    study resumed after Ctrl-C then crashed with exit 1 whenever the stop fell on its
+    second-to-last point (tests/faults, seen under load, where the signal lands later).
+    Without a ``grid_id`` the trial cannot be the last point, so the study is not stopped."""
+
+    class Grid(cls):  # type: ignore[misc, valid-type]
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            try:
+                super().after_trial(study, trial, state, values)
+            except KeyError:
+                pass  # a queued trial: the one unvisited point is still to be measured
+
+    Grid.__name__ = Grid.__qualname__ = cls.__name__
+    return Grid
+
+
 def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
     """TPE with constraints (default), GP with constraints, random, or grid over the
     space's discretised version."""
@@ -80,5 +99,5 @@ def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = Non
     if name == "grid":
         if space is None:
             raise InputError("the grid sampler needs a search space")
-        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+        return _grid(optuna.samplers.GridSampler)(space.grid(), seed=seed)
     raise InputError(f"unknown sampler {name!r}", hint=f"use one of {', '.join(SAMPLERS)}")
