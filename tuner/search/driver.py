@@ -25,6 +25,7 @@ from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
 from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
+from tuner.search.blame import environment_fault
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.progress import Observer, observer_or_headless
@@ -277,6 +278,9 @@ class SearchRun:
                 expected_value=advice.expected_value if advice else None,
                 edge_tolerance=s.edge_tolerance,
             )
+            fault = environment_fault(trial.study, trial.number, config, ev.record)
+            if fault is not None:  # a start no configuration could have made: the machine's
+                raise fault
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
@@ -353,6 +357,11 @@ class SearchRun:
             if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
                 self.worker.halt = self.env_faults[-1]
                 st.stop()
+            elif str(rec.fail_reason).startswith("killed:") and rec.retry_of is None and trial.params:
+                # killed from outside: measured again once, now (the best may be the one killed)
+                with self.worker.budget_guard():
+                    st.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(retry_of=trial.number).to_attrs(),
+                                     skip_if_exists=False)
         else:
             self.env_faults.clear()
             if rec.fail_kind == "crash":
