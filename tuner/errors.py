@@ -92,7 +92,11 @@ class EnvironmentFault(TunerError):
     measured again later); found before the first trial, it stops the run (exit 2).
 
     ``kind``: ``port_in_use``, ``foreign_server``, ``command``, ``bad_flag``, ``disk_full``,
-    ``storage``, ``gpu``. ``retry`` says whether trying again (another port) may help."""
+    ``storage``, ``gpu``, ``gpu_busy`` (memory other processes hold), ``before_engine`` (a
+    death before vLLM's engine started), ``killed`` (a signal tuner did not send; the trial
+    is measured again once), ``startup_timeout`` (no configuration has started yet),
+    ``same_failure`` (configurations that differ failed alike), ``stale_server``.
+    ``retry`` says whether trying again (another port) may help."""
 
     exit_code = 2
 

@@ -214,29 +214,143 @@ def sigkill(folder: Path) -> Outcome:
                    {"rerun_stderr": rerr, "counts": counts})
 
 
+def wrapper(folder: Path) -> str:
+    """A launcher script that does not ``exec`` the server (it waits, then reports), as
+    site launchers do: the server is tuner's grandchild, the shell its direct child."""
+    script = folder / "launch.sh"
+    script.write_text(f"#!/bin/bash\n{SIM} \"$@\"\nstatus=$?\necho \"launch.sh: server exited $status\"\n"
+                      "exit $status\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def servers_of(owner: int) -> list[psutil.Process]:
+    """The marked server processes (not their launcher shells) of tuner ``owner``."""
+    return [p for p in marked(owner) if "sim-serve" in " ".join(p.cmdline()) and "launch.sh" not in " ".join(p.cmdline())]
+
+
+def wrapper_sigkill(folder: Path) -> Outcome:
+    """SIGKILL of tuner while its server runs behind a launcher that does not exec: the
+    reaper stops the whole group (PDEATHSIG alone reaches only the shell); the rerun measures
+    every configuration."""
+    prepare(folder)
+    cmd = wrapper(folder)
+    proc = tuner(folder, *search_args(vllm_cmd=cmd))
+    started = wait_for(lambda: len(servers_of(proc.pid)) > 0 and finished(folder) >= 1)
+    before = finished(folder)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    left = wait_gone(proc.pid, timeout=60)
+    rcode, _, rerr = finish(tuner(folder, *search_args(vllm_cmd=cmd)))
+    counts = measured_configs(folder)
+    ok = started and left == 0 and rcode == 0 and len(counts) == GRID and max(counts.values()) == 1
+    return Outcome("SIGKILL, server behind a wrapper", f"{left} left; rerun exit {rcode}, {len(counts)}/{GRID} "
+                   "measured", before, finished(folder), left, ok, {"rerun_stderr": rerr, "counts": counts})
+
+
+def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outcome:
+    """The server (behind a wrapper that does not exec) is SIGKILLed by someone else mid-trial,
+    ``times`` times in a row: once, the trial is measured again and the run ends 0 with every
+    configuration measured; twice, the run stops with exit 2 and one line naming the signal.
+    Never stored infeasible, never counted."""
+    prepare(folder)
+    proc = tuner(folder, *[a if a != "grid" else sampler for a in search_args(vllm_cmd=wrapper(folder))])
+    killed: list[int] = []
+
+    def victim() -> psutil.Process | None:  # a server of a trial after the first is stored
+        fresh = [p for p in servers_of(proc.pid) if p.pid not in killed]
+        return fresh[0] if fresh and finished(folder) >= 1 else None
+
+    for _ in range(times):
+        if not wait_for(lambda: victim() is not None, 120):
+            break
+        with contextlib.suppress(psutil.NoSuchProcess, TypeError):
+            server = victim()
+            server.kill()
+            killed.append(server.pid)
+    code, _, err = finish(proc)
+    left = wait_gone(proc.pid, timeout=45)
+    recs = trials(folder)
+    env_faults = [t for t in recs if t.user_attrs.get("fail_kind") == "environment"]
+    infeasible_env = [t for t in recs if "SIGKILL" in str(t.user_attrs.get("infeasible_reason", ""))]
+    counts = measured_configs(folder)
+    if times == 1:
+        remeasured = all(any(t.state.name == "COMPLETE" and t.params == f.params and t.user_attrs.get("repeat_of") is None
+                             for t in recs) for f in env_faults)
+        ok = (len(killed) == 1 and code == 0 and finished(folder) == GRID and len(env_faults) <= 1 and remeasured
+              and (sampler != "grid" or len(counts) == GRID) and not infeasible_env and left == 0
+              and all("killed" in str(t.user_attrs.get("fail_reason")) for t in env_faults))
+        happened = f"exit {code}; {len(env_faults)} trial measured again, {len(counts)}/{GRID} measured"
+    else:
+        ok = (code == 2 and one_line(err) and "SIGKILL" in err and "in a row" in err and not infeasible_env
+              and left == 0)
+        happened = f"exit {code}: '{err.strip()[:60]}...'"
+    return Outcome(f"server killed from outside x{times} ({sampler})", happened, None, finished(folder), left, ok,
+                   {"stderr": err, "code": code, "killed": killed, "env_faults": len(env_faults)})
+
+
+def positional_model(folder: Path) -> Outcome:
+    """``--vllm-cmd "vllm serve --load-format dummy"`` with a stub ``vllm`` that refuses, in
+    vLLM 0.26's own words, flags before the model: tuner puts the model right after ``serve``,
+    so every configuration is measured. A stub whose every start dies that way before the
+    engine starts stops the run with exit 2, nothing stored infeasible."""
+    prepare(folder)
+    stub = folder / "vllm"
+    stub.write_text(f"""#!{sys.executable}
+import os, sys
+args = sys.argv[1:]
+if args[0] != "serve":
+    sys.exit("vllm: only serve here")
+if len(args) > 1 and args[1].startswith("-") and any(a.startswith("--served-model-name") for a in args):
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("ValueError: `model` should be provided as the first positional argument when using `vllm serve`. "
+          "i.e. `vllm serve <model> --<arg> <value>`.", file=sys.stderr)
+    sys.exit(1)
+rest = args[1:]
+if "--load-format" in rest:
+    i = rest.index("--load-format")
+    del rest[i:i + 2]
+os.execv(sys.executable, [sys.executable, "-m", "tuner", "sim-serve", "--speed", "50", *rest])
+""")
+    stub.chmod(0o755)
+    left: list[int] = []
+    code, _, err = _run(folder, *search_args(vllm_cmd=f"{stub} serve --load-format dummy"), left=left)
+    counts = measured_configs(folder)
+    # the same refusal for every start: what tuner did before (flags, then the model), staged by hand
+    other = folder / "bad"
+    prepare(other)
+    bcode, _, berr = _run(other, *search_args(vllm_cmd=f"{stub} serve --load-format dummy {{model}}"), left=left)
+    bad = trials(other)
+    ok = (code == 0 and len(counts) == GRID and bcode == 2 and one_line(berr) and "before vLLM's engine" in berr
+          and [t.user_attrs.get("fail_kind") for t in bad] == ["environment"] * 2
+          and not any(t.user_attrs.get("infeasible_reason") for t in bad) and not sum(left))
+    return Outcome("vllm serve + flags (0.26 refusal text)", f"exit {code}, {len(counts)}/{GRID} measured; flags "
+                   f"before the model: exit {bcode}, 0 stored", 0, finished(folder), sum(left), ok,
+                   {"stderr": err, "bad_stderr": berr})
+
+
 def stale_server(folder: Path) -> Outcome:
-    """A server a dead run left (marker with a gone owner) is reported by search and doctor,
-    stopped only by --kill-stale; an unmarked bystander is never touched."""
+    """A server a dead run left (marker with a gone owner) is listed by doctor and stopped
+    by the next search before it starts anything (it is provably tuner's); an unmarked
+    bystander is never touched."""
     prepare(folder)
     dead_owner = 2**22 + 12345
     server = start_listening([sys.executable, "-m", "tuner", "sim-serve", "qwen2.5-7b", "--max-model-len", "4096"],
                              env={**env(), "TUNER_SERVER": f"{socket.gethostname()}:{dead_owner}:stale"})
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     try:
-        code1, _, err1 = finish(tuner(folder, *search_args(budget=1)))
-        reported = "left by a dead run is still running" in err1 and server.poll() is None
         dcode, dout, _ = finish(tuner(folder, "doctor", "--output", "json"))
         listed = any(s["stale"] and s["pid"] == server.pid for s in json.loads(dout)["servers"])
-        code2, _, err2 = finish(tuner(folder, *search_args("--kill-stale", budget=2)))
+        code, _, err = finish(tuner(folder, *search_args(budget=1)))
         stopped = wait_for(lambda: server.poll() is not None, 20)
-        steps = {"search exit 0": code1 == 0, "reported": reported, "doctor exit 1": dcode == 1, "listed": listed,
-                 "--kill-stale exit 0": code2 == 0, "said so": "stopped a server" in err2, "stopped": stopped,
+        steps = {"doctor exit 1": dcode == 1, "listed": listed, "search exit 0": code == 0,
+                 "said so": "stopped a server left by a dead run" in err, "stopped": stopped,
                  "bystander untouched": bystander.poll() is None}
         ok = all(steps.values())
-        happened = ("reported by search and doctor (exit 1), stopped by --kill-stale; bystander untouched" if ok
-                    else "not: " + ", ".join(k for k, v in steps.items() if not v))
+        happened = ("listed by doctor (exit 1), stopped by the next search before its first trial; bystander "
+                    "untouched" if ok else "not: " + ", ".join(k for k, v in steps.items() if not v))
         return Outcome("server left by a dead run", happened, None, finished(folder), len(marked(dead_owner)), ok,
-                       {"stderr": err1 + err2, "doctor": dout, "steps": steps})
+                       {"stderr": err, "doctor": dout, "steps": steps})
     finally:
         for p in (server, bystander):
             if p.poll() is None:
@@ -641,6 +755,11 @@ ALL = [
     ("sigint", lambda f: stop_signal(f, signal.SIGINT)),
     ("sighup", lambda f: stop_signal(f, signal.SIGHUP)),
     ("sigkill", sigkill),
+    ("wrapper_sigkill", wrapper_sigkill),
+    ("killed_once", lambda f: killed_from_outside(f, 1)),
+    ("killed_once_tpe", lambda f: killed_from_outside(f, 1, "tpe")),
+    ("killed_twice", lambda f: killed_from_outside(f, 2)),
+    ("positional_model", positional_model),
     ("stale_server", stale_server),
     ("foreign_server", foreign_server),
     ("port_taken", port_taken),

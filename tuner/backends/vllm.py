@@ -23,8 +23,10 @@ Each replica carries tuner's marker (:mod:`tuner.processes`): the environment va
 against a port whose ``/v1/models`` lists its token, so a process that happens to answer
 ``/health`` on the chosen port is reported, never measured. Servers are asked to die
 with the tuner process (Linux ``PR_SET_PDEATHSIG``), every live one is stopped by
-:func:`stop_all` on the CLI's way out, and a run killed with SIGKILL leaves servers a
-later run finds by the marker (``tuner doctor``).
+:func:`stop_all` on the CLI's way out, and a watchdog (:mod:`tuner.backends.reaper`) stops
+their whole process groups when this process ends by any means, SIGKILL included, also
+behind a launcher script that does not ``exec`` the server. What is left even so (the
+watchdog killed too) a later run finds by the marker and stops (``report_stale_servers``).
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_plat
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.interrupts import current_deadline
 from tuner import processes
-from tuner.backends import gpu_memory
+from tuner.backends import gpu_memory, reaper
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
@@ -192,6 +194,7 @@ class _Replica:
         self.token = token
         self.port = port
         _LIVE.add(self)
+        reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
 
     def log_text(self, limit: int = 2_000_000) -> str:
         try:
@@ -235,6 +238,7 @@ class _Replica:
             pass
         if not self.group_alive():
             _LIVE.discard(self)
+            reaper.forget(self.pgid)
             remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
 
 
