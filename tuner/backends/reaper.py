@@ -20,32 +20,47 @@ GRACE_S = 10.0
 
 _lock = threading.Lock()
 _proc: subprocess.Popen | None = None
+_groups: set[int] = set()  # what the running reaper watches
 
 
-def _send(line: str) -> None:
+def _write(line: str) -> None:
+    try:
+        assert _proc is not None and _proc.stdin is not None
+        _proc.stdin.write(line + "\n")
+        _proc.stdin.flush()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def watch(pgid: int) -> None:
+    """Stop process group ``pgid`` when this process ends, unless :func:`forget` first."""
     global _proc
     with _lock:
         if _proc is None or _proc.poll() is not None:
             _proc = subprocess.Popen([sys.executable, "-m", "tuner.backends.reaper"], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                      text=True, close_fds=True)
-        try:
-            assert _proc.stdin is not None
-            _proc.stdin.write(line + "\n")
-            _proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            _proc = None
-
-
-def watch(pgid: int) -> None:
-    """Stop process group ``pgid`` when this process ends, unless :func:`forget` first."""
-    _send(f"+{pgid}")
+        _write(f"+{pgid}")
+        _groups.add(pgid)
 
 
 def forget(pgid: int) -> None:
-    """``pgid`` was stopped (or is someone else's now): no longer watched."""
-    if _proc is not None:
-        _send(f"-{pgid}")
+    """``pgid`` was stopped: no longer watched. With nothing left to watch the reaper is
+    closed (end-of-file with an empty list: it exits at once), so none outlives its use."""
+    global _proc
+    with _lock:
+        if _proc is None or pgid not in _groups:
+            return
+        _groups.discard(pgid)
+        _write(f"-{pgid}")
+        if not _groups:
+            try:
+                assert _proc.stdin is not None
+                _proc.stdin.close()
+                _proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            _proc = None
 
 
 def main() -> int:
