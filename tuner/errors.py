@@ -83,6 +83,13 @@ class NoFeasibleConfig(TunerError):
     exit_code = 3
 
 
+class WindowClosed(TunerError):
+    """``--timeout`` ended the run before the study held its budget: no trial was started
+    that the study's own trial durations said could not finish; the next run goes on."""
+
+    exit_code = 124
+
+
 class EnvironmentFault(TunerError):
     """Something around the configuration failed, not the configuration: a port taken by
     another process, a command that does not exist or rejects tuner's flags, a full or

@@ -556,6 +556,27 @@ def startup_timeout(folder: Path) -> Outcome:
                    "flag named", 0, finished(folder), sum(left), ok, {"stderr": err, "kinds": kinds})
 
 
+def window(folder: Path) -> Outcome:
+    """--timeout 20 on servers that take 11 s to start: the first trial fits, then the time
+    left is shorter than the study's own trial took, so no trial is started only to be
+    thrown away; exit 124 saying what is left, and a rerun measures the rest (TPE)."""
+    prepare(folder)
+    sim = SIM + " --startup-delay-s 11"
+    left: list[int] = []
+    code, out, err = _run(folder, *[a if a != "grid" else "tpe" for a in search_args("--timeout", "20",
+                                                                                     vllm_cmd=sim)], left=left)
+    before = finished(folder)
+    cut = [t for t in trials(folder) if t.user_attrs.get("fail_kind") == "interrupted"]
+    note = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
+    rcode, _, _ = _run(folder, *[a if a != "grid" else "tpe" for a in search_args(vllm_cmd=sim)], left=left)
+    ok = (code == 124 and one_line(err) and "run the same command again" in err and before >= 1 and not cut
+          and any("trials are left for the next run" in n for n in note) and rcode == 0
+          and finished(folder) == GRID and not sum(left))
+    return Outcome("--timeout 20, 11 s starts (TPE)", f"exit {code} after {before} trial(s), {len(cut)} cut; "
+                   f"rerun exit {rcode}", before, finished(folder), sum(left), ok,
+                   {"stderr": err, "notes": note, "code": code, "cut": len(cut)})
+
+
 @contextlib.contextmanager
 def small_disk(path: Path, size: str):
     """A tmpfs of ``size`` at ``path``; None when this machine does not let us mount one."""
@@ -768,6 +789,7 @@ ALL = [
     ("unknown_gpu", unknown_gpu),
     ("hung_start", hung_start),
     ("startup_timeout", startup_timeout),
+    ("window", window),
     ("disk_full", disk_full),
     ("garbage_stream", garbage_stream),
     ("all_429", all_429),

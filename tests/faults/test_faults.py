@@ -115,3 +115,9 @@ def test_a_server_killed_from_outside_twice_in_a_row_stops_the_run(tmp_path):
 def test_vllm_serve_with_flags_gets_the_model_first_and_a_refusal_before_the_engine_is_the_machines(tmp_path):
     o = sc.positional_model(tmp_path)
     assert o.ok, o.details
+
+
+def test_timeout_starts_no_trial_that_cannot_finish_and_exits_124(tmp_path):
+    o = sc.window(tmp_path)
+    assert o.details["code"] == 124 and o.details["cut"] == 0, o
+    assert o.ok, o

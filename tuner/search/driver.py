@@ -302,6 +302,13 @@ class SearchRun:
         write(trial.set_user_attr, rec)
         return ev.value
 
+    def _fits(self) -> bool:
+        """Whether the next trial fits in what is left of ``--timeout``, by the longest
+        trial of this study that started a server (:func:`trial_estimate`); with none
+        measured yet there is nothing to go by and it starts."""
+        need = trial_estimate(self.study)
+        return need is None or self.window.remaining() >= need
+
     def _queue_next(self, study: optuna.Study, queue: Callable[[], object]) -> None:
         """Call ``queue`` (which enqueues the next trial) when :meth:`_another_trial` says
         there is room; the check and the enqueue hold the study's budget lock, so two
@@ -386,16 +393,25 @@ class SearchRun:
                 self.notes.append(f"configuration {g['params']} failed {g['failures']} times without a measurement "
                                   f"({'; '.join(str(r) for r in g['reasons'])[:300]}); not retried")
                 self.obs.on_warning(self.notes[-1])
+            self.window = Deadline(s.timeout_s)
             try:
-                with deadline_scope(Deadline(s.timeout_s)), quiet_optuna():
-                    worker.optimize(self.objective, catch=(Exception,), callbacks=[self.after])
-                    self._confirm()
+                with deadline_scope(self.window), quiet_optuna():
+                    worker.optimize(self.objective, catch=(Exception,), callbacks=[self.after], may_start=self._fits)
+                    if not worker.window_closed:
+                        self._confirm()
             except Interrupted as err:
                 if err.reason != "timeout":
                     raise
                 interrupted = err  # --timeout cut a trial: it is measured again on resume
                 self.notes.append("--timeout reached during a trial: it was stopped, is not counted, and is "
                                   "measured again when the study resumes")
+        if worker.window_closed:
+            interrupted = interrupted or Interrupted("timeout")
+            left = max(0, s.budget - count_finished(st))
+            self.notes.append(f"--timeout: {self.window.remaining():.0f} s left, less than the "
+                              f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
+                              f"started that could not finish; {left} of the budget's {s.budget} trials are left "
+                              "for the next run (the same command goes on)")
         if worker.halt is not None:
             raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults "
                                    f"in a row (no configuration was judged by them): {worker.halt}")
@@ -426,6 +442,19 @@ class SearchRun:
         finally:
             if lock is not None:
                 lock.close()
+
+
+def trial_estimate(study: optuna.Study) -> float | None:
+    """Wall seconds the study's longest finished trial that started a server took (its
+    start, goodput search and stop); None before any did."""
+    from optuna.trial import TrialState
+
+    from tuner.search.blame import started
+
+    took = [t.duration.total_seconds() for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.duration is not None and started(TrialRecord.from_trial(t))
+            and TrialRecord.from_trial(t).repeat_of is None]
+    return max(took) if took else None
 
 
 def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
