@@ -47,3 +47,35 @@ def test_the_estimate_is_the_longest_trial_that_started_a_server():
     for seconds, started, repeat in ((180, True, None), (290, True, None), (5000, False, None), (9000, True, 0)):
         study.add_trial(_trial(seconds, started, repeat))
     assert driver.trial_estimate(study) == pytest.approx(290.0)  # not the pre-check refusal, not a copy
+
+
+def test_gpu_time_thrown_away_is_recorded_per_trial_and_shown_by_studies_show(tmp_path, capsys, monkeypatch):
+    import time
+
+    from test_blame import KilledOnce
+
+    from tuner.cli import main
+    from tuner.study import gpu_time
+
+    class Held(KilledOnce):  # a backend whose servers hold GPUs, like vLLM's
+        measures_gpu_time = True
+
+        def start(self, deployment, config):
+            self.launched_at = time.monotonic()
+            return super().start(deployment, config)
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    out = run_search(space(), backend=Held(), workload=small_workload(), budget=4, sampler="grid",
+                     storage=storage, study="s", confirm=0, precheck=False, predictor=None)
+    g = gpu_time(out.study)
+    killed = [t for t in out.study.get_trials() if t.state == TrialState.FAIL]
+    assert len(killed) == 1 and g["wasted_trials"] == 1
+    assert g["wasted_s"] == pytest.approx(TrialRecord.from_trial(killed[0]).gpu_s) and g["wasted_s"] > 0
+    assert g["start_s"] == pytest.approx(4 * 30.0)  # the fake's servers report 30 s starts
+    assert g["total_s"] == pytest.approx(g["start_s"] + g["replay_s"] + g["wasted_s"])
+    try:
+        main(["studies", "show", "s", "--storage", storage])
+    except SystemExit as exit_:
+        assert not exit_.code
+    shown = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "GPU time:" in shown and "in 1 trials that measured nothing" in shown

@@ -472,6 +472,7 @@ class VllmBackend:
         trial = trial or f"trial{self._trial_counter:04d}-{os.getpid()}"
         check_writable(self.log_dir, what="the vLLM log folder")
         self.check_gpus_free(gpu_sets)
+        self.launched_at = time.monotonic()  # the GPUs are held from here (what a failed trial throws away)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return self._start_once(deployment, config, gpu_sets, version,

@@ -246,6 +246,7 @@ class SearchRun:
         from tuner.search.prediction import advise
 
         self.worker.started(trial)
+        t_trial = time.monotonic()
         config = self.space.suggest(trial)
         self.worker.wait_for_twin(trial)
         earlier = same_config(trial.study, config, self.fingerprint, self.tags)
@@ -286,13 +287,15 @@ class SearchRun:
         except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
             why = f"interrupted ({err.reason})" if isinstance(err, Interrupted) else "interrupted (Ctrl-C)"
             err.trial = trial.number  # type: ignore[attr-defined]  # for the CLI's one line
-            mark_trial_failed(trial, config, self.run_facts, "interrupted", why)
+            mark_trial_failed(trial, config, self.run_facts, "interrupted", why, gpu_s=self._held(t_trial))
             raise
         except EnvironmentFault as err:  # the machine, not the configuration
-            mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}")
+            mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}",
+                              gpu_s=self._held(t_trial))
             raise
         except Exception as err:  # a crash fails this trial only; the study goes on
-            mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}")
+            mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}",
+                              gpu_s=self._held(t_trial))
             raise
         self.gpu_s += ev.gpu_s
         rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
@@ -301,6 +304,14 @@ class SearchRun:
         trial.set_constraint(CONSTRAINT, ev.constraint)
         write(trial.set_user_attr, rec)
         return ev.value
+
+    def _held(self, since: float) -> float:
+        """Seconds the GPUs have been held by a server this trial launched (after ``since``):
+        what a failed trial throws away; 0 for a backend that costs no GPU time."""
+        at = getattr(self.backend, "launched_at", None)
+        if not self.backend.measures_gpu_time or at is None or at < since:
+            return 0.0
+        return time.monotonic() - at
 
     def _fits(self) -> bool:
         """Whether the next trial fits in what is left of ``--timeout``, by the longest
