@@ -284,7 +284,8 @@ def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outc
     else:
         ok = (code == 2 and one_line(err) and "SIGKILL" in err and "in a row" in err and not infeasible_env
               and left == 0)
-        happened = f"exit {code}: '{err.strip()[:60]}...'"
+        last = (err.strip().splitlines() or [""])[-1]
+        happened = f"exit {code}: '{last[:90]}...'"
     return Outcome(f"server killed from outside x{times} ({sampler})", happened, None, finished(folder), left, ok,
                    {"stderr": err, "code": code, "killed": killed, "env_faults": len(env_faults)})
 
