@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.control import StopHook
-from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
+from tuner.backends.vllm_args import classify_failure, parse_startup, place_model, render_flags
 from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.interrupts import current_deadline
@@ -163,23 +163,6 @@ def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
         return None
     lines = out.stdout.strip().splitlines()
     return lines[-1].strip() if out.returncode == 0 and lines else None
-
-
-def place_model(cmd: list[str], model: str) -> list[str]:
-    """The command with the model where vLLM reads it: where the user wrote ``{model}``;
-    ``--model MODEL`` for the OpenAI entrypoint module (it reads ``--model``; a positional
-    model is ignored and it serves its default, Qwen/Qwen3-0.6B from the hub in 0.32);
-    right after ``serve`` for ``vllm serve`` (vLLM 0.26 refuses flags before the model:
-    "`model` should be provided as the first positional argument when using `vllm serve`",
-    so flags the user put in ``--vllm-cmd`` follow it); else after the command."""
-    if any("{model}" in part for part in cmd):
-        return [part.replace("{model}", model) for part in cmd]
-    if "vllm.entrypoints.openai.api_server" in cmd:
-        return cmd + ["--model", model]
-    for i, part in enumerate(cmd[:-1]):
-        if cmd[i + 1] == "serve" and (Path(part).name == "vllm" or part.startswith("vllm.entrypoints.cli")):
-            return cmd[:i + 2] + [model] + cmd[i + 2:]
-    return cmd + [model]
 
 
 class _Replica:

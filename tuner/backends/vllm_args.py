@@ -18,6 +18,7 @@ Failure messages are vLLM's own (shared/reference/vllm-facts.md sections 1, 2, 4
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigRejected, EnvironmentFault
@@ -61,6 +62,23 @@ def render_flags(
     if v < (0, 10):
         flags.append("--disable-log-requests")  # request logging was on by default then
     return flags
+
+
+def place_model(cmd: list[str], model: str) -> list[str]:
+    """The command with the model where vLLM reads it: where the user wrote ``{model}``;
+    ``--model MODEL`` for the OpenAI entrypoint module (it reads ``--model``; a positional
+    model is ignored and it serves its default, Qwen/Qwen3-0.6B from the hub in 0.32);
+    right after ``serve`` for ``vllm serve`` (vLLM 0.26 refuses flags before the model:
+    "`model` should be provided as the first positional argument when using `vllm serve`",
+    so flags the user put in ``--vllm-cmd`` follow it); else after the command."""
+    if any("{model}" in part for part in cmd):
+        return [part.replace("{model}", model) for part in cmd]
+    if "vllm.entrypoints.openai.api_server" in cmd:
+        return cmd + ["--model", model]
+    for i, part in enumerate(cmd[:-1]):
+        if cmd[i + 1] == "serve" and (Path(part).name == "vllm" or part.startswith("vllm.entrypoints.cli")):
+            return cmd[:i + 2] + [model] + cmd[i + 2:]
+    return cmd + [model]
 
 
 # -- startup facts from the log ----------------------------------------------------------

@@ -26,6 +26,7 @@ from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_win
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import environment_fault
+from tuner.search.window import trial_estimate
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.progress import Observer, observer_or_headless
@@ -453,19 +454,6 @@ class SearchRun:
         finally:
             if lock is not None:
                 lock.close()
-
-
-def trial_estimate(study: optuna.Study) -> float | None:
-    """Wall seconds the study's longest finished trial that started a server took (its
-    start, goodput search and stop); None before any did."""
-    from optuna.trial import TrialState
-
-    from tuner.search.blame import started
-
-    took = [t.duration.total_seconds() for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.duration is not None and started(TrialRecord.from_trial(t))
-            and TrialRecord.from_trial(t).repeat_of is None]
-    return max(took) if took else None
 
 
 def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
