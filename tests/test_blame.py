@@ -131,3 +131,14 @@ def test_killed_again_on_the_retry_stops_the_run(tmp_path, sampler):
     with pytest.raises(EnvironmentFault) as err:
         search(KilledOnce(times=2), tmp_path, sampler)
     assert "2 environment faults in a row" in str(err.value) and "SIGKILL" in str(err.value)
+
+
+def test_a_run_whose_last_trial_is_an_environment_fault_exits_2_not_no_configuration(tmp_path):
+    one = space()
+    one = parse_space(SPACE.replace("{choices: [16, 64]}", "16").replace("{choices: [2048, 4096]}", "2048"),
+                      path="blame.yaml").bind(Deployment(gpu_count=1), num_heads=28)
+    backend = Refusing(lambda c: EnvironmentFault("before_engine", "the server died before vLLM's engine started"))
+    with pytest.raises(EnvironmentFault) as err:
+        run_search(one, backend=backend, workload=small_workload(), budget=1, sampler="grid",
+                   storage=f"sqlite:///{tmp_path}/s.db", study="s", confirm=0, precheck=False)
+    assert "ended on an environment fault" in str(err.value) and err.value.exit_code == 2

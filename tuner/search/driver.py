@@ -427,6 +427,10 @@ class SearchRun:
         if worker.halt is not None:
             raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults "
                                    f"in a row (no configuration was judged by them): {worker.halt}")
+        if self.env_faults and not worker.window_closed and interrupted is None:
+            # the space ran out (a grid's last point) on a fault of the machine: not "no configuration met"
+            raise EnvironmentFault("environment", "the run ended on an environment fault (no configuration was "
+                                   f"judged by it): {self.env_faults[-1]}")
         return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
                              timed_out=interrupted is not None, confirmation=confirmation(st),
