@@ -3,11 +3,15 @@
     python benchmarks/faults.py [SCENARIO ...]      (default: all of tests/faults/scenarios.py)
 
 Each row: the fault, what tuner did, the study's finished trials before the fault and
-after the run (and its rerun, where one belongs), tuner-marked processes left running
-(must be 0) and the verdict. The same scenarios are asserted one by one in tests/faults/.
+after the run (and its rerun, where one belongs), tuner-marked processes left running,
+Python tracebacks printed and trials stored infeasible for a fault of the environment
+(all three must be 0) and the verdict. The same scenarios are asserted one by one in tests/faults/.
 """
 from __future__ import annotations
 
+import json
+import re
+import sqlite3
 import sys
 import tempfile
 import time
@@ -20,6 +24,32 @@ sys.path.insert(0, str(ROOT / "tests" / "faults"))
 import scenarios  # noqa: E402
 
 
+#: An environment fault's words, as tuner writes them (tuner/backends/vllm_args.py, tuner/search/blame.py):
+#: a trial stored infeasible with one of them would be the machine's fault learnt as a configuration's.
+ENV_WORDS = re.compile(r"before vLLM's engine started|which tuner did not send|not a server of this run|"
+                       r"no configuration of this study has started|a configuration that differs failed|"
+                       r"reduce GPU memory used by other processes|unrecognized arguments|No space left|"
+                       r"Address already in use|should be provided as the first positional argument")
+
+
+def stored_env_faults(folder: Path) -> int:
+    """Trials of the scenario's studies stored infeasible for a fault of the environment."""
+    n = 0
+    for db in folder.rglob("*.db"):
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                rows = conn.execute("SELECT value_json FROM trial_user_attributes WHERE key = 'infeasible_reason'")
+                n += sum(1 for (value,) in rows if ENV_WORDS.search(str(json.loads(value) or "")))
+        except sqlite3.DatabaseError:
+            continue
+    return n
+
+
+def tracebacks(outcome) -> int:
+    """Python tracebacks in what the scenario's tuner runs printed."""
+    return sum(str(v).count("Traceback (most recent call last)") for v in outcome.details.values())
+
+
 def main(names: list[str]) -> int:
     chosen = [(n, f) for n, f in scenarios.ALL if not names or n in names]
     rows = []
@@ -30,11 +60,17 @@ def main(names: list[str]) -> int:
             outcome = run(Path(tmp) / name)
             took = time.monotonic() - t0
             if outcome is None:
-                rows.append((name, "not run here (needs a tmpfs mount)", "-", "-", "skipped", f"{took:.0f} s"))
+                rows.append((name, "not run here (needs a tmpfs mount)", "-", "-", "-", "-", "skipped",
+                             f"{took:.0f} s"))
             else:
-                rows.append((*outcome.row(), f"{took:.0f} s"))
+                fault, happened, trials, left, verdict = outcome.row()
+                env, tb = stored_env_faults(Path(tmp) / name), tracebacks(outcome)
+                if env or tb:
+                    verdict = "FAILED"
+                rows.append((fault, happened, trials, left, str(tb), str(env), verdict, f"{took:.0f} s"))
             print(f"  {name}: {rows[-1][-2]} ({took:.0f} s)", file=sys.stderr, flush=True)
-    head = ("fault", "what happened", "finished trials before -> after", "processes left", "verdict", "took")
+    head = ("fault", "what happened", "finished trials before -> after", "processes left", "tracebacks",
+            "env faults stored", "verdict", "took")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     widths[1] = min(widths[1], 110)
     line = lambda r: " | ".join(str(c)[:widths[i]].ljust(widths[i]) for i, c in enumerate(r))  # noqa: E731
@@ -42,10 +78,13 @@ def main(names: list[str]) -> int:
     print("-+-".join("-" * w for w in widths))
     for r in rows:
         print(line(r))
-    bad = [r for r in rows if r[4] == "FAILED"]
+    bad = [r for r in rows if r[6] == "FAILED"]
     left = sum(int(r[3]) for r in rows if r[3].isdigit())
-    print(f"\n{len(rows) - len(bad)}/{len(rows)} survived, {left} processes left, in {time.monotonic() - t_all:.0f} s")
-    return 1 if bad or left else 0
+    tb = sum(int(r[4]) for r in rows if r[4].isdigit())
+    env = sum(int(r[5]) for r in rows if r[5].isdigit())
+    print(f"\n{len(rows) - len(bad)}/{len(rows)} survived, {left} processes left, {tb} tracebacks, {env} environment "
+          f"faults stored as a configuration's, in {time.monotonic() - t_all:.0f} s")
+    return 1 if bad or left or tb or env else 0
 
 
 if __name__ == "__main__":

@@ -83,6 +83,13 @@ class NoFeasibleConfig(TunerError):
     exit_code = 3
 
 
+class WindowClosed(TunerError):
+    """``--timeout`` ended the run before the study held its budget: no trial was started
+    that the study's own trial durations said could not finish; the next run goes on."""
+
+    exit_code = 124
+
+
 class EnvironmentFault(TunerError):
     """Something around the configuration failed, not the configuration: a port taken by
     another process, a command that does not exist or rejects tuner's flags, a full or
@@ -92,7 +99,11 @@ class EnvironmentFault(TunerError):
     measured again later); found before the first trial, it stops the run (exit 2).
 
     ``kind``: ``port_in_use``, ``foreign_server``, ``command``, ``bad_flag``, ``disk_full``,
-    ``storage``, ``gpu``. ``retry`` says whether trying again (another port) may help."""
+    ``storage``, ``gpu``, ``gpu_busy`` (memory other processes hold), ``before_engine`` (a
+    death before vLLM's engine started), ``killed`` (a signal tuner did not send; the trial
+    is measured again once), ``startup_timeout`` (no configuration has started yet),
+    ``same_failure`` (configurations that differ failed alike), ``stale_server``.
+    ``retry`` says whether trying again (another port) may help."""
 
     exit_code = 2
 

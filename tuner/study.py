@@ -237,6 +237,30 @@ def error_totals(study: optuna.Study) -> dict[str, int]:
     return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def gpu_time(study: optuna.Study) -> dict[str, float]:
+    """Seconds the study's servers held the deployment's GPUs: ``start_s`` (starting them,
+    refused starts included: that is a configuration's answer), ``replay_s`` (the measured
+    loads), ``wasted_s`` (trials that measured nothing: interrupted, environment faults,
+    crashes), ``wasted_trials`` and ``total_s``. Copies of a measurement cost nothing."""
+    from optuna.trial import TrialState
+
+    out = {"start_s": 0.0, "replay_s": 0.0, "wasted_s": 0.0, "wasted_trials": 0.0}
+    for t in study.get_trials(deepcopy=False):
+        rec = TrialRecord.from_trial(t)
+        if rec.repeat_of is not None:
+            continue
+        if t.state == TrialState.FAIL:
+            if rec.gpu_s:
+                out["wasted_s"] += float(rec.gpu_s)
+                out["wasted_trials"] += 1
+            continue
+        replay = sum(float(p.duration_s or 0.0) for p in rec.loads)
+        out["replay_s"] += replay
+        out["start_s"] += max(0.0, float(rec.gpu_s or 0.0) - replay) if rec.gpu_s else float(rec.run.startup_s or 0.0)
+    out["total_s"] = out["start_s"] + out["replay_s"] + out["wasted_s"]
+    return out
+
+
 def miss_explanation(trial: FrozenTrial) -> str:
     """One line: why this trial was infeasible, and by how much it missed (for one that
     errors failed: how many requests failed, of which kinds)."""

@@ -138,6 +138,7 @@ class Worker:
         self.ran = 0  # trials this process started
         self._current: int | None = None
         self.halt: str | None = None  # set (with study.stop()) to end the loop for a reason of ours
+        self.window_closed = False  # the next trial would not have fitted in the time left
         self.leftovers: list[int] = []  # RUNNING trials of a dead process, failed on entry (SQLite)
 
     def __enter__(self) -> Worker:
@@ -166,10 +167,11 @@ class Worker:
                 lock.close()
 
     def optimize(self, objective: Callable[[optuna.Trial], float], *, catch: tuple[type[Exception], ...] = (),
-                 callbacks: Sequence[Callable[..., None]] = ()) -> None:
+                 callbacks: Sequence[Callable[..., None]] = (), may_start: Callable[[], bool] | None = None) -> None:
         """Run trials until the study's budget is used (counting other workers' trials),
         then wait for the trials still running elsewhere; stop starting trials after
-        ``timeout_s``."""
+        ``timeout_s``, or when ``may_start`` says the next one would not fit (then
+        ``window_closed`` is set)."""
         import optuna
 
         t0 = time.monotonic()
@@ -184,6 +186,9 @@ class Worker:
                         optuna.storages.fail_stale_trials(self.study)
                 used, running = budget_used(self.study, shared=self.shared)
                 if used < self.budget:
+                    if may_start is not None and not may_start():
+                        self.window_closed = True
+                        return
                     self._check_room()
                     # the trial is created under the lock; ``started`` releases it
                     try:

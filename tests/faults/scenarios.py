@@ -214,29 +214,144 @@ def sigkill(folder: Path) -> Outcome:
                    {"rerun_stderr": rerr, "counts": counts})
 
 
+def wrapper(folder: Path) -> str:
+    """A launcher script that does not ``exec`` the server (it waits, then reports), as
+    site launchers do: the server is tuner's grandchild, the shell its direct child."""
+    script = folder / "launch.sh"
+    script.write_text(f"#!/bin/bash\n{SIM} \"$@\"\nstatus=$?\necho \"launch.sh: server exited $status\"\n"
+                      "exit $status\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def servers_of(owner: int) -> list[psutil.Process]:
+    """The marked server processes (not their launcher shells) of tuner ``owner``."""
+    return [p for p in marked(owner) if "sim-serve" in " ".join(p.cmdline()) and "launch.sh" not in " ".join(p.cmdline())]
+
+
+def wrapper_sigkill(folder: Path) -> Outcome:
+    """SIGKILL of tuner while its server runs behind a launcher that does not exec: the
+    reaper stops the whole group (PDEATHSIG alone reaches only the shell); the rerun measures
+    every configuration."""
+    prepare(folder)
+    cmd = wrapper(folder)
+    proc = tuner(folder, *search_args(vllm_cmd=cmd))
+    started = wait_for(lambda: len(servers_of(proc.pid)) > 0 and finished(folder) >= 1)
+    before = finished(folder)
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    left = wait_gone(proc.pid, timeout=60)
+    rcode, _, rerr = finish(tuner(folder, *search_args(vllm_cmd=cmd)))
+    counts = measured_configs(folder)
+    ok = started and left == 0 and rcode == 0 and len(counts) == GRID and max(counts.values()) == 1
+    return Outcome("SIGKILL, server behind a wrapper", f"{left} left; rerun exit {rcode}, {len(counts)}/{GRID} "
+                   "measured", before, finished(folder), left, ok, {"rerun_stderr": rerr, "counts": counts})
+
+
+def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outcome:
+    """The server (behind a wrapper that does not exec) is SIGKILLed by someone else mid-trial,
+    ``times`` times in a row: once, the trial is measured again and the run ends 0 with every
+    configuration measured; twice, the run stops with exit 2 and one line naming the signal.
+    Never stored infeasible, never counted."""
+    prepare(folder)
+    proc = tuner(folder, *[a if a != "grid" else sampler for a in search_args(vllm_cmd=wrapper(folder))])
+    killed: list[int] = []
+
+    def victim() -> psutil.Process | None:  # a server of a trial after the first is stored
+        fresh = [p for p in servers_of(proc.pid) if p.pid not in killed]
+        return fresh[0] if fresh and finished(folder) >= 1 else None
+
+    for _ in range(times):
+        if not wait_for(lambda: victim() is not None, 120):
+            break
+        with contextlib.suppress(psutil.NoSuchProcess, TypeError):
+            server = victim()
+            server.kill()
+            killed.append(server.pid)
+    code, _, err = finish(proc)
+    left = wait_gone(proc.pid, timeout=45)
+    recs = trials(folder)
+    env_faults = [t for t in recs if t.user_attrs.get("fail_kind") == "environment"]
+    infeasible_env = [t for t in recs if "SIGKILL" in str(t.user_attrs.get("infeasible_reason", ""))]
+    counts = measured_configs(folder)
+    if times == 1:
+        remeasured = all(any(t.state.name == "COMPLETE" and t.params == f.params and t.user_attrs.get("repeat_of") is None
+                             for t in recs) for f in env_faults)
+        ok = (len(killed) == 1 and code == 0 and finished(folder) == GRID and len(env_faults) <= 1 and remeasured
+              and (sampler != "grid" or len(counts) == GRID) and not infeasible_env and left == 0
+              and all("killed" in str(t.user_attrs.get("fail_reason")) for t in env_faults))
+        happened = f"exit {code}; {len(env_faults)} trial measured again, {len(counts)}/{GRID} measured"
+    else:
+        ok = (code == 2 and one_line(err) and "SIGKILL" in err and "in a row" in err and not infeasible_env
+              and left == 0)
+        last = (err.strip().splitlines() or [""])[-1]
+        happened = f"exit {code}: '{last[:90]}...'"
+    return Outcome(f"server killed from outside x{times} ({sampler})", happened, None, finished(folder), left, ok,
+                   {"stderr": err, "code": code, "killed": killed, "env_faults": len(env_faults)})
+
+
+def positional_model(folder: Path) -> Outcome:
+    """``--vllm-cmd "vllm serve --load-format dummy"`` with a stub ``vllm`` that refuses, in
+    vLLM 0.26's own words, flags before the model: tuner puts the model right after ``serve``,
+    so every configuration is measured. A stub whose every start dies that way before the
+    engine starts stops the run with exit 2, nothing stored infeasible."""
+    prepare(folder)
+    stub = folder / "vllm"
+    stub.write_text(f"""#!{sys.executable}
+import os, sys
+args = sys.argv[1:]
+if args[0] != "serve":
+    sys.exit("vllm: only serve here")
+if len(args) > 1 and args[1].startswith("-") and any(a.startswith("--served-model-name") for a in args):
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("ValueError: `model` should be provided as the first positional argument when using `vllm serve`. "
+          "i.e. `vllm serve <model> --<arg> <value>`.", file=sys.stderr)
+    sys.exit(1)
+rest = args[1:]
+if "--load-format" in rest:
+    i = rest.index("--load-format")
+    del rest[i:i + 2]
+os.execv(sys.executable, [sys.executable, "-m", "tuner", "sim-serve", "--speed", "50", *rest])
+""")
+    stub.chmod(0o755)
+    left: list[int] = []
+    code, _, err = _run(folder, *search_args(vllm_cmd=f"{stub} serve --load-format dummy"), left=left)
+    counts = measured_configs(folder)
+    # the same refusal for every start: what tuner did before (flags, then the model), staged by hand
+    other = folder / "bad"
+    prepare(other)
+    bcode, _, berr = _run(other, *search_args(vllm_cmd=f"{stub} serve --load-format dummy {{model}}"), left=left)
+    bad = trials(other)
+    ok = (code == 0 and len(counts) == GRID and bcode == 2 and one_line(berr) and "before vLLM's engine" in berr
+          and [t.user_attrs.get("fail_kind") for t in bad] == ["environment"] * 2
+          and not any(t.user_attrs.get("infeasible_reason") for t in bad) and not sum(left))
+    return Outcome("vllm serve + flags (0.26 refusal text)", f"exit {code}, {len(counts)}/{GRID} measured; flags "
+                   f"before the model: exit {bcode}, 0 stored", 0, finished(folder), sum(left), ok,
+                   {"stderr": err, "bad_stderr": berr})
+
+
 def stale_server(folder: Path) -> Outcome:
-    """A server a dead run left (marker with a gone owner) is reported by search and doctor,
-    stopped only by --kill-stale; an unmarked bystander is never touched."""
+    """A server a dead run left (marker with a gone owner) is listed by doctor and stopped
+    by the next search before it starts anything (it is provably tuner's); an unmarked
+    bystander is never touched."""
     prepare(folder)
     dead_owner = 2**22 + 12345
     server = start_listening([sys.executable, "-m", "tuner", "sim-serve", "qwen2.5-7b", "--max-model-len", "4096"],
                              env={**env(), "TUNER_SERVER": f"{socket.gethostname()}:{dead_owner}:stale"})
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     try:
-        code1, _, err1 = finish(tuner(folder, *search_args(budget=1)))
-        reported = "left by a dead run is still running" in err1 and server.poll() is None
         dcode, dout, _ = finish(tuner(folder, "doctor", "--output", "json"))
         listed = any(s["stale"] and s["pid"] == server.pid for s in json.loads(dout)["servers"])
-        code2, _, err2 = finish(tuner(folder, *search_args("--kill-stale", budget=2)))
+        code, _, err = finish(tuner(folder, *search_args(budget=1)))
         stopped = wait_for(lambda: server.poll() is not None, 20)
-        steps = {"search exit 0": code1 == 0, "reported": reported, "doctor exit 1": dcode == 1, "listed": listed,
-                 "--kill-stale exit 0": code2 == 0, "said so": "stopped a server" in err2, "stopped": stopped,
+        steps = {"doctor exit 1": dcode == 1, "listed": listed, "search exit 0": code == 0,
+                 "said so": "stopped a server left by a dead run" in err, "stopped": stopped,
                  "bystander untouched": bystander.poll() is None}
         ok = all(steps.values())
-        happened = ("reported by search and doctor (exit 1), stopped by --kill-stale; bystander untouched" if ok
-                    else "not: " + ", ".join(k for k, v in steps.items() if not v))
+        happened = ("listed by doctor (exit 1), stopped by the next search before its first trial; bystander "
+                    "untouched" if ok else "not: " + ", ".join(k for k, v in steps.items() if not v))
         return Outcome("server left by a dead run", happened, None, finished(folder), len(marked(dead_owner)), ok,
-                       {"stderr": err1 + err2, "doctor": dout, "steps": steps})
+                       {"stderr": err, "doctor": dout, "steps": steps})
     finally:
         for p in (server, bystander):
             if p.poll() is None:
@@ -426,16 +541,41 @@ def hung_start(folder: Path) -> Outcome:
 
 
 def startup_timeout(folder: Path) -> Outcome:
-    """--startup-timeout 2 on a server that needs 600 s: the start is refused as a timeout
-    (recorded with the reason), its server stopped, the study goes on."""
+    """--startup-timeout 2 on a server that needs 600 s, for every configuration: no start of
+    the study ever succeeded, so the timeouts are the machine's (tuner.search.blame): two in a
+    row stop the run with exit 2 and one line naming the flag; nothing stored infeasible,
+    nothing counted, the servers stopped."""
     prepare(folder)
     left: list[int] = []
     code, out, err = _run(folder, *search_args("--startup-timeout", "2s", budget=2,
                                                vllm_cmd=SIM + " --startup-delay-s 600"), left=left)
-    reasons = [str(t.user_attrs.get("infeasible_reason", "")) for t in trials(folder)]
-    ok = code == 3 and all("--startup-timeout" in r for r in reasons) and len(reasons) == 2 and not sum(left)
-    return Outcome("--startup-timeout 2s", f"exit {code}: both trials 'timeout' with the flag named", 0,
-                   finished(folder), sum(left), ok, {"reasons": reasons})
+    kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
+    infeasible = [t for t in trials(folder) if t.user_attrs.get("infeasible_reason")]
+    ok = (code == 2 and one_line(err) and "--startup-timeout" in err and "environment faults in a row" in err
+          and kinds == ["environment"] * 2 and not infeasible and finished(folder) == 0 and not sum(left))
+    return Outcome("--startup-timeout 2s, every config", f"exit {code} after 2 environment faults, 0 counted, "
+                   "flag named", 0, finished(folder), sum(left), ok, {"stderr": err, "kinds": kinds})
+
+
+def window(folder: Path) -> Outcome:
+    """--timeout 20 on servers that take 11 s to start: the first trial fits, then the time
+    left is shorter than the study's own trial took, so no trial is started only to be
+    thrown away; exit 124 saying what is left, and a rerun measures the rest (TPE)."""
+    prepare(folder)
+    sim = SIM + " --startup-delay-s 11"
+    left: list[int] = []
+    code, out, err = _run(folder, *[a if a != "grid" else "tpe" for a in search_args("--timeout", "20",
+                                                                                     vllm_cmd=sim)], left=left)
+    before = finished(folder)
+    cut = [t for t in trials(folder) if t.user_attrs.get("fail_kind") == "interrupted"]
+    note = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
+    rcode, _, _ = _run(folder, *[a if a != "grid" else "tpe" for a in search_args(vllm_cmd=sim)], left=left)
+    ok = (code == 124 and one_line(err) and "run the same command again" in err and before >= 1 and not cut
+          and any("trials are left for the next run" in n for n in note) and rcode == 0
+          and finished(folder) == GRID and not sum(left))
+    return Outcome("--timeout 20, 11 s starts (TPE)", f"exit {code} after {before} trial(s), {len(cut)} cut; "
+                   f"rerun exit {rcode}", before, finished(folder), sum(left), ok,
+                   {"stderr": err, "notes": note, "code": code, "cut": len(cut)})
 
 
 @contextlib.contextmanager
@@ -637,6 +777,11 @@ ALL = [
     ("sigint", lambda f: stop_signal(f, signal.SIGINT)),
     ("sighup", lambda f: stop_signal(f, signal.SIGHUP)),
     ("sigkill", sigkill),
+    ("wrapper_sigkill", wrapper_sigkill),
+    ("killed_once", lambda f: killed_from_outside(f, 1)),
+    ("killed_once_tpe", lambda f: killed_from_outside(f, 1, "tpe")),
+    ("killed_twice", lambda f: killed_from_outside(f, 2)),
+    ("positional_model", positional_model),
     ("stale_server", stale_server),
     ("foreign_server", foreign_server),
     ("port_taken", port_taken),
@@ -645,6 +790,7 @@ ALL = [
     ("unknown_gpu", unknown_gpu),
     ("hung_start", hung_start),
     ("startup_timeout", startup_timeout),
+    ("window", window),
     ("disk_full", disk_full),
     ("garbage_stream", garbage_stream),
     ("all_429", all_429),

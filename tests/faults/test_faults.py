@@ -29,7 +29,7 @@ def test_sigkill_leaves_no_server_and_the_rerun_repairs_the_study(tmp_path):
     assert len(o.details["counts"]) == sc.GRID and o.ok, o
 
 
-def test_a_server_left_by_a_dead_run_is_reported_and_stopped_only_when_asked(tmp_path):
+def test_a_server_left_by_a_dead_run_is_stopped_by_the_next_run_and_no_bystander_is_touched(tmp_path):
     o = sc.stale_server(tmp_path)
     assert o.ok, o
 
@@ -92,3 +92,32 @@ def test_free_space_is_checked_before_each_trial(tmp_path, monkeypatch):
     with pytest.raises(EnvironmentFault) as err:
         run_search(space, budget=2, storage=f"sqlite:///{tmp_path}/s.db", study="s")
     assert err.value.kind == "disk_full" and f"{tmp_path}/s.db" in str(err.value) and "free space" in str(err.value)
+
+
+def test_sigkill_behind_a_wrapper_that_does_not_exec_leaves_no_server(tmp_path):
+    o = sc.wrapper_sigkill(tmp_path)
+    assert o.left == 0, "the server outlived a SIGKILLed tuner behind its launcher"
+    assert o.ok, o
+
+
+@pytest.mark.parametrize("sampler", ["grid", "tpe"])
+def test_a_server_killed_from_outside_once_is_measured_again(tmp_path, sampler):
+    o = sc.killed_from_outside(tmp_path, 1, sampler)
+    assert o.details["killed"] and o.details["code"] == 0, o
+    assert o.ok, o
+
+
+def test_a_server_killed_from_outside_twice_in_a_row_stops_the_run(tmp_path):
+    o = sc.killed_from_outside(tmp_path, 2)
+    assert o.details["code"] == 2 and o.ok, o
+
+
+def test_vllm_serve_with_flags_gets_the_model_first_and_a_refusal_before_the_engine_is_the_machines(tmp_path):
+    o = sc.positional_model(tmp_path)
+    assert o.ok, o.details
+
+
+def test_timeout_starts_no_trial_that_cannot_finish_and_exits_124(tmp_path):
+    o = sc.window(tmp_path)
+    assert o.details["code"] == 124 and o.details["cut"] == 0, o
+    assert o.ok, o

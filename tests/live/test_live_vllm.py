@@ -188,3 +188,46 @@ def test_plan_against_real_vllm(searched, workdir, vllm_python):
         assert point["tokens_per_s"] > point["output_tokens_per_s"] > 0
     assert _our_processes() == []
     assert sorted(set(glob.glob("/tmp/vllm_dist_*")) - before) == []
+
+
+def _wrapper(workdir: Path, vllm_python: str) -> Path:
+    """A launcher named ``vllm`` that does not ``exec`` real vLLM's own ``vllm`` (it waits and
+    reports, as site launchers do); the CPU KV space set by it, as tuner cannot tell the
+    platform through a shell script."""
+    folder = workdir / "launcher"
+    folder.mkdir(exist_ok=True)
+    script = folder / "vllm"
+    script.write_text(f"#!/bin/bash\nexport VLLM_CPU_KVCACHE_SPACE=1\n{Path(vllm_python).parent / 'vllm'} \"$@\"\n"
+                      "status=$?\necho \"launcher: vllm exited $status\"\nexit $status\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_vllm_serve_with_a_flag_behind_a_wrapper_gets_the_model_first(workdir, vllm_python):
+    """``--vllm-cmd "vllm serve --seed 1"`` through a launcher that does not exec: the model
+    lands right after ``serve`` (real vLLM refuses flags before it), the trial measures; the
+    same flag before the model ({model} placed after it) is real vLLM's refusal, which is
+    the environment's (exit 2, nothing stored infeasible), never a configuration's."""
+    vllm = _wrapper(workdir, vllm_python)
+    (workdir / "one.yaml").write_text((workdir / "space.yaml").read_text()
+                                      .replace("block_size: {choices: [16, 128]}", "block_size: 128")
+                                      .replace("max_num_seqs: {choices: [4, 8]}", "max_num_seqs: 4"))
+    base = ["search", "--backend", "vllm", "--space", str(workdir / "one.yaml"), "--model", str(workdir / "tiny-llama"),
+            "--budget", "1", "--sampler", "grid", "--output", "json", "--no-predict", "--confirm", "0"]
+    done = _tuner([*base, "--vllm-cmd", f"{vllm} serve --seed 1", "--study", "flags",
+                   "--storage", f"sqlite:///{workdir}/studies/flags.db"], workdir, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    import optuna
+
+    (trial,) = optuna.load_study(study_name="flags", storage=f"sqlite:///{workdir}/studies/flags.db").trials
+    assert trial.user_attrs.get("feasible") is True, trial.user_attrs
+    log = (workdir / trial.user_attrs["run"]["log_paths"][0]).read_text()
+    assert f"vllm serve {workdir / 'tiny-llama'} --seed 1 " in log.splitlines()[0]
+    refused = _tuner([*base, "--vllm-cmd", f"{vllm} serve --seed 1 {{model}}", "--study", "refused",
+                      "--storage", f"sqlite:///{workdir}/studies/refused.db"], workdir, timeout=600)
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "before vLLM's engine started" in refused.stderr and "Traceback" not in refused.stderr
+    trials = optuna.load_study(study_name="refused", storage=f"sqlite:///{workdir}/studies/refused.db").trials
+    assert [t.user_attrs.get("fail_kind") for t in trials] == ["environment"]  # the space's one point, not counted
+    assert not any(t.user_attrs.get("infeasible_reason") for t in trials)
+    assert _our_processes() == []

@@ -327,3 +327,14 @@ def test_tokenizer_folder_without_tokenizer_libraries_falls_back_to_labelled_est
     w = load_trace(p, tokenizer=str(folder))
     assert w.estimated_tokens and w.prompt_tokens.tolist() == [4]
     assert any("token counts estimated" in n for n in w.notes)
+
+
+def test_a_deeply_nested_first_line_is_one_line_of_bad_input_not_a_recursion_error(tmp_path):
+    from tuner.errors import InputError
+    from tuner.traffic import sniff
+
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"a":' * 10000 + "1" + "}" * 10000 + "\n")  # fits in the sniffed head, nests past the limit
+    with pytest.raises(InputError) as err:
+        sniff(str(path))
+    assert f"{path}:1:" in str(err.value) and "\n" not in str(err.value)

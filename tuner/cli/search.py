@@ -11,7 +11,7 @@ import typer
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import best_record, confirmation_record, print_best
-from tuner.errors import InputError, NoFeasibleConfig
+from tuner.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.progress import Observer
 from tuner.record import TrialRecord
 
@@ -164,7 +164,7 @@ def search_cmd(
     confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),
     confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
-    kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop servers that a dead tuner run left on this host (found by tuner's marker; they are reported either way, never others' processes)."),
+    kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
 
@@ -176,7 +176,7 @@ def search_cmd(
 
     A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129; --timeout stops it too and exits normally. Such a trial, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
 
-    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 130/143/129 interrupted.
+    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
 
     \b
     Examples:
@@ -237,11 +237,11 @@ def search_cmd(
         print(json.dumps(report, indent=2))
     else:
         _print_report(report)
+    if outcome.timed_out and outcome.finished < budget:
+        raise WindowClosed(f"--timeout {timeout:g} s reached with {outcome.finished} of {budget} trials finished"
+                           + ("" if best is None else f" (best so far: trial {best.number})")
+                           + "; nothing is lost: run the same command again to go on")
     if best is None:
-        if outcome.finished == 0 and outcome.timed_out:
-            raise NoFeasibleConfig(f"no trial finished within --timeout {timeout:g} s; the trial it stopped is "
-                                   "measured again when the study resumes (run the same command with a longer "
-                                   "--timeout)")
         raise NoFeasibleConfig(
             f"no configuration met P95 TTFT <= {outcome.target_ttft_s:g} s in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),

@@ -206,6 +206,7 @@ def studies_show(
         closest_miss,
         confirmation,
         error_totals,
+        gpu_time,
         load_study_by_name,
         miss_explanation,
     )
@@ -218,7 +219,7 @@ def studies_show(
     counts = {k: v for k, v in counts.items() if v}
     best = best_feasible_trial(st)
     info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": counts,
-                            "errors_total": error_totals(st)}
+                            "errors_total": error_totals(st), "gpu_time": gpu_time(st)}
     if best is not None:
         info["best"] = best_record(best, deployment_of(st))
         info["best"]["summary"] = dict(TrialRecord.from_trial(best).summary)
@@ -240,6 +241,11 @@ def studies_show(
     for label, value in redact_value(_settings(st, counts)):
         tbl.add_row(label, value)
     out.print(fit(tbl, out, labels=(0, 1)))
+    g = info["gpu_time"]
+    if g["total_s"]:
+        say(f"GPU time: {g['total_s']:,.0f} s held (starts {g['start_s']:,.0f} s, measured loads "
+            f"{g['replay_s']:,.0f} s); thrown away {g['wasted_s']:,.0f} s in {g['wasted_trials']:.0f} trials that "
+            "measured nothing")
     if info["errors_total"]:
         say(f"failed requests over all trials: {describe_errors(info['errors_total'], limit=8)}")
     if best is None:

@@ -25,6 +25,8 @@ from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
 from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
+from tuner.search.blame import environment_fault
+from tuner.search.window import trial_estimate
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.progress import Observer, observer_or_headless
@@ -245,6 +247,7 @@ class SearchRun:
         from tuner.search.prediction import advise
 
         self.worker.started(trial)
+        t_trial = time.monotonic()
         config = self.space.suggest(trial)
         self.worker.wait_for_twin(trial)
         earlier = same_config(trial.study, config, self.fingerprint, self.tags)
@@ -277,18 +280,23 @@ class SearchRun:
                 expected_value=advice.expected_value if advice else None,
                 edge_tolerance=s.edge_tolerance,
             )
+            fault = environment_fault(trial.study, trial.number, config, ev.record)
+            if fault is not None:  # a start no configuration could have made: the machine's
+                raise fault
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
             why = f"interrupted ({err.reason})" if isinstance(err, Interrupted) else "interrupted (Ctrl-C)"
             err.trial = trial.number  # type: ignore[attr-defined]  # for the CLI's one line
-            mark_trial_failed(trial, config, self.run_facts, "interrupted", why)
+            mark_trial_failed(trial, config, self.run_facts, "interrupted", why, gpu_s=self._held(t_trial))
             raise
         except EnvironmentFault as err:  # the machine, not the configuration
-            mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}")
+            mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}",
+                              gpu_s=self._held(t_trial))
             raise
         except Exception as err:  # a crash fails this trial only; the study goes on
-            mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}")
+            mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}",
+                              gpu_s=self._held(t_trial))
             raise
         self.gpu_s += ev.gpu_s
         rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
@@ -297,6 +305,21 @@ class SearchRun:
         trial.set_constraint(CONSTRAINT, ev.constraint)
         write(trial.set_user_attr, rec)
         return ev.value
+
+    def _held(self, since: float) -> float:
+        """Seconds the GPUs have been held by a server this trial launched (after ``since``):
+        what a failed trial throws away; 0 for a backend that costs no GPU time."""
+        at = getattr(self.backend, "launched_at", None)
+        if not self.backend.measures_gpu_time or at is None or at < since:
+            return 0.0
+        return time.monotonic() - at
+
+    def _fits(self) -> bool:
+        """Whether the next trial fits in what is left of ``--timeout``, by the longest
+        trial of this study that started a server (:func:`trial_estimate`); with none
+        measured yet there is nothing to go by and it starts."""
+        need = trial_estimate(self.study)
+        return need is None or self.window.remaining() >= need
 
     def _queue_next(self, study: optuna.Study, queue: Callable[[], object]) -> None:
         """Call ``queue`` (which enqueues the next trial) when :meth:`_another_trial` says
@@ -353,6 +376,11 @@ class SearchRun:
             if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
                 self.worker.halt = self.env_faults[-1]
                 st.stop()
+            elif str(rec.fail_reason).startswith("killed:") and rec.retry_of is None and trial.params:
+                # killed from outside: measured again once, now (the best may be the one killed)
+                with self.worker.budget_guard():
+                    st.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(retry_of=trial.number).to_attrs(),
+                                     skip_if_exists=False)
         else:
             self.env_faults.clear()
             if rec.fail_kind == "crash":
@@ -377,19 +405,32 @@ class SearchRun:
                 self.notes.append(f"configuration {g['params']} failed {g['failures']} times without a measurement "
                                   f"({'; '.join(str(r) for r in g['reasons'])[:300]}); not retried")
                 self.obs.on_warning(self.notes[-1])
+            self.window = Deadline(s.timeout_s)
             try:
-                with deadline_scope(Deadline(s.timeout_s)), quiet_optuna():
-                    worker.optimize(self.objective, catch=(Exception,), callbacks=[self.after])
-                    self._confirm()
+                with deadline_scope(self.window), quiet_optuna():
+                    worker.optimize(self.objective, catch=(Exception,), callbacks=[self.after], may_start=self._fits)
+                    if not worker.window_closed:
+                        self._confirm()
             except Interrupted as err:
                 if err.reason != "timeout":
                     raise
                 interrupted = err  # --timeout cut a trial: it is measured again on resume
                 self.notes.append("--timeout reached during a trial: it was stopped, is not counted, and is "
                                   "measured again when the study resumes")
+        if worker.window_closed:
+            interrupted = interrupted or Interrupted("timeout")
+            left = max(0, s.budget - count_finished(st))
+            self.notes.append(f"--timeout: {self.window.remaining():.0f} s left, less than the "
+                              f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
+                              f"started that could not finish; {left} of the budget's {s.budget} trials are left "
+                              "for the next run (the same command goes on)")
         if worker.halt is not None:
             raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults "
                                    f"in a row (no configuration was judged by them): {worker.halt}")
+        if self.env_faults and not worker.window_closed and interrupted is None:
+            # the space ran out (a grid's last point) on a fault of the machine: not "no configuration met"
+            raise EnvironmentFault("environment", "the run ended on an environment fault (no configuration was "
+                                   f"judged by it): {self.env_faults[-1]}")
         return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
                              timed_out=interrupted is not None, confirmation=confirmation(st),

@@ -19,13 +19,15 @@ if TYPE_CHECKING:
     from tuner.space import SearchSpace
 
 
-def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFacts, kind: str, reason: str) -> None:
+def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFacts, kind: str, reason: str,
+                      *, gpu_s: float = 0.0) -> None:
     """What a trial that is about to FAIL stores: its config, why (``fail_kind``:
-    interrupted, environment or crash; :mod:`tuner.recovery`) and the run facts."""
+    interrupted, environment or crash; :mod:`tuner.recovery`), the run facts and the
+    seconds its server held the GPUs (``gpu_s``: thrown away, nothing was measured)."""
     from tuner.recovery import mark_failed
 
     reason = redact(reason)  # a message may name an endpoint with its credentials
-    write(trial.set_user_attr, TrialRecord(config=config, run=run_facts,
+    write(trial.set_user_attr, TrialRecord(config=config, run=run_facts, gpu_s=gpu_s,
                                            error=reason[:2000] if kind == "crash" else None))
     mark_failed(trial.study, trial._trial_id, kind, reason)
 
@@ -44,18 +46,21 @@ def check_gpu(space: SearchSpace, backend: Backend, obs: Observer) -> None:
                        "~/.config/tuner/gpus.yaml to get both)")
 
 
-def report_stale_servers(obs: Observer, kill: bool) -> None:
-    """Report (and with ``kill``, stop) servers a dead tuner run left on this host."""
+def report_stale_servers(obs: Observer, kill: bool = True) -> None:
+    """Stop the servers a dead tuner run left on this host, before anything starts: they are
+    provably tuner's (the marker names this host and an owner that is gone, or a pid reused
+    by a process younger than the server) and hold GPUs the study needs. One that will not
+    stop is :class:`~tuner.errors.EnvironmentFault` ``stale_server`` (exit 2): the run
+    refuses to start beside it. ``kill`` is kept for callers of the old ``--kill-stale``;
+    servers of runs still alive are never touched."""
+    from tuner.errors import EnvironmentFault
     from tuner.processes import stale_servers, stop_group
 
     for server in stale_servers():
-        if kill:
-            gone = stop_group(server.pgid)
-            obs.on_warning(f"stopped a server left by a dead run: {server.describe()}"
-                           + ("" if gone else " (it did not stop; see tuner doctor)"))
-        else:
-            obs.on_warning(f"a server left by a dead run is still running: {server.describe()}; "
-                           "stop it with --kill-stale or tuner doctor --kill-stale")
+        if not stop_group(server.pgid):
+            raise EnvironmentFault("stale_server", f"a server left by a dead run did not stop: {server.describe()}; "
+                                   f"stop it (kill -KILL -- -{server.pgid}, or tuner doctor --kill-stale) and rerun")
+        obs.on_warning(f"stopped a server left by a dead run: {server.describe()}")
 
 
 def same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | None = None,

@@ -65,7 +65,7 @@ def sniff(path: str) -> str:
         first = body.splitlines()[0]
         try:
             obj = json.loads(first)
-        except ValueError:
+        except (ValueError, RecursionError):  # a deeply nested line: not the format of any trace
             obj = None
         if isinstance(obj, dict):
             keys = set(obj)

@@ -1,0 +1,81 @@
+"""--timeout starts a trial only when the study's own trial durations say it fits: a run
+that stops for the window throws nothing away, says what is left, and the next run goes on."""
+from __future__ import annotations
+
+import datetime as dt
+
+import optuna
+import pytest
+from fakes import FakeBackend, small_workload
+from optuna.trial import TrialState
+
+from tuner.record import RunFacts, TrialRecord
+from tuner.search import driver, run_search
+from test_blame import space
+
+
+def test_a_trial_that_would_not_fit_is_not_started_and_the_next_run_goes_on(tmp_path, monkeypatch):
+    real = driver.trial_estimate
+    # the study's trials "took" a day each: after the first, none fits in the hour left
+    monkeypatch.setattr(driver, "trial_estimate", lambda st: None if real(st) is None else 86400.0)
+    storage = f"sqlite:///{tmp_path}/s.db"
+    backend = FakeBackend()
+    out = run_search(space(), backend=backend, workload=small_workload(), budget=4, sampler="grid", timeout_s=3600,
+                     storage=storage, study="s", confirm=0, precheck=False)
+    assert out.timed_out and out.finished == 1 and len(backend.started) == 1
+    assert not [t for t in out.study.get_trials() if t.state == TrialState.FAIL]  # nothing started and thrown away
+    assert any("3 of the budget's 4 trials are left" in n and "86400 s" in n for n in out.notes), out.notes
+    monkeypatch.setattr(driver, "trial_estimate", real)
+    again = run_search(space(), backend=backend, workload=small_workload(), budget=4, sampler="grid",
+                       timeout_s=3600, storage=storage, study="s", confirm=0, precheck=False)
+    assert again.finished == 4 and not again.timed_out
+    assert len({(c.max_num_seqs, c.max_model_len) for c in backend.started}) == 4 == len(backend.started)
+
+
+def _trial(seconds: float, started: bool, repeat_of: int | None = None) -> optuna.trial.FrozenTrial:
+    t0 = dt.datetime(2026, 1, 1)
+    rec = TrialRecord(run=RunFacts(startup_s=30.0 if started else None), repeat_of=repeat_of)
+    return optuna.trial.FrozenTrial(
+        number=0, state=TrialState.COMPLETE, value=1.0, values=None, datetime_start=t0,
+        datetime_complete=t0 + dt.timedelta(seconds=seconds), params={}, distributions={},
+        user_attrs=rec.to_attrs(), system_attrs={}, intermediate_values={}, trial_id=0)
+
+
+def test_the_estimate_is_the_longest_trial_that_started_a_server():
+    study = optuna.create_study()
+    assert driver.trial_estimate(study) is None
+    for seconds, started, repeat in ((180, True, None), (290, True, None), (5000, False, None), (9000, True, 0)):
+        study.add_trial(_trial(seconds, started, repeat))
+    assert driver.trial_estimate(study) == pytest.approx(290.0)  # not the pre-check refusal, not a copy
+
+
+def test_gpu_time_thrown_away_is_recorded_per_trial_and_shown_by_studies_show(tmp_path, capsys, monkeypatch):
+    import time
+
+    from test_blame import KilledOnce
+
+    from tuner.cli import main
+    from tuner.study import gpu_time
+
+    class Held(KilledOnce):  # a backend whose servers hold GPUs, like vLLM's
+        measures_gpu_time = True
+
+        def start(self, deployment, config):
+            self.launched_at = time.monotonic()
+            return super().start(deployment, config)
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    out = run_search(space(), backend=Held(), workload=small_workload(), budget=4, sampler="grid",
+                     storage=storage, study="s", confirm=0, precheck=False, predictor=None)
+    g = gpu_time(out.study)
+    killed = [t for t in out.study.get_trials() if t.state == TrialState.FAIL]
+    assert len(killed) == 1 and g["wasted_trials"] == 1
+    assert g["wasted_s"] == pytest.approx(TrialRecord.from_trial(killed[0]).gpu_s) and g["wasted_s"] > 0
+    assert g["start_s"] == pytest.approx(4 * 30.0)  # the fake's servers report 30 s starts
+    assert g["total_s"] == pytest.approx(g["start_s"] + g["replay_s"] + g["wasted_s"])
+    try:
+        main(["studies", "show", "s", "--storage", storage])
+    except SystemExit as exit_:
+        assert not exit_.code
+    shown = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "GPU time:" in shown and "in 1 trials that measured nothing" in shown
