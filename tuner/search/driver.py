@@ -73,6 +73,15 @@ class SearchOutcome:
     deployment: Deployment | None = None
     target_ttft_s: float | None = None
     backend: str | None = None  # the backend's name
+    slos: tuple[str, ...] = ()  # every SLO the study met (``p95:ttft<=2s`` first)
+
+    def slo_text(self) -> str:
+        """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
+        from tuner.slo import SloSet
+
+        if self.slos:
+            return SloSet.of(self.slos).describe()
+        return f"P95 TTFT <= {self.target_ttft_s:g} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +186,10 @@ class SearchRun:
         self.workload = workload
         self.fingerprint = workload.fingerprint()
         self.target = space.workload.target_ttft_s
+        self.slos = space.workload.slo_set()
         self.predictor = self._predictor(predictor)
-        self.name = study or study_name(self.deployment, self.fingerprint, space.name, self.backend.name, self.target)
+        self.name = study or study_name(self.deployment, self.fingerprint, space.name, self.backend.name, self.target,
+                                        self.slos.key())
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
@@ -215,7 +226,14 @@ class SearchRun:
                         sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
                      self.target)
-        stamped = StudyRecord.from_study(st).target_ttft_s
+        record = StudyRecord.from_study(st)
+        if record.slos != self.slos.texts[1:]:
+            raise InputError(
+                f"study {self.name!r} was searched for {', '.join(record.slos) or 'P95 TTFT alone'}, not "
+                f"{', '.join(self.slos.texts[1:]) or 'P95 TTFT alone'}: its trials' feasibility would mix two SLO sets",
+                hint="resume it with the same --slo options, or give --study a new name",
+            )
+        stamped = record.target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
                 f"study {self.name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {self.target:g} s: "
@@ -268,7 +286,7 @@ class SearchRun:
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
                     prune(trial, config, advice, self.run_facts)
             ev = evaluate_config(
-                self.backend, self.deployment, config, self.workload, self.target,
+                self.backend, self.deployment, config, self.workload, self.slos,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,
                 precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
                 # within the noise band of the best, a configuration is refined as a rival
@@ -294,7 +312,8 @@ class SearchRun:
         rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
         if advice is not None and advice.prediction:
             rec = rec.replace(prediction=json_safe(advice.prediction))
-        trial.set_constraint(CONSTRAINT, ev.constraint)
+        for name, value in ev.named_constraints().items():
+            trial.set_constraint(name, value)
         write(trial.set_user_attr, rec)
         return ev.value
 
@@ -337,7 +356,8 @@ class SearchRun:
         the queue or the worker stamped on that one) as a repeat of it."""
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
         rec = TrialRecord.from_trial(earlier)
-        trial.set_constraint(CONSTRAINT, rec.constraint if rec.constraint is not None else 1.0)
+        for name, value in (rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0}).items():
+            trial.set_constraint(name, value)
         write(trial.set_user_attr, rec.replace(**{k: getattr(TrialRecord(), k) for k in QUEUED},
                                                 repeat_of=earlier.number, gpu_s=0.0))
         return float(earlier.value)
@@ -393,7 +413,8 @@ class SearchRun:
         return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
                              timed_out=interrupted is not None, confirmation=confirmation(st),
-                             deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name)
+                             deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name,
+                             slos=self.slos.texts)
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
@@ -410,7 +431,7 @@ class SearchRun:
             if lock is not None and not lock.acquire(blocking=False):
                 self.notes.append(f"{lock.holder()} is confirming the winner")
                 return
-            confirm_winner(st, self.backend, self.deployment, self.workload, self.target, rounds=s.confirm,
+            confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
                            max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
                            precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs,
                            run_facts=self.run_facts, tags=self.tags)
