@@ -120,3 +120,23 @@ def test_the_goodput_search_stops_at_the_first_slo_to_break_and_names_it():
     assert not miss.feasible
     assert "P95 E2EL" in miss.record.infeasible_reason and "p95:e2el<=900ms binds" in miss.record.infeasible_reason
     assert miss.named_constraints()["p95_e2el_over_target"] > 0
+
+
+def test_a_plan_meets_every_slo_and_names_the_one_that_limits_each_load():
+    from tuner.plan import Sweep, plan_capacity
+
+    def plan(slos):
+        return plan_capacity(1.0, config=ServeConfig(max_num_seqs=256), backend=FakeBackend(ttft_per_user=0.01),
+                             workload=small_workload(600), sweep=Sweep(levels=[10, 20, 40, 80, 120]), store=False,
+                             slos=slos)
+
+    ttft_only, both = plan(None), plan(["p95:e2el<=1.5s"])
+    assert ttft_only.slos == () and both.slos == ("p95:e2el<=1.5s",)
+    assert both.max_load < ttft_only.max_load  # E2EL breaks near 47 users, TTFT near 95
+    assert both.e2e_mean_s <= 1.5 and both.binding_slo == "p95:e2el<=1.5s"
+    assert both.goodput_requests_per_s > 0
+    chosen = [p for p in both.sweep if p.level == both.max_load]
+    assert chosen and all(p.meets(1.0) for p in chosen)
+    assert all(p.binding_slo == "p95:e2el<=1.5s" for p in both.sweep)  # E2EL = TTFT + 1 s binds everywhere
+    assert not next(p for p in both.sweep if p.level == 80).meets(1.0)  # TTFT ok at 80 users, E2EL not
+    assert next(p for p in ttft_only.sweep if p.level == 80).meets(1.0)

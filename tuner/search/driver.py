@@ -79,7 +79,7 @@ class SearchOutcome:
         """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
         from tuner.slo import SloSet
 
-        if self.slos:
+        if len(self.slos) > 1:
             return SloSet.of(self.slos).describe()
         return f"P95 TTFT <= {self.target_ttft_s:g} s"
 
