@@ -140,3 +140,17 @@ def test_a_plan_meets_every_slo_and_names_the_one_that_limits_each_load():
     assert all(p.binding_slo == "p95:e2el<=1.5s" for p in both.sweep)  # E2EL = TTFT + 1 s binds everywhere
     assert not next(p for p in both.sweep if p.level == 80).meets(1.0)  # TTFT ok at 80 users, E2EL not
     assert next(p for p in ttft_only.sweep if p.level == 80).meets(1.0)
+
+
+def test_the_fidelity_table_compares_the_tails_users_state_as_slos():
+    from tuner.fidelity import by_shape, with_tails
+
+    table = [{"name": "a", "set": "check", "model": "qwen2.5-7b"}, {"name": "b", "set": "check", "model": "qwen2.5-7b"},
+             {"name": "c", "set": "check", "model": "qwen2.5-7b"}]
+    measured = {"a": {"tpot_p99_s": 0.020, "itl_p95_s": 0.010}, "b": {"tpot_p99_s": 0.040, "itl_p95_s": 0.010},
+                "c": {"tpot_p99_s": 0.030}}  # c's run recorded no ITL: it is left out of the ITL MAPE
+    predicted = {"a": {"tpot_p99_s": 0.022, "itl_p95_s": 0.005}, "b": {"tpot_p99_s": 0.040, "itl_p95_s": 0.010},
+                 "c": {"tpot_p99_s": 0.027, "itl_p95_s": 0.1}}
+    (group,) = by_shape(with_tails(table, measured, predicted))
+    assert group["tpot_p99_s"] == pytest.approx((10 + 0 + 10) / 3)
+    assert group["itl_p95_s"] == pytest.approx((50 + 0) / 2)

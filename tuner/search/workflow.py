@@ -104,6 +104,8 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
     s = settings or SearchSettings()
     prepared = prepare(space, deployment=deployment, workload=workload, requests=requests)
     if isinstance(backend, str):
+        if backend == "sim" and any(t.split(":")[1].startswith("itl") for t in prepared.space.workload.slos):
+            backend_options = {"record_itl": True, **(backend_options or {})}  # an ITL SLO needs the gaps
         backend = backend_for(backend, study or prepared.study_name(backend), backend_options)
     name = study or prepared.study_name(backend.name)
     enqueue = []
