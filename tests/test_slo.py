@@ -154,3 +154,27 @@ def test_the_fidelity_table_compares_the_tails_users_state_as_slos():
     (group,) = by_shape(with_tails(table, measured, predicted))
     assert group["tpot_p99_s"] == pytest.approx((10 + 0 + 10) / 3)
     assert group["itl_p95_s"] == pytest.approx((50 + 0) / 2)
+
+
+def test_a_study_with_slos_is_another_study_with_a_constraint_per_slo(tmp_path):
+    from test_search import SPACE, fake_space
+
+    from tuner.search import run_search
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    with_slos = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
+    plain = run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=3, storage=storage,
+                       seed=1, confirm=0)
+    held = run_search(with_slos, backend=FakeBackend(), workload=small_workload(), budget=3, storage=storage,
+                      seed=1, confirm=0)
+    assert held.name == plain.name.removesuffix(".fake") + ".p95e2el1.5s.fake"
+    assert held.slos == ("p95:ttft<=1s", "p95:e2el<=1.5s")
+    done = [t for t in held.study.trials if t.state.name == "COMPLETE"]
+    assert done and all(set(t.constraints) == {"p95_ttft_over_target", "p95_e2el_over_target"} for t in done)
+    assert all(set(t.constraints) == {"p95_ttft_over_target"} for t in plain.study.trials if t.constraints)
+    best = held.best
+    assert best is not None and best.user_attrs["summary"]["e2e_p95_s"] <= 1.5
+    assert best.user_attrs["binding_slo"] == "p95:e2el<=1.5s"
+    with pytest.raises(InputError, match="mix two SLO sets"):  # the same study resumed with other SLOs
+        run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=4, storage=storage,
+                   study=held.name, seed=1, confirm=0)
