@@ -178,3 +178,15 @@ def test_a_study_with_slos_is_another_study_with_a_constraint_per_slo(tmp_path):
     with pytest.raises(InputError, match="mix two SLO sets"):  # the same study resumed with other SLOs
         run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=4, storage=storage,
                    study=held.name, seed=1, confirm=0)
+
+
+def test_the_goodput_objective_scores_requests_meeting_every_slo_at_the_same_edge():
+    config = ServeConfig(max_num_seqs=256, gpu_memory_utilization=0.9)
+    slos = SloSet.of(["p95:ttft<=1s", "p95:e2el<=1.5s"])
+    tokens = evaluate_config(FakeBackend(ttft_per_user=0.01), Deployment(), config, small_workload(600), slos)
+    good = evaluate_config(FakeBackend(ttft_per_user=0.01), Deployment(), config, small_workload(600), slos,
+                           objective="goodput", incumbent=None)
+    assert good.record.chosen_load == tokens.record.chosen_load
+    assert good.value == pytest.approx(good.record.goodput_requests_per_s)
+    assert 0 < good.value <= good.record.summary["requests_per_s"]
+    assert tokens.value == pytest.approx(tokens.record.tokens_per_s)

@@ -45,7 +45,7 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
     return {
-        "trial": best.number, "tokens_per_s": best.value,
+        "trial": best.number, "tokens_per_s": rec.tokens_per_s if rec.tokens_per_s is not None else best.value,
         "output_tokens_per_s": rec.output_tokens_per_s,
         "ttft_p95_s": rec.summary.get("ttft_p95_s"), "load": rec.chosen_load,
         "config": config.to_dict(), "command": serve_command(deployment, config),

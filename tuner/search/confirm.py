@@ -88,7 +88,7 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
 
 
 def confirm_winner(
-    study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float | SloSet, *,
+    study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float | SloSet, *, objective: str = "tokens",
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None,
@@ -164,7 +164,7 @@ def confirm_winner(
             ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
                                  load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
                                  observer=obs, start_level=edge if load_kind == "concurrency" else None,
-                                 edge_tolerance=edge_tolerance)
+                                 edge_tolerance=edge_tolerance, objective=objective)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration
         except Exception as err:  # the server crashed on this sample: the configuration's

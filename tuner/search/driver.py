@@ -26,7 +26,7 @@ from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_win
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
-from tuner.search.objective import CONSTRAINT, evaluate_config
+from tuner.search.objective import CONSTRAINT, OBJECTIVES, evaluate_config
 from tuner.progress import Observer, observer_or_headless
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
@@ -99,10 +99,13 @@ class SearchSettings:
     confirm_max: int = CONFIRM_MAX_ROUNDS
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
+    objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
 
     def __post_init__(self) -> None:
         if self.budget < 1:
             raise InputError(f"--budget must be >= 1, got {self.budget}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
 
 
 @guard_storage
@@ -128,6 +131,7 @@ def run_search(
     confirm: int = CONFIRM_ROUNDS,
     confirm_max: int = CONFIRM_MAX_ROUNDS,
     edge_tolerance: float = EDGE_TOLERANCE,
+    objective: str = "tokens",
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -156,10 +160,13 @@ def run_search(
     ``confirm_max`` times while one that differs from the leader in a knob that changes
     speed is still tied with it), and the study's recommendation is made on those repeats
     (:mod:`tuner.confirmation`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
-    trial must come (share of the load, closed loop at least one user)."""
+    trial must come (share of the load, closed loop at least one user). ``objective``: what a
+    trial scores at its edge, ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO,
+    as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``)."""
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
-                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
+                              objective=objective)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 
@@ -189,7 +196,7 @@ class SearchRun:
         self.slos = space.workload.slo_set()
         self.predictor = self._predictor(predictor)
         self.name = study or study_name(self.deployment, self.fingerprint, space.name, self.backend.name, self.target,
-                                        self.slos.key())
+                                        self.slos.key() + (".goodput" if settings.objective == "goodput" else ""))
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
@@ -289,11 +296,12 @@ class SearchRun:
                 self.backend, self.deployment, config, self.workload, self.slos,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,
                 precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
-                # within the noise band of the best, a configuration is refined as a rival
-                incumbent=best * (1 - noise.band()) if s.early_stop and best else None,
+                # within the noise band of the best, a configuration is refined as a rival (in
+                # tokens/s: the bounds on what a load could reach are; goodput refines every edge)
+                incumbent=best * (1 - noise.band()) if s.early_stop and best and s.objective == "tokens" else None,
                 start_level=self._start_level(incumbent, advice),
-                expected_value=advice.expected_value if advice else None,
-                edge_tolerance=s.edge_tolerance,
+                expected_value=advice.expected_value if advice and s.objective == "tokens" else None,
+                edge_tolerance=s.edge_tolerance, objective=s.objective,
             )
         except optuna.TrialPruned:
             raise
@@ -433,7 +441,7 @@ class SearchRun:
                 return
             confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
                            max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
-                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs,
+                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs, objective=s.objective,
                            run_facts=self.run_facts, tags=self.tags)
         finally:
             if lock is not None:

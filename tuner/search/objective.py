@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 #: Every SLO of a set is a constraint of its own, named :func:`constraint_name`.
 CONSTRAINT = "p95_ttft_over_target"
 
+#: What a trial scores at its edge: tokens/s (prompt + output), or goodput (requests/s of the
+#: requests meeting every SLO, ``vllm bench serve --goodput``).
+OBJECTIVES = ("tokens", "goodput")
+
 
 def constraint_name(slo_name: str) -> str:
     """``p99_tpot`` -> ``p99_tpot_over_target`` (``p95_ttft``: :data:`CONSTRAINT`)."""
@@ -83,6 +87,7 @@ def evaluate_config(
     start_level: float | None = None,
     expected_value: float | None = None,
     edge_tolerance: float = EDGE_TOLERANCE,
+    objective: str = "tokens",
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
     crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
@@ -184,7 +189,8 @@ def evaluate_config(
         tokens_per_s=float(s["tokens_per_s"]), output_tokens_per_s=float(s["output_tokens_per_s"]),
         error_rate=float(s["error_rate"]), chosen_load=best.load.label, **error_fields(best),
     )
-    return Evaluation(True, float(s["tokens_per_s"]), rec.constraint, rec, gpu_s,
+    value = float(s["tokens_per_s"]) if objective == "tokens" else float(s["goodput_requests_per_s"])
+    return Evaluation(True, value, rec.constraint, rec, gpu_s,
                       {} if slos.only_ttft else constraints)
 
 

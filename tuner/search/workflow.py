@@ -107,7 +107,7 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
         if backend == "sim" and any(t.split(":")[1].startswith("itl") for t in prepared.space.workload.slos):
             backend_options = {"record_itl": True, **(backend_options or {})}  # an ITL SLO needs the gaps
         backend = backend_for(backend, study or prepared.study_name(backend), backend_options)
-    name = study or prepared.study_name(backend.name)
+    name = study or prepared.study_name(backend.name) + (".goodput" if s.objective == "goodput" else "")
     enqueue = []
     if warm_start and backend.measures_gpu_time:
         observer_or_headless(observer).on_phase("warm start: simulator study")
