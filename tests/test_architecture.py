@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).parents[1] / "tuner"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core", frozenset({"errors", "values", "units", "versions", "jsonsafe", "yamlfile", "urls", "files",
                         "interrupts", "processes", "control", "routing", "kernel_time", "progress"})),
-    ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation"})),
+    ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation",
+                        "slo"})),
     ("engines", frozenset({"sim", "replay", "probes", "estimation"})),
     ("backends", frozenset({"backends", "space", "effective"})),
     ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),

@@ -180,7 +180,7 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     row.setdefault("tokens_per_s", math.nan)
     row.setdefault("ttft_p95_s", math.nan)
     for key in ("chosen_load", "lowest_load", "p95_ttft_at_lowest_load_s", "gpu_s", "rejected_kind",
-                "rejected_at", "failed_by"):
+                "rejected_at", "failed_by", "binding_slo"):
         if getattr(rec, key) is not None:
             row[key] = getattr(rec, key)
     row["n_loads"] = len(rec.loads)
@@ -296,6 +296,9 @@ def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None =
 SWEEP_COLUMNS = ("level", "load", "role", "repeat", "ttft_mean_s", "ttft_p95_s", "tpot_mean_s",
                  "e2e_mean_s", "e2e_p95_s", "tokens_per_s", "output_tokens_per_s", "requests_per_s",
                  "error_rate", "requests", "duration_s", "seed", "meets")
+#: Columns :func:`plan_sweep` adds for a plan with SLOs besides P95 TTFT: requests/s meeting
+#: every SLO, the SLO that limits the load, and its measured / bound.
+SLO_COLUMNS = ("goodput_requests_per_s", "binding_slo", "slo_ratio")
 
 
 def plan_sweep(study: optuna.Study, *, trial: int | None = None,
@@ -318,8 +321,8 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
     for p in sorted(est.sweep, key=lambda p: (p.repeat, p.level, p.role)):
         row = p.to_dict()
         row["meets"] = p.meets(est.target_ttft_s)
-        rows.append({k: _number(v) if k not in ("load", "role") else v for k, v in row.items()})
-    frame = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS))
+        rows.append({k: _number(v) if k not in ("load", "role", "binding_slo") else v for k, v in row.items()})
+    frame = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS) + list(SLO_COLUMNS if est.slos else ()))
     frame.attrs.update(
         plan=f"trial {est.trial} at {est.target_ttft_s:g} s", target_ttft_s=est.target_ttft_s,
         max_load=est.max_load, bound=est.bound, load_kind=est.load_kind, trial=est.trial,

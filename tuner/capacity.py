@@ -16,6 +16,7 @@ import numpy as np
 
 from tuner.errors import InputError
 from tuner.jsonsafe import json_safe
+from tuner.slo import MAX_ERROR_RATE
 
 if TYPE_CHECKING:
     import optuna
@@ -49,6 +50,11 @@ class SweepPoint:
     seed: int = 0
     tpot_p95_s: float = math.nan
     ttft_p99_s: float = math.nan
+    #: The plan's SLO set there (:mod:`tuner.slo`): the largest measured / bound, the SLO
+    #: with the smallest margin (the limit at this load), and requests/s meeting every SLO.
+    slo_ratio: float = math.nan
+    binding_slo: str = ""
+    goodput_requests_per_s: float = math.nan
 
     def __post_init__(self) -> None:
         if not self.level > 0:
@@ -56,14 +62,15 @@ class SweepPoint:
         if self.role not in ("sweep", "extend", "verify"):
             raise InputError(f"sweep point role {self.role!r} is not sweep, extend or verify")
 
-    def meets(self, target_ttft_s: float, max_error_rate: float = 0.01) -> bool:
-        """P95 TTFT within the target and at most ``max_error_rate`` of requests failed."""
+    def meets(self, target_ttft_s: float, max_error_rate: float = MAX_ERROR_RATE) -> bool:
+        """P95 TTFT within the target, every other SLO of the plan met (``slo_ratio`` <= 1
+        when measured) and at most ``max_error_rate`` of requests failed."""
         return (math.isfinite(self.ttft_p95_s) and self.ttft_p95_s <= target_ttft_s
-                and self.error_rate <= max_error_rate)
+                and not self.slo_ratio > 1 and self.error_rate <= max_error_rate)
 
     @classmethod
     def from_summary(cls, level: float, load: str, summary: dict[str, float], **extra: Any) -> SweepPoint:
-        """From :meth:`tuner.result.RunResult.summary`."""
+        """From :meth:`tuner.result.RunResult.summary` (``slo_ratio`` and the like in ``extra``)."""
         nan = math.nan
         return cls(
             level=float(level), load=load,
@@ -190,6 +197,9 @@ class CapacityEstimate:
     deployment: dict[str, Any] = field(default_factory=dict)
     workload: ReplayedWorkload | None = None
     created: str = ""
+    slos: tuple[str, ...] = ()  #: the SLOs besides P95 TTFT the plan met
+    binding_slo: str | None = None  #: the SLO that limits the chosen load
+    goodput_requests_per_s: float | None = None  #: requests/s meeting every SLO there
 
     def __post_init__(self) -> None:
         if self.load_kind not in ("concurrency", "rate"):
@@ -210,7 +220,7 @@ class CapacityEstimate:
                 value = [p.to_dict() for p in value]
             elif f.name == "ranges":
                 value = {k: [json_safe(a), json_safe(b)] for k, (a, b) in value.items()}
-            elif f.name == "notes":
+            elif f.name in ("notes", "slos"):
                 value = list(value)
             elif f.name == "workload":
                 value = None if value is None else value.to_dict()
@@ -226,6 +236,7 @@ class CapacityEstimate:
         kw["sweep"] = tuple(SweepPoint.from_dict(p) for p in kw.get("sweep", ()))
         kw["ranges"] = {k: (v[0], v[1]) for k, v in (kw.get("ranges") or {}).items()}
         kw["notes"] = tuple(kw.get("notes", ()))
+        kw["slos"] = tuple(kw.get("slos", ()))
         kw["workload"] = ReplayedWorkload.from_dict(kw.get("workload"))
         return cls(**kw)
 

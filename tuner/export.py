@@ -38,7 +38,7 @@ def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
     the study holds no plan."""
     import pandas as pd
 
-    from tuner.analysis import SWEEP_COLUMNS, plan_sweep
+    from tuner.analysis import SLO_COLUMNS, SWEEP_COLUMNS, plan_sweep
     from tuner.plan import list_plans
 
     frames = []
@@ -47,7 +47,8 @@ def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
         at = sweep.attrs
         keys = {"plan": key, "trial": est.trial, "target_ttft_s": est.target_ttft_s,
                 "max_load": at.get("max_load"), "bound": at.get("bound"), "load_kind": at.get("load_kind")}
-        frames.append(sweep.assign(**keys)[[*PLAN_KEY_COLUMNS, *SWEEP_COLUMNS]])
+        extra = [c for c in SLO_COLUMNS if c in sweep.columns]  # a plan with SLOs besides P95 TTFT
+        frames.append(sweep.assign(**keys)[[*PLAN_KEY_COLUMNS, *SWEEP_COLUMNS, *extra]])
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in (*PLAN_KEY_COLUMNS, *SWEEP_COLUMNS)})
     return pd.concat(frames, ignore_index=True)

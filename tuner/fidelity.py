@@ -28,6 +28,9 @@ MODEL_LABELS = {"qwen2.5-7b": "7B", "qwen2.5-32b": "32B", "qwen3-30b-a3b": "MoE"
 #: Metrics compared per group: (row key, column label).
 COLUMNS = (("tokens_per_s", "tok/s"), ("output_tokens_per_s", "out tok/s"), ("ttft_p95_s", "P95 TTFT"),
            ("ttft_mean_s", "mean TTFT"), ("tpot_mean_s", "TPOT"))
+#: Tail latencies users state as service levels (``--slo p99:tpot<=30ms``), compared beside
+#: :data:`COLUMNS` by :func:`with_tails`: (summary key, column label).
+TAILS = (("tpot_p99_s", "P99 TPOT"), ("itl_p95_s", "P95 ITL"))
 
 
 def shape(row: dict[str, Any]) -> str:
@@ -52,13 +55,33 @@ def worst(rows: Sequence[dict[str, Any]], key: str) -> float:
     return max(errs, default=math.nan)
 
 
+def with_tails(table: Sequence[dict[str, Any]], measured: dict[str, dict[str, Any]],
+               predicted: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """The rows of a comparison table (``name`` per row) with each :data:`TAILS` metric as
+    ``<key>_measured`` (from ``measured[name]``, the real run's summary) and
+    ``<key>_predicted`` (from ``predicted[name]``, the simulator's), where both have it."""
+    out = []
+    for r in table:
+        row = dict(r)
+        m, p = measured.get(r["name"]) or {}, predicted.get(r["name"]) or {}
+        for key, _ in TAILS:
+            if _finite(m.get(key)) and _finite(p.get(key)):
+                row[f"{key}_measured"], row[f"{key}_predicted"] = float(m[key]), float(p[key])
+        out.append(row)
+    return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def by_shape(table: Sequence[dict[str, Any]], which: str = "check") -> list[dict[str, Any]]:
     """One row per shape group of the ``which`` set: points and each metric's MAPE."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in table:
         if r.get("set") == which:
             groups.setdefault(shape(r), []).append(r)
-    return [{"shape": name, "points": len(rows), **{key: mape(rows, key) for key, _ in COLUMNS}}
+    return [{"shape": name, "points": len(rows), **{key: mape(rows, key) for key, _ in COLUMNS + TAILS}}
             for name, rows in sorted(groups.items())]
 
 
@@ -198,5 +221,5 @@ H200_CROSSOVERS = (
 )
 
 
-__all__ = ["COLUMNS", "Crossover", "CrossoverResult", "H200_CROSSOVERS", "NO_PREFERENCE", "by_shape", "crossovers",
+__all__ = ["COLUMNS", "TAILS", "Crossover", "CrossoverResult", "H200_CROSSOVERS", "NO_PREFERENCE", "by_shape", "crossovers", "with_tails",
            "longest_silence", "mape", "noise_bucket", "noise_by_bucket", "shape", "worst"]

@@ -155,8 +155,12 @@ class TrialRecord:
     schema_version: int = SCHEMA_VERSION
     config: ServeConfig | None = None
     target_ttft_s: float | None = None
+    slos: tuple[str, ...] = ()
     feasible: bool | None = None
     constraint: float | None = None
+    constraints: Mapping[str, float] = field(default_factory=dict)
+    binding_slo: str | None = None
+    goodput_requests_per_s: float | None = None
     tokens_per_s: float | None = None
     output_tokens_per_s: float | None = None
     error_rate: float | None = None
@@ -213,7 +217,8 @@ class TrialRecord:
             kw["run"] = RunFacts.from_dict(kw.get("run"))
             kw["edge"] = Edge.from_dict(kw.get("edge"))
             kw["loads"] = tuple(LoadRecord.from_dict(p) for p in kw.get("loads") or ())
-            for name in ("summary", "server", "error_detail"):
+            kw["slos"] = tuple(kw.get("slos") or ())
+            for name in ("summary", "server", "error_detail", "constraints"):
                 kw[name] = dict(kw.get(name) or {})
             if kw.get("errors") is not None:
                 kw["errors"] = dict(kw["errors"])
@@ -301,11 +306,13 @@ class StudyRecord:
     seed: int | None = None
     target_ttft_s: float | None = None
     load_kind: str | None = None
+    slos: tuple[str, ...] = ()
 
     @classmethod
     def from_study(cls, study: optuna.Study) -> StudyRecord:
         kw = _known(cls, study.user_attrs)
         kw["schema_version"] = int(kw.get("schema_version", 1))
+        kw["slos"] = tuple(kw.get("slos") or ())
         if kw.get("deployment"):
             kw["deployment"] = Deployment.from_dict(kw["deployment"])
         else:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import KV_CACHE_DTYPES, MAX_GPUS, Deployment, ServeConfig
 from tuner.values import is_int, is_number, shown
 from tuner.errors import InputError
+from tuner.slo import Slo, SloSet, parse_slo, split_slos
 from tuner.units import parse_seconds
 from tuner.yamlfile import YamlDoc, line_of, parse_yaml, read_yaml
 
@@ -42,7 +43,7 @@ KNOBS: dict[str, type] = {
 LOAD_KINDS = ("concurrency", "rate", "trace")
 _TOP_KEYS = ("name", "description", "deployment", "workload", "parameters", "layouts")
 _DEPLOYMENT_KEYS = {f.name for f in fields(Deployment)} | {"gpus"}
-_WORKLOAD_KEYS = ("target_ttft_s", "trace", "requests", "rate", "load", "seed")
+_WORKLOAD_KEYS = ("target_ttft_s", "slos", "trace", "requests", "rate", "load", "seed")
 _LAYOUT_RE = re.compile(r"^tp(\d+)x(\d+)$")
 
 #: Folder of the spaces shipped with the repository.
@@ -197,8 +198,18 @@ class WorkloadSpec:
     rate: float = 10.0
     load: str = "concurrency"
     seed: int = 0
+    #: Service levels beyond P95 TTFT (``p99:tpot<=30ms``...), each met as well.
+    slos: tuple[str, ...] = ()
+
+    def slo_set(self) -> SloSet:
+        """P95 TTFT at most ``target_ttft_s`` and every SLO of ``slos``."""
+        return SloSet((Slo(95, "ttft", float(self.target_ttft_s)),) + tuple(parse_slo(t) for t in self.slos))
 
     def __post_init__(self) -> None:
+        if not isinstance(self.slos, tuple) or any(parse_slo(t).name == "p95_ttft" for t in self.slos):
+            raise InputError(f"slos must be a list of SLOs other than P95 TTFT, got {shown(self.slos)}",
+                             hint="P95 TTFT is target_ttft_s")
+        self.slo_set()
         ttft = self.target_ttft_s
         if not is_number(ttft) or not 0 < ttft <= MAX_TTFT_S:
             raise InputError(
@@ -482,6 +493,12 @@ def _parse_workload(space: SearchSpace, data: Any) -> WorkloadSpec:
         try:
             if name == "target_ttft_s":
                 value = parse_seconds(value, what="target_ttft_s")
+            elif name == "slos":
+                if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+                    raise InputError(f"must be a list of SLOs such as [p99:tpot<=30ms], got {shown(value)}")
+                ttft, value = split_slos(value)
+                if ttft is not None:
+                    values["target_ttft_s"] = ttft
             elif name in ("requests", "seed", "rate"):
                 value = _numeric(value)
                 if not is_number(value):

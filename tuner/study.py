@@ -32,14 +32,16 @@ if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
 
 def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default",
-               backend: str = "sim", target_ttft_s: float | None = None) -> str:
+               backend: str = "sim", target_ttft_s: float | None = None, slos: str = "") -> str:
     """``1xH100-SXM.qwen2.5-7b.default.3f9a1c2b.ttft2s``: deployment label, space, workload
     fingerprint (first 8 hex digits), the P95 TTFT target (feasibility depends on it, so
     two targets never share a study), and the backend unless it is the simulator (so a
-    real study and its simulator warm start stay apart). Safe as a file name."""
+    real study and its simulator warm start stay apart). ``slos`` (:meth:`tuner.slo.SloSet.key`)
+    names the service levels beyond P95 TTFT: another set is another study. Safe as a file name."""
     raw = f"{deployment.label()}.{space_name}.{workload_fingerprint[:8]}"
     if target_ttft_s is not None:
         raw += f".ttft{target_ttft_s:g}s"
+    raw += slos
     if backend != "sim":
         raw += f".{backend}"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", raw)

@@ -44,6 +44,9 @@ def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
 def plan_cmd(
     target_ttft: str = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 "
                                     "(seconds). Default: the study's target (5s for a config given here)."),
+    slo: list[str] = typer.Option(None, "--slo", help="A service level each load must meet besides P95 TTFT, "
+                                  "repeatable: p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (p95:ttft<=X is "
+                                  "--target-ttft X). Default: the study's. The sweep names the one that limits each load."),
     study: str = typer.Option(None, "--study", help="Study to plan from (see tuner studies). Default: the newest "
                               "in studies/ (or in --storage)."),
     storage: str = typer.Option(None, "--storage", help="Optuna storage URL of the study. Default: "
@@ -166,7 +169,8 @@ def plan_cmd(
     with bad_rows_advice(None):  # the study's own file, read whole (--skip-bad is for --trace)
         est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
                          workload=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
-                         store=store, observer=_Lines(output == "text" and sys.stderr.isatty()))
+                         store=store, observer=_Lines(output == "text" and sys.stderr.isatty()),
+                         slos=list(slo) if slo else None)
     paths = write_plan_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()
@@ -195,6 +199,7 @@ class _Lines(Observer):
 def _print(est: Any, paths: Any) -> None:
     from tuner.cli.output import console, fit, table
     from tuner.plan import summary_rows, sweep_rows, workload_line
+    from tuner.slo import parse_slo
 
     out = console()
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731
@@ -202,13 +207,18 @@ def _print(est: Any, paths: Any) -> None:
     say(f"load sweep of {where}, backend {est.backend}:")
     axis = "users" if est.load_kind == "concurrency" else "req/s in"
     sweep = table()
-    for col in (axis, "TTFT avg", "TTFT p95", "E2E avg", "tok/s", "out tok/s", "req/s", "run"):
-        sweep.add_column(col, justify="left" if col == "run" else "right")
+    slos = bool(est.slos)  # more than P95 TTFT: goodput and the SLO that limits each load
+    for col in (axis, "TTFT avg", "TTFT p95", "E2E avg", "tok/s", "out tok/s", "req/s",
+                *(("goodput", "limit") if slos else ()), "run"):
+        sweep.add_column(col, justify="left" if col in ("run", "limit") else "right")
     for p in sweep_rows(est):
         style = "green" if p.ttft_p95_s <= est.target_ttft_s else "red"
+        limit = (f"[{'green' if p.meets(est.target_ttft_s) else 'red'}]{parse_slo(p.binding_slo).label()} "
+                 f"{p.slo_ratio:.0%}[/]",) if slos and p.binding_slo else ("",) if slos else ()
         sweep.add_row(f"{p.level:.4g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
                       f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}", f"{p.output_tokens_per_s:,.0f}",
-                      f"{p.requests_per_s:.2f}", p.role)
+                      f"{p.requests_per_s:.2f}", *((f"{p.goodput_requests_per_s:.2f}",) + limit if slos else ()),
+                      p.role)
     out.print(fit(sweep, out, labels=()))
     say(f"workload: {workload_line(est.workload)}")
     out.print()

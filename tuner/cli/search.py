@@ -146,6 +146,8 @@ def search_cmd(
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
     trace: str | None = typer.Option(None, "--trace", help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
+    slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),
+    objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
     load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
     budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
     timeout: float | None = typer.Option(None, "--timeout", help="Stop starting new trials after this many seconds of wall time."),
@@ -182,6 +184,7 @@ def search_cmd(
     Examples:
       tuner search --budget 40
       tuner search --budget 40 --gpu H200 --model qwen2.5-14b --target-ttft 1s
+      tuner search --budget 40 --slo p95:ttft<=2s --slo p99:tpot<=30ms
       tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
       tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
     """
@@ -196,11 +199,18 @@ def search_cmd(
     if warm_start not in (None, "sim"):
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
     settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
-                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
+                              objective=objective)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)
     target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
-    workload = {"target_ttft_s": target, "trace": trace, "load": load}
+    slos = list(slo or ())
+    if slos:
+        from tuner.slo import split_slos
+
+        ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
+        target, slos = ttft or target, list(others)
+    workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
     alarm(None if timeout is None else timeout + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress, bad_rows_advice(trace):
         outcome = tuner.search(
@@ -218,7 +228,7 @@ def search_cmd(
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
-        "target_ttft_s": outcome.target_ttft_s, "backend": outcome.backend,
+        "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective, "backend": outcome.backend,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
         "errors_total": error_totals(outcome.study),
@@ -243,7 +253,7 @@ def search_cmd(
                            + "; nothing is lost: run the same command again to go on")
     if best is None:
         raise NoFeasibleConfig(
-            f"no configuration met P95 TTFT <= {outcome.target_ttft_s:g} s in {outcome.finished} trials; "
+            f"no configuration met {outcome.slo_text()} in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),
         )
 

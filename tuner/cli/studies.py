@@ -45,12 +45,25 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
     return {
-        "trial": best.number, "tokens_per_s": best.value,
+        "trial": best.number, "tokens_per_s": rec.tokens_per_s if rec.tokens_per_s is not None else best.value,
         "output_tokens_per_s": rec.output_tokens_per_s,
         "ttft_p95_s": rec.summary.get("ttft_p95_s"), "load": rec.chosen_load,
         "config": config.to_dict(), "command": serve_command(deployment, config),
         "errors": dict(rec.errors or {}), "edge": None if rec.edge is None else rec.edge.to_dict(),
+        "goodput_requests_per_s": rec.goodput_requests_per_s, "binding_slo": rec.binding_slo,
+        "slos": slo_readings(rec),
     }
+
+
+def slo_readings(rec: TrialRecord) -> dict[str, Any]:
+    """Each SLO of the trial's study with what the chosen load measured:
+    ``{"p99:tpot<=30ms": {"measured_s": 0.027, "margin": 0.1}}`` (margin: 1 - measured/bound)."""
+    from tuner.slo import SloSet
+
+    if not rec.slos and rec.target_ttft_s is None:
+        return {}
+    slos = SloSet.of((f"p95:ttft<={rec.target_ttft_s}s",) * (rec.target_ttft_s is not None) + tuple(rec.slos))
+    return {s.text: {"measured_s": s.measured(rec.summary), "margin": 1 - s.ratio(rec.summary)} for s in slos.slos}
 
 
 def confirmation_record(conf: Any, best: int) -> dict[str, Any] | None:
@@ -93,6 +106,14 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     if best.get("ttft_p95_s") is not None:
         target = "" if target_ttft_s is None else f" (target {target_ttft_s:g} s)"
         tbl.add_row("P95 TTFT", f"{best['ttft_p95_s']:.3f} s{target}")
+    for text, reading in (best.get("slos") or {}).items():
+        if not text.startswith("p95:ttft") and reading.get("measured_s") is not None:
+            name, bound = text.split("<=")
+            tbl.add_row(name.replace(":", " ").upper(), f"{reading['measured_s'] * 1e3:.1f} ms (bound {bound})")
+    if best.get("goodput_requests_per_s") is not None:
+        tbl.add_row("goodput", f"{best['goodput_requests_per_s']:.2f} req/s meeting every SLO")
+    if best.get("binding_slo"):
+        tbl.add_row("binding SLO", best["binding_slo"])
     if best.get("load") is not None:
         tbl.add_row("at load", str(best["load"]) + _edge_note(best.get("edge")))
     if conf:

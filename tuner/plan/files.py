@@ -25,7 +25,7 @@ def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
     axis = "users" if est.load_kind == "concurrency" else "req/s"
     at_least = "≥ " if est.bound == "at_least" else ""
     rows = [
-        ("target", f"P95 TTFT ≤ {est.target_ttft_s:g} s"),
+        ("target", f"P95 TTFT ≤ {est.target_ttft_s:g} s" + "".join(f", {s}" for s in est.slos)),
         ("max concurrency", at_least + _fmt_range(est, "max_concurrency", est.max_concurrency,
                                                   ",.0f" if est.load_kind == "concurrency" else ",.1f")
          + ("" if est.load_kind == "concurrency" else " (Little's law)")),
@@ -36,6 +36,8 @@ def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
         ("P95 / mean TTFT there", f"{est.ttft_p95_s:.2f} s / {est.ttft_mean_s:.2f} s"
                                   + ("" if est.verified else " (verify missed; see notes)")),
         ("requests/s", _fmt_range(est, "requests_per_s", est.requests_per_s, ",.2f")),
+        *((("goodput (req/s meeting every SLO)", f"{est.goodput_requests_per_s:,.2f}"),
+           ("limited by", str(est.binding_slo))) if est.slos and est.goodput_requests_per_s is not None else ()),
         ("tokens/s (in+out)", _fmt_range(est, "tokens_per_s", est.tokens_per_s, ",.0f")),
         ("output tokens/s", _fmt_range(est, "output_tokens_per_s", est.output_tokens_per_s, ",.0f")),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_once
 from tuner.plan.workload import PLAN_REQUESTS, Chosen, Studied, find_newest_study, given, resample, study_workload
 from tuner.progress import observer_or_headless
 from tuner.record import StudyRecord
+from tuner.slo import SloSet, split_slos
 
 if TYPE_CHECKING:
     import optuna
@@ -89,6 +90,7 @@ def plan_capacity(
     figures: Figures = Figures(),
     store: bool = True,
     observer: Observer | None = None,
+    slos: Sequence[str] | None = None,
 ) -> CapacityEstimate:
     """Plan the capacity of one configuration at a P95 TTFT target (``tuner.plan(...)``;
     the package docstring says how).
@@ -100,7 +102,9 @@ def plan_capacity(
     defaults to the study's requests (:mod:`tuner.plan.workload`); one given that is not
     the study's is replayed after ``observer.on_warning`` (and a note says so). ``sweep``
     says how the load is swept (:class:`Sweep`), ``figures`` what the capacity means
-    (:class:`Figures`); ``observer`` sees each phase (``None``: headless).
+    (:class:`Figures`); ``slos`` are service levels met besides P95 TTFT (``p99:tpot<=30ms``;
+    a ``p95:ttft`` one is the target; default the study's), each sweep point naming the one
+    that limits it; ``observer`` sees each phase (``None``: headless).
 
     Raises InputError (no such study/trial; the study's workload cannot be rebuilt: its
     file changed or is gone, its space builds other requests), NoFeasibleConfig (no
@@ -134,6 +138,11 @@ def plan_capacity(
     if target_ttft_s is None:
         target_ttft_s = (StudyRecord.from_study(st).target_ttft_s if st is not None else None) or DEFAULT_TARGET_S
     target = parse_seconds(target_ttft_s, what="--target-ttft")
+    if slos is None:
+        slos = StudyRecord.from_study(st).slos if st is not None else ()
+    ttft, others = split_slos(slos)
+    target = ttft or target
+    slo_set = SloSet.of((f"p95:ttft<={target}s",) + others)
     deployment = deployment or Deployment()
     if workload is not None:
         chosen_workload = given(workload, studied, obs.on_warning)
@@ -149,7 +158,7 @@ def plan_capacity(
         raise InputError(f"--time-scale must be > 0, got {time_scale}")
     if time_scale != 1.0:
         notes.append(f"measured times x{time_scale:g} (the server ran {time_scale:g}x faster than real time)")
-    est = _measure(backend_obj, deployment, config, target, chosen_workload, sweep, figures, time_scale, notes, obs)
+    est = _measure(backend_obj, deployment, config, slo_set, chosen_workload, sweep, figures, time_scale, notes, obs)
     est = dataclasses.replace(
         est, study=None if st is None else st.study_name, trial=trial_number,
         workload=dataclasses.replace(est.workload, study_fingerprint=None if studied is None else studied.fingerprint,
@@ -159,11 +168,12 @@ def plan_capacity(
     return est
 
 
-def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, target: float, chosen: Chosen,
+def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos: SloSet, chosen: Chosen,
              sweep: Sweep, figures: Figures, time_scale: float, notes: list[str], obs: Observer) -> CapacityEstimate:
     """Start the configuration once, sweep each repeat, and make the estimate (the median
     repeat's figures, with min-max ranges over the repeats)."""
     base, builder, seed, repeats = chosen.base, chosen.build, sweep.seed, sweep.repeats
+    target = float(slos.target_ttft_s)  # type: ignore[arg-type]  # the set always holds P95 TTFT
     if repeats > 1:
         again = (f"other samples of the mix (seeds {seed + 1}-{seed + repeats - 1})" if builder is not None
                  else "90% of these requests each, in order (seeded)")
@@ -182,14 +192,16 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, targ
     with backend.start(deployment, config) as instance:
         for k in range(repeats):
             wl = base if k == 0 else builder(seed + k) if builder is not None else resample(base, seed + k)
-            sw = Sweeper(instance, wl, sweep.kind, time_scale=time_scale, repeat=k, seed=seed + k, observer=obs)
+            sw = Sweeper(instance, wl, sweep.kind, time_scale=time_scale, repeat=k, seed=seed + k, observer=obs,
+                         slos=slos)
             rnotes: list[str] = []
             cap = float(max(1, len(wl) // 2)) if sweep.kind == "concurrency" else math.inf
             point, interp, bound, verified = sweep_once(sw, sweep.grid, target, max_extensions=sweep.max_extensions,
                                                         cap=cap, notes=rnotes, stop_at_miss=sweep.default_grid)
             figs = figures_at(point, sweep.kind, tpc=tpc, rpc=rpc, demand=figures.demand, headroom=figures.headroom,
                               gpu_hour_cost=figures.gpu_hour_cost, gpus=config.gpus_needed)
-            figs.update(interpolated_load=interp, bound=bound, verified=verified)
+            figs.update(interpolated_load=interp, bound=bound, verified=verified, binding_slo=point.binding_slo or None,
+                        goodput_requests_per_s=point.goodput_requests_per_s)
             per_repeat.append(figs)
             points += sw.points
             notes += [(f"repeat {k + 1}: " if repeats > 1 else "") + n for n in rnotes]
@@ -205,7 +217,7 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, targ
         head["verified"] = all(r["verified"] for r in per_repeat)
     dem = figures.demand
     return CapacityEstimate(
-        target_ttft_s=target, load_kind=sweep.kind,
+        target_ttft_s=target, load_kind=sweep.kind, slos=slos.texts[1:],
         tokens_per_conversation=tpc, requests_per_conversation=rpc if tpc is None else None,
         conversation_basis="tokens" if tpc is not None else "requests",
         demand_per_min=None if dem is None else dem.per_min, demand_unit="conversations" if dem is None else dem.unit,

@@ -14,10 +14,12 @@ import numpy as np
 from tuner.capacity import SweepPoint, max_load_meeting
 from tuner.demand import Demand, conversations_per_min, cost_figures, replicas_needed
 from tuner.errors import InputError, NoFeasibleConfig
+from tuner.slo import MAX_ERROR_RATE
 
 if TYPE_CHECKING:
     from tuner.progress import Observer
     from tuner.result import RunResult
+    from tuner.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Article 004's concurrency levels (section 5).
@@ -95,8 +97,8 @@ class Sweeper:
     """Runs load levels on one started instance, for one repeat."""
 
     def __init__(self, instance: Any, workload: Workload, kind: str, *, time_scale: float, repeat: int,
-                 seed: int, observer: Observer) -> None:
-        self.instance, self.workload, self.kind = instance, workload, kind
+                 seed: int, observer: Observer, slos: SloSet | None = None) -> None:
+        self.instance, self.workload, self.kind, self.slos = instance, workload, kind, slos
         self.time_scale, self.repeat, self.seed, self.observer = time_scale, repeat, seed, observer
         self.points: list[SweepPoint] = []
 
@@ -108,7 +110,12 @@ class Sweeper:
         label = f"{int(level)} users" if self.kind == "concurrency" else f"{level:.4g} req/s"
         self.observer.on_phase(f"repeat {self.repeat + 1}: {role} run at {label}")
         result = rescale(self.instance.run(self.workload, load), self.time_scale)
-        point = SweepPoint.from_summary(level, label, result.summary(), role=role, repeat=self.repeat, seed=self.seed)
+        summary = result.summary()
+        extra: dict[str, Any] = {}
+        if self.slos is not None:
+            extra = {"slo_ratio": self.slos.ratio(summary), "binding_slo": self.slos.binding(summary).text,
+                     "goodput_requests_per_s": self.slos.goodput(result)}
+        point = SweepPoint.from_summary(level, label, summary, role=role, repeat=self.repeat, seed=self.seed, **extra)
         self.points.append(point)
         return point
 
@@ -123,7 +130,6 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
     """Steps 1-3 for one repeat: (chosen point, interpolated level, bound, verified).
     With ``stop_at_miss`` the sweep ends at the first level over the target (kept, so that
     the curve brackets the edge); loads beyond it are not run."""
-    from tuner.search import MAX_ERROR_RATE
 
     kind = sw.kind
     todo = sorted(set(levels))
@@ -134,10 +140,15 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
             notes.append(f"the sweep stopped at {point.load}, the first load over the target ({skipped} not run)")
             break
 
+    def height(p: SweepPoint) -> float:
+        """P95 TTFT, or with more SLOs the largest measured / bound in units of the target."""
+        if p.error_rate > MAX_ERROR_RATE:
+            return math.inf
+        return p.ttft_p95_s if sw.slos is None or sw.slos.only_ttft else p.slo_ratio * target
+
     def curve() -> tuple[list[float], list[float]]:
         pts = sorted(sw.points, key=lambda p: p.level)
-        return ([p.level for p in pts],
-                [p.ttft_p95_s if p.error_rate <= MAX_ERROR_RATE else math.inf for p in pts])
+        return [p.level for p in pts], [height(p) for p in pts]
 
     crossing = max_load_meeting(*curve(), target)
     while crossing.status == "below":  # even the lowest load misses: go down
@@ -150,6 +161,9 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
                     f"{worst.error_rate:.0%} of requests failed at {worst.load}, more than {MAX_ERROR_RATE:.0%}, "
                     f"even at the lowest load: this configuration cannot serve this workload",
                 )
+            if worst.binding_slo and not worst.binding_slo.startswith("p95:ttft") and worst.slo_ratio > 1:
+                raise NoFeasibleConfig(f"{worst.binding_slo} is missed at {worst.load} even at the lowest load "
+                                       f"({worst.slo_ratio:.2f}x its bound): this configuration cannot meet it")
             raise NoFeasibleConfig(
                 f"P95 TTFT {worst.ttft_p95_s:.3g} s at {worst.load} is over the {target:g} s target even at "
                 f"the lowest load: this configuration cannot meet it",
@@ -180,6 +194,8 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
         if point.meets(target, MAX_ERROR_RATE):
             return point, interpolated, "interpolated", True
         notes.append(f"verify run at {point.load} missed (P95 TTFT {point.ttft_p95_s:.3g} s > {target:g} s); "
+                     f"stepped down" if not point.slo_ratio > 1 or point.binding_slo.startswith("p95:ttft") else
+                     f"verify run at {point.load} missed ({point.binding_slo} at {point.slo_ratio:.2f}x its bound); "
                      f"stepped down")
         crossing = max_load_meeting(*curve(), target)
         if crossing.level is None:

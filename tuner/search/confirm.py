@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.search.backend import Backend
+    from tuner.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
@@ -87,7 +88,7 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
 
 
 def confirm_winner(
-    study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float, *,
+    study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float | SloSet, *, objective: str = "tokens",
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None,
@@ -158,11 +159,12 @@ def confirm_winner(
         state = TrialState.COMPLETE
         value: float | None = 0.0
         constraint = 1.0
+        named: dict[str, float] = {}
         try:
             ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
                                  load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
                                  observer=obs, start_level=edge if load_kind == "concurrency" else None,
-                                 edge_tolerance=edge_tolerance)
+                                 edge_tolerance=edge_tolerance, objective=objective)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration
         except Exception as err:  # the server crashed on this sample: the configuration's
@@ -173,13 +175,13 @@ def confirm_winner(
             base = base.with_start(ev.record.run)
             c.capped = c.capped or cap_bound(ev.record)
             rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
-            value, constraint = ev.value, ev.constraint
+            value, constraint, named = ev.value, ev.constraint, ev.named_constraints()
         rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
         trial = by_number[c.number]
         study.add_trial(create_trial(
             state=state, value=value, params=trial.params, distributions=trial.distributions,
             user_attrs=rec.to_attrs(),
-            constraints={CONSTRAINT: float(constraint)} if state == TrialState.COMPLETE else None))
+            constraints=(named or {CONSTRAINT: float(constraint)}) if state == TrialState.COMPLETE else None))
         return float(value or 0.0) if rec.feasible else 0.0
 
     def on_round(r: int, alive: list[Candidate]) -> None:

@@ -28,7 +28,7 @@ from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import environment_fault
 from tuner.search.window import trial_estimate
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
-from tuner.search.objective import CONSTRAINT, evaluate_config
+from tuner.search.objective import CONSTRAINT, OBJECTIVES, evaluate_config
 from tuner.progress import Observer, observer_or_headless
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
@@ -75,6 +75,15 @@ class SearchOutcome:
     deployment: Deployment | None = None
     target_ttft_s: float | None = None
     backend: str | None = None  # the backend's name
+    slos: tuple[str, ...] = ()  # every SLO the study met (``p95:ttft<=2s`` first)
+
+    def slo_text(self) -> str:
+        """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
+        from tuner.slo import SloSet
+
+        if len(self.slos) > 1:
+            return SloSet.of(self.slos).describe()
+        return f"P95 TTFT <= {self.target_ttft_s:g} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +101,13 @@ class SearchSettings:
     confirm_max: int = CONFIRM_MAX_ROUNDS
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
+    objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
 
     def __post_init__(self) -> None:
         if self.budget < 1:
             raise InputError(f"--budget must be >= 1, got {self.budget}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
 
 
 @guard_storage
@@ -121,6 +133,7 @@ def run_search(
     confirm: int = CONFIRM_ROUNDS,
     confirm_max: int = CONFIRM_MAX_ROUNDS,
     edge_tolerance: float = EDGE_TOLERANCE,
+    objective: str = "tokens",
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -149,10 +162,13 @@ def run_search(
     ``confirm_max`` times while one that differs from the leader in a knob that changes
     speed is still tied with it), and the study's recommendation is made on those repeats
     (:mod:`tuner.confirmation`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
-    trial must come (share of the load, closed loop at least one user)."""
+    trial must come (share of the load, closed loop at least one user). ``objective``: what a
+    trial scores at its edge, ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO,
+    as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``)."""
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
-                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale)
+                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
+                              objective=objective)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 
@@ -179,8 +195,10 @@ class SearchRun:
         self.workload = workload
         self.fingerprint = workload.fingerprint()
         self.target = space.workload.target_ttft_s
+        self.slos = space.workload.slo_set()
         self.predictor = self._predictor(predictor)
-        self.name = study or study_name(self.deployment, self.fingerprint, space.name, self.backend.name, self.target)
+        self.name = study or study_name(self.deployment, self.fingerprint, space.name, self.backend.name, self.target,
+                                        self.slos.key() + (".goodput" if settings.objective == "goodput" else ""))
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
@@ -217,7 +235,14 @@ class SearchRun:
                         sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
                      self.target)
-        stamped = StudyRecord.from_study(st).target_ttft_s
+        record = StudyRecord.from_study(st)
+        if record.slos != self.slos.texts[1:]:
+            raise InputError(
+                f"study {self.name!r} was searched for {', '.join(record.slos) or 'P95 TTFT alone'}, not "
+                f"{', '.join(self.slos.texts[1:]) or 'P95 TTFT alone'}: its trials' feasibility would mix two SLO sets",
+                hint="resume it with the same --slo options, or give --study a new name",
+            )
+        stamped = record.target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
                 f"study {self.name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {self.target:g} s: "
@@ -271,14 +296,15 @@ class SearchRun:
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
                     prune(trial, config, advice, self.run_facts)
             ev = evaluate_config(
-                self.backend, self.deployment, config, self.workload, self.target,
+                self.backend, self.deployment, config, self.workload, self.slos,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,
                 precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
-                # within the noise band of the best, a configuration is refined as a rival
-                incumbent=best * (1 - noise.band()) if s.early_stop and best else None,
+                # within the noise band of the best, a configuration is refined as a rival (in
+                # tokens/s: the bounds on what a load could reach are; goodput refines every edge)
+                incumbent=best * (1 - noise.band()) if s.early_stop and best and s.objective == "tokens" else None,
                 start_level=self._start_level(incumbent, advice),
-                expected_value=advice.expected_value if advice else None,
-                edge_tolerance=s.edge_tolerance,
+                expected_value=advice.expected_value if advice and s.objective == "tokens" else None,
+                edge_tolerance=s.edge_tolerance, objective=s.objective,
             )
             fault = environment_fault(trial.study, trial.number, config, ev.record)
             if fault is not None:  # a start no configuration could have made: the machine's
@@ -302,7 +328,8 @@ class SearchRun:
         rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
         if advice is not None and advice.prediction:
             rec = rec.replace(prediction=json_safe(advice.prediction))
-        trial.set_constraint(CONSTRAINT, ev.constraint)
+        for name, value in ev.named_constraints().items():
+            trial.set_constraint(name, value)
         write(trial.set_user_attr, rec)
         return ev.value
 
@@ -360,7 +387,8 @@ class SearchRun:
         the queue or the worker stamped on that one) as a repeat of it."""
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
         rec = TrialRecord.from_trial(earlier)
-        trial.set_constraint(CONSTRAINT, rec.constraint if rec.constraint is not None else 1.0)
+        for name, value in (rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0}).items():
+            trial.set_constraint(name, value)
         write(trial.set_user_attr, rec.replace(**{k: getattr(TrialRecord(), k) for k in QUEUED},
                                                 repeat_of=earlier.number, gpu_s=0.0))
         return float(earlier.value)
@@ -434,7 +462,8 @@ class SearchRun:
         return SearchOutcome(st, self.name, self.storage, best_feasible_trial(st), count_finished(st), worker.ran,
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
                              timed_out=interrupted is not None, confirmation=confirmation(st),
-                             deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name)
+                             deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name,
+                             slos=self.slos.texts)
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
@@ -451,9 +480,9 @@ class SearchRun:
             if lock is not None and not lock.acquire(blocking=False):
                 self.notes.append(f"{lock.holder()} is confirming the winner")
                 return
-            confirm_winner(st, self.backend, self.deployment, self.workload, self.target, rounds=s.confirm,
+            confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
                            max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
-                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs,
+                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs, objective=s.objective,
                            run_facts=self.run_facts, tags=self.tags)
         finally:
             if lock is not None:

@@ -13,7 +13,6 @@ holds at its cap is tried above it: queued requests may still meet the target.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from tuner.config import ServeConfig
 from tuner.interrupts import current_deadline
 from tuner.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.result import describe_errors
+from tuner.slo import MAX_ERROR_RATE, SloSet, monotone_crossing
 
 if TYPE_CHECKING:
     from tuner.control import RunControl, StopHook
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 
 #: A load point whose replay has more than this share of all requests over the target fails.
 EARLY_STOP_SHARE = 0.05
-
-
-#: Share of failed requests a load point tolerates (more: the replay stops, the point fails).
-MAX_ERROR_RATE = 0.01
 
 
 #: From a passing predicted load with no failing one above, the next load tried (x).
@@ -101,6 +97,8 @@ class LoadPoint:
     result: RunResult
     summary: dict[str, float]
     passed: bool
+    severity: float = math.nan  #: the SLO set's largest measured / bound (<= 1 meets every SLO)
+    binding: str = ""  #: the SLO with the smallest margin there (``p95:ttft<=2s``)
 
     @property
     def p95(self) -> float:
@@ -169,36 +167,8 @@ def edge_width(level: float, load_kind: str, tolerance: float = EDGE_TOLERANCE) 
     return max(1.0, width) if load_kind == "concurrency" else width
 
 
-def monotone_crossing(points: Sequence[tuple[float, float]], target: float, lo: float, hi: float) -> float | None:
-    """Where a monotone fit through every measured ``(load, P95 TTFT)`` crosses ``target``
-    between ``lo`` (passes) and ``hi`` (fails): P95 made non-decreasing in load (running
-    maximum, a lower bound for replays stopped early), then a shape-preserving PCHIP
-    through it (scipy), as ``tuner plan`` does. None when the fit cannot place it."""
-    from scipy.interpolate import PchipInterpolator
-    from scipy.optimize import brentq
-
-    pts = sorted((x, y) for x, y in points if math.isfinite(x) and math.isfinite(y))
-    xs: list[float] = []
-    ys: list[float] = []
-    for x, y in pts:
-        y = max(y, ys[-1]) if ys else y
-        if xs and x == xs[-1]:
-            ys[-1] = max(ys[-1], y)
-            continue
-        xs.append(x)
-        ys.append(y)
-    if len(xs) < 2 or not (lo < hi):
-        return None
-    f = PchipInterpolator(xs, ys, extrapolate=False)
-    g = lambda x: float(f(x)) - target  # noqa: E731
-    a, b = max(lo, xs[0]), min(hi, xs[-1])
-    if not (a < b) or not (math.isfinite(g(a)) and math.isfinite(g(b))) or g(a) > 0 or g(b) <= 0:
-        return None
-    return float(brentq(g, a, b, xtol=1e-3))
-
-
 def goodput_search(
-    instance: Any, workload: Workload, target: float, *, load_kind: str, max_replays: int,
+    instance: Any, workload: Workload, target: float | SloSet, *, load_kind: str, max_replays: int,
     early_stop: bool, seed: int, observer: Observer, top: int, incumbent: float | None = None,
     start: float | None = None, expected: float | None = None, tolerance: float = EDGE_TOLERANCE,
     ceiling: int | None = None,
@@ -212,6 +182,10 @@ def goodput_search(
     still meet the target, and that is the edge ``tuner plan`` finds."""
     points: list[LoadPoint] = []
     closed = load_kind == "concurrency"
+    slos = SloSet.of(target)
+    # the TTFT SLOs stop a replay early: over the bound for more than (100 - percentile) % of
+    # all requests, the percentile cannot recover (P95: 5 %, EARLY_STOP_SHARE)
+    ttft_bounds = [(s.bound_s, (100 - s.percentile) / 100) for s in slos.slos if s.metric == "ttft"]
 
     deadline = current_deadline()
 
@@ -219,19 +193,18 @@ def goodput_search(
         load = load_for(kind, level, workload, seed)
         observer.on_phase(f"replay {len(points) + 1}/{max_replays} at {load.label}")
         deadline.check()
-        slo = slo_stop_hook(target, len(workload)) if early_stop else None
+        hooks = [slo_stop_hook(b, len(workload), share) for b, share in ttft_bounds] if early_stop else []
         errs = error_stop_hook(len(workload)) if early_stop else None
 
         def stop(c: RunControl) -> bool:
-            return deadline.passed() or bool(errs and errs(c)) or bool(slo and slo(c))
+            return deadline.passed() or bool(errs and errs(c)) or any(h(c) for h in hooks)
 
         result = instance.run(workload, load, stop=stop if early_stop or deadline.at is not None else None)
         deadline.check()  # a replay cut by --timeout measured nothing: the trial is interrupted
-        summary = result.summary()
-        p95 = summary.get("ttft_p95_s", math.nan)
-        ok = (kind == load_kind and not result.stopped_early and math.isfinite(p95) and p95 <= target
-              and summary.get("error_rate", 0.0) <= MAX_ERROR_RATE)
-        point = LoadPoint(level if kind == load_kind else math.inf, load, result, summary, ok)
+        summary = {**result.summary(), "goodput_requests_per_s": slos.goodput(result)}
+        ok = kind == load_kind and not result.stopped_early and slos.meets(summary)
+        point = LoadPoint(level if kind == load_kind else math.inf, load, result, summary, ok,
+                          slos.ratio(summary), slos.binding(summary).text)
         points.append(point)
         return point
 
@@ -274,7 +247,7 @@ def goodput_search(
             assert bad is not None
             if bad.level <= floor_level:
                 break
-            ratio = target / bad.p95 if math.isfinite(bad.p95) and bad.p95 > 0 else 0.25
+            ratio = 1 / bad.severity if math.isfinite(bad.severity) and bad.severity > 0 else 0.25
             # from the top, a large step down; from a predicted load, a small one unless the
             # P95 measured there says the prediction was far off
             level = bad.level * min(max(ratio * 0.9, 0.1), 1 / STEP_UP if start else 0.7)
@@ -298,9 +271,9 @@ def goodput_search(
             # fail on, and a bound far over the target (a load past a cliff) points near the
             # edge. A bound just over the target pulls the crossing next to the failing load:
             # after two failing loads in a row the next one is the middle of the gap.
-            fitted = monotone_crossing([(p.level, p.p95) for p in points
+            fitted = monotone_crossing([(p.level, p.severity) for p in points
                                         if p.level != math.inf and (closed or not p.result.stopped_early)],
-                                       target, good.level, bad.level)
+                                       1.0, good.level, bad.level)
             if closed and not points[-1].passed and not points[-2].passed:
                 fitted = None
             level = fitted if fitted is not None else (good.level + bad.level) / 2

@@ -17,6 +17,7 @@ from tuner.errors import ConfigRejected, InputError
 from tuner.jsonsafe import json_safe
 from tuner.progress import Observer, observer_or_headless
 from tuner.record import Edge, LoadRecord, RunFacts, TrialRecord
+from tuner.slo import SloSet
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_width, goodput_search, max_users
 from tuner.urls import redact, redact_value
 
@@ -25,7 +26,28 @@ if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
 
 #: Name of the trial constraint: P95 TTFT / target - 1 (<= 0 feasible; 1.0 for refusals).
+#: Every SLO of a set is a constraint of its own, named :func:`constraint_name`.
 CONSTRAINT = "p95_ttft_over_target"
+
+#: What a trial scores at its edge: tokens/s (prompt + output), or goodput (requests/s of the
+#: requests meeting every SLO, ``vllm bench serve --goodput``).
+OBJECTIVES = ("tokens", "goodput")
+
+
+def constraint_name(slo_name: str) -> str:
+    """``p99_tpot`` -> ``p99_tpot_over_target`` (``p95_ttft``: :data:`CONSTRAINT`)."""
+    return f"{slo_name}_over_target"
+
+
+def slo_constraints(slos: SloSet, ratios: dict[str, float] | None, floor: float | None = None) -> dict[str, float]:
+    """One Optuna constraint per SLO: measured / bound - 1 (1.0 where nothing was
+    measured, or for a refusal: ``ratios`` None); at least ``floor`` when given."""
+    out = {}
+    for s in slos.slos:
+        r = (ratios or {}).get(s.name, math.inf)
+        c = r - 1.0 if math.isfinite(r) else 1.0
+        out[constraint_name(s.name)] = max(c, floor) if floor is not None else c
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +62,12 @@ class Evaluation:
     constraint: float
     record: TrialRecord = field(default_factory=TrialRecord)
     gpu_s: float = 0.0
+    constraints: dict[str, float] = field(default_factory=dict)
+
+    def named_constraints(self) -> dict[str, float]:
+        """What the trial gives Optuna: one constraint per SLO (just :data:`CONSTRAINT`
+        for a P95 TTFT target alone)."""
+        return self.constraints or {CONSTRAINT: self.constraint}
 
 
 def evaluate_config(
@@ -47,7 +75,7 @@ def evaluate_config(
     deployment: Deployment,
     config: ServeConfig,
     workload: Workload,
-    target_ttft_s: float,
+    target_ttft_s: float | SloSet,
     *,
     load_kind: str = "concurrency",
     max_replays: int = MAX_REPLAYS,
@@ -59,6 +87,7 @@ def evaluate_config(
     start_level: float | None = None,
     expected_value: float | None = None,
     edge_tolerance: float = EDGE_TOLERANCE,
+    objective: str = "tokens",
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
     crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
@@ -70,7 +99,9 @@ def evaluate_config(
     tokens/s) stops refining a passing load of a configuration not expected to come
     within reach of the incumbent."""
     obs = observer_or_headless(observer)
-    rec = TrialRecord(config=config, target_ttft_s=target_ttft_s)
+    slos = SloSet.of(target_ttft_s)
+    target = slos.target_ttft_s
+    rec = TrialRecord(config=config, target_ttft_s=target, slos=() if slos.only_ttft else slos.texts)
     facts: dict[str, Any] = {}
     launched = 0.0
     try:
@@ -84,7 +115,7 @@ def evaluate_config(
     except ConfigRejected as err:
         # a real refused start cost its wall time on the GPUs; the simulator's costs nothing
         spent = time.perf_counter() - launched if launched and backend.measures_gpu_time else 0.0
-        return rejected(rec, err, launched=bool(launched), gpu_s=spent)
+        return rejected(rec, err, launched=bool(launched), gpu_s=spent, slos=slos)
     info = dict(getattr(instance, "info", {}) or {})
     startup_s = float(info.get("startup_s") or 0.0)
     rec = rec.replace(run=rec.run.replace(
@@ -94,14 +125,14 @@ def evaluate_config(
     try:
         with instance:
             points = goodput_search(
-                instance, workload, target_ttft_s, load_kind=load_kind, max_replays=max_replays,
+                instance, workload, slos, load_kind=load_kind, max_replays=max_replays,
                 early_stop=early_stop, seed=seed, observer=obs,
                 top=max_users(facts, info, config, workload), incumbent=incumbent,
                 start=start_level, expected=expected_value, tolerance=edge_tolerance,
                 ceiling=max(1, len(workload) // 2),
             )
     except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
-        return rejected(rec, err, launched=True, gpu_s=startup_s)
+        return rejected(rec, err, launched=True, gpu_s=startup_s, slos=slos)
     replay_s = sum(p.result.duration_s for p in points)
     gpu_s = startup_s + replay_s
     passed = [p for p in points if p.passed]
@@ -115,32 +146,37 @@ def evaluate_config(
         p95_ttft_at_lowest_load_s=json_safe(lowest.summary.get("ttft_p95_s")), lowest_load=lowest.load.label,
     )
     if not passed:
-        over = lowest.p95 if math.isfinite(lowest.p95) else 2 * target_ttft_s
-        constraint = over / target_ttft_s - 1.0
+        over = lowest.severity if math.isfinite(lowest.severity) else 2.0
+        constraint = over - 1.0
+        floor = None
         if lowest.failed_by_errors:
-            # errors failed the load, whatever its P95 (that of the few requests served)
+            # errors failed the load, whatever its latencies (those of the few requests served)
             reason = lowest.error_reason()
-            if math.isfinite(lowest.p95) and lowest.p95 > target_ttft_s:
-                reason += f"; P95 TTFT {lowest.p95:.3g} s over the {target_ttft_s:g} s target too"
+            if not slos.meets({**lowest.summary, "error_rate": 0.0}) and math.isfinite(lowest.severity):
+                reason += f"; {over_text(slos, lowest)} too"
             constraint = max(constraint, 1.0)
-        elif math.isfinite(lowest.p95):
-            reason = (f"P95 TTFT {lowest.p95:.3g} s over the {target_ttft_s:g} s target even at {lowest.load.label}"
+            floor = 1.0
+        elif math.isfinite(lowest.severity):
+            reason = (f"{over_text(slos, lowest)} even at {lowest.load.label}"
                       + (" (replay stopped early: >5% of requests already over)" if lowest.result.stopped_early
                          else ""))
         else:
             reason = f"no request completed at {lowest.load.label}"
+        constraints = slo_constraints(slos, slos.ratios(lowest.summary), floor)
         rec = rec.replace(
             feasible=False, constraint=constraint, infeasible_reason=reason,
             failed_by="errors" if lowest.failed_by_errors else "latency",
             summary=json_safe(lowest.summary), server=json_safe(redact_value(lowest.result.server)),
             tokens_per_s=0.0, output_tokens_per_s=0.0, **error_fields(lowest),
+            **slo_fields(slos, lowest, constraints),
         )
-        return Evaluation(False, 0.0, constraint, rec, gpu_s)
+        return Evaluation(False, 0.0, constraint, rec, gpu_s, {} if slos.only_ttft else constraints)
     best = max(passed, key=lambda p: p.level)
     above = [p for p in points if not p.passed and p.level > best.level and p.level != math.inf]
     failing = min(above, key=lambda p: p.level) if above else None
     cap = max_users(facts, info, config, workload)
     s = best.summary
+    constraints = slo_constraints(slos, slos.ratios(s))
     rec = rec.replace(
         edge=Edge(**json_safe({
             "level": best.level, "failing_level": failing.level if failing else None,
@@ -148,12 +184,35 @@ def evaluate_config(
                                                                                          edge_tolerance),
             "tolerance": edge_tolerance, "cap": cap if load_kind == "concurrency" else None,
             "beyond_cap": load_kind == "concurrency" and best.level > cap})),
-        feasible=True, constraint=s["ttft_p95_s"] / target_ttft_s - 1.0,
+        feasible=True, constraint=best.severity - 1.0, **slo_fields(slos, best, constraints),
         summary=json_safe(s), server=json_safe(redact_value(best.result.server)),
         tokens_per_s=float(s["tokens_per_s"]), output_tokens_per_s=float(s["output_tokens_per_s"]),
         error_rate=float(s["error_rate"]), chosen_load=best.load.label, **error_fields(best),
     )
-    return Evaluation(True, float(s["tokens_per_s"]), rec.constraint, rec, gpu_s)
+    value = float(s["tokens_per_s"]) if objective == "tokens" else float(s["goodput_requests_per_s"])
+    return Evaluation(True, value, rec.constraint, rec, gpu_s,
+                      {} if slos.only_ttft else constraints)
+
+
+def over_text(slos: SloSet, point: LoadPoint) -> str:
+    """``P95 TTFT 2.4 s over the 2 s target`` (for a P95 TTFT target alone, as before
+    SLO sets), else ``P99 TPOT 41 ms over its 30 ms bound (p99:tpot<=30ms binds)``."""
+    slo = slos.binding(point.summary)
+    value = slo.measured(point.summary)
+    if slos.only_ttft:
+        return f"P95 TTFT {value:.3g} s over the {slo.bound_s:g} s target"
+    shown = f"{value * 1e3:.3g} ms" if slo.bound_s < 1 else f"{value:.3g} s"
+    return f"{slo.label()} {shown} over its {slo.bound_text(' ')} bound ({slo.text} binds)"
+
+
+def slo_fields(slos: SloSet, point: LoadPoint, constraints: dict[str, float]) -> dict[str, Any]:
+    """The record's goodput at the point, the SLO that binds there and (for a set beyond
+    P95 TTFT) one constraint per SLO."""
+    out: dict[str, Any] = {"binding_slo": point.binding or None,
+                           "goodput_requests_per_s": json_safe(point.summary.get("goodput_requests_per_s"))}
+    if not slos.only_ttft:
+        out["constraints"] = json_safe(constraints)
+    return out
 
 
 def error_fields(point: LoadPoint) -> dict[str, Any]:
@@ -177,7 +236,8 @@ def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, A
         return {}
 
 
-def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0) -> Evaluation:
+def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0,
+             slos: SloSet | None = None) -> Evaluation:
     rec = rec.replace(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
         infeasible_reason=f"{err.kind}: {redact(err.message)}", rejected_kind=err.kind,
@@ -185,4 +245,7 @@ def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: fl
     )
     if err.log_path:
         rec = rec.replace(run=rec.run.replace(log_paths=(err.log_path,)))
-    return Evaluation(False, 0.0, 1.0, rec, gpu_s)
+    constraints = {} if slos is None or slos.only_ttft else slo_constraints(slos, None)
+    if constraints:
+        rec = rec.replace(constraints=constraints)
+    return Evaluation(False, 0.0, 1.0, rec, gpu_s, constraints)

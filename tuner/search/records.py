@@ -89,5 +89,5 @@ def stamp_study(st: optuna.Study, space: SearchSpace, deployment: Deployment, fi
         return
     stamp = StudyRecord(space=space.name, space_path=space.path, deployment=deployment,
                         workload_fingerprint=fingerprint, backend=backend, sampler=sampler, seed=seed,
-                        target_ttft_s=target, load_kind=space.workload.load)
+                        target_ttft_s=target, load_kind=space.workload.load, slos=space.workload.slos)
     write(st.set_user_attr, stamp)

@@ -38,7 +38,7 @@ class Prepared:
         from tuner.study import study_name
 
         return study_name(self.space.deployment, self.workload.fingerprint(), self.space.name, backend,
-                          self.space.workload.target_ttft_s)
+                          self.space.workload.target_ttft_s, self.space.workload.slo_set().key())
 
 
 def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[str, Any] | None = None,
@@ -51,6 +51,7 @@ def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[
     bound to the deployment (layouts resolved and checked); ``requests`` replaces the
     workload the space would build."""
     from tuner.space import SearchSpace, load_space
+    from tuner.slo import split_slos
     from tuner.units import parse_seconds
 
     sp = space if isinstance(space, SearchSpace) else load_space(space)
@@ -58,6 +59,10 @@ def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[
     changes = {k: v for k, v in (workload or {}).items() if v is not None}  # None: as the space says
     if "target_ttft_s" in changes:
         changes["target_ttft_s"] = parse_seconds(changes["target_ttft_s"], what="target_ttft_s")
+    if "slos" in changes:  # SLO texts; a P95 TTFT one is the target
+        ttft, changes["slos"] = split_slos(changes["slos"])
+        if ttft is not None:
+            changes["target_ttft_s"] = ttft
     if changes:
         sp = sp.with_workload(**changes)
     sp = sp.bind(dep, num_heads(dep))
@@ -99,8 +104,10 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
     s = settings or SearchSettings()
     prepared = prepare(space, deployment=deployment, workload=workload, requests=requests)
     if isinstance(backend, str):
+        if backend == "sim" and any(t.split(":")[1].startswith("itl") for t in prepared.space.workload.slos):
+            backend_options = {"record_itl": True, **(backend_options or {})}  # an ITL SLO needs the gaps
         backend = backend_for(backend, study or prepared.study_name(backend), backend_options)
-    name = study or prepared.study_name(backend.name)
+    name = study or prepared.study_name(backend.name) + (".goodput" if s.objective == "goodput" else "")
     enqueue = []
     if warm_start and backend.measures_gpu_time:
         observer_or_headless(observer).on_phase("warm start: simulator study")
