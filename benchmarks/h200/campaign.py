@@ -46,7 +46,8 @@ from tuner.config import Deployment, ServeConfig  # noqa: E402
 from tuner.probes import cache_workload, ref_of, trace_ref  # noqa: E402
 
 VLLM_VERSION = "0.26.0"
-MODELS = {"q7": "qwen2.5-7b", "q32": "qwen2.5-32b", "moe": "qwen3-30b-a3b"}
+MODELS = {"q7": "qwen2.5-7b", "q32": "qwen2.5-32b", "moe": "qwen3-30b-a3b", "l8": "llama-3.1-8b",
+          "nemo": "mistral-nemo-12b"}
 
 
 def c(users: int) -> dict:
@@ -115,6 +116,50 @@ def plan() -> list[Trial]:
     ]
 
 
+def plan3() -> list[Trial]:
+    """Campaign 3: two architectures no earlier campaign measured, held back whole from the
+    fit (Llama-3.1-8B shape: 32 heads, 8 KV heads, 128k vocabulary; Mistral-Nemo-12B shape:
+    40 layers, head dim 128 unlike hidden/heads, 8 KV heads): closed loop at 1/64/256/512 users
+    on uniform (128-1024 / 32-256 tokens) and mixed lengths, Poisson arrivals, Mooncake's
+    shared prefixes as they are and made unique, and Llama's start on both sides of the
+    refusal at max-model-len 32768 (the simulator puts the edge between gmu 0.14 and 0.15)."""
+    mooncake = trace_ref("mooncake_fast25_synthetic", (0, 64), max_tokens=32000, groups=4)
+    cfg = ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768)
+
+    def shapes(seed: int, slow: float) -> tuple[Probe, ...]:
+        return (
+            Probe(ref_of("uniform", 8, seed=seed), c(1), 10 * slow),
+            Probe(ref_of("mix", 5, seed=seed + 1), c(1), 9 * slow),
+            Probe(ref_of("uniform", 256, seed=seed + 2), c(64), 12 * slow),
+            Probe(ref_of("mix", 256, seed=seed + 3), c(64), 15 * slow),
+            Probe(ref_of("uniform", 512, seed=seed + 4), c(256), 14 * slow),
+            Probe(ref_of("mix", 512, seed=seed + 5), c(256), 17 * slow),
+            Probe(ref_of("uniform", 1024, seed=seed + 6), c(512), 20 * slow),
+            Probe(ref_of("mix", 1024, seed=seed + 7), c(512), 28 * slow),
+            Probe(ref_of("mix", 300, seed=seed + 8), {"kind": "poisson", "rate": 24.0, "burstiness": 1.0, "seed": 1},
+                  16 * slow),
+            Probe(mooncake, c(8), 22 * slow),
+            Probe({**mooncake, "unique_prefixes": True}, c(8), 24 * slow),
+        )
+
+    return [
+        Trial("l8-base", cfg, model=MODELS["l8"], start_s=120, purpose="Llama-3.1-8B shape, never fitted",
+              probes=shapes(41, 1.0)),
+        Trial("nemo-base", cfg, model=MODELS["nemo"], start_s=150, purpose="Mistral-Nemo-12B shape, never fitted",
+              probes=shapes(51, 1.5)),
+        Trial("l8-gmu015", cfg.replace(gpu_memory_utilization=0.15), model=MODELS["l8"], start_s=110,
+              purpose="just above the refusal: KV size near the edge, KV-limited load", probes=(
+                  Probe(ref_of("uniform", 8, seed=61), c(1), 10),
+                  Probe(ref_of("uniform", 256, seed=62), c(64), 20),
+              )),
+        Trial("l8-gmu014", cfg.replace(gpu_memory_utilization=0.14), model=MODELS["l8"], start_s=90,
+              purpose="just below: refused, vLLM's estimated maximum model length", expect_refusal=True),
+    ]
+
+
+PLANS = {"2": plan, "3": plan3}
+
+
 def estimate(trials: list[Trial]) -> float:
     return sum((t.start_s or 105) + sum(p.expected_s for p in t.probes) for t in trials)
 
@@ -127,7 +172,7 @@ def write_plan(trials: list[Trial], folder: Path) -> Path:
             if p.workload.get("kind") == "trace":
                 cache_workload(p.workload, folder / "workloads")
     doc = [{"name": t.name, "config": t.config.to_dict(), "model": t.model, "start_s": t.start_s,
-            "purpose": t.purpose, "probes": [{"workload": p.workload, "load": p.load, "expected_s": p.expected_s}
+            "purpose": t.purpose, "expect_refusal": t.expect_refusal, "probes": [{"workload": p.workload, "load": p.load, "expected_s": p.expected_s}
                                              for p in t.probes]} for t in trials]
     path = folder / "plan.json"
     path.write_text(json.dumps(doc, indent=1))
@@ -136,7 +181,7 @@ def write_plan(trials: list[Trial], folder: Path) -> Path:
 
 def read_plan(path: Path) -> list[Trial]:
     return [Trial(d["name"], ServeConfig.from_dict(d["config"]), model=d["model"], start_s=d["start_s"],
-                  purpose=d["purpose"], probes=tuple(Probe(p["workload"], p["load"], p["expected_s"])
+                  purpose=d["purpose"], expect_refusal=d.get("expect_refusal", False), probes=tuple(Probe(p["workload"], p["load"], p["expected_s"])
                                                      for p in d["probes"]))
             for d in json.loads(path.read_text())]
 
@@ -179,7 +224,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
 
     install_sigterm_handler()
     out = Path(args.out)
-    trials = read_plan(Path(args.plan)) if args.plan else plan()
+    trials = read_plan(Path(args.plan)) if args.plan else PLANS[args.campaign]()
     if args.trials:
         keep = args.trials.split(",")
         trials = [t for t in trials if t.name in keep]
@@ -200,7 +245,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
 
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else ""
-    meta = {"campaign": 2, "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+    meta = {"campaign": int(trials[0].name.startswith(("l8", "nemo"))) + 2, "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
             "design": [{"name": t.name, "model": t.model, "config": t.config.to_dict(), "purpose": t.purpose,
@@ -215,29 +260,32 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("plan")
+    pl = sub.add_parser("plan")
     prep = sub.add_parser("prepare")
     prep.add_argument("folder", nargs="?", default=str(ROOT / ".campaign"))
+    for p in (pl, prep):
+        p.add_argument("--campaign", choices=sorted(PLANS), default="2")
     for name in ("run", "dry-run"):
         r = sub.add_parser(name)
         r.add_argument("--out", required=True)
         r.add_argument("--budget-s", type=float, default=540.0)
         r.add_argument("--plan", default=None, help="plan.json written by prepare (default: plan())")
         r.add_argument("--trials", default="")
+        r.add_argument("--campaign", choices=sorted(PLANS), default="2", help="without --plan: which design")
         r.add_argument("--vllm-cmd", default=None)
         r.add_argument("--models", default="/root/models")
         r.add_argument("--kit", default="/root/kit/p6")
         r.add_argument("--speed", type=float, default=20.0, help="dry-run: sim-serve's speed")
     a = ap.parse_args()
     if a.cmd == "plan":
-        trials = plan()
+        trials = PLANS[a.campaign]()
         for t in trials:
             print(f"{t.name:11s} {t.model:14s} start ~{t.start_s:.0f} s  {t.purpose}")
             for p in t.probes:
                 print(f"    ~{p.expected_s:3.0f} s  {p.label}")
         print(f"in all ~{estimate(trials):.0f} s of device time for starts and replays")
     elif a.cmd == "prepare":
-        print(write_plan(plan(), Path(a.folder)))
+        print(write_plan(PLANS[a.campaign](), Path(a.folder)))
     else:
         if a.cmd == "run" and os.environ.get("TUNER_WORKLOAD_CACHE") is None and a.plan:
             os.environ["TUNER_WORKLOAD_CACHE"] = str(Path(a.plan).parent / "workloads")

@@ -1,0 +1,57 @@
+"""The fidelity gate over every committed real H200 measurement: no shape group's raw error
+may grow past its noise (tuner.gate; table tuner/data/calibration/h200-vllm-0.26.0/fidelity_gate.csv)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.calibrate import LoadPoint, campaign_rows, compare_loads, load_points, point_name
+from tuner.config import Deployment, ServeConfig
+from tuner.gate import TABLE, group_errors, group_of, noise_pairs, read_table, regressions
+from tuner.sim.calibration import load_calibration
+from tuner.sim.hardware import get_gpu
+
+DATA = Path(__file__).resolve().parents[1] / "tuner" / "data" / "calibration" / "h200-vllm-0.26.0"
+DEP = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    profile = yaml.safe_load((DATA / "profile.yaml").read_text())
+    rows = campaign_rows(DATA)
+    excluded = set(profile["fit"].get("excluded") or [])
+    points = [p for p in load_points(rows) if point_name(p) not in excluded]
+    return points, noise_pairs(DATA, rows), set(profile["fit"]["fit_points"])
+
+
+def errors(setup, calib=None):
+    points, pairs, fitted = setup
+    return group_errors(points, compare_loads(points, DEP, calib), pairs, fitted)
+
+
+def test_no_group_is_worse_than_the_committed_table(setup):
+    bad = regressions(errors(setup), read_table(DATA / TABLE))
+    assert not bad, "fidelity gate: " + "; ".join(bad)
+
+
+def test_a_worsened_constant_fails_the_gate_naming_the_groups(setup):
+    shipped = load_calibration(get_gpu("H200"), str(DATA / "profile.yaml"))
+    worse = shipped.replace(frontend_per_token_s=shipped.frontend_per_token_s * 1.3)
+    bad = regressions(errors(setup, worse), read_table(DATA / TABLE))
+    assert bad and all(": " in line and "committed" in line for line in bad)
+
+
+def test_groups_split_by_shape_not_by_trial():
+    cfg = ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768)
+    mk = lambda users, **kw: LoadPoint("t", kw.pop("config", cfg), users, 10, 0, {}, **kw)  # noqa: E731
+    assert group_of(mk(1)) == "7B uniform closed 1 bf16"
+    assert group_of(mk(64)) == group_of(mk(17)) != group_of(mk(65))
+    assert group_of(mk(8, config=cfg.replace(kv_cache_dtype="fp8"))).endswith("fp8")
+    shared = {"kind": "trace", "trace": "mooncake_fast25_synthetic", "groups": 4}
+    a = group_of(mk(8, workload=shared, load={"kind": "concurrency", "users": 8}))
+    b = group_of(mk(8, workload={**shared, "unique_prefixes": True}, load={"kind": "concurrency", "users": 8}))
+    assert a.endswith("shared prefixes") and b.endswith("unique prefixes")
+    bursty = group_of(mk(0, workload={"kind": "mix"}, load={"kind": "poisson", "rate": 32.0, "burstiness": 0.25}))
+    assert bursty == "7B mix open bursty bf16"
