@@ -242,6 +242,9 @@ def search_cmd(
             raise NoFeasibleConfig(f"no trial finished within --timeout {timeout:g} s; the trial it stopped is "
                                    "measured again when the study resumes (run the same command with a longer "
                                    "--timeout)")
+        if outcome.confirmation is not None and not outcome.confirmation.held:
+            raise NoFeasibleConfig(f"no configuration held P95 TTFT <= {outcome.target_ttft_s:g} s on its repeats: "
+                                   f"{outcome.confirmation.reason}; widen the space or relax --target-ttft")
         raise NoFeasibleConfig(
             f"no configuration met P95 TTFT <= {outcome.target_ttft_s:g} s in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),
