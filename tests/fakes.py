@@ -265,3 +265,43 @@ class LateWatch:
 
         inst.run = run
         return inst
+
+
+class PerStartNoise:
+    """A server whose every request at ``users`` waits ``base[max_num_seqs] x (1 + 0.5 x
+    (users - 1))`` s to its first token, times a factor drawn once per START (lognormal,
+    sd ``sd``: every replay of one start shares it, as a server's TTFT does), and serves
+    ``speed[max_num_seqs]`` tokens/s per user. ``draws`` records each start's
+    (max_num_seqs, factor)."""
+
+    name = "per-start-noise"
+    restarts = True
+    measures_gpu_time = False
+    simulated = False
+    time_scale = 1.0
+
+    def __init__(self, base: dict[int, float], speed: dict[int, float], sd: float = 0.10, seed: int = 0) -> None:
+        self.base, self.speed, self.sd = base, speed, sd
+        self.rng = np.random.default_rng(seed)
+        self.draws: list[tuple[int, float]] = []
+
+    def preflight(self, deployment):
+        pass
+
+    def precheck(self, deployment, config):
+        return {}
+
+    def start(self, deployment, config):
+        factor = float(np.exp(self.rng.normal(0.0, self.sd)))
+        self.draws.append((config.max_num_seqs, factor))
+        seqs = config.max_num_seqs
+        inst = Analytic(lambda users: self.base[seqs] * (1 + 0.5 * (users - 1)) * factor)
+        speed = self.speed[seqs]
+        run = inst.run
+
+        def scaled(workload, load, *, stop=None):
+            result = run(workload, load, stop=stop)
+            return dataclasses.replace(result, duration_s=result.duration_s * 100.0 / speed)
+
+        inst.run = scaled  # type: ignore[method-assign]
+        return inst

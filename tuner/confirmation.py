@@ -30,6 +30,13 @@ measurements names a winner inside that noise. So, once a study's budget is spen
    gpu-memory-utilization, then fewer max-num-seqs, then CUDA graphs over eager), and the
    decision says so. A candidate ruled out in the race cannot lead: its mean is over
    fewer samples than those still in.
+5. **Feasibility** is confirmed, not assumed: a candidate that misses the target on any
+   repeat is out, whatever its tokens/s (one lucky start can pass a configuration whose
+   true P95 sits 5-10 % over the target: per-start TTFT noise of ~10 %). When every
+   candidate misses, the race has no winner (``held`` False, :func:`no_holder`) and
+   :func:`tuner.search.confirm.confirm_winner` races the next-best configurations; the
+   recommendation carries its SLO margin: the worst P95 TTFT of its measurements against
+   the target.
 
 Pure: the measurements come from a callable, so the search (fresh server starts) and
 ``benchmarks/search_quality.py`` (a noisy stand-in) run the same decision.
@@ -134,6 +141,9 @@ class Candidate:
     #: at or above max-num-seqs x replicas, or what its KV cache holds): fewer sequences
     #: are no headroom then.
     capped: bool = False
+    #: P95 TTFT (s) of each measurement: at the scored load where it met the target, at its
+    #: lowest load where it missed.
+    p95s: list[float] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
@@ -202,6 +212,18 @@ class Confirmation:
     noise: NoiseFloor
     rounds: int
     reason: str                          # one line for the person at the keyboard
+    #: Whether the winner met the target on every measurement. False: no candidate did and
+    #: ``winner`` is the one that came closest (:func:`no_holder`): nothing is recommended.
+    held: bool = True
+    worst_p95_s: float | None = None     # the winner's worst P95 TTFT over its measurements
+    target_s: float | None = None
+
+    @property
+    def margin(self) -> float | None:
+        """The SLO margin: 1 - worst P95 / target (0.08: the worst measurement 8 % under)."""
+        if self.worst_p95_s is None or not self.target_s:
+            return None
+        return 1.0 - self.worst_p95_s / self.target_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -209,6 +231,7 @@ class Confirmation:
             "measurements": {str(k): v for k, v in self.measurements.items()},
             "ties": self.ties, "equivalent": self.equivalent, "out": {str(k): v for k, v in self.out.items()},
             "noise": self.noise.to_dict(), "rounds": self.rounds, "reason": self.reason,
+            "held": self.held, "worst_p95_s": self.worst_p95_s, "target_s": self.target_s,
         }
 
     @classmethod
@@ -222,6 +245,9 @@ class Confirmation:
             noise=NoiseFloor(float(noise.get("rel_sd", DEFAULT_PRIOR_SD)), int(noise.get("dof", 0)),
                              str(noise.get("source", "prior"))),
             rounds=int(data.get("rounds", 0)), reason=str(data.get("reason", "")),
+            held=bool(data.get("held", True)),
+            worst_p95_s=None if data.get("worst_p95_s") is None else float(data["worst_p95_s"]),
+            target_s=None if data.get("target_s") is None else float(data["target_s"]),
         )
 
 
@@ -253,8 +279,35 @@ def _leader(field_: Sequence[Candidate]) -> Candidate:
     return max(field_, key=lambda c: (c.mean, -c.number))
 
 
+def margin_text(worst: float | None, count: int, target: float | None) -> str:
+    """``worst P95 TTFT 4.62 s of 3 measurements vs the 5 s target (8 % under)``, or ''."""
+    if worst is None or not target:
+        return ""
+    return (f"worst P95 TTFT {worst:.3g} s of {count} measurement{'s' * (count != 1)} vs the {target:g} s target "
+            f"({1 - worst / target:.0%} under)")
+
+
+def no_holder(field_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int, target: float | None = None,
+              out: dict[int, str] | None = None) -> Confirmation:
+    """The race's result when every candidate missed the target on some measurement:
+    nothing held (``held`` False); ``winner`` is the one that came closest (the most
+    measurements that met the target, then the lowest worst P95)."""
+    def misses(c: Candidate) -> int:
+        return sum(1 for v in c.values if v <= 0)
+
+    closest = min(field_, key=lambda c: (misses(c) / max(len(c.values), 1), max(c.p95s, default=math.inf), c.number))
+    n, worst = len(closest.values), max(closest.p95s, default=None)
+    reason = (f"no candidate met the target on every measurement; closest: trial {closest.number}, met it on "
+              f"{n - misses(closest)} of {n}" + (f" (worst P95 TTFT {worst:.3g} s vs the {target:g} s target)"
+                                                 if worst is not None and target else ""))
+    return Confirmation(
+        winner=closest.number, leader=closest.number, band=closest.band, mean=closest.mean,
+        measurements={c.number: list(c.values) for c in field_}, ties=[], equivalent=[],
+        out=dict(out or {}), noise=noise, rounds=rounds, reason=reason, held=False, worst_p95_s=worst, target_s=target)
+
+
 def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
-           out: dict[int, str] | None = None) -> Confirmation:
+           out: dict[int, str] | None = None, target: float | None = None) -> Confirmation:
     """The recommendation from the candidates' measurements (see the module docstring)."""
     alive = [c for c in race_ if c.mean > 0]
     if not alive:
@@ -289,11 +342,14 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     if tied_numbers:
         reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
                    f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%})")
+    worst = max(winner.p95s, default=None)
+    if margin := margin_text(worst, len(winner.p95s), target):
+        reason += f"; SLO margin: {margin}"
     return Confirmation(
         winner=winner.number, leader=leader.number, band=(lo, hi), mean=winner.mean,
         measurements={c.number: list(c.values) for c in race_},
         ties=tied_numbers, equivalent=sorted(c.number for c in pool if c is not winner),
-        out=ruled_out, noise=noise, rounds=rounds, reason=reason,
+        out=ruled_out, noise=noise, rounds=rounds, reason=reason, worst_p95_s=worst, target_s=target,
     )
 
 
@@ -312,18 +368,21 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
 
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
          rounds: int, max_rounds: int | None = None, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
-         on_round: Callable[[int, list[Candidate]], None] | None = None) -> Confirmation:
+         on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None) -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
     ``history`` (other repeated configurations of the study) and the race's own values,
     and candidates beyond the band of the leader's mean are out. Stops early when one is
     left; goes on past ``rounds``, up to ``max_rounds``, while the race is
-    :func:`undecided`. An exception from ``measure`` (an interrupt, an environment fault) propagates:
+    :func:`undecided`. A candidate whose first measurement already missed the target is
+    out before the race; when every candidate is out for a miss, the result is
+    :func:`no_holder`'s. An exception from ``measure`` (an interrupt, an environment fault) propagates:
     nothing is decided on a partial round."""
-    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped) for c in entrants]
+    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s)) for c in entrants]
     history = [list(h) for h in history]
-    out: dict[int, str] = {}
+    out: dict[int, str] = {c.number: "failed the target on an earlier measurement"
+                           for c in field_ if any(v <= 0 for v in c.values)}
     done = 0
     for r in range(1, max(rounds, max_rounds or 0) + 1):
         alive = [c for c in field_ if c.number not in out]
@@ -350,10 +409,11 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         if on_round is not None:
             on_round(r, [c for c in field_ if c.number not in out])
     alive = [c for c in field_ if c.number not in out]
-    if not alive:  # every candidate failed a repeat: decide on what they measured
-        return decide(field_, noise, rounds=done)
-    return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out)
+    if not alive:  # every candidate failed a repeat: nothing held the target
+        return no_holder(field_, noise, rounds=done, target=target, out=out)
+    return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out, target=target)
 
 
 __all__ = ["HEADROOM_KNOBS", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
-           "headroom_key", "headroom_tie", "noise_floor", "paired_noise", "prior_sd", "race", "undecided"]
+           "headroom_key", "headroom_tie", "margin_text", "no_holder", "noise_floor", "paired_noise", "prior_sd", "race",
+           "undecided"]

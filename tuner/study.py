@@ -171,10 +171,13 @@ def is_feasible(trial: FrozenTrial) -> bool:
 
 def best_feasible_trial(study: optuna.Study) -> FrozenTrial | None:
     """The study's recommendation: the winner of its confirmation (:func:`confirmation`)
-    when one was made on the trials it now holds, else the feasible trial with the most
+    when one was made on the trials it now holds (None when no candidate held the target
+    on every repeat), else the feasible trial with the most
     throughput (ties: the earlier trial; confirmation repeats left out)."""
     trials = study.get_trials(deepcopy=False)
     conf = confirmation(study)
+    if conf is not None and not conf.held:
+        return None  # no candidate met the target on every repeat: none is recommended
     if conf is not None:
         by_number = {t.number: t for t in trials}
         if conf.winner in by_number and is_feasible(by_number[conf.winner]):

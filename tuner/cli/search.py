@@ -252,6 +252,9 @@ def search_cmd(
                            + ("" if best is None else f" (best so far: trial {best.number})")
                            + "; nothing is lost: run the same command again to go on")
     if best is None:
+        if outcome.confirmation is not None and not getattr(outcome.confirmation, "held", True):
+            raise NoFeasibleConfig(f"no configuration held {outcome.slo_text()} on its repeats: "
+                                   f"{outcome.confirmation.reason}; widen the space or relax the target")
         raise NoFeasibleConfig(
             f"no configuration met {outcome.slo_text()} in {outcome.finished} trials; "
             + (report.get("closest_miss") or "no trial ran"),

@@ -76,6 +76,7 @@ def confirmation_record(conf: Any, best: int) -> dict[str, Any] | None:
         "measurements": len(conf.measurements.get(conf.winner, [])), "leader": conf.leader,
         "tied_with": conf.ties, "equivalent": conf.equivalent, "noise_sd": conf.noise.rel_sd,
         "noise_from": conf.noise.source, "rounds": conf.rounds, "reason": conf.reason,
+        "worst_p95_ttft_s": conf.worst_p95_s, "slo_margin": conf.margin,
     }
 
 
@@ -120,6 +121,9 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
         for label, text in confirmation_rows(conf["mean_tokens_per_s"], conf["measurements"],
                                              conf["band_tokens_per_s"], conf["tied_with"], conf["noise_sd"]):
             tbl.add_row(label, text)
+        if conf.get("worst_p95_ttft_s") is not None and conf.get("slo_margin") is not None:
+            tbl.add_row("SLO margin", f"worst P95 TTFT {conf['worst_p95_ttft_s']:.3f} s of {conf['measurements']}, "
+                                      f"{conf['slo_margin']:.0%} under the target")
     if best.get("errors"):
         tbl.add_row("failed requests", describe_errors(best["errors"]))
     for key, value in best["config"].items():

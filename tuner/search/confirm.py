@@ -25,6 +25,9 @@ CONFIRM_ROUNDS = 2
 #: Rounds a race may go on to while a candidate that differs from the leader in a speed
 #: knob is still tied with it (``--confirm-max``).
 CONFIRM_MAX_ROUNDS = 5
+#: Races at most, when every candidate of one misses the target on a repeat: each next
+#: one takes the next-best configurations not raced yet.
+MAX_WAVES = 3
 #: What a repeat's record says of itself, beside its measurement.
 CONFIRMATION = ("confirm_of", "confirm_round", "tags", "worker", "host", "pid", "gpus")
 
@@ -41,6 +44,13 @@ def cap_bound(rec: TrialRecord) -> bool:
     edge = rec.edge
     return bool(edge is not None and edge.level is not None and edge.cap is not None
                 and float(edge.level) >= float(edge.cap))  # beyond_cap: level > cap
+
+
+def p95_of(rec: TrialRecord) -> float | None:
+    """A measurement's P95 TTFT: at its scored load when it met the target, at its lowest
+    load when it missed (what it missed by)."""
+    value = (rec.summary or {}).get("ttft_p95_s") if rec.feasible else rec.p95_ttft_at_lowest_load_s
+    return float(value) if value is not None else None
 
 
 def distinct(originals: list[optuna.trial.FrozenTrial],
@@ -68,6 +78,13 @@ def distinct(originals: list[optuna.trial.FrozenTrial],
         groups.setdefault(key, []).append(t)
     return [(max(members, key=lambda t: (float(t.value or 0.0), -t.number)), sorted(t.number for t in members))
             for members in groups.values()]
+
+
+def closeness(conf: Any) -> tuple[float, float]:
+    """How near a race that nothing held came: the share of its closest candidate's
+    measurements that missed the target, then its worst P95 TTFT (less is nearer)."""
+    values = conf.measurements.get(conf.winner) or [0.0]
+    return (sum(1 for v in values if v <= 0) / len(values), conf.worst_p95_s if conf.worst_p95_s is not None else 1e18)
 
 
 def study_noise(study: optuna.Study, backend: str) -> Any:
@@ -129,9 +146,10 @@ def confirm_winner(
     noise = study_noise(study, backend.name)
     entries = distinct(originals, records)
     groups_of = {t.number: members for t, members in entries}
-    field_ = candidates([Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
-                                   cap_bound(records[t.number])) for t, _ in entries], noise)
-    entrants = {c.number for c in field_}
+    pool = [Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
+                      cap_bound(records[t.number]), [p for p in [p95_of(records[t.number])] if p is not None])
+            for t, _ in entries]
+    entrants = {c.number for c in candidates(pool, noise)}  # the first race's: their repeats are its own
     history = []
     groups: dict[str, list[float]] = {}
     for (number, _r), t in done.items():
@@ -150,6 +168,8 @@ def confirm_winner(
         if (c.number, r) in done:
             t = done[(c.number, r)]
             c.capped = c.capped or cap_bound(records[t.number])
+            if (p95 := p95_of(records[t.number])) is not None:
+                c.p95s.append(p95)
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
         original = records[c.number]
         obs.on_phase(f"confirming trial {c.number}: repeat {r}/{of(r)}")
@@ -177,6 +197,8 @@ def confirm_winner(
             rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
             value, constraint, named = ev.value, ev.constraint, ev.named_constraints()
         rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
+        if (p95 := p95_of(rec)) is not None:
+            c.p95s.append(p95)
         trial = by_number[c.number]
         study.add_trial(create_trial(
             state=state, value=value, params=trial.params, distributions=trial.distributions,
@@ -187,10 +209,34 @@ def confirm_winner(
     def on_round(r: int, alive: list[Candidate]) -> None:
         obs.on_phase(f"confirmed round {r}/{of(r)}: {len(alive)} in the race")
 
-    conf = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name, history=history, on_round=on_round)
-    if same := [n for n in groups_of.get(conf.winner, []) if n != conf.winner]:
+    conf, raced = None, set()
+    for _wave in range(MAX_WAVES):  # a wave whose every candidate missed the target: the next-best
+        field_ = candidates([c for c in pool if c.number not in raced], noise)
+        if not field_:
+            break
+        raced |= {c.number for c in field_}
+        this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name,
+                    history=history, on_round=on_round, target=_ttft_bound(target))
+        if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
+            measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
+            if not this.held:  # and the closest of the waves
+                this = min((conf, this), key=closeness)
+            this.measurements, this.out = measured, out
+        conf = this
+        if conf.held:
+            break
+    if conf is None:
+        return None
+    if not conf.held:
+        conf.reason += f" ({len(raced)} configuration{'s' * (len(raced) != 1)} raced)"
+    elif same := [n for n in groups_of.get(conf.winner, []) if n != conf.winner]:
         shown = ", ".join(map(str, same[:8])) + (f" and {len(same) - 8} more" if len(same) > 8 else "")
         conf.reason += (f"; trial{'s' * (len(same) > 1)} {shown} {'are' if len(same) > 1 else 'is'} the same "
                         f"configuration for this workload (only knobs without effect differ)")
     study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
     return conf
+
+
+def _ttft_bound(target: float | SloSet) -> float | None:
+    """The P95 TTFT bound the race's margin is told against (the study's TTFT SLO)."""
+    return getattr(target, "target_ttft_s", target)
