@@ -4,6 +4,8 @@
 sim-serve) and for every stand-in the tests use (``tests/fakes.py``)."""
 from __future__ import annotations
 
+import collections
+
 import math
 import os
 import signal
@@ -14,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fakes import Analytic, ErrorBackend, FakeBackend, LateWatch, NoisyBackend
+from fakes import Analytic, ErrorBackend, FakeBackend, LateWatch, NoisyBackend, PerStartNoise
 
 from tuner.backends.endpoint import EndpointBackend
 from tuner.backends.sim import SimBackend
@@ -67,6 +69,8 @@ CASES: dict[str, Callable[..., Case]] = {
     "fake-errors": lambda tmp, url: Case(ErrorBackend(every=3), refused=ServeConfig(gpu_memory_utilization=0.95)),
     "fake-noisy": lambda tmp, url: Case(NoisyBackend(), refused=ServeConfig(gpu_memory_utilization=0.95)),
     "analytic": lambda tmp, url: Case(Analytic(lambda users: 0.05 * users)),
+    "per-start-noise": lambda tmp, url: Case(PerStartNoise(collections.defaultdict(lambda: 0.05),
+                                                           collections.defaultdict(lambda: 40.0))),
     "late-watch-on-sim-serve": lambda tmp, url: Case(LateWatch(_vllm(tmp)),
                                                      refused=ServeConfig(gpu_memory_utilization=0.1)),
 }
