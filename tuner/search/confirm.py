@@ -10,6 +10,7 @@ from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
+from tuner.slo import SloSet
 from tuner.progress import Observer, observer_or_headless
 from tuner.urls import redact
 
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.search.backend import Backend
-    from tuner.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
@@ -216,7 +216,7 @@ def confirm_winner(
             break
         raced |= {c.number for c in field_}
         this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name,
-                    history=history, on_round=on_round, target=_ttft_bound(target))
+                    history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
             if not this.held:  # and the closest of the waves
@@ -235,8 +235,3 @@ def confirm_winner(
                         f"configuration for this workload (only knobs without effect differ)")
     study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
     return conf
-
-
-def _ttft_bound(target: float | SloSet) -> float | None:
-    """The P95 TTFT bound the race's margin is told against (the study's TTFT SLO)."""
-    return getattr(target, "target_ttft_s", target)
