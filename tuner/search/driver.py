@@ -221,7 +221,7 @@ class SearchRun:
             s = self.settings
             # worth predicting: a server started with the configuration, whose trials cost GPU time
             if self.backend.restarts and self.backend.measures_gpu_time and s.precheck and s.early_stop:
-                return sim_predictor(self.deployment, self.workload, self.target, self.space.workload.load)
+                return sim_predictor(self.deployment, self.workload, self.slos, self.space.workload.load)
             return None
         if isinstance(predictor, str):
             raise InputError(f"unknown predictor {predictor!r}", hint="use 'auto', or none")
@@ -294,7 +294,7 @@ class SearchRun:
                 if advice.prune:
                     if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
-                    prune(trial, config, advice, self.run_facts)
+                    prune(trial, config, advice, self.run_facts, self.slos)
             ev = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.slos,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,

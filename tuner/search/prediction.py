@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from tuner.config import Deployment, ServeConfig
     from tuner.sim.calibration import Calibration
+    from tuner.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Replays the predictor's own goodput search may take (simulated: cheap); enough to
@@ -62,6 +63,10 @@ class Prediction:
     tokens_per_s: float     # at that load (0 when infeasible)
     p95_ttft_s: float | None
     reason: str = ""        # why it is infeasible, when it is
+    #: The trial's Optuna constraints as the simulator's goodput search left them, one per
+    #: SLO (at the predicted load; at the lowest load when infeasible): what a pruned
+    #: trial gives the sampler. Empty from a predictor that does not say.
+    constraints: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,12 +86,13 @@ class Correction:
 
 
 class Predictor:
-    """Predictions of the embedded simulator for one deployment, workload and target.
+    """Predictions of the embedded simulator for one deployment, workload and target
+    (a P95 TTFT bound in seconds, or the study's whole :class:`~tuner.slo.SloSet`).
 
     ``profile`` replaces the calibration the simulator would pick for the deployment's
     GPU (the benchmarks use it to give the predictor deliberately wrong constants)."""
 
-    def __init__(self, deployment: Deployment, workload: Workload, target_ttft_s: float, *,
+    def __init__(self, deployment: Deployment, workload: Workload, target_ttft_s: float | SloSet, *,
                  load_kind: str = "concurrency", profile: Calibration | None = None) -> None:
         from tuner.backends.sim import SimBackend
 
@@ -120,13 +126,14 @@ class Predictor:
         if rec.rejected_kind:  # vLLM would refuse it: the search's pre-check records that
             return None
         p95 = rec.summary.get("ttft_p95_s")
+        constraints = ev.named_constraints()
         if not ev.feasible:
-            return Prediction(False, 0.0, 0.0, p95, str(rec.infeasible_reason or ""))
+            return Prediction(False, 0.0, 0.0, p95, str(rec.infeasible_reason or ""), constraints)
         level = max(p.level for p in rec.loads if p.passed)
-        return Prediction(True, float(level), ev.value, p95)
+        return Prediction(True, float(level), ev.value, p95, constraints=constraints)
 
 
-def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: float,
+def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: float | SloSet,
                   load_kind: str = "concurrency") -> Predictor | None:
     """A predictor for ``deployment``, or None when the simulator cannot model it (a GPU
     or model it does not know)."""
