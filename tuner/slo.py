@@ -28,6 +28,11 @@ METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 #: Share of failed requests a load point tolerates (more: the replay stops, the point fails).
 MAX_ERROR_RATE = 0.01
 
+#: What a study's trials score at their edge (``--objective``) -> the unit its values are
+#: told in: tokens/s (prompt + output), or goodput (requests/s of the requests meeting every
+#: SLO, ``vllm bench serve --goodput``).
+OBJECTIVES = {"tokens": "tok/s", "goodput": "req/s goodput"}
+
 _FORM = re.compile(r"\s*p(\d+(?:\.\d+)?)\s*:\s*([a-z0-9_]+)\s*<=\s*(\S.*?)\s*")
 _EXAMPLE = "write it as p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms or p90:e2el<=20s"
 
@@ -86,6 +91,12 @@ class Slo:
     def meets(self, summary: Mapping[str, float]) -> bool:
         value = self.measured(summary)
         return math.isfinite(value) and value <= self.bound_s
+
+
+def value_text(value: float, objective: str = "tokens") -> str:
+    """A trial's value in its objective's unit: ``27,062 tok/s``, ``37.71 req/s goodput``."""
+    unit = OBJECTIVES.get(objective, objective)
+    return f"{value:,.0f} {unit}" if objective == "tokens" else f"{value:,.2f} {unit}"
 
 
 def parse_slo(text: str) -> Slo:
@@ -246,4 +257,5 @@ def monotone_crossing(points: Sequence[tuple[float, float]], target: float, lo: 
     return float(brentq(g, a, b, xtol=1e-3))
 
 
-__all__ = ["MAX_ERROR_RATE", "METRICS", "Slo", "SloSet", "monotone_crossing", "parse_slo", "split_slos"]
+__all__ = ["MAX_ERROR_RATE", "METRICS", "OBJECTIVES", "Slo", "SloSet", "monotone_crossing", "parse_slo", "split_slos",
+           "value_text"]

@@ -28,7 +28,7 @@ from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import environment_fault
 from tuner.search.window import trial_estimate
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
-from tuner.search.objective import CONSTRAINT, OBJECTIVES, evaluate_config
+from tuner.search.objective import CONSTRAINT, OBJECTIVE_UNITS, OBJECTIVES, evaluate_config
 from tuner.progress import Observer, observer_or_headless
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
@@ -234,8 +234,13 @@ class SearchRun:
         st = open_study(self.name, self.storage,
                         sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
-                     self.target)
+                     self.target, s.objective)
         record = StudyRecord.from_study(st)
+        if record.objective not in (None, s.objective):
+            raise InputError(
+                f"study {self.name!r} scores {record.objective} ({OBJECTIVE_UNITS[record.objective]}), not "
+                f"{s.objective}: its trials' values would mix two units",
+                hint=f"resume it with --objective {record.objective}, or give --study a new name")
         if record.slos != self.slos.texts[1:]:
             raise InputError(
                 f"study {self.name!r} was searched for {', '.join(record.slos) or 'P95 TTFT alone'}, not "
