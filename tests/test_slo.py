@@ -190,3 +190,38 @@ def test_the_goodput_objective_scores_requests_meeting_every_slo_at_the_same_edg
     assert good.value == pytest.approx(good.record.goodput_requests_per_s)
     assert 0 < good.value <= good.record.summary["requests_per_s"]
     assert tokens.value == pytest.approx(tokens.record.tokens_per_s)
+
+
+def test_a_goodput_study_is_stamped_so_and_refuses_to_resume_scoring_tokens(tmp_path):
+    from test_search import SPACE, fake_space
+
+    from tuner.record import StudyRecord
+    from tuner.search import run_search
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    space = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
+    good = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=4, storage=storage,
+                      sampler="random", seed=1, confirm=1, objective="goodput")
+    assert StudyRecord.from_study(good.study).objective == "goodput"
+    assert good.confirmation is not None
+    reason = good.confirmation.reason
+    assert "req/s goodput" in reason and "tok/s" not in reason
+    trials = len(good.study.trials)
+    with pytest.raises(InputError) as err:  # the same study, told to score tokens/s
+        run_search(space, backend=FakeBackend(), workload=small_workload(), budget=6, storage=storage,
+                   study=good.name, sampler="random", seed=1, confirm=0, objective="tokens")
+    assert "scores goodput (req/s goodput), not tokens" in err.value.message
+    assert "\n" not in err.value.message and "--objective goodput" in err.value.hint
+    assert len(good.study.trials) == trials  # nothing written
+
+
+def test_reasons_tell_a_goodput_study_in_requests_per_second():
+    from tuner.confirmation import Candidate, NoiseFloor, confirmation_rows, decide
+
+    config = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "enforce_eager": False}
+    conf = decide([Candidate(3, config, [37.6, 37.8, 37.7])], NoiseFloor(0.01), objective="goodput")
+    assert conf.reason.startswith("trial 3: 37.70 req/s goodput, mean of 3 measurements (37.60-37.80)")
+    rows = dict(confirmation_rows(conf.mean, 3, conf.band, conf.ties, 0.01, "goodput"))
+    assert rows["confirmed"] == "37.70 req/s goodput mean of 3 (37.60-37.80)"
+    tokens = decide([Candidate(3, config, [27000.0, 27124.0])], NoiseFloor(0.01))
+    assert tokens.reason.startswith("trial 3: 27,062 tok/s, mean of 2 measurements (27,000-27,124)")

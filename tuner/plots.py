@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import best_trial, pareto_mask, plan_sweep, target_ttft_s, trials_frame
 from tuner.errors import InputError
+from tuner.record import StudyRecord
 from tuner.study import is_feasible
 
 if TYPE_CHECKING:
@@ -90,24 +91,33 @@ def _measured_trials(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
+def value_label(study: optuna.Study) -> str:
+    """What the study's trial values are, for an axis: ``tokens/s (in+out)``, or
+    ``goodput (req/s meeting every SLO)`` for a study stamped ``--objective goodput``."""
+    objective = StudyRecord.from_study(study).objective
+    return "goodput (req/s meeting every SLO)" if objective == "goodput" else "tokens/s (in+out)"
+
+
 def plot_history(study: optuna.Study) -> Figure:
-    """Optuna's optimisation history: tokens/s per trial and the best feasible so far."""
+    """Optuna's optimisation history: each trial's value (tokens/s, or goodput: the study's
+    objective) and the best feasible so far."""
     import optuna.visualization.matplotlib as ovm
 
     if _measured_trials(study) == 0:
         raise InputError(f"study {study.study_name} has no completed trial yet", hint="run tuner search")
     infeasible = sum(1 for t in study.get_trials(deepcopy=False) if t.value is not None and not is_feasible(t))
+    unit = value_label(study)
     with _style(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning of the matplotlib backend
-        ax = ovm.plot_optimization_history(study, target_name="tokens/s (in+out)")
+        ax = ovm.plot_optimization_history(study, target_name=unit)
         if infeasible:
             ax.scatter([], [], color="#cccccc", label=f"infeasible or refused ({infeasible})")
         handles, labels = ax.get_legend_handles_labels()
-        names = {"Best Value": "best feasible so far", "tokens/s (in+out)": "feasible trial"}
+        names = {"Best Value": "best feasible so far", unit: "feasible trial"}
         ax.legend(handles, [names.get(label, label) for label in labels], loc="upper left",
                   bbox_to_anchor=(1.02, 1.0), fontsize=8)
         ax.set_title("", loc="left")
-        ax.set_title("optimisation history: tokens/s per trial, best feasible so far")
+        ax.set_title(f"optimisation history: {unit.split(' (')[0]} per trial, best feasible so far")
         ax.set_xlabel("trial")
         return _adopt(ax, 9.0, 4.5)
 

@@ -26,6 +26,7 @@ from tuner.files import write_atomic
 from tuner.plots import CAPTIONS, png_bytes, study_plots
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
+from tuner.slo import OBJECTIVES
 from tuner.storage import STUDIES_DIR
 from tuner.study import error_totals, is_confirmation
 from tuner.urls import redact
@@ -131,7 +132,10 @@ def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
         return f"<p class='skipped'>{html.escape(redact(text))}</p>"
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
-    rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{best.value:,.0f}")]
+    objective = StudyRecord.from_study(study).objective or "tokens"
+    rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{rec.tokens_per_s or best.value:,.0f}")]
+    if objective == "goodput":  # what the study scored, first
+        rows.insert(1, ("goodput (req/s meeting every SLO)", f"{best.value:,.2f}"))
     if rec.summary.get("ttft_p95_s") is not None:
         rows.append(("P95 TTFT", f"{rec.summary['ttft_p95_s']:.3g} s at {rec.chosen_load or '?'}"))
     if rec.errors:
@@ -141,7 +145,7 @@ def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
         conf = None  # it chose another trial: not the repeats behind this answer
     if conf is not None:  # the repeats that chose it (tuner.confirmation)
         rows += confirmation_rows(conf.mean, len(conf.measurements.get(conf.winner, [])), conf.band, conf.ties,
-                                  conf.noise.rel_sd)
+                                  conf.noise.rel_sd, objective)
     rows += [(k, _knob(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
     if conf is not None:
@@ -236,7 +240,9 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
              else "deployment not recorded")
     meta = (f"{where}; backend {stamp.backend or '?'}; space {stamp.space or '?'}; "
             f"sampler {stamp.sampler or '?'}; target P95 TTFT "
-            f"{'?' if target is None else f'{target:g} s'}; {len(frame)} trials ("
+            f"{'?' if target is None else f'{target:g} s'}" + "".join(f", {t}" for t in stamp.slos)
+            + (f"; objective {stamp.objective} ({OBJECTIVES[stamp.objective]})" if stamp.objective else "")
+            + f"; {len(frame)} trials ("
             + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
             + (f", {repeats} of them confirmation repeats outside the budget" if repeats else ""))
     parts = [

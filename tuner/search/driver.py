@@ -295,7 +295,7 @@ class SearchRun:
                 self.obs.on_phase("predicting on the simulator")
                 # a twin within the noise band of the best may be the best: it is measured
                 advice = advise(trial.study.get_trials(deepcopy=False), config, self.predictor.predict(config), best,
-                                twin_share=1 - noise.band())
+                                twin_share=1 - noise.band(), objective=s.objective)
                 if advice.prune:
                     if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))

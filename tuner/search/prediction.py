@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigRejected, InputError
 from tuner.record import TrialRecord
+from tuner.slo import value_text
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -206,7 +207,7 @@ class Advice:
 
 
 def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction | None,
-           best: float | None, *, twin_share: float = TWIN_SHARE) -> Advice:
+           best: float | None, *, twin_share: float = TWIN_SHARE, objective: str = "tokens") -> Advice:
     """Turn ``pred`` into the search's next move, given the study's ``trials`` so far and
     its ``best`` measured value: where the goodput search starts (the predicted load x
     the measured/predicted median), what value to expect, and whether to launch at all.
@@ -214,7 +215,8 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
     ``PRUNE_SHARE`` of the best, one predicted infeasible once predictions are trusted,
     and a *predicted twin* (:func:`predicted_twins`) of a trial that measured under
     ``twin_share`` of the best (within it, a twin may be the best by noise), or of
-    ``TWINS_MEASURED`` trials already measured."""
+    ``TWINS_MEASURED`` trials already measured. ``objective``: the unit of the trials'
+    values and ``best`` in the reasons (:func:`tuner.slo.value_text`)."""
     if pred is None:  # the simulator cannot model it, or vLLM would refuse it: the pre-check's call
         return Advice()
     corr = correction(trials)
@@ -229,9 +231,9 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
                             if other is None or getattr(other, k) != v) or "what differs"
         advice.prune, advice.value, advice.twin_of = True, value, twin.number
         why = (f"{len(twins)} such trials measured already" if len(twins) >= TWINS_MEASURED
-               else f"under {twin_share:.0%} of the best {best:,.0f}")
+               else f"under {twin_share:.0%} of the best {value_text(best, objective)}")
         advice.reason = (f"predicted the same as trial {twin.number} (same layout; the simulator sees no effect "
-                         f"of {differs}), which measured {value:,.0f} tok/s; {why}")
+                         f"of {differs}), which measured {value_text(value, objective)}; {why}")
         return advice
     if not pred.feasible:
         advice.prediction["expected_tokens_per_s"] = 0.0
