@@ -20,13 +20,14 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import best_trial, pareto_mask, plan_sweep, target_ttft_s, trials_frame
 from tuner.errors import InputError
 from tuner.record import StudyRecord
+from tuner.slo import SloSet
 from tuner.study import is_feasible
 
 if TYPE_CHECKING:
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 STATUS_COLORS = {"feasible": "tab:blue", "infeasible": "tab:red", "refused": "tab:grey",
                  "failed": "black", "pruned": "tab:olive", "running": "tab:cyan"}
 
+
+#: Marker colour per SLO of a study's set, in the order the study lists them (P95 TTFT first).
+SLO_COLORS = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:cyan")
 
 #: One look for every figure: Optuna's matplotlib plots use the ggplot style sheet.
 STYLE = "ggplot"
@@ -172,10 +176,31 @@ def plot_importances(study: optuna.Study) -> Figure:
     return fig
 
 
+def _by_binding_slo(ax: Any, measured: pd.DataFrame, slos: Sequence[str]) -> None:
+    """Each trial's marker in the colour of the SLO that binds it (the smallest margin at
+    its scored load: :attr:`tuner.record.TrialRecord.binding_slo`), one legend entry per
+    SLO with its count; the marker's shape is still its status (o feasible, x not)."""
+    binding = measured["binding_slo"] if "binding_slo" in measured else measured["number"].map(lambda _: None)
+    groups = [(text, SLO_COLORS[i % len(SLO_COLORS)], measured[binding == text], f"{text} binds")
+              for i, text in enumerate(slos)]
+    groups.append((None, "tab:grey", measured[~binding.isin(slos)], "binding SLO not recorded"))
+    for text, colour, rows, label in groups:
+        if text is None and rows.empty:
+            continue
+        for feasible, group in rows.groupby(rows["feasible"].astype(bool)):
+            ax.scatter(group["ttft_p95_s"], group["tokens_per_s"], s=36, alpha=0.9, color=colour,
+                       marker="o" if feasible else "x", zorder=3)
+        ax.scatter([], [], s=36, color=colour, marker="s", label=f"{label} ({len(rows)})")
+    for marker, status in (("o", "feasible"), ("x", "not feasible")):
+        ax.scatter([], [], s=36, color="black", marker=marker, label=status)
+
+
 @_styled
-def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int | None = None) -> Figure:
-    """tokens/s against P95 TTFT, one marker per measured trial (colour: status), the
-    target as a vertical line, the Pareto front as a step line, the best feasible trial
+def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int | None = None,
+                  slos: Sequence[str] = ()) -> Figure:
+    """tokens/s against P95 TTFT, one marker per measured trial (colour: status; for a
+    study of several SLOs, ``slos`` as typed, the SLO that binds it), the target as a
+    vertical line, the Pareto front as a step line, the best feasible trial
     starred: trial ``best`` (the study's recommendation, :func:`tuner.analysis.best_trial`,
     which a confirmation may have chosen over a luckier single measurement), or the
     fastest feasible one. ``frame`` is :func:`tuner.analysis.trials_frame`."""
@@ -185,10 +210,13 @@ def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int 
         raise InputError("no trial measured P95 TTFT and throughput yet", hint="run tuner search")
     fig = _figure(8.0, 5.0)
     ax = fig.add_subplot()
-    for status, group in measured.groupby("status", sort=False):
-        ax.scatter(group["ttft_p95_s"], group["tokens_per_s"], s=36, alpha=0.8,
-                   color=STATUS_COLORS.get(str(status), "tab:purple"),
-                   marker="o" if status == "feasible" else "x", label=f"{status} ({len(group)})")
+    if len(slos) > 1:
+        _by_binding_slo(ax, measured, slos)
+    else:
+        for status, group in measured.groupby("status", sort=False):
+            ax.scatter(group["ttft_p95_s"], group["tokens_per_s"], s=36, alpha=0.8,
+                       color=STATUS_COLORS.get(str(status), "tab:purple"),
+                       marker="o" if status == "feasible" else "x", label=f"{status} ({len(group)})")
     front = measured[pareto_mask(measured)].sort_values("ttft_p95_s")
     if len(front):
         ax.step(front["ttft_p95_s"], front["tokens_per_s"], where="post", color="tab:green",
@@ -208,7 +236,8 @@ def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int 
         ax.scatter([], [], marker="", label=f"not shown: {unmeasured} never measured (refused, failed)")
     ax.set_xlabel("P95 TTFT at the chosen load (s)")
     ax.set_ylabel("tokens/s (in+out)")
-    ax.set_title("throughput against P95 TTFT (feasible region shaded)")
+    ax.set_title("throughput against P95 TTFT (" + ("P95 TTFT met in the shade; colour: the SLO that binds)"
+                                                   if len(slos) > 1 else "feasible region shaded)"))
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -318,7 +347,9 @@ CAPTIONS = {
     "tradeoff": ("Throughput against P95 TTFT",
                  "Each trial at the load it was scored at (infeasible trials at their lowest load). Left of "
                  "the red line is the feasible region; the green steps are the Pareto front: configurations "
-                 "that no other beats on both latency and throughput. The star is the answer."),
+                 "that no other beats on both latency and throughput. The star is the answer. In a study of "
+                 "several SLOs each trial's colour is the SLO that binds it (the smallest margin at its load), "
+                 "and a cross left of the line missed another SLO."),
     "layouts": ("Throughput by layout",
                 "Feasible throughput per GPU layout (tensor-parallel size x replicas). More replicas usually "
                 "win throughput; more TP frees memory for KV cache and cuts per-token latency."),
@@ -327,6 +358,13 @@ CAPTIONS = {
                  "grey line is the most load that stays under the target, the capacity to plan with, and the "
                  "orange diamonds are the runs that verified it."),
 }
+
+
+def study_slos(study: optuna.Study) -> tuple[str, ...]:
+    """The study's SLO set as typed, P95 TTFT first (from its record); empty when unknown."""
+    target, others = target_ttft_s(study), StudyRecord.from_study(study).slos
+    texts = ((f"p95:ttft<={target}s",) if target is not None else ()) + tuple(others)
+    return SloSet.of(texts).texts if texts else ()
 
 
 def _best_number(study: optuna.Study) -> int | None:
@@ -340,7 +378,7 @@ def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[
     makers: dict[str, Callable[[], Figure]] = {
         "history": lambda: plot_history(study),
         "importances": lambda: plot_importances(study),
-        "tradeoff": lambda: plot_tradeoff(df, target_ttft_s(study), _best_number(study)),
+        "tradeoff": lambda: plot_tradeoff(df, target_ttft_s(study), _best_number(study), study_slos(study)),
         "layouts": lambda: plot_layouts(df),
         "capacity": lambda: plot_capacity(plan_sweep(study)),
     }

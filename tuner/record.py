@@ -354,5 +354,5 @@ class StudyRecord:
         return json_safe(out)
 
 
-__all__ = ["NOT_MEASURED", "QUEUED", "SCHEMA_VERSION", "STUDY_SCHEMA_VERSION", "Edge", "LoadRecord", "RunFacts", "StudyRecord",
-           "TrialRecord", "migrate", "migrate_study", "write"]
+__all__ = ["NOT_MEASURED", "QUEUED", "SCHEMA_VERSION", "STUDY_SCHEMA_VERSION", "Edge", "LoadRecord", "RunFacts",
+           "StudyRecord", "TrialRecord", "migrate", "migrate_study", "write"]

@@ -23,10 +23,10 @@ import numpy as np
 from tuner.analysis import best_trial, study_location, target_ttft_s, top_groups, trials_frame
 from tuner.effective import ANY
 from tuner.files import write_atomic
-from tuner.plots import CAPTIONS, png_bytes, study_plots
+from tuner.plots import CAPTIONS, png_bytes, study_plots, study_slos
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
-from tuner.slo import OBJECTIVES
+from tuner.slo import OBJECTIVES, SloSet
 from tuner.storage import STUDIES_DIR
 from tuner.study import error_totals, is_confirmation
 from tuner.urls import redact
@@ -138,6 +138,12 @@ def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
         rows.insert(1, ("goodput (req/s meeting every SLO)", f"{best.value:,.2f}"))
     if rec.summary.get("ttft_p95_s") is not None:
         rows.append(("P95 TTFT", f"{rec.summary['ttft_p95_s']:.3g} s at {rec.chosen_load or '?'}"))
+    for slo in [s for s in SloSet.of(rec.slos).slos if s.name != "p95_ttft"] if rec.slos else []:
+        value = slo.measured(rec.summary)
+        shown = f"{value * 1e3:.3g} ms" if slo.bound_s < 1 else f"{value:.3g} s"
+        rows.append((slo.label(), f"{shown} (bound {slo.bound_text(' ')})"))
+    if rec.binding_slo and rec.slos:
+        rows.append(("binding SLO", rec.binding_slo))
     if rec.errors:
         rows.append(("failed requests", describe_errors(rec.errors, limit=8)))
     conf = confirmation(study)
@@ -238,9 +244,9 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     dep = stamp.deployment
     where = (f"{dep.gpu_count}x {dep.gpu}, {dep.model}, vLLM {dep.vllm_version}" if dep is not None
              else "deployment not recorded")
+    slos = SloSet.of(study_slos(study)).describe() if target is not None else "P95 TTFT ≤ ?"
     meta = (f"{where}; backend {stamp.backend or '?'}; space {stamp.space or '?'}; "
-            f"sampler {stamp.sampler or '?'}; target P95 TTFT "
-            f"{'?' if target is None else f'{target:g} s'}" + "".join(f", {t}" for t in stamp.slos)
+            f"sampler {stamp.sampler or '?'}; target {slos.replace('<=', '≤')}"
             + (f"; objective {stamp.objective} ({OBJECTIVES[stamp.objective]})" if stamp.objective else "")
             + f"; {len(frame)} trials ("
             + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"

@@ -100,7 +100,8 @@ def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: R
 
     for name, value in pruned_constraints(trial.study, advice, slos).items():
         trial.set_constraint(name, value)
-    write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(advice.prediction), pruned_reason=advice.reason,
+    write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(advice.prediction),
+                                           pruned_reason=advice.reason,
                                            feasible=False, gpu_s=0.0, run=run_facts, twin_of=advice.twin_of))
     trial.report(float(advice.value), step=0)
     raise optuna.TrialPruned(advice.reason)
