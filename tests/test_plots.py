@@ -159,3 +159,17 @@ def test_tradeoff_colours_each_trial_by_the_slo_that_binds_it():
     assert drawn[(0.4, 700.0)][:3] != drawn[(0.9, 900.0)][:3]
     plain = plot_tradeoff(frame, 1.0, best=0).axes[0]  # one SLO: coloured by status, as before
     assert "feasible (3)" in [h.get_label() for h in plain.get_legend().legend_handles]
+
+
+def test_the_capacity_curve_colours_each_run_by_the_slo_that_limits_it():
+    import pandas as pd
+
+    sweep = pd.DataFrame({
+        "level": [2.0, 8.0, 16.0, 24.0, 20.0], "repeat": [0] * 5, "role": ["sweep"] * 4 + ["verify"],
+        "ttft_p95_s": [0.2, 0.27, 0.8, 1.07, 0.9], "tokens_per_s": [130.0, 460.0, 740.0, 970.0, 860.0],
+        "binding_slo": ["p99:tpot<=60ms", "p99:tpot<=60ms", "p95:ttft<=1s", "p95:ttft<=1s", "p95:ttft<=1s"]})
+    sweep.attrs.update(plan="trial 2 at 1 s", target_ttft_s=1.0, max_load=20.0, bound="interpolated",
+                       load_kind="concurrency", tokens_per_s=860.0, slos=("p95:ttft<=1s", "p99:tpot<=60ms"))
+    labels = [t.get_text() for t in plot_capacity(sweep).axes[1].get_legend().get_texts()]
+    assert "p95:ttft<=1s limits (3)" in labels and "p99:tpot<=60ms limits (2)" in labels  # the verify run counts
+    assert "verify run" in labels

@@ -41,7 +41,7 @@ STATUS_COLORS = {"feasible": "tab:blue", "infeasible": "tab:red", "refused": "ta
 
 
 #: Marker colour per SLO of a study's set, in the order the study lists them (P95 TTFT first).
-SLO_COLORS = ("tab:blue", "tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:cyan")
+SLO_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:cyan", "tab:olive")
 
 #: One look for every figure: Optuna's matplotlib plots use the ggplot style sheet.
 STYLE = "ggplot"
@@ -286,7 +286,8 @@ def plot_layouts(frame: pd.DataFrame) -> Figure:
 @_styled
 def plot_capacity(sweep: pd.DataFrame) -> Figure:
     """The capacity curve of ``tuner plan``: P95 TTFT (left axis) and tokens/s (right
-    axis) against load, the target line, and the largest load meeting it. ``sweep`` is
+    axis) against load, the target line, and the largest load meeting it; for a plan of
+    several SLOs each run's marker is in the colour of the SLO that limits it. ``sweep`` is
     :func:`tuner.analysis.plan_sweep`."""
     if sweep.empty:
         raise InputError("the study holds no capacity plan", hint="run tuner plan --target-ttft 2s on it")
@@ -295,9 +296,23 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
     curve = rows[rows["role"] != "verify"]
     fig = _figure(8.0, 4.8)
     ax = fig.add_subplot()
-    ax.plot(curve["level"], curve["ttft_p95_s"], "o-", color="tab:purple", label="P95 TTFT")
+    slos = tuple(at.get("slos") or ()) if "binding_slo" in rows else ()
     verify = rows[rows["role"] == "verify"]
-    if len(verify):
+    if len(slos) > 1:
+        # the curve, and each run in the colour of the SLO that limits it there (tuner plan's "limit")
+        ax.plot(curve["level"], curve["ttft_p95_s"], "-", color="black", alpha=0.5, label="P95 TTFT")
+        for i, text in enumerate(slos):
+            colour = SLO_COLORS[i % len(SLO_COLORS)]
+            runs, checks = curve[curve["binding_slo"] == text], verify[verify["binding_slo"] == text]
+            ax.plot(runs["level"], runs["ttft_p95_s"], "o", color=colour, linestyle="none", zorder=4,
+                    label=f"{text} limits ({len(runs) + len(checks)})")
+            ax.plot(checks["level"], checks["ttft_p95_s"], "D", color=colour, mec="black", ms=8, linestyle="none",
+                    zorder=5)
+        if len(verify):
+            ax.plot([], [], "D", color="white", mec="black", ms=8, linestyle="none", label="verify run")
+    else:
+        ax.plot(curve["level"], curve["ttft_p95_s"], "o-", color="tab:purple", label="P95 TTFT")
+    if len(verify) and len(slos) <= 1:
         # filled and outlined, so that the legend shows it as clearly as the plot does
         ax.plot(verify["level"], verify["ttft_p95_s"], "D", color="tab:orange", mec="black", ms=8,
                 linestyle="none", zorder=5, label="verify run")
@@ -356,7 +371,8 @@ CAPTIONS = {
     "capacity": ("Capacity curve",
                  "The load sweep of tuner plan on the chosen configuration: P95 TTFT rises with load; the "
                  "grey line is the most load that stays under the target, the capacity to plan with, and the "
-                 "orange diamonds are the runs that verified it."),
+                 "orange diamonds are the runs that verified it. In a plan of several SLOs each run's colour is "
+                 "the SLO that limits it there (tuner plan's limit column)."),
 }
 
 
