@@ -135,3 +135,41 @@ def test_layouts_need_more_than_one_layout(sim_study_db):
     one = frame[frame["layout"] == frame["layout"].iloc[0]]
     with pytest.raises(InputError, match="only one layout was tried"):
         plot_layouts(one)
+
+
+def test_tradeoff_colours_each_trial_by_the_slo_that_binds_it():
+    import pandas as pd
+    from matplotlib.colors import to_rgba
+
+    slos = ("p95:ttft<=1s", "p99:tpot<=30ms")
+    frame = pd.DataFrame({
+        "number": [0, 1, 2, 3], "status": ["feasible", "feasible", "infeasible", "feasible"],
+        "feasible": [True, True, False, True], "tokens_per_s": [900.0, 700.0, 300.0, 500.0],
+        "ttft_p95_s": [0.9, 0.4, 0.3, 0.5], "binding_slo": ["p95:ttft<=1s", "p99:tpot<=30ms", "p99:tpot<=30ms", None]})
+    ax = plot_tradeoff(frame, 1.0, best=0, slos=slos).axes[0]
+    labels = [h.get_label() for h in ax.get_legend().legend_handles]
+    assert labels[:3] == ["p95:ttft<=1s binds (1)", "p99:tpot<=30ms binds (2)", "binding SLO not recorded (1)"]
+    entry = {h.get_label(): to_rgba(h.get_facecolor()[0]) for h in ax.get_legend().legend_handles[:3]}
+    drawn = {}
+    for c in [c for c in ax.collections if c.get_label().startswith("_")]:  # the trials, not the star
+        for x, y in c.get_offsets():
+            drawn[(float(x), float(y))] = to_rgba(c.get_facecolor()[0])
+    assert drawn[(0.9, 900.0)][:3] == entry["p95:ttft<=1s binds (1)"][:3]
+    assert drawn[(0.4, 700.0)][:3] == drawn[(0.3, 300.0)][:3] == entry["p99:tpot<=30ms binds (2)"][:3]
+    assert drawn[(0.4, 700.0)][:3] != drawn[(0.9, 900.0)][:3]
+    plain = plot_tradeoff(frame, 1.0, best=0).axes[0]  # one SLO: coloured by status, as before
+    assert "feasible (3)" in [h.get_label() for h in plain.get_legend().legend_handles]
+
+
+def test_the_capacity_curve_colours_each_run_by_the_slo_that_limits_it():
+    import pandas as pd
+
+    sweep = pd.DataFrame({
+        "level": [2.0, 8.0, 16.0, 24.0, 20.0], "repeat": [0] * 5, "role": ["sweep"] * 4 + ["verify"],
+        "ttft_p95_s": [0.2, 0.27, 0.8, 1.07, 0.9], "tokens_per_s": [130.0, 460.0, 740.0, 970.0, 860.0],
+        "binding_slo": ["p99:tpot<=60ms", "p99:tpot<=60ms", "p95:ttft<=1s", "p95:ttft<=1s", "p95:ttft<=1s"]})
+    sweep.attrs.update(plan="trial 2 at 1 s", target_ttft_s=1.0, max_load=20.0, bound="interpolated",
+                       load_kind="concurrency", tokens_per_s=860.0, slos=("p95:ttft<=1s", "p99:tpot<=60ms"))
+    labels = [t.get_text() for t in plot_capacity(sweep).axes[1].get_legend().get_texts()]
+    assert "p95:ttft<=1s limits (3)" in labels and "p99:tpot<=60ms limits (2)" in labels  # the verify run counts
+    assert "verify run" in labels

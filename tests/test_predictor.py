@@ -220,3 +220,61 @@ def test_after_a_predicted_twin_the_predictor_proposes_a_neighbour_of_the_best(t
         # one knob (or the layout) away from a trial measured before it
         assert any(sum(e.params.get(k) != v for k, v in t.params.items()) == 1 for e in earlier)
         assert t.state == TrialState.COMPLETE and "twin_of" not in t.user_attrs
+
+
+class WithSloFigures(ByMaxNumSeqs):
+    """ByMaxNumSeqs, with the per-SLO constraints the simulator's goodput search leaves."""
+
+    def predict(self, config: ServeConfig) -> Prediction:
+        pred = super().predict(config)
+        return Prediction(pred.feasible, pred.level, pred.tokens_per_s, pred.p95_ttft_s,
+                          constraints={"p95_ttft_over_target": -0.1, "p95_e2el_over_target": -0.25})
+
+
+def test_a_pruned_trial_carries_every_slos_constraint(tmp_path):
+    from test_search import SPACE
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    space = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
+    out = run_search(space, backend=FakeBackend(), workload=small_workload(600), budget=14, storage=storage,
+                     sampler="random", seed=1, predictor=WithSloFigures(), confirm=0)
+    trials = optuna.load_study(study_name=out.name, storage=storage).trials
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned, "max-num-seqs 16 is predicted at a third of the best: some trial must be pruned"
+    both = {"p95_ttft_over_target", "p95_e2el_over_target"}
+    for t in pruned:
+        assert set(t.constraints) == both
+        twin = t.user_attrs.get("twin_of")
+        if twin is None:  # the prediction's own figures
+            assert t.constraints["p95_e2el_over_target"] == pytest.approx(-0.25)
+        else:  # what the twin measured
+            assert t.constraints == pytest.approx(trials[twin].user_attrs["constraints"])
+
+
+def test_a_pruned_trial_whose_prediction_names_no_slo_is_judged_on_p95_ttft_alone():
+    from tuner.search.prediction import Advice
+    from tuner.search.pruning import pruned_constraints
+    from tuner.slo import SloSet
+
+    slos = SloSet.of(["p95:ttft<=1s", "p99:tpot<=30ms"])
+    study = optuna.create_study()
+    feasible = Advice(prediction=Prediction(True, 40, 1000.0, 0.8).to_dict(), prune=True)
+    assert pruned_constraints(study, feasible, slos) == pytest.approx(
+        {"p95_ttft_over_target": -0.2, "p99_tpot_over_target": 1.0})  # TPOT not predicted: not known to be met
+    infeasible = Advice(prediction=Prediction(False, 0, 0.0, 0.8).to_dict(), prune=True)
+    assert pruned_constraints(study, infeasible, slos) == {"p95_ttft_over_target": 1.0, "p99_tpot_over_target": 1.0}
+
+
+def test_the_sim_predictor_holds_every_slo_of_the_study():
+    from tuner.slo import SloSet
+
+    deployment = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=1)
+    wl = default_workload(seed=0, n=120)
+    config = ServeConfig(max_num_seqs=64, gpu_memory_utilization=0.9, max_model_len=8192)
+    ttft = Predictor(deployment, wl, 1.0).predict(config)
+    tight = Predictor(deployment, wl, SloSet.of(["p95:ttft<=1s", "p95:e2el<=6.5s"])).predict(config)
+    assert set(ttft.constraints) == {"p95_ttft_over_target"}
+    assert set(tight.constraints) == {"p95_ttft_over_target", "p95_e2el_over_target"}
+    # a 6.5 s end-to-end bound breaks near 30 users; P95 TTFT <= 1 s holds to the cap of 60
+    assert tight.level < ttft.level
+    assert all(c <= 0 for c in tight.constraints.values())

@@ -9,7 +9,7 @@ import pytest
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
-from tuner.record import SCHEMA_VERSION, StudyRecord, TrialRecord, migrate
+from tuner.record import SCHEMA_VERSION, STUDY_SCHEMA_VERSION, StudyRecord, TrialRecord, migrate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "study-0.1.0"
 
@@ -84,10 +84,40 @@ def test_deployment_and_study_records_round_trip(old_study):
         Deployment.from_dict({"gpus": 2})
     study = StudyRecord.from_study(old_study)
     assert study.schema_version == 1 and study.deployment.gpu == "L4" and study.target_ttft_s == 0.3
-    again = StudyRecord(**{**{f: getattr(study, f) for f in StudyRecord.__slots__}, "schema_version": SCHEMA_VERSION})
+    assert study.objective == "tokens"  # migrated: stamped before the objective was
+    again = StudyRecord(**{**{f: getattr(study, f) for f in StudyRecord.__slots__},
+                           "schema_version": STUDY_SCHEMA_VERSION})
     attrs = again.to_attrs()
+    assert attrs.pop("objective") == "tokens"
     assert {k: v for k, v in attrs.items() if k != "schema_version"} == {
         k: v for k, v in old_study.user_attrs.items() if k in attrs}
+
+
+@pytest.mark.parametrize(("name", "objective"), [("a.ttft2s.p99tpot30ms.sim", "tokens"),
+                                                 ("a.ttft2s.p99tpot30ms.sim.goodput", "goodput")])
+def test_a_study_stamped_before_the_objective_reads_it_from_its_name(name, objective):
+    import optuna
+
+    study = optuna.create_study(study_name=name)
+    for key, value in {"schema_version": 2, "space": "default", "target_ttft_s": 2.0,
+                       "slos": ["p99:tpot<=30ms"]}.items():
+        study.set_user_attr(key, value)
+    stamp = StudyRecord.from_study(study)
+    assert stamp.objective == objective and stamp.slos == ("p99:tpot<=30ms",) and stamp.schema_version == 2
+    assert StudyRecord.from_study(optuna.create_study(study_name="x.goodput")).objective is None  # never stamped
+
+
+def test_a_study_stamped_by_a_newer_tuner_is_refused_in_one_line():
+    import optuna
+
+    study = optuna.create_study(study_name="s")
+    study.set_user_attr("schema_version", STUDY_SCHEMA_VERSION + 1)
+    with pytest.raises(InputError, match=r"^study 's' was written by a newer tuner \(study record version 4"):
+        StudyRecord.from_study(study)
+    study.set_user_attr("schema_version", STUDY_SCHEMA_VERSION)
+    study.set_user_attr("objective", "latency")
+    with pytest.raises(InputError, match="objective 'latency' is not one of tokens, goodput"):
+        StudyRecord.from_study(study)
 
 
 def test_what_the_search_writes_reads_back_whole_and_holds_no_key_the_record_does_not_know(tmp_path):
@@ -107,4 +137,5 @@ def test_what_the_search_writes_reads_back_whole_and_holds_no_key_the_record_doe
         kinds.add("refused" if rec.rejected_kind else "confirmation" if rec.is_confirmation
                   else "repeat" if rec.is_repeat else t.state.name)
     assert {"refused", "confirmation", "COMPLETE"} <= kinds
-    assert StudyRecord.from_study(out.study).schema_version == SCHEMA_VERSION
+    assert StudyRecord.from_study(out.study).schema_version == STUDY_SCHEMA_VERSION
+    assert StudyRecord.from_study(out.study).objective == "tokens"

@@ -169,3 +169,23 @@ def test_the_layout_figure_is_drawn_only_when_the_study_tried_several(prefix_stu
     assert "only one layout was tried (tp1x1)" in one
     two = write_report(open_study(sim_study_db), tmp_path / "two").read_text(encoding="utf-8")
     assert "<figure id='layouts'>" in two and (tmp_path / "two" / "layouts.png").is_file()
+
+
+def test_the_report_of_a_study_of_several_slos_names_them_and_colours_by_the_binding_one(tmp_path):
+    from fakes import FakeBackend, small_workload
+    from test_search import SPACE, fake_space
+
+    from tuner.analysis import trials_frame
+    from tuner.plots import plot_tradeoff, study_slos
+    from tuner.search import run_search
+
+    space = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
+    out = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=4,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=1, confirm=0)
+    page, pngs = render_report(out.study)
+    assert "target P95 TTFT ≤ 1 s, P95 E2EL ≤ 1.5 s; objective tokens (tok/s)" in page
+    assert "<th class='l'>P95 E2EL</th>" in page and "(bound 1.5 s)" in page
+    assert "<th class='l'>binding SLO</th><td class='l'>p95:e2el&lt;=1.5s</td>" in page
+    assert "tradeoff" in pngs
+    legend = plot_tradeoff(trials_frame(out.study), 1.0, slos=study_slos(out.study)).axes[0].get_legend()
+    assert any(h.get_label().startswith("p95:e2el<=1.5s binds (") for h in legend.legend_handles)

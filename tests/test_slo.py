@@ -190,3 +190,64 @@ def test_the_goodput_objective_scores_requests_meeting_every_slo_at_the_same_edg
     assert good.value == pytest.approx(good.record.goodput_requests_per_s)
     assert 0 < good.value <= good.record.summary["requests_per_s"]
     assert tokens.value == pytest.approx(tokens.record.tokens_per_s)
+
+
+def test_a_goodput_study_is_stamped_so_and_refuses_to_resume_scoring_tokens(tmp_path):
+    from test_search import SPACE, fake_space
+
+    from tuner.record import StudyRecord
+    from tuner.search import run_search
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    space = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
+    good = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=4, storage=storage,
+                      sampler="random", seed=1, confirm=1, objective="goodput")
+    assert StudyRecord.from_study(good.study).objective == "goodput"
+    assert good.confirmation is not None
+    reason = good.confirmation.reason
+    assert "req/s goodput" in reason and "tok/s" not in reason
+    trials = len(good.study.trials)
+    with pytest.raises(InputError) as err:  # the same study, told to score tokens/s
+        run_search(space, backend=FakeBackend(), workload=small_workload(), budget=6, storage=storage,
+                   study=good.name, sampler="random", seed=1, confirm=0, objective="tokens")
+    assert "scores goodput (req/s goodput), not tokens" in err.value.message
+    assert "\n" not in err.value.message and "--objective goodput" in err.value.hint
+    assert len(good.study.trials) == trials  # nothing written
+
+
+def test_reasons_tell_a_goodput_study_in_requests_per_second():
+    from tuner.confirmation import Candidate, NoiseFloor, confirmation_rows, decide
+
+    config = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "enforce_eager": False}
+    conf = decide([Candidate(3, config, [37.6, 37.8, 37.7])], NoiseFloor(0.01), objective="goodput")
+    assert conf.reason.startswith("trial 3: 37.70 req/s goodput, mean of 3 measurements (37.60-37.80)")
+    rows = dict(confirmation_rows(conf.mean, 3, conf.band, conf.ties, 0.01, "goodput"))
+    assert rows["confirmed"] == "37.70 req/s goodput mean of 3 (37.60-37.80)"
+    tokens = decide([Candidate(3, config, [27000.0, 27124.0])], NoiseFloor(0.01))
+    assert tokens.reason.startswith("trial 3: 27,062 tok/s, mean of 2 measurements (27,000-27,124)")
+
+
+def test_the_search_and_the_plan_place_the_edge_by_one_fit():
+    from tuner.capacity import max_load_meeting
+
+    # a load measured twice, once over the bound: it fails (its worse value), in both
+    points = [(10, 0.25), (20, 0.75), (20, 1.25), (30, 2.25)]
+    assert monotone_crossing(points, 1.0, 10, 30) == pytest.approx(17.5, abs=1e-3)
+    assert max_load_meeting(*zip(*points), 1.0).level == pytest.approx(17.5)
+    # a run that measured nothing is a miss: no curve beyond it, for either
+    assert monotone_crossing([(10, 0.5), (20, math.nan), (30, 2.0)], 1.0, 10, 30) is None
+    assert max_load_meeting([10, 20, 30], [0.5, math.nan, 2.0], 1.0).level == 10
+
+
+def test_a_load_meets_its_slos_by_one_rule_in_the_search_and_the_plan():
+    from tuner.capacity import SweepPoint
+
+    slos = SloSet.of(["p95:ttft<=1s", "p99:tpot<=30ms"])
+    cases = [({"ttft_p95_s": 0.9, "tpot_p99_s": 0.029, "error_rate": 0.01}, True),
+             ({"ttft_p95_s": 0.9, "tpot_p99_s": 0.031, "error_rate": 0.0}, False),  # TPOT over
+             ({"ttft_p95_s": 1.1, "tpot_p99_s": 0.010, "error_rate": 0.0}, False),  # TTFT over
+             ({"ttft_p95_s": 0.9, "tpot_p99_s": 0.029, "error_rate": 0.011}, False),  # more than 1 % failed
+             ({"ttft_p95_s": 0.9, "tpot_p99_s": math.nan, "error_rate": 0.0}, False)]  # TPOT not measured
+    for summary, met in cases:
+        point = SweepPoint.from_summary(10, "10 users", summary, slo_ratio=slos.ratio(summary))
+        assert slos.meets(summary) is met and point.meets(1.0) is met, summary

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
+from tuner.slo import SloSet
 from tuner.study import best_feasible_trial, load_study_by_name
 from tuner.urls import redact, redact_value
 
@@ -307,7 +308,8 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
     ``trial`` / ``target_ttft_s`` when given), one row per run, by load; ``meets`` says
     whether the run met the plan's target. Empty (same columns) when the study holds no
     plan. ``frame.attrs`` carries the plan's ``target_ttft_s``, ``max_load``, ``bound``,
-    ``load_kind``, ``trial``, ``tokens_per_s`` and ``max_concurrency``."""
+    ``load_kind``, ``trial``, ``tokens_per_s``, ``max_concurrency`` and (for a plan of
+    several SLOs) ``slos``, the set as typed, P95 TTFT first."""
     import pandas as pd
 
     from tuner.capacity import stored_plan
@@ -328,6 +330,8 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
         max_load=est.max_load, bound=est.bound, load_kind=est.load_kind, trial=est.trial,
         tokens_per_s=est.tokens_per_s, max_concurrency=est.max_concurrency,
     )
+    if est.slos:
+        frame.attrs["slos"] = SloSet.of((f"p95:ttft<={est.target_ttft_s}s", *est.slos)).texts
     return frame
 
 

@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tuner.errors import InputError
 from tuner.jsonsafe import json_safe
-from tuner.slo import MAX_ERROR_RATE
+from tuner.slo import MAX_ERROR_RATE, monotone_crossing, monotone_fit, within
 
 if TYPE_CHECKING:
     import optuna
@@ -63,10 +61,12 @@ class SweepPoint:
             raise InputError(f"sweep point role {self.role!r} is not sweep, extend or verify")
 
     def meets(self, target_ttft_s: float, max_error_rate: float = MAX_ERROR_RATE) -> bool:
-        """P95 TTFT within the target, every other SLO of the plan met (``slo_ratio`` <= 1
-        when measured) and at most ``max_error_rate`` of requests failed."""
-        return (math.isfinite(self.ttft_p95_s) and self.ttft_p95_s <= target_ttft_s
-                and not self.slo_ratio > 1 and self.error_rate <= max_error_rate)
+        """P95 TTFT within the target, every other SLO of the plan met (``slo_ratio``, when
+        the plan measured it) and at most ``max_error_rate`` of requests failed: the search's
+        rule (:func:`tuner.slo.within`)."""
+        ttft = self.ttft_p95_s / target_ttft_s if math.isfinite(self.ttft_p95_s) else math.inf
+        return within(ttft if math.isnan(self.slo_ratio) else max(ttft, self.slo_ratio), self.error_rate,
+                      max_error_rate)
 
     @classmethod
     def from_summary(cls, level: float, load: str, summary: dict[str, float], **extra: Any) -> SweepPoint:
@@ -253,37 +253,23 @@ class Crossing:
 
 
 def max_load_meeting(levels: Sequence[float], p95_ttft_s: Sequence[float], target_ttft_s: float) -> Crossing:
-    """The largest load whose P95 TTFT meets the target, by monotone cubic (PCHIP)
-    interpolation of P95 TTFT against load between the measured points.
-
-    P95 TTFT is first made non-decreasing in load (running maximum: a measured dip after
-    a miss is noise, not spare capacity), repeated levels are averaged, and NaN/inf (runs
-    that failed or stopped) count as misses. PCHIP keeps monotone data monotone (Fritsch
-    & Carlson 1980; ``scipy.interpolate.PchipInterpolator``), so the crossing is unique
-    and no overshoot invents capacity between points."""
-    from scipy.interpolate import PchipInterpolator
-    from scipy.optimize import brentq
-
+    """The largest load whose P95 TTFT meets the target, where the monotone fit of the
+    measured points crosses it (:func:`tuner.slo.monotone_fit` and
+    :func:`~tuner.slo.monotone_crossing`, the search's rule: a failed run is a miss, a
+    load measured twice reads its worse value, a running maximum, PCHIP between points)."""
     if len(levels) != len(p95_ttft_s) or not len(levels):
         raise InputError("max_load_meeting needs as many P95 values as levels, at least one")
-    x = np.asarray(levels, dtype=np.float64)
-    y = np.asarray(p95_ttft_s, dtype=np.float64)
-    y = np.where(np.isfinite(y), y, np.inf)
-    xs = np.unique(x)
-    ys = np.array([y[x == v].mean() for v in xs])
-    ys = np.maximum.accumulate(ys)
+    points = list(zip(levels, p95_ttft_s))
+    xs, ys = monotone_fit(points)
     if ys[0] > target_ttft_s:
         return Crossing(None, "below")
     if ys[-1] <= target_ttft_s:
         return Crossing(float(xs[-1]), "above")
-    i = int(np.flatnonzero(ys <= target_ttft_s)[-1])
+    i = max(k for k, y in enumerate(ys) if y <= target_ttft_s)
     lo, hi = xs[i], xs[i + 1]
-    if not math.isfinite(ys[i + 1]):  # a failed run above: no curve to follow, stay at the last good load
-        return Crossing(float(lo), "between")
-    finite = np.isfinite(ys)
-    curve = PchipInterpolator(xs[finite], ys[finite])
-    level = brentq(lambda t: float(curve(t)) - target_ttft_s, lo, hi, xtol=1e-9 * max(hi, 1.0))
-    return Crossing(float(level), "between")
+    level = monotone_crossing(points, target_ttft_s, lo, hi, xtol=1e-9 * max(hi, 1.0))
+    # None: a failed run above (no curve to follow), or the crossing sits on ``lo``: stay there
+    return Crossing(float(lo if level is None else level), "between")
 
 
 # -- the study as storage -----------------------------------------------------------------

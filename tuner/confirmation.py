@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.slo import value_text
+
 #: z of the bands: two means differ by noise alone less often than ~1 in 40 (one-sided).
 Z = 2.0
 #: Configurations raced at most (the best and up to three within its band).
@@ -251,8 +253,9 @@ class Confirmation:
         )
 
 
-def _fmt(x: float) -> str:
-    return f"{x:,.0f}"
+def _spread(lo: float, hi: float, objective: str = "tokens") -> str:
+    """``26,800-27,300`` (tokens/s) or ``37.10-37.90`` (goodput): a min-max without the unit."""
+    return "-".join(value_text(v, objective).split(" ")[0] for v in (lo, hi))
 
 
 def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
@@ -264,13 +267,13 @@ def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
 
 
 def confirmation_rows(mean: float, count: int, band: Sequence[float], ties: Sequence[int],
-                      noise_sd: float) -> list[tuple[str, str]]:
+                      noise_sd: float, objective: str = "tokens") -> list[tuple[str, str]]:
     """The decision as two rows of a table (the CLI's and the report's): the winner's mean
-    over its ``count`` measurements with their min-max, and the trials tied with it with
-    the noise that ties them."""
+    over its ``count`` measurements with their min-max (in the ``objective``'s unit,
+    :func:`tuner.slo.value_text`), and the trials tied with it with the noise that ties them."""
     lo, hi = band
     tied = ", ".join(f"#{n}" for n in ties) or "none"
-    return [("confirmed", f"{mean:,.0f} tok/s mean of {count} ({lo:,.0f}-{hi:,.0f})"),
+    return [("confirmed", f"{value_text(mean, objective)} mean of {count} ({_spread(lo, hi, objective)})"),
             ("tied with", f"{tied} (noise sd {noise_sd:.1%})")]
 
 
@@ -307,8 +310,9 @@ def no_holder(field_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int, ta
 
 
 def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
-           out: dict[int, str] | None = None, target: float | None = None) -> Confirmation:
-    """The recommendation from the candidates' measurements (see the module docstring)."""
+           out: dict[int, str] | None = None, target: float | None = None, objective: str = "tokens") -> Confirmation:
+    """The recommendation from the candidates' measurements (see the module docstring);
+    its reason tells values in the ``objective``'s unit (:data:`tuner.slo.OBJECTIVES`)."""
     alive = [c for c in race_ if c.mean > 0]
     if not alive:
         raise ValueError("no candidate has a measurement")
@@ -332,10 +336,11 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     n = len(winner.values)
     lo, hi = winner.band
     if winner is leader:
-        reason = (f"trial {winner.number}: {_fmt(winner.mean)} tok/s, mean of {n} measurement{'s' * (n != 1)} "
-                  f"({_fmt(lo)}-{_fmt(hi)})")
+        reason = (f"trial {winner.number}: {value_text(winner.mean, objective)}, mean of {n} "
+                  f"measurement{'s' * (n != 1)} ({_spread(lo, hi, objective)})")
     else:
-        reason = (f"trial {winner.number}: {_fmt(winner.mean)} tok/s over {n} measurements ({_fmt(lo)}-{_fmt(hi)}), "
+        reason = (f"trial {winner.number}: {value_text(winner.mean, objective)} over {n} measurements "
+                  f"({_spread(lo, hi, objective)}), "
                   f"tied with trial {leader.number} ({(leader.mean - winner.mean) / leader.mean:.1%} under, within "
                   f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
     tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
@@ -368,7 +373,8 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
 
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
          rounds: int, max_rounds: int | None = None, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
-         on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None) -> Confirmation:
+         on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None,
+         objective: str = "tokens") -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
@@ -411,7 +417,8 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     alive = [c for c in field_ if c.number not in out]
     if not alive:  # every candidate failed a repeat: nothing held the target
         return no_holder(field_, noise, rounds=done, target=target, out=out)
-    return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out, target=target)
+    return decide(alive + [c for c in field_ if c.number in out], noise, rounds=done, out=out, target=target,
+                  objective=objective)
 
 
 __all__ = ["HEADROOM_KNOBS", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",

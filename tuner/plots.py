@@ -20,12 +20,14 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis import best_trial, pareto_mask, plan_sweep, target_ttft_s, trials_frame
 from tuner.errors import InputError
+from tuner.record import StudyRecord
+from tuner.slo import SloSet
 from tuner.study import is_feasible
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
 STATUS_COLORS = {"feasible": "tab:blue", "infeasible": "tab:red", "refused": "tab:grey",
                  "failed": "black", "pruned": "tab:olive", "running": "tab:cyan"}
 
+
+#: Marker colour per SLO of a study's set, in the order the study lists them (P95 TTFT first).
+SLO_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:cyan", "tab:olive")
 
 #: One look for every figure: Optuna's matplotlib plots use the ggplot style sheet.
 STYLE = "ggplot"
@@ -90,24 +95,33 @@ def _measured_trials(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
+def value_label(study: optuna.Study) -> str:
+    """What the study's trial values are, for an axis: ``tokens/s (in+out)``, or
+    ``goodput (req/s meeting every SLO)`` for a study stamped ``--objective goodput``."""
+    objective = StudyRecord.from_study(study).objective
+    return "goodput (req/s meeting every SLO)" if objective == "goodput" else "tokens/s (in+out)"
+
+
 def plot_history(study: optuna.Study) -> Figure:
-    """Optuna's optimisation history: tokens/s per trial and the best feasible so far."""
+    """Optuna's optimisation history: each trial's value (tokens/s, or goodput: the study's
+    objective) and the best feasible so far."""
     import optuna.visualization.matplotlib as ovm
 
     if _measured_trials(study) == 0:
         raise InputError(f"study {study.study_name} has no completed trial yet", hint="run tuner search")
     infeasible = sum(1 for t in study.get_trials(deepcopy=False) if t.value is not None and not is_feasible(t))
+    unit = value_label(study)
     with _style(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ExperimentalWarning of the matplotlib backend
-        ax = ovm.plot_optimization_history(study, target_name="tokens/s (in+out)")
+        ax = ovm.plot_optimization_history(study, target_name=unit)
         if infeasible:
             ax.scatter([], [], color="#cccccc", label=f"infeasible or refused ({infeasible})")
         handles, labels = ax.get_legend_handles_labels()
-        names = {"Best Value": "best feasible so far", "tokens/s (in+out)": "feasible trial"}
+        names = {"Best Value": "best feasible so far", unit: "feasible trial"}
         ax.legend(handles, [names.get(label, label) for label in labels], loc="upper left",
                   bbox_to_anchor=(1.02, 1.0), fontsize=8)
         ax.set_title("", loc="left")
-        ax.set_title("optimisation history: tokens/s per trial, best feasible so far")
+        ax.set_title(f"optimisation history: {unit.split(' (')[0]} per trial, best feasible so far")
         ax.set_xlabel("trial")
         return _adopt(ax, 9.0, 4.5)
 
@@ -162,10 +176,31 @@ def plot_importances(study: optuna.Study) -> Figure:
     return fig
 
 
+def _by_binding_slo(ax: Any, measured: pd.DataFrame, slos: Sequence[str]) -> None:
+    """Each trial's marker in the colour of the SLO that binds it (the smallest margin at
+    its scored load: :attr:`tuner.record.TrialRecord.binding_slo`), one legend entry per
+    SLO with its count; the marker's shape is still its status (o feasible, x not)."""
+    binding = measured["binding_slo"] if "binding_slo" in measured else measured["number"].map(lambda _: None)
+    groups = [(text, SLO_COLORS[i % len(SLO_COLORS)], measured[binding == text], f"{text} binds")
+              for i, text in enumerate(slos)]
+    groups.append((None, "tab:grey", measured[~binding.isin(slos)], "binding SLO not recorded"))
+    for text, colour, rows, label in groups:
+        if text is None and rows.empty:
+            continue
+        for feasible, group in rows.groupby(rows["feasible"].astype(bool)):
+            ax.scatter(group["ttft_p95_s"], group["tokens_per_s"], s=36, alpha=0.9, color=colour,
+                       marker="o" if feasible else "x", zorder=3)
+        ax.scatter([], [], s=36, color=colour, marker="s", label=f"{label} ({len(rows)})")
+    for marker, status in (("o", "feasible"), ("x", "not feasible")):
+        ax.scatter([], [], s=36, color="black", marker=marker, label=status)
+
+
 @_styled
-def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int | None = None) -> Figure:
-    """tokens/s against P95 TTFT, one marker per measured trial (colour: status), the
-    target as a vertical line, the Pareto front as a step line, the best feasible trial
+def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int | None = None,
+                  slos: Sequence[str] = ()) -> Figure:
+    """tokens/s against P95 TTFT, one marker per measured trial (colour: status; for a
+    study of several SLOs, ``slos`` as typed, the SLO that binds it), the target as a
+    vertical line, the Pareto front as a step line, the best feasible trial
     starred: trial ``best`` (the study's recommendation, :func:`tuner.analysis.best_trial`,
     which a confirmation may have chosen over a luckier single measurement), or the
     fastest feasible one. ``frame`` is :func:`tuner.analysis.trials_frame`."""
@@ -175,10 +210,13 @@ def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int 
         raise InputError("no trial measured P95 TTFT and throughput yet", hint="run tuner search")
     fig = _figure(8.0, 5.0)
     ax = fig.add_subplot()
-    for status, group in measured.groupby("status", sort=False):
-        ax.scatter(group["ttft_p95_s"], group["tokens_per_s"], s=36, alpha=0.8,
-                   color=STATUS_COLORS.get(str(status), "tab:purple"),
-                   marker="o" if status == "feasible" else "x", label=f"{status} ({len(group)})")
+    if len(slos) > 1:
+        _by_binding_slo(ax, measured, slos)
+    else:
+        for status, group in measured.groupby("status", sort=False):
+            ax.scatter(group["ttft_p95_s"], group["tokens_per_s"], s=36, alpha=0.8,
+                       color=STATUS_COLORS.get(str(status), "tab:purple"),
+                       marker="o" if status == "feasible" else "x", label=f"{status} ({len(group)})")
     front = measured[pareto_mask(measured)].sort_values("ttft_p95_s")
     if len(front):
         ax.step(front["ttft_p95_s"], front["tokens_per_s"], where="post", color="tab:green",
@@ -198,7 +236,8 @@ def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int 
         ax.scatter([], [], marker="", label=f"not shown: {unmeasured} never measured (refused, failed)")
     ax.set_xlabel("P95 TTFT at the chosen load (s)")
     ax.set_ylabel("tokens/s (in+out)")
-    ax.set_title("throughput against P95 TTFT (feasible region shaded)")
+    ax.set_title("throughput against P95 TTFT (" + ("P95 TTFT met in the shade; colour: the SLO that binds)"
+                                                   if len(slos) > 1 else "feasible region shaded)"))
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -247,7 +286,8 @@ def plot_layouts(frame: pd.DataFrame) -> Figure:
 @_styled
 def plot_capacity(sweep: pd.DataFrame) -> Figure:
     """The capacity curve of ``tuner plan``: P95 TTFT (left axis) and tokens/s (right
-    axis) against load, the target line, and the largest load meeting it. ``sweep`` is
+    axis) against load, the target line, and the largest load meeting it; for a plan of
+    several SLOs each run's marker is in the colour of the SLO that limits it. ``sweep`` is
     :func:`tuner.analysis.plan_sweep`."""
     if sweep.empty:
         raise InputError("the study holds no capacity plan", hint="run tuner plan --target-ttft 2s on it")
@@ -256,9 +296,23 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
     curve = rows[rows["role"] != "verify"]
     fig = _figure(8.0, 4.8)
     ax = fig.add_subplot()
-    ax.plot(curve["level"], curve["ttft_p95_s"], "o-", color="tab:purple", label="P95 TTFT")
+    slos = tuple(at.get("slos") or ()) if "binding_slo" in rows else ()
     verify = rows[rows["role"] == "verify"]
-    if len(verify):
+    if len(slos) > 1:
+        # the curve, and each run in the colour of the SLO that limits it there (tuner plan's "limit")
+        ax.plot(curve["level"], curve["ttft_p95_s"], "-", color="black", alpha=0.5, label="P95 TTFT")
+        for i, text in enumerate(slos):
+            colour = SLO_COLORS[i % len(SLO_COLORS)]
+            runs, checks = curve[curve["binding_slo"] == text], verify[verify["binding_slo"] == text]
+            ax.plot(runs["level"], runs["ttft_p95_s"], "o", color=colour, linestyle="none", zorder=4,
+                    label=f"{text} limits ({len(runs) + len(checks)})")
+            ax.plot(checks["level"], checks["ttft_p95_s"], "D", color=colour, mec="black", ms=8, linestyle="none",
+                    zorder=5)
+        if len(verify):
+            ax.plot([], [], "D", color="white", mec="black", ms=8, linestyle="none", label="verify run")
+    else:
+        ax.plot(curve["level"], curve["ttft_p95_s"], "o-", color="tab:purple", label="P95 TTFT")
+    if len(verify) and len(slos) <= 1:
         # filled and outlined, so that the legend shows it as clearly as the plot does
         ax.plot(verify["level"], verify["ttft_p95_s"], "D", color="tab:orange", mec="black", ms=8,
                 linestyle="none", zorder=5, label="verify run")
@@ -308,15 +362,25 @@ CAPTIONS = {
     "tradeoff": ("Throughput against P95 TTFT",
                  "Each trial at the load it was scored at (infeasible trials at their lowest load). Left of "
                  "the red line is the feasible region; the green steps are the Pareto front: configurations "
-                 "that no other beats on both latency and throughput. The star is the answer."),
+                 "that no other beats on both latency and throughput. The star is the answer. In a study of "
+                 "several SLOs each trial's colour is the SLO that binds it (the smallest margin at its load), "
+                 "and a cross left of the line missed another SLO."),
     "layouts": ("Throughput by layout",
                 "Feasible throughput per GPU layout (tensor-parallel size x replicas). More replicas usually "
                 "win throughput; more TP frees memory for KV cache and cuts per-token latency."),
     "capacity": ("Capacity curve",
                  "The load sweep of tuner plan on the chosen configuration: P95 TTFT rises with load; the "
                  "grey line is the most load that stays under the target, the capacity to plan with, and the "
-                 "orange diamonds are the runs that verified it."),
+                 "orange diamonds are the runs that verified it. In a plan of several SLOs each run's colour is "
+                 "the SLO that limits it there (tuner plan's limit column)."),
 }
+
+
+def study_slos(study: optuna.Study) -> tuple[str, ...]:
+    """The study's SLO set as typed, P95 TTFT first (from its record); empty when unknown."""
+    target, others = target_ttft_s(study), StudyRecord.from_study(study).slos
+    texts = ((f"p95:ttft<={target}s",) if target is not None else ()) + tuple(others)
+    return SloSet.of(texts).texts if texts else ()
 
 
 def _best_number(study: optuna.Study) -> int | None:
@@ -330,7 +394,7 @@ def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[
     makers: dict[str, Callable[[], Figure]] = {
         "history": lambda: plot_history(study),
         "importances": lambda: plot_importances(study),
-        "tradeoff": lambda: plot_tradeoff(df, target_ttft_s(study), _best_number(study)),
+        "tradeoff": lambda: plot_tradeoff(df, target_ttft_s(study), _best_number(study), study_slos(study)),
         "layouts": lambda: plot_layouts(df),
         "capacity": lambda: plot_capacity(plan_sweep(study)),
     }

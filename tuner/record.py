@@ -8,7 +8,9 @@ renamed key is one edit here and a migration, never a silent ``None`` somewhere 
 
 Versions: 1 is tuner 0.1.0's trials (no ``schema_version`` attr; the oldest of them kept
 the memory plan, vLLM version, log paths and startup time beside ``run``, not in it);
-2 adds ``schema_version``. :func:`migrate` reads either. The attrs stay plain JSON under
+2 adds ``schema_version``. :func:`migrate` reads either. The study's stamp has its own
+version (:data:`STUDY_SCHEMA_VERSION`): 3 adds ``objective``, which a study of version 1 or
+2 had only in its name (``....goodput``: :func:`migrate_study`). The attrs stay plain JSON under
 the same names, so Optuna's own tools (``optuna-dashboard``) read them as before.
 """
 from __future__ import annotations
@@ -21,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
 from tuner.jsonsafe import json_safe
+from tuner.slo import OBJECTIVES
 
 if TYPE_CHECKING:
     import optuna
 
 SCHEMA_VERSION = 2
+#: Version of :class:`StudyRecord` (1 and 2 as the trials'; 3 stamps the objective).
+STUDY_SCHEMA_VERSION = 3
 #: ``fail_kind`` of a trial that measured nothing about its configuration (:mod:`tuner.recovery`).
 NOT_MEASURED = ("interrupted", "environment")
 
@@ -292,11 +297,29 @@ def write(set_attr: Callable[[str, Any], None], record: TrialRecord | StudyRecor
         set_attr(key, value)
 
 
+def migrate_study(attrs: Mapping[str, Any], name: str = "") -> dict[str, Any]:
+    """A study's attrs of any stamp version as version :data:`STUDY_SCHEMA_VERSION`'s
+    (``schema_version`` kept as written). Before version 3 a goodput study was told apart
+    only by its name, which ``tuner search`` ended in ``.goodput``."""
+    data = dict(attrs)
+    version = int(data.get("schema_version", 1))
+    if version > STUDY_SCHEMA_VERSION:
+        raise InputError(f"study {name!r} was written by a newer tuner (study record version {version}, this one "
+                         f"reads {STUDY_SCHEMA_VERSION})", hint="upgrade tuner to read this study")
+    if version < 3 and data.get("space") and "objective" not in data:
+        data["objective"] = "goodput" if name.endswith(".goodput") else "tokens"
+    data["schema_version"] = version
+    return data
+
+
 @dataclass(frozen=True, slots=True)
 class StudyRecord:
-    """What ``tuner search`` stamps on a study when it creates it."""
+    """What ``tuner search`` stamps on a study when it creates it: what it was searched
+    for (``target_ttft_s`` and the other ``slos``, the ``objective`` its values score, a
+    key of :data:`tuner.slo.OBJECTIVES`) and on what. ``objective`` is ``None`` for a study
+    never stamped (one made outside ``tuner search``)."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = STUDY_SCHEMA_VERSION
     space: str | None = None
     space_path: str | None = None
     deployment: Deployment | None = None
@@ -307,11 +330,15 @@ class StudyRecord:
     target_ttft_s: float | None = None
     load_kind: str | None = None
     slos: tuple[str, ...] = ()
+    objective: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise InputError(f"a study's objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
 
     @classmethod
     def from_study(cls, study: optuna.Study) -> StudyRecord:
-        kw = _known(cls, study.user_attrs)
-        kw["schema_version"] = int(kw.get("schema_version", 1))
+        kw = _known(cls, migrate_study(study.user_attrs, study.study_name))
         kw["slos"] = tuple(kw.get("slos") or ())
         if kw.get("deployment"):
             kw["deployment"] = Deployment.from_dict(kw["deployment"])
@@ -327,5 +354,5 @@ class StudyRecord:
         return json_safe(out)
 
 
-__all__ = ["NOT_MEASURED", "QUEUED", "SCHEMA_VERSION", "Edge", "LoadRecord", "RunFacts", "StudyRecord",
-           "TrialRecord", "migrate", "write"]
+__all__ = ["NOT_MEASURED", "QUEUED", "SCHEMA_VERSION", "STUDY_SCHEMA_VERSION", "Edge", "LoadRecord", "RunFacts",
+           "StudyRecord", "TrialRecord", "migrate", "migrate_study", "write"]

@@ -23,9 +23,10 @@ import numpy as np
 from tuner.analysis import best_trial, study_location, target_ttft_s, top_groups, trials_frame
 from tuner.effective import ANY
 from tuner.files import write_atomic
-from tuner.plots import CAPTIONS, png_bytes, study_plots
+from tuner.plots import CAPTIONS, png_bytes, study_plots, study_slos
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
+from tuner.slo import OBJECTIVES, SloSet
 from tuner.storage import STUDIES_DIR
 from tuner.study import error_totals, is_confirmation
 from tuner.urls import redact
@@ -131,9 +132,18 @@ def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
         return f"<p class='skipped'>{html.escape(redact(text))}</p>"
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
-    rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{best.value:,.0f}")]
+    objective = StudyRecord.from_study(study).objective or "tokens"
+    rows = [("trial", f"#{best.number}"), ("tokens/s (in+out)", f"{rec.tokens_per_s or best.value:,.0f}")]
+    if objective == "goodput":  # what the study scored, first
+        rows.insert(1, ("goodput (req/s meeting every SLO)", f"{best.value:,.2f}"))
     if rec.summary.get("ttft_p95_s") is not None:
         rows.append(("P95 TTFT", f"{rec.summary['ttft_p95_s']:.3g} s at {rec.chosen_load or '?'}"))
+    for slo in [s for s in SloSet.of(rec.slos).slos if s.name != "p95_ttft"] if rec.slos else []:
+        value = slo.measured(rec.summary)
+        shown = f"{value * 1e3:.3g} ms" if slo.bound_s < 1 else f"{value:.3g} s"
+        rows.append((slo.label(), f"{shown} (bound {slo.bound_text(' ')})"))
+    if rec.binding_slo and rec.slos:
+        rows.append(("binding SLO", rec.binding_slo))
     if rec.errors:
         rows.append(("failed requests", describe_errors(rec.errors, limit=8)))
     conf = confirmation(study)
@@ -141,7 +151,7 @@ def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
         conf = None  # it chose another trial: not the repeats behind this answer
     if conf is not None:  # the repeats that chose it (tuner.confirmation)
         rows += confirmation_rows(conf.mean, len(conf.measurements.get(conf.winner, [])), conf.band, conf.ties,
-                                  conf.noise.rel_sd)
+                                  conf.noise.rel_sd, objective)
     rows += [(k, _knob(v)) for k, v in config.to_dict().items()]
     out = _pairs(rows)
     if conf is not None:
@@ -234,9 +244,11 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     dep = stamp.deployment
     where = (f"{dep.gpu_count}x {dep.gpu}, {dep.model}, vLLM {dep.vllm_version}" if dep is not None
              else "deployment not recorded")
+    slos = SloSet.of(study_slos(study)).describe() if target is not None else "P95 TTFT ≤ ?"
     meta = (f"{where}; backend {stamp.backend or '?'}; space {stamp.space or '?'}; "
-            f"sampler {stamp.sampler or '?'}; target P95 TTFT "
-            f"{'?' if target is None else f'{target:g} s'}; {len(frame)} trials ("
+            f"sampler {stamp.sampler or '?'}; target {slos.replace('<=', '≤')}"
+            + (f"; objective {stamp.objective} ({OBJECTIVES[stamp.objective]})" if stamp.objective else "")
+            + f"; {len(frame)} trials ("
             + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
             + (f", {repeats} of them confirmation repeats outside the budget" if repeats else ""))
     parts = [

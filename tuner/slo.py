@@ -28,6 +28,11 @@ METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 #: Share of failed requests a load point tolerates (more: the replay stops, the point fails).
 MAX_ERROR_RATE = 0.01
 
+#: What a study's trials score at their edge (``--objective``) -> the unit its values are
+#: told in: tokens/s (prompt + output), or goodput (requests/s of the requests meeting every
+#: SLO, ``vllm bench serve --goodput``).
+OBJECTIVES = {"tokens": "tok/s", "goodput": "req/s goodput"}
+
 _FORM = re.compile(r"\s*p(\d+(?:\.\d+)?)\s*:\s*([a-z0-9_]+)\s*<=\s*(\S.*?)\s*")
 _EXAMPLE = "write it as p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms or p90:e2el<=20s"
 
@@ -84,8 +89,21 @@ class Slo:
         return value / self.bound_s if math.isfinite(value) else math.inf
 
     def meets(self, summary: Mapping[str, float]) -> bool:
-        value = self.measured(summary)
-        return math.isfinite(value) and value <= self.bound_s
+        """Measured within the bound (:meth:`ratio` <= 1; nothing measured: not met)."""
+        return self.ratio(summary) <= 1.0
+
+
+def within(ratio: float, error_rate: float | None, max_error_rate: float = MAX_ERROR_RATE) -> bool:
+    """What "meets the target" means, for the search's load points and the plan's alike:
+    the largest measured / bound at most 1 (NaN or inf, nothing measured: not met) and at
+    most ``max_error_rate`` of the requests failed."""
+    return ratio <= 1.0 and float(error_rate or 0.0) <= max_error_rate
+
+
+def value_text(value: float, objective: str = "tokens") -> str:
+    """A trial's value in its objective's unit: ``27,062 tok/s``, ``37.71 req/s goodput``."""
+    unit = OBJECTIVES.get(objective, objective)
+    return f"{value:,.0f} {unit}" if objective == "tokens" else f"{value:,.2f} {unit}"
 
 
 def parse_slo(text: str) -> Slo:
@@ -193,9 +211,8 @@ class SloSet:
         return max(self.slos, key=lambda s: s.ratio(summary))
 
     def meets(self, summary: Mapping[str, float]) -> bool:
-        """Every SLO met, and at most :attr:`max_error_rate` of requests failed."""
-        return (all(s.meets(summary) for s in self.slos)
-                and float(summary.get("error_rate", 0.0) or 0.0) <= self.max_error_rate)
+        """Every SLO met, and at most :attr:`max_error_rate` of requests failed (:func:`within`)."""
+        return within(self.ratio(summary), summary.get("error_rate", 0.0), self.max_error_rate)
 
     def goodput(self, result: RunResult) -> float:
         """Requests/s of requests that completed meeting every per-request bound, as
@@ -218,32 +235,47 @@ class SloSet:
         return float(good.sum()) / dur
 
 
-def monotone_crossing(points: Sequence[tuple[float, float]], target: float, lo: float, hi: float) -> float | None:
-    """Where a monotone fit through every measured ``(load, y)`` crosses ``target``
-    between ``lo`` (passes) and ``hi`` (fails): y made non-decreasing in load (running
-    maximum, a lower bound for replays stopped early), then a shape-preserving PCHIP
-    through it (scipy), as ``tuner plan`` does. None when the fit cannot place it."""
-    from scipy.interpolate import PchipInterpolator
-    from scipy.optimize import brentq
-
-    pts = sorted((x, y) for x, y in points if math.isfinite(x) and math.isfinite(y))
+def monotone_fit(points: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The measured ``(load, y)`` points (y: a percentile, or measured / bound) as one
+    non-decreasing curve, the one rule of the search and the plan alike: y NaN or inf (a
+    run that measured nothing) is a miss (inf); a load measured more than once reads its
+    largest y, as the confirmation race holds a configuration only when every measurement
+    met the target (a mean would let one lucky pass hide a miss and invent capacity);
+    then a running maximum (a dip after a miss is noise, not spare capacity; a replay
+    stopped early is a lower bound already over the target)."""
     xs: list[float] = []
     ys: list[float] = []
-    for x, y in pts:
+    for x, y in sorted((float(x), float(y) if math.isfinite(y) else math.inf) for x, y in points if math.isfinite(x)):
         y = max(y, ys[-1]) if ys else y
         if xs and x == xs[-1]:
             ys[-1] = max(ys[-1], y)
             continue
         xs.append(x)
         ys.append(y)
-    if len(xs) < 2 or not (lo < hi):
+    return xs, ys
+
+
+def monotone_crossing(points: Iterable[tuple[float, float]], target: float, lo: float, hi: float, *,
+                      xtol: float = 1e-3) -> float | None:
+    """Where the monotone fit (:func:`monotone_fit`) of every measured ``(load, y)`` crosses
+    ``target`` between ``lo`` (passes) and ``hi`` (fails): a shape-preserving PCHIP through
+    its finite points (Fritsch & Carlson 1980, scipy's ``PchipInterpolator``: monotone data
+    stays monotone, so the crossing is unique and no overshoot invents capacity). None when
+    the fit cannot place it (fewer than two finite points, or no crossing inside)."""
+    from scipy.interpolate import PchipInterpolator
+    from scipy.optimize import brentq
+
+    curve = [(x, y) for x, y in zip(*monotone_fit(points)) if math.isfinite(y)]
+    if len(curve) < 2 or not (lo < hi):
         return None
+    xs, ys = zip(*curve)
     f = PchipInterpolator(xs, ys, extrapolate=False)
     g = lambda x: float(f(x)) - target  # noqa: E731
     a, b = max(lo, xs[0]), min(hi, xs[-1])
     if not (a < b) or not (math.isfinite(g(a)) and math.isfinite(g(b))) or g(a) > 0 or g(b) <= 0:
         return None
-    return float(brentq(g, a, b, xtol=1e-3))
+    return float(brentq(g, a, b, xtol=xtol))
 
 
-__all__ = ["MAX_ERROR_RATE", "METRICS", "Slo", "SloSet", "monotone_crossing", "parse_slo", "split_slos"]
+__all__ = ["MAX_ERROR_RATE", "METRICS", "OBJECTIVES", "Slo", "SloSet", "monotone_crossing", "monotone_fit", "parse_slo",
+           "split_slos", "value_text", "within"]

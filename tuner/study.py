@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
-from tuner.record import TrialRecord
+from tuner.record import StudyRecord, TrialRecord
 from tuner.storage import STUDIES_DIR, optuna_storage, storage_fault, storage_open_error
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ class StudySummary:
     feasible: int
     best_value: float | None
     best_trial: int | None
+    objective: str | None = None  #: what ``best_value`` scores (:data:`tuner.slo.OBJECTIVES`)
 
 
 def summarize(study: optuna.Study, storage: str) -> StudySummary:
@@ -145,7 +146,7 @@ def summarize(study: optuna.Study, storage: str) -> StudySummary:
         name=study.study_name, storage=storage, finished=count_finished(study),  # as --budget counts them
         feasible=sum(1 for t in trials if is_feasible(t) and not is_confirmation(t)),
         best_value=None if best is None else best.value,
-        best_trial=None if best is None else best.number,
+        best_trial=None if best is None else best.number, objective=StudyRecord.from_study(study).objective,
     )
 
 

@@ -97,11 +97,11 @@ def warn(text: str) -> None:
 class _Progress(Observer):
     """Rich progress on stderr: trial n/budget, best so far, current phase."""
 
-    def __init__(self, budget: int, enabled: bool) -> None:
+    def __init__(self, budget: int, enabled: bool, objective: str = "tokens") -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.budget = budget
+        self.budget, self.objective = budget, objective
         self.progress = Progress(
             SpinnerColumn(), TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
             TextColumn("best {task.fields[best]}"), TextColumn("[dim]{task.fields[phase]}"),
@@ -124,7 +124,9 @@ class _Progress(Observer):
         self.progress.update(self.task, phase=text)
 
     def on_trial(self, trial: Any, best: Any, finished: int) -> None:
-        text = "-" if best is None else f"{best.value:,.0f} tok/s (#{best.number})"
+        from tuner.slo import value_text
+
+        text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
         self.progress.update(self.task, completed=min(finished, self.budget), best=text, phase="")
 
     def on_warning(self, text: str) -> None:
@@ -212,7 +214,8 @@ def search_cmd(
         target, slos = ttft or target, list(others)
     workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
     alarm(None if timeout is None else timeout + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
-    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty()) as progress, bad_rows_advice(trace):
+    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty(), objective=objective) as progress, \
+            bad_rows_advice(trace):
         outcome = tuner.search(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
             workload=workload, backend=backend, backend_options=options,
@@ -276,4 +279,4 @@ def _print_report(report: dict[str, Any]) -> None:
         say(f"failed requests over the study's trials: {describe_errors(report['errors_total'])} "
             "(tuner studies show NAME has them per trial)")
     if report["best"] is not None:
-        print_best(report["best"], report["target_ttft_s"], report.get("confirmation"))
+        print_best(report["best"], report["target_ttft_s"], report.get("confirmation"), report["objective"])

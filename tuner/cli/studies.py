@@ -11,6 +11,7 @@ from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.cli.output import console, fit, print_json, table
 from tuner.record import StudyRecord, TrialRecord
+from tuner.slo import OBJECTIVES, value_text
 
 if TYPE_CHECKING:
     import optuna
@@ -91,9 +92,11 @@ def _edge_note(edge: dict[str, Any] | None) -> str:
     return "" if edge.get("located") else f" (next failing load {edge['failing_level']:g}: edge not located)"
 
 
-def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str, Any] | None = None) -> None:
-    """The best trial's table (:func:`best_record`; ``conf``: :func:`confirmation_record`),
-    the recommendation and the ``vllm serve`` command, unwrapped so that it can be copied."""
+def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str, Any] | None = None,
+               objective: str | None = "tokens") -> None:
+    """The best trial's table (:func:`best_record`; ``conf``: :func:`confirmation_record`,
+    told in the study's ``objective`` unit), the recommendation and the ``vllm serve``
+    command, unwrapped so that it can be copied."""
     from tuner.confirmation import confirmation_rows
     from tuner.result import describe_errors
 
@@ -119,7 +122,8 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
         tbl.add_row("at load", str(best["load"]) + _edge_note(best.get("edge")))
     if conf:
         for label, text in confirmation_rows(conf["mean_tokens_per_s"], conf["measurements"],
-                                             conf["band_tokens_per_s"], conf["tied_with"], conf["noise_sd"]):
+                                             conf["band_tokens_per_s"], conf["tied_with"], conf["noise_sd"],
+                                             objective or "tokens"):
             tbl.add_row(label, text)
         if conf.get("worst_p95_ttft_s") is not None and conf.get("slo_margin") is not None:
             tbl.add_row("SLO margin", f"worst P95 TTFT {conf['worst_p95_ttft_s']:.3f} s of {conf['measurements']}, "
@@ -166,11 +170,12 @@ def studies_list(
         return
     tbl = table(f"studies in {redact(storage) if storage else 'studies/'}")
     tbl.add_column("study")
-    for col in ("trials", "feasible", "best tok/s", "best trial"):
+    mixed = any(s.objective not in (None, "tokens") for s in rows)  # then each value says its unit
+    for col in ("trials", "feasible", "best" if mixed else "best tok/s", "best trial"):
         tbl.add_column(col, justify="right")
     for s in rows:
-        tbl.add_row(s.name, f"{s.finished:,}", f"{s.feasible:,}",
-                    "-" if s.best_value is None else f"{s.best_value:,.0f}",
+        best = "-" if s.best_value is None else value_text(s.best_value, s.objective or "tokens")
+        tbl.add_row(s.name, f"{s.finished:,}", f"{s.feasible:,}", best if mixed else best.removesuffix(" tok/s"),
                     "-" if s.best_trial is None else f"#{s.best_trial}")
     out.print(fit(tbl, out))
 
@@ -189,7 +194,9 @@ def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, st
         if value is not None:
             rows.append((label, str(value)))
     if stamp.target_ttft_s is not None:
-        rows.append(("target", f"P95 TTFT <= {float(stamp.target_ttft_s):g} s"))
+        rows.append(("target", f"P95 TTFT <= {float(stamp.target_ttft_s):g} s" + "".join(f", {t}" for t in stamp.slos)))
+    if stamp.objective is not None:
+        rows.append(("objective", f"{stamp.objective} ({OBJECTIVES[stamp.objective]})"))
     if stamp.load_kind:
         rows.append(("load", str(stamp.load_kind)))
     if stamp.workload_fingerprint:
@@ -281,7 +288,8 @@ def studies_show(
     if info["best"]["errors"]:
         say(f"its failed requests: {describe_errors(info['best']['errors'], limit=8)}")
     out.print()
-    print_best(info["best"], StudyRecord.from_study(st).target_ttft_s, info.get("confirmation"))
+    stamp = StudyRecord.from_study(st)
+    print_best(info["best"], stamp.target_ttft_s, info.get("confirmation"), stamp.objective)
 
 
 __all__ = ["best_record", "confirmation_record", "deployment_of", "print_best", "studies_app"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from tuner.capacity import CapacityEstimate, ReplayedWorkload, SweepPoint
+from tuner.slo import monotone_fit
 from tuner.storage import STUDIES_DIR
 
 # -- reports ------------------------------------------------------------------------------
@@ -119,9 +120,7 @@ def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     ax1.legend(loc="lower right")
     ax1.grid(alpha=0.3)
     ax2.plot(x, [p.ttft_p95_s for p in pts], "o", color="tab:purple", label="P95 TTFT (measured)")
-    measured = sorted(sweep_rows(est), key=lambda p: p.level)
-    xs = np.unique([p.level for p in measured])
-    ys = np.maximum.accumulate([np.mean([p.ttft_p95_s for p in measured if p.level == v]) for v in xs])
+    xs, ys = monotone_fit((p.level, p.ttft_p95_s) for p in sweep_rows(est))  # every repeat, by the plan's rule
     if len(xs) > 1 and np.all(np.isfinite(ys)):
         from scipy.interpolate import PchipInterpolator
 

@@ -216,7 +216,7 @@ def confirm_winner(
             break
         raced |= {c.number for c in field_}
         this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name,
-                    history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s)
+                    history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
             if not this.held:  # and the closest of the waves

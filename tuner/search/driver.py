@@ -28,7 +28,7 @@ from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import environment_fault
 from tuner.search.window import trial_estimate
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
-from tuner.search.objective import CONSTRAINT, OBJECTIVES, evaluate_config
+from tuner.search.objective import CONSTRAINT, OBJECTIVE_UNITS, OBJECTIVES, evaluate_config
 from tuner.progress import Observer, observer_or_headless
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
@@ -221,7 +221,7 @@ class SearchRun:
             s = self.settings
             # worth predicting: a server started with the configuration, whose trials cost GPU time
             if self.backend.restarts and self.backend.measures_gpu_time and s.precheck and s.early_stop:
-                return sim_predictor(self.deployment, self.workload, self.target, self.space.workload.load)
+                return sim_predictor(self.deployment, self.workload, self.slos, self.space.workload.load)
             return None
         if isinstance(predictor, str):
             raise InputError(f"unknown predictor {predictor!r}", hint="use 'auto', or none")
@@ -234,8 +234,13 @@ class SearchRun:
         st = open_study(self.name, self.storage,
                         sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
-                     self.target)
+                     self.target, s.objective)
         record = StudyRecord.from_study(st)
+        if record.objective not in (None, s.objective):
+            raise InputError(
+                f"study {self.name!r} scores {record.objective} ({OBJECTIVE_UNITS[record.objective]}), not "
+                f"{s.objective}: its trials' values would mix two units",
+                hint=f"resume it with --objective {record.objective}, or give --study a new name")
         if record.slos != self.slos.texts[1:]:
             raise InputError(
                 f"study {self.name!r} was searched for {', '.join(record.slos) or 'P95 TTFT alone'}, not "
@@ -290,11 +295,11 @@ class SearchRun:
                 self.obs.on_phase("predicting on the simulator")
                 # a twin within the noise band of the best may be the best: it is measured
                 advice = advise(trial.study.get_trials(deepcopy=False), config, self.predictor.predict(config), best,
-                                twin_share=1 - noise.band())
+                                twin_share=1 - noise.band(), objective=s.objective)
                 if advice.prune:
                     if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
-                    prune(trial, config, advice, self.run_facts)
+                    prune(trial, config, advice, self.run_facts, self.slos)
             ev = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.slos,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,

@@ -17,6 +17,7 @@ from tuner.errors import ConfigRejected, InputError
 from tuner.jsonsafe import json_safe
 from tuner.progress import Observer, observer_or_headless
 from tuner.record import Edge, LoadRecord, RunFacts, TrialRecord
+from tuner.slo import OBJECTIVES as OBJECTIVE_UNITS
 from tuner.slo import SloSet
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_width, goodput_search, max_users
 from tuner.urls import redact, redact_value
@@ -29,9 +30,8 @@ if TYPE_CHECKING:
 #: Every SLO of a set is a constraint of its own, named :func:`constraint_name`.
 CONSTRAINT = "p95_ttft_over_target"
 
-#: What a trial scores at its edge: tokens/s (prompt + output), or goodput (requests/s of the
-#: requests meeting every SLO, ``vllm bench serve --goodput``).
-OBJECTIVES = ("tokens", "goodput")
+#: What a trial scores at its edge (:data:`tuner.slo.OBJECTIVES`, with their units).
+OBJECTIVES = tuple(OBJECTIVE_UNITS)
 
 
 def constraint_name(slo_name: str) -> str:

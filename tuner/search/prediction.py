@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigRejected, InputError
 from tuner.record import TrialRecord
+from tuner.slo import value_text
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from tuner.config import Deployment, ServeConfig
     from tuner.sim.calibration import Calibration
+    from tuner.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Replays the predictor's own goodput search may take (simulated: cheap); enough to
@@ -62,6 +64,10 @@ class Prediction:
     tokens_per_s: float     # at that load (0 when infeasible)
     p95_ttft_s: float | None
     reason: str = ""        # why it is infeasible, when it is
+    #: The trial's Optuna constraints as the simulator's goodput search left them, one per
+    #: SLO (at the predicted load; at the lowest load when infeasible): what a pruned
+    #: trial gives the sampler. Empty from a predictor that does not say.
+    constraints: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,12 +87,13 @@ class Correction:
 
 
 class Predictor:
-    """Predictions of the embedded simulator for one deployment, workload and target.
+    """Predictions of the embedded simulator for one deployment, workload and target
+    (a P95 TTFT bound in seconds, or the study's whole :class:`~tuner.slo.SloSet`).
 
     ``profile`` replaces the calibration the simulator would pick for the deployment's
     GPU (the benchmarks use it to give the predictor deliberately wrong constants)."""
 
-    def __init__(self, deployment: Deployment, workload: Workload, target_ttft_s: float, *,
+    def __init__(self, deployment: Deployment, workload: Workload, target_ttft_s: float | SloSet, *,
                  load_kind: str = "concurrency", profile: Calibration | None = None) -> None:
         from tuner.backends.sim import SimBackend
 
@@ -120,13 +127,14 @@ class Predictor:
         if rec.rejected_kind:  # vLLM would refuse it: the search's pre-check records that
             return None
         p95 = rec.summary.get("ttft_p95_s")
+        constraints = ev.named_constraints()
         if not ev.feasible:
-            return Prediction(False, 0.0, 0.0, p95, str(rec.infeasible_reason or ""))
+            return Prediction(False, 0.0, 0.0, p95, str(rec.infeasible_reason or ""), constraints)
         level = max(p.level for p in rec.loads if p.passed)
-        return Prediction(True, float(level), ev.value, p95)
+        return Prediction(True, float(level), ev.value, p95, constraints=constraints)
 
 
-def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: float,
+def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: float | SloSet,
                   load_kind: str = "concurrency") -> Predictor | None:
     """A predictor for ``deployment``, or None when the simulator cannot model it (a GPU
     or model it does not know)."""
@@ -199,7 +207,7 @@ class Advice:
 
 
 def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction | None,
-           best: float | None, *, twin_share: float = TWIN_SHARE) -> Advice:
+           best: float | None, *, twin_share: float = TWIN_SHARE, objective: str = "tokens") -> Advice:
     """Turn ``pred`` into the search's next move, given the study's ``trials`` so far and
     its ``best`` measured value: where the goodput search starts (the predicted load x
     the measured/predicted median), what value to expect, and whether to launch at all.
@@ -207,7 +215,8 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
     ``PRUNE_SHARE`` of the best, one predicted infeasible once predictions are trusted,
     and a *predicted twin* (:func:`predicted_twins`) of a trial that measured under
     ``twin_share`` of the best (within it, a twin may be the best by noise), or of
-    ``TWINS_MEASURED`` trials already measured."""
+    ``TWINS_MEASURED`` trials already measured. ``objective``: the unit of the trials'
+    values and ``best`` in the reasons (:func:`tuner.slo.value_text`)."""
     if pred is None:  # the simulator cannot model it, or vLLM would refuse it: the pre-check's call
         return Advice()
     corr = correction(trials)
@@ -222,9 +231,9 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
                             if other is None or getattr(other, k) != v) or "what differs"
         advice.prune, advice.value, advice.twin_of = True, value, twin.number
         why = (f"{len(twins)} such trials measured already" if len(twins) >= TWINS_MEASURED
-               else f"under {twin_share:.0%} of the best {best:,.0f}")
+               else f"under {twin_share:.0%} of the best {value_text(best, objective)}")
         advice.reason = (f"predicted the same as trial {twin.number} (same layout; the simulator sees no effect "
-                         f"of {differs}), which measured {value:,.0f} tok/s; {why}")
+                         f"of {differs}), which measured {value_text(value, objective)}; {why}")
         return advice
     if not pred.feasible:
         advice.prediction["expected_tokens_per_s"] = 0.0

@@ -6,14 +6,15 @@ from typing import TYPE_CHECKING
 
 from tuner.config import ServeConfig
 from tuner.jsonsafe import json_safe
-from tuner.record import RunFacts, StudyRecord, TrialRecord, write
+from tuner.record import RunFacts, TrialRecord, write
 from tuner.search.defaults import snapped_grid
-from tuner.search.objective import CONSTRAINT
+from tuner.search.objective import CONSTRAINT, slo_constraints
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.search.prediction import Advice, Predictor
+    from tuner.slo import SloSet
     from tuner.space import SearchSpace
 
 def untried_neighbours(study: optuna.Study, space: SearchSpace) -> list[dict]:
@@ -71,17 +72,36 @@ def explore(study: optuna.Study, space: SearchSpace, seed: int) -> bool:
     return True
 
 
-def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: RunFacts) -> None:
+def pruned_constraints(study: optuna.Study, advice: Advice, slos: SloSet) -> dict[str, float]:
+    """The Optuna constraints of a trial pruned on ``advice``, one per SLO of ``slos`` (as
+    a measured trial carries), so the sampler's feasibility model sees every SLO: a
+    predicted twin's are what the twin measured; otherwise the prediction's own (at the
+    predicted load), and for an SLO the prediction does not cover, P95 TTFT from its
+    ``p95_ttft_s`` when predicted feasible, else 1.0 (nothing measured)."""
+    out = slo_constraints(slos, None)
+    if advice.twin_of is not None:
+        twin = TrialRecord.from_trial(study.get_trials(deepcopy=False)[advice.twin_of])
+        measured = dict(twin.constraints) or ({CONSTRAINT: twin.constraint} if twin.constraint is not None else {})
+        if all(n in measured for n in out):
+            return {n: float(measured[n]) for n in out}
+    pred = advice.prediction
+    p95, target = pred.get("p95_ttft_s"), slos.target_ttft_s
+    if pred.get("feasible") and p95 and target and CONSTRAINT in out:
+        out[CONSTRAINT] = p95 / target - 1.0
+    out.update({n: float(v) for n, v in (pred.get("constraints") or {}).items() if n in out})
+    return out
+
+
+def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: RunFacts, slos: SloSet) -> None:
     """Record a configuration the predictor ruled out, without launching it: PRUNED,
-    with the prediction as evidence (TPE ranks pruned trials below every measured one)."""
+    with the prediction as evidence (TPE ranks pruned trials below every measured one)
+    and one constraint per SLO of ``slos`` (:func:`pruned_constraints`)."""
     import optuna
 
-    pred = advice.prediction
-    p95 = pred.get("p95_ttft_s")
-    target = StudyRecord.from_study(trial.study).target_ttft_s
-    constraint = p95 / target - 1.0 if pred["feasible"] and p95 and target else 1.0
-    trial.set_constraint(CONSTRAINT, constraint)
-    write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(pred), pruned_reason=advice.reason,
+    for name, value in pruned_constraints(trial.study, advice, slos).items():
+        trial.set_constraint(name, value)
+    write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(advice.prediction),
+                                           pruned_reason=advice.reason,
                                            feasible=False, gpu_s=0.0, run=run_facts, twin_of=advice.twin_of))
     trial.report(float(advice.value), step=0)
     raise optuna.TrialPruned(advice.reason)

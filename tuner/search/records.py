@@ -83,11 +83,12 @@ def same_config(study: optuna.Study, config: ServeConfig, fingerprint: str | Non
 
 
 def stamp_study(st: optuna.Study, space: SearchSpace, deployment: Deployment, fingerprint: str,
-                 backend: str, sampler: str, seed: int, target: float) -> None:
+                 backend: str, sampler: str, seed: int, target: float, objective: str = "tokens") -> None:
     """What the study was made for, written once, when it is created."""
     if StudyRecord.from_study(st).space:
         return
     stamp = StudyRecord(space=space.name, space_path=space.path, deployment=deployment,
                         workload_fingerprint=fingerprint, backend=backend, sampler=sampler, seed=seed,
-                        target_ttft_s=target, load_kind=space.workload.load, slos=space.workload.slos)
+                        target_ttft_s=target, load_kind=space.workload.load, slos=space.workload.slos,
+                        objective=objective)
     write(st.set_user_attr, stamp)
