@@ -497,6 +497,8 @@ class Startup:
     estimated_max_model_len: int | None = None
     model: str | None = None
     peak_activation_gib: float | None = None
+    num_gpu_blocks: int | None = None       # the pool itself (/metrics cache_config_info)
+    non_torch_gib: float | None = None      # "... GiB for non-torch memory"
 
 
 def _latest_by_trial(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -525,7 +527,8 @@ def startups(rows: Iterable[dict[str, Any]]) -> list[Startup]:
             model_load_gib=facts.get("model_load_gib"), graph_capture_gib=facts.get("graph_capture_gib"),
             rejected_kind=r.get("rejected_kind"), message=r.get("message") or "",
             estimated_max_model_len=r.get("estimated_max_model_len"), model=r.get("model"),
-            peak_activation_gib=facts.get("peak_activation_gib")))
+            peak_activation_gib=facts.get("peak_activation_gib"), num_gpu_blocks=facts.get("num_gpu_blocks"),
+            non_torch_gib=facts.get("non_torch_gib")))
     return out
 
 
@@ -614,7 +617,8 @@ def predict_startup(config: ServeConfig, deployment: Deployment) -> dict[str, An
     except ConfigRejected as err:
         return {"ok": False, "kind": err.kind, "estimated_max_model_len": err.estimated_max_model_len,
                 "message": err.message}
-    return {"ok": True, "kv_cache_tokens": plan.kv_cache_tokens, "available_kv_gib": plan.kv_bytes / 2**30}
+    return {"ok": True, "kv_cache_tokens": plan.kv_cache_tokens, "available_kv_gib": plan.kv_bytes / 2**30,
+            "num_gpu_blocks": plan.num_gpu_blocks}
 
 
 def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
@@ -891,7 +895,14 @@ def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[
         pred = predict_startup(s.config, dep)
         row: dict[str, Any] = {"trial": s.trial, "model": s.model or deployment.model, "measured_ok": s.ok,
                                "predicted_ok": pred["ok"]}
-        if s.ok and pred["ok"]:
+        if s.ok and pred["ok"] and s.num_gpu_blocks:
+            # the pool in blocks: for full attention the logged "GPU KV cache size" is the
+            # same figure in tokens, but a start whose layers had a sliding window logs the
+            # tokens its concurrency implies (the window caps a request's blocks), not the pool
+            row.update(measured=s.kv_cache_tokens, predicted=pred["kv_cache_tokens"],
+                       measured_blocks=s.num_gpu_blocks, predicted_blocks=pred["num_gpu_blocks"],
+                       error_pct=100.0 * (pred["num_gpu_blocks"] - s.num_gpu_blocks) / s.num_gpu_blocks)
+        elif s.ok and pred["ok"]:
             row.update(measured=s.kv_cache_tokens, predicted=pred["kv_cache_tokens"],
                        error_pct=100.0 * (pred["kv_cache_tokens"] - s.kv_cache_tokens) / s.kv_cache_tokens)
         elif not s.ok and not pred["ok"]:
@@ -993,12 +1004,15 @@ def read_names(path: str | Path) -> list[str]:
 
 
 def campaign_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """Every measurement of a profile folder: ``measurements.jsonl`` and ``campaign*.jsonl``
-    (later campaigns on the same GPU and vLLM version; ``replicate.jsonl`` stays apart, it
-    repeats trials under the same names)."""
+    """Every measurement of a profile folder: ``measurements.jsonl``, then each later
+    campaign on the same GPU and vLLM version in name order, whether a file beside it
+    (``campaign2.jsonl``) or a folder of its own (``campaign3/measurements.jsonl``, kept
+    with its logs); ``replicate.jsonl`` stays apart, it repeats trials under the same names."""
     p = Path(folder)
     rows = read_measurements(p / MEASUREMENTS)
-    for extra in sorted(p.glob("campaign*.jsonl")):
+    later = [f for f in p.glob("campaign*.jsonl") if f.is_file()]
+    later += [d / MEASUREMENTS for d in p.glob("campaign*") if d.is_dir() and (d / MEASUREMENTS).is_file()]
+    for extra in sorted(later, key=lambda f: f.relative_to(p).parts[0].removesuffix(".jsonl")):
         rows += read_measurements(extra)
     return rows
 

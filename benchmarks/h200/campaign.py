@@ -201,8 +201,11 @@ def make_models(root: Path, kit: Path, presets: set[str]) -> dict[str, Path]:
                         "--tokenizer-size", str(min(vocab, 152064))], check=True)
         base = json.loads((folder / "config.json").read_text())  # the kit's Qwen2.5-7B config, eos ids set
         merged = {**base, **{k: v for k, v in cfg.items() if not k.startswith("_")}}
+        # the kit's Qwen window keys mean nothing to another architecture; a window the preset
+        # states (Nemo's "sliding_window": null) stays, or transformers' MistralConfig default
+        # (4096) applies: campaign 3's Nemo start ran every layer windowed that way
         for key in ("max_window_layers", "use_sliding_window", "sliding_window"):
-            if cfg.get("model_type") != "qwen2":
+            if cfg.get("model_type") != "qwen2" and key not in cfg:
                 merged.pop(key, None)
         if cfg.get("model_type") == "qwen3_moe":
             merged.setdefault("decoder_sparse_step", 1)

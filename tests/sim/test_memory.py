@@ -332,3 +332,18 @@ def test_a_head_size_paged_attention_refuses_is_classified_as_attention():
                "[32, 64, 80, 96, 112, 120, 128, 192, 256].")
     err = classify_failure(1, f"ERROR 12-06 14:41:08 engine.py:366] ValueError: {message}\n")
     assert err.kind == "attention" and err.message == message
+
+
+def test_nemo_explicit_head_dim_sizes_the_pool_vllm_measured():
+    # Mistral-Nemo-12B: head_dim 128 although hidden 5120 / 32 heads = 160. vLLM 0.26.0 on the
+    # H200 (campaign 3) loaded 22.85 GiB of weights and made 41,509 blocks of its 101.34 GiB:
+    # 101.34 GiB / (16 x 40 layers x 2 x 8 heads x 128 x 2 B = 2,621,440 B) = 41,509 by hand.
+    # With 160 it would be 23.79 GiB of weights and 33,207 blocks.
+    nemo = Deployment(model="mistral-nemo-12b", gpu="H200", vllm_version="0.26.0")
+    plan = plan_memory(nemo, ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768))
+    assert plan.model.head_dim == 128 and plan.model.hidden_size // plan.model.num_heads == 160
+    assert plan.page_bytes == 16 * 40 * 2 * 8 * 128 * 2
+    assert plan.weight_bytes / GiB == pytest.approx(22.85, rel=0.005)
+    assert plan.num_gpu_blocks == pytest.approx(41_509, rel=0.01)
+    # and the full-attention log line is the pool in tokens
+    assert plan.kv_cache_tokens == plan.num_gpu_blocks * 16
