@@ -115,9 +115,10 @@ def test_refusal_predicted_with_vllms_estimated_max_model_len(rows):
     r = refused[0]
     assert r["kind"] == r["predicted_kind"] == "max_model_len"
     assert r["measured"] == 8320                                  # vLLM's own message
-    # achieved +3.85 %: at gmu 0.115 the KV cache is 1.1 GiB, so 0.04 GiB of activation is 4 %
-    # (two identical starts logged 1.06 and 1.13 GiB of peak activation)
-    assert abs(r["error_pct"]) <= 5.0, r
+    # achieved +0.58 % (8368): the eager profile run's own peak (1.12 GiB logged) and vLLM's
+    # logged non-torch memory (0.22 GiB); at gmu 0.115 the KV cache is 0.44 GiB, so one block
+    # (0.9 MB) is 0.2 %. Before: +3.85 %, the compiled runs' peak and a 0.20 GiB guess
+    assert abs(r["error_pct"]) <= 1.0, r
 
 
 def test_held_out_load_points_against_the_targets(table, profile):

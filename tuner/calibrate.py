@@ -695,7 +695,11 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     ok = [s for s in points if s.ok and s.available_kv_gib is not None]
     if not ok:
         raise InputError("no successful start with 'Available KV cache memory' to fit the memory planner to")
-    non_torch = float(EMPIRICAL["non_torch_bytes"])
+    # vLLM logs its non-torch memory ("... GiB for non-torch memory"): the median of the
+    # starts that logged it, else the planner's estimate
+    logged = [s.non_torch_gib for s in ok if s.non_torch_gib is not None]
+    non_torch = float(np.median(logged)) * GiB if logged else float(EMPIRICAL["non_torch_bytes"])
+    eager_seen = any(s.config.enforce_eager for s in ok)
     overheads, rows, y, act_rows, act_y = [], [], [], [], []
     for s in ok:
         model = load_model(s.model or deployment.model)
@@ -712,7 +716,10 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
                                               * model.num_layers * _cudagraph_sizes(seqs))
         tokens = activation_tokens(mbt, d_tokens, c.enforce_eager)
         moe = tokens * model.num_experts_per_tok * model.hidden_size if model.is_moe else 0.0
-        act = [1.0, tokens * model.hidden_size, seqs * model.vocab_size, moe]
+        # compiled and eager profile runs peak apart (tuner.sim.memory._activation_slope)
+        eager = bool(c.enforce_eager and eager_seen)
+        act = [1.0, 0.0 if eager else tokens * model.hidden_size, seqs * model.vocab_size, moe,
+               tokens * model.hidden_size if eager else 0.0]
         budget = math.ceil(gpu.memory_bytes * (c.gpu_memory_utilization or 0.92))
         rows.append([*act, graphs])
         y.append(budget - weights - non_torch - s.available_kv_gib * GiB)
@@ -721,19 +728,20 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
             act_y.append(s.peak_activation_gib * GiB)
     a = np.array(rows + act_rows)
     target = np.array(y + act_y)
-    scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0])
+    # columns: fixed, compiled per token x hidden, per logit, MoE, eager per token x hidden, graphs
+    scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0, 1.0])
 
     def resid(x: np.ndarray) -> np.ndarray:
         return (a @ (x * scale) - target) / GiB
 
     x0 = np.array([0.5, EMPIRICAL["activation_bytes_per_token_per_hidden"], EMPIRICAL["sampler_bytes_per_logit"],
-                   1.0, 0.5])
-    lo, hi = [0, 0, 0, 0, 0], [20, 64, 16, 256, 1]
+                   1.0, EMPIRICAL["activation_bytes_per_token_per_hidden"], 0.5])
+    lo, hi = [0, 0, 0, 0, 0, 0], [20, 64, 16, 256, 64, 1]
     if graph_fraction is not None:
-        x0[4] = graph_fraction
-        lo[4], hi[4] = graph_fraction, graph_fraction + 1e-12
+        x0[5] = graph_fraction
+        lo[5], hi[5] = graph_fraction, graph_fraction + 1e-12
     sol = least_squares(resid, x0, bounds=(lo, hi))
-    fixed, per_tok, per_logit, per_moe, g = sol.x
+    fixed, per_tok, per_logit, per_moe, per_tok_eager, g = sol.x
     weight_overhead = max(0.0, float(np.median(overheads))) if overheads else 0.0
     memory = {
         "weight_overhead_bytes": round(weight_overhead),
@@ -744,6 +752,8 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
         "cudagraph_kv_fraction": round(float(g), 3),
         "non_torch_bytes": round(non_torch),
     }
+    if eager_seen:
+        memory["eager_activation_bytes_per_token_per_hidden"] = round(float(per_tok_eager), 4)
     kv = sol.fun[:len(rows)]
     info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(kv ** 2))),
             "residual_gib_max": float(np.max(np.abs(kv))), "peak_activations": len(act_rows)}
