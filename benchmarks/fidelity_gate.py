@@ -66,10 +66,12 @@ def main(argv: list[str]) -> None:
         groups = leave_one_out(rows, points, Deployment(model="qwen2.5-7b", gpu=dep.gpu, vllm_version=dep.vllm_version),
                                profile, groups, start=start, noise=noise, max_nfev=nfev,
                                log=lambda m: print(f"  [{time.process_time() - t0:5.0f} CPU-s] {m}", flush=True))
-    elif committed:
+    else:
+        # the committed leave-one-out columns; a group the fit never saw is held back already
         groups = [replace(g, tokens_per_s_loso=committed[g.group].tokens_per_s_loso,
-                          ttft_p95_loso=committed[g.group].ttft_p95_loso) if g.group in committed else g
-                  for g in groups]
+                          ttft_p95_loso=committed[g.group].ttft_p95_loso) if g.group in committed
+                  else replace(g, tokens_per_s_loso=g.tokens_per_s_mape, ttft_p95_loso=g.ttft_p95_mape)
+                  if not g.fitted else g for g in groups]
     print(f"{len(points)} real load points in {len(groups)} shape groups; MAPE %, raw predictions of the shipped "
           "profile (in-sample: fitted on the points marked; leave-one-shape-out: refit without the whole group)")
     print(f"{'group':58s} {'n':>2s} {'fit':>3s} | {'tok/s':>5s} {'LOSO':>5s} {'noise':>5s} | "

@@ -82,7 +82,7 @@ def test_campaigns_span_the_shapes_users_serve(rows, table):
     starts = startups(rows)
     assert len(starts) >= 16 and sum(1 for s in starts if not s.ok) == 1
     models = {s.model or DEP.model for s in starts}
-    assert models == {"qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b"}
+    assert models == {"qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b", "llama-3.1-8b", "mistral-nemo-12b"}
     kinds = {(r["workload"], r["load"]) for r in table}
     for shape in ("prefill", "decode", "mix", "long", "trace"):
         assert any(w == shape for w, _ in kinds), shape
@@ -96,9 +96,16 @@ def test_kv_cache_size_within_1_percent_for_every_start(rows):
     ok = [r for r in kv if r["measured_ok"]]
     assert ok and all(r["predicted_ok"] for r in ok)
     worst_kv = max(abs(r["error_pct"]) for r in ok)
-    assert worst_kv <= 1.0, kv   # achieved 0.38 % (the MoE shape); 0.06 % for the eager 512-token start
+    assert worst_kv <= 1.0, kv   # achieved 0.36 % (the MoE shape); 0.04 % for the eager 512-token start
     by_model = {r["model"] for r in ok}
-    assert by_model == {"qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b"}
+    assert by_model == {"qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b", "llama-3.1-8b", "mistral-nemo-12b"}
+    # campaign 3's Nemo start ran every layer with a 4096-token window (the model folder lost the
+    # preset's "sliding_window": null), so its log line counts the tokens its concurrency implies
+    # (41,509 blocks / cdiv(min(4095 + 16384, 32768), 16) + 1 = 1281 x 32768 = 1,061,800), not the
+    # pool: compared on blocks, -0.22 %
+    nemo = next(r for r in ok if r["model"] == "mistral-nemo-12b")
+    assert nemo["measured"] == 1_061_800 and nemo["measured_blocks"] == 41_509
+    assert 41_509 // (-(-(4095 + 16384) // 16) + 1) == 32 and int(41_509 / 1281 * 32768) == 1_061_800
 
 
 def test_refusal_predicted_with_vllms_estimated_max_model_len(rows):
@@ -108,9 +115,10 @@ def test_refusal_predicted_with_vllms_estimated_max_model_len(rows):
     r = refused[0]
     assert r["kind"] == r["predicted_kind"] == "max_model_len"
     assert r["measured"] == 8320                                  # vLLM's own message
-    # achieved +3.85 %: at gmu 0.115 the KV cache is 1.1 GiB, so 0.04 GiB of activation is 4 %
-    # (two identical starts logged 1.06 and 1.13 GiB of peak activation)
-    assert abs(r["error_pct"]) <= 5.0, r
+    # achieved +0.58 % (8368): the eager profile run's own peak (1.12 GiB logged) and vLLM's
+    # logged non-torch memory (0.22 GiB); at gmu 0.115 the KV cache is 0.44 GiB, so one block
+    # (0.9 MB) is 0.2 %. Before: +3.85 %, the compiled runs' peak and a 0.20 GiB guess
+    assert abs(r["error_pct"]) <= 1.0, r
 
 
 def test_held_out_load_points_against_the_targets(table, profile):
@@ -121,9 +129,10 @@ def test_held_out_load_points_against_the_targets(table, profile):
     assert mape(check, "tokens_per_s") <= 5.0
     assert mape(check, "ttft_p95_s") <= 15.0
     assert mape(check, "tpot_mean_s") <= 8.0
-    # the profile's own report says what this test sees
+    # the profile's own report says what this test sees on the trials it checked (later
+    # campaigns, held back whole, join the held-out set but not the report written before them)
     reported = profile["fit"]["errors"]["check"]
-    s = summarize(check)
+    s = summarize([r for r in check if r["trial"] in profile["fit"]["check_trials"]])
     for k in ("output_tokens_per_s_mape", "ttft_p95_s_mape", "tpot_mean_s_mape"):
         assert s[k] == pytest.approx(reported[k], abs=0.5)
     assert s["throughput_spearman_all"] >= 0.95
@@ -292,4 +301,4 @@ def test_a_refit_on_the_committed_data_agrees_with_the_shipped_profile_within_it
     for k, v in profile["memory"].items():
         assert res.memory[k] == pytest.approx(v, rel=0.01, abs=1e-6), k
     started = [r for r in res.kv_table if r["measured_ok"]]
-    assert len(started) == 15 and max(abs(r["error_pct"]) for r in started) <= 1.0
+    assert len(started) == 17 and max(abs(r["error_pct"]) for r in started) <= 1.0  # campaign 3: 2 starts

@@ -2,6 +2,7 @@
 may grow past its noise (tuner.gate; table tuner/data/calibration/h200-vllm-0.26.0/fidelity_gate.csv)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,24 @@ def test_a_worsened_constant_fails_the_gate_naming_the_groups(setup):
     worse = shipped.replace(frontend_per_token_s=shipped.frontend_per_token_s * 1.3)
     bad = regressions(errors(setup, worse), read_table(DATA / TABLE))
     assert bad and all(": " in line and "committed" in line for line in bad)
+
+
+def test_campaign_rows_read_every_campaign_file_and_folder_in_order(tmp_path):
+    for rel, trial in (("measurements.jsonl", "c1"), ("campaign2.jsonl", "c2"),
+                       ("campaign3/measurements.jsonl", "c3"), ("replicate.jsonl", "again")):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text(json.dumps({"kind": "trial_end", "trial": trial}) + "\n")
+    (tmp_path / "campaign4").mkdir()  # a campaign folder with nothing measured yet
+    assert [r["trial"] for r in campaign_rows(tmp_path)] == ["c1", "c2", "c3"]
+
+
+def test_the_gate_covers_the_held_back_architectures(setup):
+    points, _, fitted = setup
+    groups = {group_of(p) for p in points}
+    for model in ("Llama8B", "Nemo12B"):
+        mine = [p for p in points if group_of(p).startswith(model + " ")]
+        assert len(mine) >= 6 and not any(point_name(p) in fitted or p.trial in fitted for p in mine)
+    assert {g.group for g in read_table(DATA / TABLE)} == groups
 
 
 def test_groups_split_by_shape_not_by_trial():

@@ -497,6 +497,8 @@ class Startup:
     estimated_max_model_len: int | None = None
     model: str | None = None
     peak_activation_gib: float | None = None
+    num_gpu_blocks: int | None = None       # the pool itself (/metrics cache_config_info)
+    non_torch_gib: float | None = None      # "... GiB for non-torch memory"
 
 
 def _latest_by_trial(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -525,7 +527,8 @@ def startups(rows: Iterable[dict[str, Any]]) -> list[Startup]:
             model_load_gib=facts.get("model_load_gib"), graph_capture_gib=facts.get("graph_capture_gib"),
             rejected_kind=r.get("rejected_kind"), message=r.get("message") or "",
             estimated_max_model_len=r.get("estimated_max_model_len"), model=r.get("model"),
-            peak_activation_gib=facts.get("peak_activation_gib")))
+            peak_activation_gib=facts.get("peak_activation_gib"), num_gpu_blocks=facts.get("num_gpu_blocks"),
+            non_torch_gib=facts.get("non_torch_gib")))
     return out
 
 
@@ -614,7 +617,8 @@ def predict_startup(config: ServeConfig, deployment: Deployment) -> dict[str, An
     except ConfigRejected as err:
         return {"ok": False, "kind": err.kind, "estimated_max_model_len": err.estimated_max_model_len,
                 "message": err.message}
-    return {"ok": True, "kv_cache_tokens": plan.kv_cache_tokens, "available_kv_gib": plan.kv_bytes / 2**30}
+    return {"ok": True, "kv_cache_tokens": plan.kv_cache_tokens, "available_kv_gib": plan.kv_bytes / 2**30,
+            "num_gpu_blocks": plan.num_gpu_blocks}
 
 
 def mape(pred: Sequence[float], meas: Sequence[float]) -> float:
@@ -691,7 +695,11 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     ok = [s for s in points if s.ok and s.available_kv_gib is not None]
     if not ok:
         raise InputError("no successful start with 'Available KV cache memory' to fit the memory planner to")
-    non_torch = float(EMPIRICAL["non_torch_bytes"])
+    # vLLM logs its non-torch memory ("... GiB for non-torch memory"): the median of the
+    # starts that logged it, else the planner's estimate
+    logged = [s.non_torch_gib for s in ok if s.non_torch_gib is not None]
+    non_torch = float(np.median(logged)) * GiB if logged else float(EMPIRICAL["non_torch_bytes"])
+    eager_seen = any(s.config.enforce_eager for s in ok)
     overheads, rows, y, act_rows, act_y = [], [], [], [], []
     for s in ok:
         model = load_model(s.model or deployment.model)
@@ -708,7 +716,10 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
                                               * model.num_layers * _cudagraph_sizes(seqs))
         tokens = activation_tokens(mbt, d_tokens, c.enforce_eager)
         moe = tokens * model.num_experts_per_tok * model.hidden_size if model.is_moe else 0.0
-        act = [1.0, tokens * model.hidden_size, seqs * model.vocab_size, moe]
+        # compiled and eager profile runs peak apart (tuner.sim.memory._activation_slope)
+        eager = bool(c.enforce_eager and eager_seen)
+        act = [1.0, 0.0 if eager else tokens * model.hidden_size, seqs * model.vocab_size, moe,
+               tokens * model.hidden_size if eager else 0.0]
         budget = math.ceil(gpu.memory_bytes * (c.gpu_memory_utilization or 0.92))
         rows.append([*act, graphs])
         y.append(budget - weights - non_torch - s.available_kv_gib * GiB)
@@ -717,19 +728,20 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
             act_y.append(s.peak_activation_gib * GiB)
     a = np.array(rows + act_rows)
     target = np.array(y + act_y)
-    scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0])
+    # columns: fixed, compiled per token x hidden, per logit, MoE, eager per token x hidden, graphs
+    scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0, 1.0])
 
     def resid(x: np.ndarray) -> np.ndarray:
         return (a @ (x * scale) - target) / GiB
 
     x0 = np.array([0.5, EMPIRICAL["activation_bytes_per_token_per_hidden"], EMPIRICAL["sampler_bytes_per_logit"],
-                   1.0, 0.5])
-    lo, hi = [0, 0, 0, 0, 0], [20, 64, 16, 256, 1]
+                   1.0, EMPIRICAL["activation_bytes_per_token_per_hidden"], 0.5])
+    lo, hi = [0, 0, 0, 0, 0, 0], [20, 64, 16, 256, 64, 1]
     if graph_fraction is not None:
-        x0[4] = graph_fraction
-        lo[4], hi[4] = graph_fraction, graph_fraction + 1e-12
+        x0[5] = graph_fraction
+        lo[5], hi[5] = graph_fraction, graph_fraction + 1e-12
     sol = least_squares(resid, x0, bounds=(lo, hi))
-    fixed, per_tok, per_logit, per_moe, g = sol.x
+    fixed, per_tok, per_logit, per_moe, per_tok_eager, g = sol.x
     weight_overhead = max(0.0, float(np.median(overheads))) if overheads else 0.0
     memory = {
         "weight_overhead_bytes": round(weight_overhead),
@@ -740,6 +752,8 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
         "cudagraph_kv_fraction": round(float(g), 3),
         "non_torch_bytes": round(non_torch),
     }
+    if eager_seen:
+        memory["eager_activation_bytes_per_token_per_hidden"] = round(float(per_tok_eager), 4)
     kv = sol.fun[:len(rows)]
     info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(kv ** 2))),
             "residual_gib_max": float(np.max(np.abs(kv))), "peak_activations": len(act_rows)}
@@ -891,7 +905,14 @@ def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[
         pred = predict_startup(s.config, dep)
         row: dict[str, Any] = {"trial": s.trial, "model": s.model or deployment.model, "measured_ok": s.ok,
                                "predicted_ok": pred["ok"]}
-        if s.ok and pred["ok"]:
+        if s.ok and pred["ok"] and s.num_gpu_blocks:
+            # the pool in blocks: for full attention the logged "GPU KV cache size" is the
+            # same figure in tokens, but a start whose layers had a sliding window logs the
+            # tokens its concurrency implies (the window caps a request's blocks), not the pool
+            row.update(measured=s.kv_cache_tokens, predicted=pred["kv_cache_tokens"],
+                       measured_blocks=s.num_gpu_blocks, predicted_blocks=pred["num_gpu_blocks"],
+                       error_pct=100.0 * (pred["num_gpu_blocks"] - s.num_gpu_blocks) / s.num_gpu_blocks)
+        elif s.ok and pred["ok"]:
             row.update(measured=s.kv_cache_tokens, predicted=pred["kv_cache_tokens"],
                        error_pct=100.0 * (pred["kv_cache_tokens"] - s.kv_cache_tokens) / s.kv_cache_tokens)
         elif not s.ok and not pred["ok"]:
@@ -993,12 +1014,15 @@ def read_names(path: str | Path) -> list[str]:
 
 
 def campaign_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """Every measurement of a profile folder: ``measurements.jsonl`` and ``campaign*.jsonl``
-    (later campaigns on the same GPU and vLLM version; ``replicate.jsonl`` stays apart, it
-    repeats trials under the same names)."""
+    """Every measurement of a profile folder: ``measurements.jsonl``, then each later
+    campaign on the same GPU and vLLM version in name order, whether a file beside it
+    (``campaign2.jsonl``) or a folder of its own (``campaign3/measurements.jsonl``, kept
+    with its logs); ``replicate.jsonl`` stays apart, it repeats trials under the same names."""
     p = Path(folder)
     rows = read_measurements(p / MEASUREMENTS)
-    for extra in sorted(p.glob("campaign*.jsonl")):
+    later = [f for f in p.glob("campaign*.jsonl") if f.is_file()]
+    later += [d / MEASUREMENTS for d in p.glob("campaign*") if d.is_dir() and (d / MEASUREMENTS).is_file()]
+    for extra in sorted(later, key=lambda f: f.relative_to(p).parts[0].removesuffix(".jsonl")):
         rows += read_measurements(extra)
     return rows
 

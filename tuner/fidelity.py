@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 #: Shape labels of the model presets the calibrations measured.
-MODEL_LABELS = {"qwen2.5-7b": "7B", "qwen2.5-32b": "32B", "qwen3-30b-a3b": "MoE"}
+MODEL_LABELS = {"qwen2.5-7b": "7B", "qwen2.5-32b": "32B", "qwen3-30b-a3b": "MoE", "llama-3.1-8b": "Llama8B",
+                "mistral-nemo-12b": "Nemo12B"}
 #: Metrics compared per group: (row key, column label).
 COLUMNS = (("tokens_per_s", "tok/s"), ("output_tokens_per_s", "out tok/s"), ("ttft_p95_s", "P95 TTFT"),
            ("ttft_mean_s", "mean TTFT"), ("tpot_mean_s", "TPOT"))

@@ -157,7 +157,55 @@ def plan3() -> list[Trial]:
     ]
 
 
-PLANS = {"2": plan, "3": plan3}
+def plan4() -> list[Trial]:
+    """Campaign 4 (issue 30): repeat what the fidelity gate cannot tell from noise, and re-measure
+    what a campaign got wrong. The MoE shape with a warm-up first (campaign 2's first MoE probes
+    ran while Triton JIT-compiled fused_moe kernels: "Triton kernel JIT compilation during
+    inference"); eager starts two and three times, a graph start between them (three starts of
+    one 1-user eager probe gave TPOT 11.1, 13.7, 16.2 ms); the decode-heavy 256-user probe twice
+    on one start (two starts gave 14,315 and 19,282 tokens/s); the Nemo shape on a model folder
+    that keeps the preset's "sliding_window": null (campaign 3's ran every layer windowed at 4096);
+    and the refusal campaign 3 did not reach. The probes named ``warm`` are a warm-up, not data:
+    list them in excluded_points.txt. make_models keeps a folder that exists: on a device that
+    kept campaign 3's, delete /root/models/mistral-nemo-12b first."""
+    short = ServeConfig(gpu_memory_utilization=0.9, max_model_len=8192)
+    q7 = ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768)
+    eager = ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096, enforce_eager=True)
+    eager128 = eager.replace(gpu_memory_utilization=0.7, max_num_seqs=128, max_num_batched_tokens=512)
+
+    def eager_probes(seed: int) -> tuple[Probe, ...]:
+        return (Probe(ref_of("uniform", 5, seed=seed), c(1), 12), Probe(ref_of("uniform", 128, seed=seed + 1), c(32), 14),
+                Probe(ref_of("uniform", 1024, seed=seed + 2), c(512), 26))
+
+    return [
+        Trial("moe-warm", short, model=MODELS["moe"], start_s=170, purpose="MoE after a warm-up of every shape", probes=(
+            Probe(ref_of("mix", 64, seed=71), c(64), 10),      # warm
+            Probe(ref_of("mix", 128, seed=72), c(256), 12),    # warm
+            Probe(ref_of("prefill", 48, seed=73), c(16), 6),   # warm
+            Probe(ref_of("mix", 4, seed=31), c(1), 12),
+            Probe(ref_of("mix", 192, seed=32), c(64), 22),
+            Probe(ref_of("mix", 512, seed=33), c(256), 25),
+        )),
+        Trial("eager-r1", eager, model=MODELS["q7"], start_s=70, purpose="eager, again", probes=eager_probes(81)),
+        Trial("q7-decode-r", q7, model=MODELS["q7"], start_s=110, purpose="decode-heavy at 256 users twice", probes=(
+            Probe(ref_of("decode", 384, seed=17), c(256), 20),  # a third start of campaign 2's probe
+            Probe(ref_of("uniform", 128, seed=82), c(32), 8),   # the graph twin of the eager 32-user probe
+        )),
+        Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a third start", probes=eager_probes(81)),
+        Trial("eager128-r", eager128, model=MODELS["q7"], start_s=70, purpose="eager at 128 seqs / 512 tokens, again",
+              probes=(Probe(ref_of("uniform", 5, seed=81), c(1), 12), Probe(ref_of("uniform", 128, seed=82), c(32), 14),
+                      Probe(ref_of("uniform", 384, seed=85), c(192), 16))),
+        Trial("nemo-fixed", q7, model=MODELS["nemo"], start_s=150,
+              purpose="Nemo without the stray window: its KV log line is the pool", probes=(
+                  Probe(ref_of("uniform", 8, seed=51), c(1), 15),
+                  Probe(ref_of("mix", 256, seed=54), c(64), 22),
+              )),
+        Trial("l8-gmu014", q7.replace(gpu_memory_utilization=0.14), model=MODELS["l8"], start_s=90,
+              purpose="refused: vLLM's estimated maximum model length on a second shape", expect_refusal=True),
+    ]
+
+
+PLANS = {"2": plan, "3": plan3, "4": plan4}
 
 
 def estimate(trials: list[Trial]) -> float:
@@ -201,8 +249,11 @@ def make_models(root: Path, kit: Path, presets: set[str]) -> dict[str, Path]:
                         "--tokenizer-size", str(min(vocab, 152064))], check=True)
         base = json.loads((folder / "config.json").read_text())  # the kit's Qwen2.5-7B config, eos ids set
         merged = {**base, **{k: v for k, v in cfg.items() if not k.startswith("_")}}
+        # the kit's Qwen window keys mean nothing to another architecture; a window the preset
+        # states (Nemo's "sliding_window": null) stays, or transformers' MistralConfig default
+        # (4096) applies: campaign 3's Nemo start ran every layer windowed that way
         for key in ("max_window_layers", "use_sliding_window", "sliding_window"):
-            if cfg.get("model_type") != "qwen2":
+            if cfg.get("model_type") != "qwen2" and key not in cfg:
                 merged.pop(key, None)
         if cfg.get("model_type") == "qwen3_moe":
             merged.setdefault("decoder_sparse_step", 1)
@@ -245,7 +296,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
 
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else ""
-    meta = {"campaign": int(trials[0].name.startswith(("l8", "nemo"))) + 2, "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+    meta = {"campaign": 4 if trials[0].name == "moe-warm" else int(trials[0].name.startswith(("l8", "nemo"))) + 2, "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
             "design": [{"name": t.name, "model": t.model, "config": t.config.to_dict(), "purpose": t.purpose,

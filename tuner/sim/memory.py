@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
@@ -61,6 +62,11 @@ EMPIRICAL = {
     # MoE layers add routed-token buffers to the profile run's peak: bytes per batched token
     # per routed expert slot (num_experts_per_tok) per hidden unit; 0 until a fit sets it.
     "moe_activation_bytes_per_token_per_hidden": 0.0,
+    # With --enforce-eager the profile run is plain PyTorch, whose peak is not the compiled
+    # graph's (vLLM 0.26.0 on the H200: 1.12 GiB eager at 8192 batched tokens, twice, where
+    # compiled starts logged 1.03-1.13 GiB whatever the flag): bytes per batched token per
+    # hidden unit of the eager forward; None means the compiled figure.
+    "eager_activation_bytes_per_token_per_hidden": None,
 }
 
 
@@ -243,6 +249,13 @@ def activation_tokens(max_num_batched_tokens: int, default_tokens: int, eager: b
     compiled range, which reaches the default batched tokens whatever the flag; eager, it
     follows the flag."""
     return max_num_batched_tokens if eager else max(max_num_batched_tokens, default_tokens)
+
+
+def _activation_slope(emp: dict[str, Any], eager: bool) -> float:
+    """Peak activation bytes per batched token per hidden unit of the profile run: the eager
+    forward's own where a profile fitted it, else the compiled one's."""
+    own = emp.get("eager_activation_bytes_per_token_per_hidden") if eager else None
+    return float(emp["activation_bytes_per_token_per_hidden"] if own is None else own)
 
 
 def default_batch_limits(
@@ -521,7 +534,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     tokens = activation_tokens(max_num_batched_tokens, default_tokens, config.enforce_eager)
     activations = int(
         emp["activation_fixed_bytes"]
-        + tokens * hidden * emp["activation_bytes_per_token_per_hidden"]
+        + tokens * hidden * _activation_slope(emp, config.enforce_eager)
         + max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
         + (tokens * model.num_experts_per_tok * hidden
            * emp["moe_activation_bytes_per_token_per_hidden"] if model.is_moe else 0)
