@@ -56,10 +56,14 @@ def finished_states() -> tuple[Any, ...]:
 def count_finished(study: optuna.Study) -> int:
     """Trials that count against ``--budget``: finished, except failures that measured
     nothing (interrupted, environment faults: :mod:`tuner.recovery`)."""
+    return sum(1 for t in study.get_trials(deepcopy=False, states=finished_states()) if counts_toward_budget(t))
+
+
+def counts_toward_budget(trial: Any) -> bool:
+    """Whether one finished trial takes a slot of ``--budget`` (:func:`count_finished`)."""
     from tuner.recovery import not_measured
 
-    return sum(1 for t in study.get_trials(deepcopy=False, states=finished_states())
-               if not not_measured(t) and not is_confirmation(t))
+    return not not_measured(trial) and not is_confirmation(trial)
 
 
 def is_confirmation(trial: Any) -> bool:
