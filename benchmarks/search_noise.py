@@ -61,7 +61,7 @@ from tuner.record import TrialRecord
 from tuner.search import evaluate_config, num_heads, run_search
 from tuner.search.inputs import build_workload
 from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
-from tuner.study import counts_toward_budget
+from tuner.study import copy_slots, counts_toward_budget, is_copy
 from tuner.traffic import load_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -251,12 +251,11 @@ def study_job(job: tuple[str, int]) -> dict:
     recs = {n: TrialRecord.from_trial(t) for n, t in trials.items()}
     conf = res.confirmation
     ties = [] if conf is None else [recs[n] for n in (conf.ties or [])]
-    copies = sum(1 for n, t in trials.items() if recs[n].is_repeat and not recs[n].is_confirmation
-                 and counts_toward_budget(t))
+    copies = sum(1 for t in trials.values() if is_copy(t) and counts_toward_budget(t))
     return {"family": fam_name, "seed": seed,
             "winner": None if res.best is None else key_of(TrialRecord.from_trial(res.best).config),
             "ties": [key_of(r.config) for r in ties if r.config is not None],
-            "copies": copies, "repeats": sum(1 for r in recs.values() if r.is_confirmation)}
+            "copies": copies, "copy_slots": copy_slots(res.study), "repeats": sum(1 for r in recs.values() if r.is_confirmation)}
 
 
 # -- the table -------------------------------------------------------------------------------------------

@@ -221,14 +221,18 @@ def test_serve_command_is_copyable():
 
 
 def test_a_repeated_config_reuses_the_earlier_result(tmp_path):
+    from tuner.study import FREE_COPIES, copy_slots, count_finished
+
     space = fake_space(SPACE.replace("{choices: [16, 64, 256]}", "64").replace("{choices: [0.8, 0.9, 0.95]}", "0.9"))
     backend = FakeBackend()
     out = run_search(space, backend=backend, workload=small_workload(), budget=6,
                      storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0, confirm=0)
     trials = out.study.trials
-    assert len(trials) == 6 and len(backend.started) == 2  # two layouts, each launched once
+    assert len(backend.started) == 2  # two layouts, each launched once
     repeats = [t for t in trials if "repeat_of" in t.user_attrs]
-    assert len(repeats) == 4
+    # copies take no budget slot up to FREE_COPIES, then one each: the loop still ends
+    assert len(repeats) == FREE_COPIES + 4 and len(trials) == 2 + len(repeats)
+    assert count_finished(out.study) == 6 and copy_slots(out.study) == 4
     for t in repeats:
         first = trials[t.user_attrs["repeat_of"]]
         assert t.value == first.value and t.user_attrs["config"] == first.user_attrs["config"]
