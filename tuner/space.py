@@ -358,18 +358,29 @@ def resolve_space_path(name_or_path: str | Path) -> Path:
     )
 
 
-def load_space(name_or_path: str | Path = "default") -> SearchSpace:
-    """Read and validate a search space (a shipped name or a YAML path)."""
+def load_space(name_or_path: str | Path = "default", *, trace: str | None = None) -> SearchSpace:
+    """Read and validate a search space (a shipped name or a YAML path). ``trace`` (the
+    command line's ``--trace``) replaces the space's own before anything is checked, so a
+    space whose trace file is missing is still usable with another."""
     path = resolve_space_path(name_or_path)
-    return _space_from(read_yaml(path, what="search space"))
+    return _space_from(read_yaml(path, what="search space"), trace=trace)
 
 
-def parse_space(text: str, *, path: str = "<space>") -> SearchSpace:
+def parse_space(text: str, *, path: str = "<space>", trace: str | None = None) -> SearchSpace:
     """Validate the search space in ``text`` (errors name ``path`` and the line)."""
-    return _space_from(parse_yaml(text, path=path, what="search space"))
+    return _space_from(parse_yaml(text, path=path, what="search space"), trace=trace)
 
 
-def _space_from(doc: YamlDoc) -> SearchSpace:
+def _from_folder(doc: YamlDoc, value: Any) -> Any:
+    """A relative file path written in the space file, resolved from that file's folder
+    (not the working directory); anything else as written."""
+    if not isinstance(value, str) or not value or doc.path == "<space>":
+        return value
+    path = Path(value).expanduser()
+    return value if path.is_absolute() else str(Path(doc.path).parent / path)
+
+
+def _space_from(doc: YamlDoc, *, trace: str | None = None) -> SearchSpace:
     path, data = doc.path, doc.data
     default_name = Path(path).stem if path != "<space>" else "space"
     stub = SearchSpace(default_name, Deployment(), WorkloadSpec(), path=path, lines=doc.lines)
@@ -381,6 +392,12 @@ def _space_from(doc: YamlDoc) -> SearchSpace:
     description = _text(stub, data.get("description"), ("description",), limit=10_000)
     deployment = _parse_deployment(stub, _section(data, "deployment"))
     workload = _parse_workload(stub, _section(data, "workload"))
+    if trace is not None:  # --trace: the space's own is never read (nor checked)
+        workload = _replace(workload, trace=trace)
+    elif workload.trace is not None:
+        workload = _replace(workload, trace=_from_folder(doc, workload.trace))
+    if deployment.calibration is not None:
+        deployment = _replace(deployment, calibration=_from_folder(doc, deployment.calibration))
     params, fixed = _parse_parameters(stub, _section(data, "parameters"))
     layouts = _parse_layouts(stub, data.get("layouts", "auto"))
     _check_references(stub, deployment, workload)
@@ -642,5 +659,6 @@ def _check_references(space: SearchSpace, deployment: Deployment, workload: Work
         check(("deployment", "calibration"),
               lambda: memory_overrides(gpu.name, deployment.vllm_version, deployment.calibration))
     if workload.trace is not None and not Path(workload.trace).expanduser().is_file():
-        raise space.error(f"no such file {workload.trace!r}", ("workload", "trace"),
-                          hint="give the path of a request log, or null for the synthetic mix")
+        raise space.error(f"no such file {workload.trace!r} (a relative path is read from the space file's folder)",
+                          ("workload", "trace"),
+                          hint="give the path of a request log, or null for the synthetic mix; or --trace FILE")
