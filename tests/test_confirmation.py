@@ -39,17 +39,17 @@ def cfg(gmu: float = 0.9, seqs: int = 64, eager: bool = False) -> dict:
 
 # -- the noise floor ------------------------------------------------------------------------
 def test_noise_floor_pools_log_deviations_and_leans_on_the_prior_until_repeats_exist():
-    assert noise_floor([], "vllm") == NoiseFloor(0.02, 0, "prior")
-    assert noise_floor([[500.0]], "sim").rel_sd == 0.01  # a single measurement is no repeat
+    assert noise_floor([], False) == NoiseFloor(0.02, 0, "prior")
+    assert noise_floor([[500.0]], True).rel_sd == 0.01  # a single measurement is no repeat
     # one repeat of 100 vs 110: deviations +-ln(1.1)/2, ss = ln(1.1)^2 / 2 on 1 dof, shrunk
     # toward the 2 % prior with 2 dof: sqrt((2 x 0.02^2 + ss) / 3)
-    floor = noise_floor([[100.0, 110.0]], "vllm")
+    floor = noise_floor([[100.0, 110.0]], False)
     assert floor.source == "repeats" and floor.dof == 1
     assert floor.rel_sd == pytest.approx(math.sqrt((2 * 0.02**2 + math.log(1.1) ** 2 / 2) / 3), rel=1e-9)
     # a repeat that failed (0) is no deviation around a value
-    assert noise_floor([[100.0, 0.0]], "vllm").source == "prior"
+    assert noise_floor([[100.0, 0.0]], False).source == "prior"
     # tight repeats pull the floor under the prior
-    assert noise_floor([[1000.0, 1001.0, 999.0]] * 5, "vllm").rel_sd < 0.01
+    assert noise_floor([[1000.0, 1001.0, 999.0]] * 5, False).rel_sd < 0.01
 
 
 def test_band_is_z_sd_root_two_for_single_measurements_and_shrinks_with_repeats():
@@ -61,16 +61,16 @@ def test_band_is_z_sd_root_two_for_single_measurements_and_shrinks_with_repeats(
 def test_paired_noise_cancels_what_a_sample_does_to_every_configuration():
     # sample 2 is twice as fast for both: raw repeats look 50 % noisy, paired ones are exact
     rows = [[100.0, 200.0], [110.0, 220.0]]
-    assert noise_floor(rows, "vllm").rel_sd > 0.3
-    paired = paired_noise(rows, "vllm")
+    assert noise_floor(rows, False).rel_sd > 0.3
+    paired = paired_noise(rows, False)
     assert paired.source == "paired repeats" and paired.dof == 1
     assert paired.rel_sd == pytest.approx(0.02 * math.sqrt(2 / 3))  # nothing left but the prior
     # a disagreement between the two: residuals of +-d/4 in each of the four cells
     d = math.log(1.1)
-    shaken = paired_noise([[100.0, 200.0], [110.0, 200.0]], "vllm")
+    shaken = paired_noise([[100.0, 200.0], [110.0, 200.0]], False)
     assert shaken.rel_sd == pytest.approx(math.sqrt((2 * 0.02**2 + 4 * (d / 4) ** 2) / 3))
     # one configuration, or one sample: nothing to pair
-    assert paired_noise([[100.0, 200.0]], "vllm") == noise_floor([[100.0, 200.0]], "vllm")
+    assert paired_noise([[100.0, 200.0]], False) == noise_floor([[100.0, 200.0]], False)
 
 
 # -- candidates and the decision ------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_a_tie_in_a_speed_knob_is_raced_past_the_set_rounds_until_the_repeats_te
     conf = race([Candidate(1, {**cfg(), "kv_cache_dtype": "fp8"}, [1000.0 * calm[1][0]]),
                  Candidate(2, {**cfg(), "kv_cache_dtype": "auto"}, [997.0 * calm[2][0]])],
                 lambda c, r: calls.append(r) or (1000.0 if c.number == 1 else 997.0) * calm[c.number][r],
-                NoiseFloor(0.01), rounds=2, max_rounds=5, backend="sim")
+                NoiseFloor(0.01), rounds=2, max_rounds=5, simulated=True)
     assert conf.rounds == 3 and max(calls) == 3 and conf.ties == [2]
 
 

@@ -64,7 +64,8 @@ SETTLED = 0.01
 #: Relative sd of one tokens/s measurement before a study has repeats: real vLLM, the
 #: fresh-restart replicates of the H200 campaign (1.3 % at low load, up to 3 % near the
 #: edge; benchmarks/h200/README.md); the simulator only varies with the sample (~1 %).
-PRIOR_SD = {"sim": 0.01}
+#: Keyed by the backend's ``simulated`` capability (:mod:`tuner.search.backend`), never its name.
+SIMULATED_PRIOR_SD = 0.01
 DEFAULT_PRIOR_SD = 0.02
 #: Weight of the prior, in degrees of freedom, against the study's own repeats.
 PRIOR_DOF = 2
@@ -86,13 +87,14 @@ class NoiseFloor:
         return {"rel_sd": self.rel_sd, "dof": self.dof, "source": self.source}
 
 
-def prior_sd(backend: str) -> float:
-    return PRIOR_SD.get(backend, DEFAULT_PRIOR_SD)
+def prior_sd(simulated: bool) -> float:
+    """The prior of :func:`noise_floor` for a backend whose numbers are (not) the simulator's."""
+    return SIMULATED_PRIOR_SD if simulated else DEFAULT_PRIOR_SD
 
 
-def noise_floor(groups: Iterable[Sequence[float]], backend: str = "vllm") -> NoiseFloor:
+def noise_floor(groups: Iterable[Sequence[float]], simulated: bool = False) -> NoiseFloor:
     """Pooled relative sd over ``groups`` (the tokens/s measurements of one configuration
-    each; groups of one measurement add nothing), shrunk toward the backend's prior with
+    each; groups of one measurement add nothing), shrunk toward the backend's prior (:func:`prior_sd`) with
     :data:`PRIOR_DOF` degrees of freedom. Zero measurements (a configuration that failed
     its target on a repeat) are left out: they are not noise around a value."""
     ss, dof = 0.0, 0
@@ -103,14 +105,14 @@ def noise_floor(groups: Iterable[Sequence[float]], backend: str = "vllm") -> Noi
         mean = statistics.fmean(logs)
         ss += sum((x - mean) ** 2 for x in logs)
         dof += len(logs) - 1
-    prior = prior_sd(backend)
+    prior = prior_sd(simulated)
     if not dof:
         return NoiseFloor(prior, 0, "prior")
     sd = math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof))
     return NoiseFloor(sd, dof, "repeats")
 
 
-def paired_noise(rows: Sequence[Sequence[float]], backend: str = "vllm") -> NoiseFloor:
+def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False) -> NoiseFloor:
     """The noise of comparisons between configurations measured on the same samples:
     ``rows`` hold each configuration's tokens/s, column ``k`` the ``k``-th sample (the
     same requests, order and seed for every row). What a sample does to every
@@ -121,14 +123,14 @@ def paired_noise(rows: Sequence[Sequence[float]], backend: str = "vllm") -> Nois
     k = min((len(r) for r in rows), default=0)
     full = [[math.log(v) for v in r[:k]] for r in rows if all(v > 0 for v in r[:k])]
     if len(full) < 2 or k < 2:
-        return noise_floor(rows, backend)
+        return noise_floor(rows, simulated)
     c = len(full)
     grand = statistics.fmean(x for r in full for x in r)
     row_mean = [statistics.fmean(r) for r in full]
     col_mean = [statistics.fmean(r[j] for r in full) for j in range(k)]
     ss = sum((full[i][j] - row_mean[i] - col_mean[j] + grand) ** 2 for i in range(c) for j in range(k))
     dof = (c - 1) * (k - 1)
-    prior = prior_sd(backend)
+    prior = prior_sd(simulated)
     return NoiseFloor(math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof)), dof, "paired repeats")
 
 
@@ -372,7 +374,7 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
 
 
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
-         rounds: int, max_rounds: int | None = None, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
+         rounds: int, max_rounds: int | None = None, simulated: bool = False, history: Iterable[Sequence[float]] = (),
          on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None,
          objective: str = "tokens") -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
@@ -404,8 +406,8 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
                 out[c.number] = f"failed the target or did not start on repeat {r}"
         alive = [c for c in alive if c.number not in out]
         # candidates still in were measured on the same samples: compare them paired
-        noise = (paired_noise([c.values for c in alive], backend) if len(alive) >= 2
-                 else noise_floor([*history, *(c.values for c in field_)], backend))
+        noise = (paired_noise([c.values for c in alive], simulated) if len(alive) >= 2
+                 else noise_floor([*history, *(c.values for c in field_)], simulated))
         if alive:
             leader = _leader(alive)
             for c in alive:

@@ -114,6 +114,8 @@ class RunFacts:
     workload_longest_tokens: int | None = None
     workload_shares_prefixes: bool | None = None
     backend: str | None = None
+    restarts: bool | None = None    #: the backend's capabilities (tuner.search.backend): what folding
+    simulated: bool | None = None   #: and the noise prior go by; None in a study recorded before them
     hardware: Deployment | None = None
     seed: int | None = None
     load_seed: int | None = None

@@ -87,7 +87,7 @@ def closeness(conf: Any) -> tuple[float, float]:
     return (sum(1 for v in values if v <= 0) / len(values), conf.worst_p95_s if conf.worst_p95_s is not None else 1e18)
 
 
-def study_noise(study: optuna.Study, backend: str) -> Any:
+def study_noise(study: optuna.Study, simulated: bool) -> Any:
     """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
     measurement grouped by configuration (copies of an earlier trial left out, so only
     confirmation repeats make a group of more than one)."""
@@ -101,7 +101,7 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
         if rec.is_repeat or rec.config is None or not rec.feasible:
             continue
         groups.setdefault(config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
-    return noise_floor(groups.values(), backend)
+    return noise_floor(groups.values(), simulated)
 
 
 def confirm_winner(
@@ -143,7 +143,7 @@ def confirm_winner(
         return None
     done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
-    noise = study_noise(study, backend.name)
+    noise = study_noise(study, backend.simulated)
     entries = distinct(originals, records)
     groups_of = {t.number: members for t, members in entries}
     pool = [Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
@@ -215,7 +215,7 @@ def confirm_winner(
         if not field_:
             break
         raced |= {c.number for c in field_}
-        this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name,
+        this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, simulated=backend.simulated,
                     history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}

@@ -205,7 +205,8 @@ class SearchRun:
         self.run_facts = RunFacts(
             workload_fingerprint=self.fingerprint, workload_source=json_safe(workload.source),
             workload_file=workload_file(space, workload), workload_requests=len(workload),
-            **workload_facts(workload), backend=self.backend.name, hardware=self.deployment, seed=s.seed,
+            **workload_facts(workload), backend=self.backend.name, restarts=self.backend.restarts,
+            simulated=self.backend.simulated, hardware=self.deployment, seed=s.seed,
             load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
         )
         self.gpu_s = 0.0
@@ -289,7 +290,7 @@ class SearchRun:
         try:
             incumbent = best_feasible_trial(trial.study)
             best = None if incumbent is None else float(incumbent.value)
-            noise = study_noise(trial.study, self.backend.name)
+            noise = study_noise(trial.study, self.backend.simulated)
             advice = None
             if self.predictor is not None:
                 self.obs.on_phase("predicting on the simulator")
