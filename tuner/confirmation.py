@@ -69,6 +69,9 @@ SIMULATED_PRIOR_SD = 0.01
 DEFAULT_PRIOR_SD = 0.02
 #: Weight of the prior, in degrees of freedom, against the study's own repeats.
 PRIOR_DOF = 2
+#: A candidate whose P95 TTFT at its lowest load lies near the target stays in the race
+#: only with a feasibility probability above this (``--feasibility``).
+FEASIBILITY = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,9 @@ class Candidate:
     #: P95 TTFT (s) of each measurement: at the scored load where it met the target, at its
     #: lowest load where it missed.
     p95s: list[float] = field(default_factory=list)
+    #: P95 TTFT (s) of each measurement at its lowest load where that load is one user per
+    #: replica or fewer (no lower load exists: tuner.search.boundary.lowest_p95).
+    floor_p95s: list[float] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
@@ -185,15 +191,22 @@ def headroom_tie(c: Candidate, leader: Candidate) -> bool:
     return not (fewer and c.capped)
 
 
-def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES) -> list[Candidate]:
+def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES,
+               unsure: Iterable[int] = ()) -> list[Candidate]:
     """The configurations whose mean lies within the noise band of the best mean (the
-    best first), at most ``limit``."""
+    best first), at most ``limit``. The band is anchored on the best of those not in
+    ``unsure`` (trials that met the target only within a start's noise,
+    :mod:`tuner.search.boundary`): a lucky pass enters the race, but does not push out
+    of it the configurations that met the target surely."""
     ranked = sorted((c for c in measured if c.mean > 0), key=lambda c: (-c.mean, c.number))
     if not ranked:
         return []
-    best = ranked[0]
+    doubtful = set(unsure)
+    best = next((c for c in ranked if c.number not in doubtful), ranked[0])
     out = [best]
-    for c in ranked[1:]:
+    for c in ranked:
+        if c is best:
+            continue
         if len(out) >= limit:
             break
         if best.mean - c.mean <= noise.band(len(best.values), len(c.values)) * best.mean:
@@ -376,7 +389,7 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
          rounds: int, max_rounds: int | None = None, simulated: bool = False, history: Iterable[Sequence[float]] = (),
          on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None,
-         objective: str = "tokens") -> Confirmation:
+         objective: str = "tokens", feasibility_min: float = FEASIBILITY) -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
@@ -386,16 +399,22 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     :func:`undecided`. A candidate whose first measurement already missed the target is
     out before the race; when every candidate is out for a miss, the result is
     :func:`no_holder`'s. An exception from ``measure`` (an interrupt, an environment fault) propagates:
-    nothing is decided on a partial round."""
-    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s)) for c in entrants]
+    nothing is decided on a partial round. After each round, a candidate with P95s at a
+    load that cannot go lower (``floor_p95s``) stays in only while the probability that its
+    true P95 there meets ``target`` (:func:`tuner.search.boundary.feasibility`, from those
+    P95s and the per-start noise prior) is above ``feasibility_min``."""
+    from tuner.search.boundary import feasibility
+
+    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s))
+              for c in entrants]
     history = [list(h) for h in history]
     out: dict[int, str] = {c.number: "failed the target on an earlier measurement"
                            for c in field_ if any(v <= 0 for v in c.values)}
     done = 0
     for r in range(1, max(rounds, max_rounds or 0) + 1):
         alive = [c for c in field_ if c.number not in out]
-        if not alive or (len(alive) == 1 and len(field_) > 1):
-            break  # decided: the others are out (a lone entrant is measured every round, for its band)
+        if not alive or (len(alive) == 1 and len(field_) > 1 and r > rounds):
+            break  # decided: the others are out (the last one in is measured the set rounds, for its margin)
         if r > rounds and not undecided(alive, noise):
             break
         for c in alive:
@@ -404,6 +423,10 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         for c in alive:
             if c.values[-1] <= 0:
                 out[c.number] = f"failed the target or did not start on repeat {r}"
+            elif target and c.floor_p95s and (p := feasibility(c.floor_p95s, target, simulated)) <= feasibility_min:
+                out[c.number] = (f"feasibility {p:.0%} after {r} repeat{'s' * (r > 1)}, not above {feasibility_min:.0%}: "
+                                 f"P95 TTFT up to {max(c.floor_p95s):.3g} s at one user per replica, within a "
+                                 f"start's noise of the {target:g} s target")
         alive = [c for c in alive if c.number not in out]
         # candidates still in were measured on the same samples: compare them paired
         noise = (paired_noise([c.values for c in alive], simulated) if len(alive) >= 2

@@ -192,6 +192,9 @@ class TrialRecord:
     repeat_of: int | None = None
     confirm_of: int | None = None
     confirm_round: int | None = None
+    #: A pass within the noise of a start (tuner.search.boundary): its lowest load's P95 TTFT,
+    #: the pessimistic estimate and the constraint the sampler was given.
+    boundary: Mapping[str, float] | None = None
     warm_start: bool = False
     vllm_defaults: bool = False
     proposed_by: str | None = None

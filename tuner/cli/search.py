@@ -167,6 +167,7 @@ def search_cmd(
     request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),
     confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),
     confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
+    feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
 ) -> None:
@@ -202,6 +203,7 @@ def search_cmd(
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
     settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
+                              feasibility=feasibility,
                               objective=objective)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)

@@ -22,6 +22,7 @@ from tuner.errors import EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
 from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
+from tuner.confirmation import FEASIBILITY
 from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
@@ -41,6 +42,8 @@ from tuner.search.records import (
 )
 from tuner.search.samplers import make_sampler
 from tuner.storage import guard_storage
+from tuner.search.boundary import incumbent as sure_incumbent
+from tuner.search.boundary import lowest_p95, sampler_constraint
 from tuner.study import best_feasible_trial, count_finished, open_study, study_name, top_feasible_trials
 
 if TYPE_CHECKING:
@@ -101,11 +104,15 @@ class SearchSettings:
     confirm_max: int = CONFIRM_MAX_ROUNDS
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
+    feasibility: float = FEASIBILITY  #: a race candidate near the target stays in only above this probability
     objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
 
     def __post_init__(self) -> None:
         if self.budget < 1:
             raise InputError(f"--budget must be >= 1, got {self.budget}")
+        if not 0 < self.feasibility < 1:
+            raise InputError(f"--feasibility must be a probability in (0, 1), got {self.feasibility:g}",
+                             hint="e.g. --feasibility 0.9")
         if self.objective not in OBJECTIVES:
             raise InputError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
 
@@ -134,6 +141,7 @@ def run_search(
     confirm_max: int = CONFIRM_MAX_ROUNDS,
     edge_tolerance: float = EDGE_TOLERANCE,
     objective: str = "tokens",
+    feasibility: float = FEASIBILITY,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -168,7 +176,7 @@ def run_search(
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              objective=objective)
+                              objective=objective, feasibility=feasibility)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 
@@ -288,7 +296,7 @@ class SearchRun:
             return self._copy(trial, earlier)
         s = self.settings
         try:
-            incumbent = best_feasible_trial(trial.study)
+            incumbent = sure_incumbent(trial.study)  # a lucky pass does not set it (tuner.search.boundary)
             best = None if incumbent is None else float(incumbent.value)
             noise = study_noise(trial.study, self.backend.simulated)
             advice = None
@@ -334,7 +342,13 @@ class SearchRun:
         rec = ev.record.replace(run=self.run_facts.with_start(ev.record.run))
         if advice is not None and advice.prediction:
             rec = rec.replace(prediction=json_safe(advice.prediction))
-        for name, value in ev.named_constraints().items():
+        constraints = ev.named_constraints()
+        if (over := sampler_constraint(rec, self.target, self.backend.simulated)) is not None:
+            # met the target within a start's noise where no lower load exists: not a sure success
+            constraints = {**constraints, CONSTRAINT: over}
+            rec = rec.replace(boundary={"p95_ttft_s": lowest_p95(rec), "upper_p95_ttft_s": (1 + over) * self.target,
+                                        "sampler_constraint": over})
+        for name, value in constraints.items():
             trial.set_constraint(name, value)
         write(trial.set_user_attr, rec)
         return ev.value
@@ -393,7 +407,10 @@ class SearchRun:
         the queue or the worker stamped on that one) as a repeat of it."""
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
         rec = TrialRecord.from_trial(earlier)
-        for name, value in (rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0}).items():
+        told = dict(rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0})
+        if rec.boundary:  # what the sampler was told of the earlier trial
+            told[CONSTRAINT] = float(rec.boundary["sampler_constraint"])
+        for name, value in told.items():
             trial.set_constraint(name, value)
         write(trial.set_user_attr, rec.replace(**{k: getattr(TrialRecord(), k) for k in QUEUED},
                                                 repeat_of=earlier.number, gpu_s=0.0))
@@ -489,7 +506,7 @@ class SearchRun:
             confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
                            max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
                            precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs, objective=s.objective,
-                           run_facts=self.run_facts, tags=self.tags)
+                           run_facts=self.run_facts, tags=self.tags, feasibility_min=s.feasibility)
         finally:
             if lock is not None:
                 lock.close()
