@@ -74,6 +74,38 @@ PRIOR_DOF = 2
 FEASIBILITY = 0.9
 
 
+#: One-sided z of a pessimistic P95 TTFT estimate (:func:`upper_p95`): the true P95 exceeds it about 1 time in 10.
+Z_FEASIBLE = 1.2816
+#: Relative sd of P95 TTFT between server starts: real vLLM (the H200 campaign: P95 TTFT
+#: of fresh starts of one configuration up to 10 % apart); the simulator varies only
+#: with the order of the requests.
+TTFT_PRIOR_SD = 0.10
+SIMULATED_TTFT_SD = 0.02
+
+
+def ttft_sd(simulated: bool) -> float:
+    return SIMULATED_TTFT_SD if simulated else TTFT_PRIOR_SD
+
+
+def upper_p95(p95s: Sequence[float], simulated: bool, z: float = Z_FEASIBLE) -> float:
+    """Pessimistic estimate of the true P95 from ``p95s`` (one per server start)."""
+    logs = [math.log(p) for p in p95s if p > 0]
+    if not logs:
+        return math.inf
+    return math.exp(statistics.fmean(logs) + z * ttft_sd(simulated) / math.sqrt(len(logs)))
+
+
+def feasibility(p95s: Sequence[float], target_s: float, simulated: bool) -> float:
+    """Probability that the true P95 meets ``target_s``, given ``p95s`` (one per start)
+    and the per-start noise prior (lognormal)."""
+    logs = [math.log(p) for p in p95s if p > 0]
+    if not logs:
+        return 0.0
+    sd = ttft_sd(simulated) / math.sqrt(len(logs))
+    return statistics.NormalDist().cdf((math.log(target_s) - statistics.fmean(logs)) / sd)
+
+
+
 @dataclass(frozen=True, slots=True)
 class NoiseFloor:
     """Run-to-run noise of one tokens/s measurement, relative (0.02 = 2 %)."""
@@ -401,10 +433,8 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     :func:`no_holder`'s. An exception from ``measure`` (an interrupt, an environment fault) propagates:
     nothing is decided on a partial round. After each round, a candidate with P95s at a
     load that cannot go lower (``floor_p95s``) stays in only while the probability that its
-    true P95 there meets ``target`` (:func:`tuner.search.boundary.feasibility`, from those
+    true P95 there meets ``target`` (:func:`feasibility`, from those
     P95s and the per-start noise prior) is above ``feasibility_min``."""
-    from tuner.search.boundary import feasibility
-
     field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s))
               for c in entrants]
     history = [list(h) for h in history]
@@ -446,6 +476,6 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
                   objective=objective)
 
 
-__all__ = ["HEADROOM_KNOBS", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
+__all__ = ["HEADROOM_KNOBS", "feasibility", "ttft_sd", "upper_p95", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
            "headroom_key", "headroom_tie", "margin_text", "no_holder", "noise_floor", "paired_noise", "prior_sd", "race",
            "undecided"]

@@ -12,7 +12,7 @@ load can go no lower, no search of the edge can buy margin: what decides is the 
   request alone on its server); None elsewhere (a lower load, not measured, could pass).
 * :func:`upper_p95` — a pessimistic estimate of the true P95 there, from the measured
   P95s (one per start) and the per-start noise prior (:func:`ttft_sd`): the geometric
-  mean x exp(:data:`Z` x sd / sqrt(n)).
+  mean x exp(:data:`tuner.confirmation.Z_FEASIBLE` x sd / sqrt(n)).
 * :func:`feasibility` — the probability that the true P95 there meets the target.
 * :func:`sampler_constraint` — the Optuna constraint of a trial that met the target:
   ``upper_p95 / target - 1`` where that is > 0 (not a sure success), else None (the
@@ -23,22 +23,9 @@ The noise prior is keyed by the backend's ``simulated`` capability, never its na
 """
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Sequence
 from typing import Any
 
-#: One-sided z of the pessimistic estimate: the true P95 exceeds it about 1 time in 10.
-Z = 1.2816
-#: Relative sd of P95 TTFT between server starts: real vLLM (the H200 campaign: P95 TTFT
-#: of fresh starts of one configuration up to 10 % apart); the simulator varies only
-#: with the order of the requests.
-TTFT_PRIOR_SD = 0.10
-SIMULATED_TTFT_SD = 0.02
-
-
-def ttft_sd(simulated: bool) -> float:
-    return SIMULATED_TTFT_SD if simulated else TTFT_PRIOR_SD
+from tuner.confirmation import feasibility, ttft_sd, upper_p95
 
 
 def lowest_p95(rec: Any) -> float | None:
@@ -52,24 +39,6 @@ def lowest_p95(rec: Any) -> float | None:
     lowest = min(points, key=lambda p: p.level)
     replicas = max(int(rec.config.replicas or 1), 1)
     return float(lowest.p95_ttft_s) if lowest.level <= replicas else None
-
-
-def upper_p95(p95s: Sequence[float], simulated: bool, z: float = Z) -> float:
-    """Pessimistic estimate of the true P95 from ``p95s`` (one per server start)."""
-    logs = [math.log(p) for p in p95s if p > 0]
-    if not logs:
-        return math.inf
-    return math.exp(statistics.fmean(logs) + z * ttft_sd(simulated) / math.sqrt(len(logs)))
-
-
-def feasibility(p95s: Sequence[float], target_s: float, simulated: bool) -> float:
-    """Probability that the true P95 meets ``target_s``, given ``p95s`` (one per start)
-    and the per-start noise prior (lognormal)."""
-    logs = [math.log(p) for p in p95s if p > 0]
-    if not logs:
-        return 0.0
-    sd = ttft_sd(simulated) / math.sqrt(len(logs))
-    return statistics.NormalDist().cdf((math.log(target_s) - statistics.fmean(logs)) / sd)
 
 
 def sampler_constraint(rec: Any, target_s: float, simulated: bool) -> float | None:
@@ -99,4 +68,4 @@ def incumbent(study: Any) -> Any:
     return max(trials, key=lambda t: (t.value, -t.number), default=None)
 
 
-__all__ = ["incumbent", "TTFT_PRIOR_SD", "Z", "feasibility", "lowest_p95", "sampler_constraint", "ttft_sd", "unsure", "upper_p95"]
+__all__ = ["incumbent", "feasibility", "lowest_p95", "sampler_constraint", "ttft_sd", "unsure", "upper_p95"]
