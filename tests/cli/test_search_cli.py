@@ -68,6 +68,7 @@ def test_no_feasible_config_exits_3_with_the_closest_miss(tmp_path, monkeypatch,
         (["--backend", "cloud"], "cloud"),
         (["--space", "no-such-space"], "no-such-space"),
         (["--budget", "0"], "budget"),
+        (["--feasibility", "1.5"], "--feasibility must be a probability in (0, 1), got 1.5"),
         (["--gpu", "B9000"], "B9000"),
     ],
 )
