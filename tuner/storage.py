@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import EnvironmentFault, InputError
+from tuner.errors import EnvironmentFault, InputError, TunerError
 from tuner.locks import StudyLock, driver_url, sqlite_path
 from tuner.record import TrialRecord
 
@@ -179,7 +179,7 @@ def guard_storage(fn: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (EnvironmentFault, InputError):
+        except TunerError:  # already one line of its own (an endpoint refusing is no storage fault)
             raise
         except Exception as err:
             fault = storage_fault(err, kwargs.get("storage") or f"{STUDIES_DIR}/")

@@ -676,13 +676,15 @@ def _bad_answers(folder: Path, mode: str, kind: str, *extra: str) -> Outcome:
     scode, sout, _ = _run(folder, "studies", "show", json.loads(out)["study"], "--output", "json", left=left) \
         if out.strip() else (None, "{}", "")
     shown = json.loads(sout or "{}")
-    ok = (code == 3 and one_line(err) and f"{kind} x" in err and "nan" not in err and len(done) == 2
+    notes = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
+    once = sum("cannot change the server's configuration" in n for n in notes) == 1
+    ok = (code == 3 and one_line(err) and f"{kind} x" in err and "nan" not in err and len(done) == 1 and once
           and all(not t.user_attrs.get("feasible") and t.user_attrs.get("failed_by") == "errors"
                   and set(t.user_attrs.get("errors", {})) == {kind} and t.user_attrs.get("tokens_per_s") == 0
                   for t in done)
           and scode == 0 and kind in (shown.get("errors_total") or {}) and kind in str(shown.get("closest_miss")))
     why = err.strip().split("; trial ", 1)[-1]
-    return Outcome(f"endpoint: {mode.replace('_', ' ')}", f"exit {code} in {wall:.0f} s, no trial feasible, "
+    return Outcome(f"endpoint: {mode.replace('_', ' ')}", f"exit {code} in {wall:.0f} s, measured once, not feasible, "
                    f"{describe_errors(shown.get('errors_total'))} in all; 'trial {why[:60]}...'", 0,
                    finished(folder), sum(left), ok,
                    {"code": code, "stderr": err, "shown": shown, "wall_s": wall,
@@ -709,6 +711,86 @@ def hang_mid_stream(folder: Path) -> Outcome:
     o = _bad_answers(folder, "hang", "timeout", "--request-timeout", "1s")
     o.ok = o.ok and o.details["wall_s"] < 90
     return o
+
+
+TCP_STUB = REPO / "tests" / "faults" / "tcp_stub.py"
+
+
+def _no_env_stored(folder: Path) -> bool:
+    """No trial of the study stored infeasible, none counted: an endpoint fault teaches nothing."""
+    return finished(folder) == 0 and not [t for t in trials(folder) if t.user_attrs.get("infeasible_reason")]
+
+
+def endpoint_down(folder: Path, behaviour: str) -> Outcome:
+    """An endpoint that refuses connections (nothing listens), resets them, or accepts and
+    never answers (a real process on loopback, tests/faults/tcp_stub.py): exit 5 before any
+    study is written, one line naming the URL and the cause (never 'cannot write the study',
+    never exit 1)."""
+    prepare(folder)
+    left: list[int] = []
+    stub = None
+    if behaviour == "refused":
+        url = f"http://127.0.0.1:{free_port()}"
+    else:
+        stub = subprocess.Popen([sys.executable, str(TCP_STUB), behaviour], stdout=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{int(stub.stdout.readline())}"
+    try:
+        code, _, err = _run(folder, *endpoint_args(url), left=left)
+    finally:
+        if stub is not None:
+            stub.kill()
+            stub.wait()
+    words = {"refused": "connection refused", "reset": "connection reset", "hold": "no answer in time"}[behaviour]
+    ok = (code == 5 and one_line(err) and url in err and words in err and "cannot write the study" not in err
+          and study_db(folder) is None and not sum(left))
+    return Outcome(f"endpoint: {words}", f"exit {code}, '{err.strip()[7:70]}...', nothing written", 0, 0,
+                   sum(left), ok, {"code": code, "stderr": err})
+
+
+def _running(folder: Path) -> bool:
+    """A trial of the study RUNNING, read with sqlite3 read-only (opening with Optuna while
+    tuner creates the file would race its creation)."""
+    import sqlite3
+
+    db = study_db(folder)
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            return bool(db and conn.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0])
+    except sqlite3.Error:
+        return False
+
+
+def endpoint_dies(folder: Path) -> Outcome:
+    """The endpoint is killed mid-replay (its requests disconnect, then nothing listens): the
+    trial fails as the environment's (not counted, not infeasible) and the run stops at once,
+    exit 5, naming the URL; once it is back the same command measures it."""
+    from tuner.backends.vllm import start_local_server
+
+    prepare(folder)
+    left: list[int] = []
+    port = free_port()
+    argv = [sys.executable, str(BAD_SERVER), "--port", str(port), "--step-s", "0.05"]
+    server, url = start_local_server(argv, port, what="bad server", env=env())
+    proc = tuner(folder, *endpoint_args(url))
+    running = wait_for(lambda: _running(folder), timeout=60)
+    time.sleep(1.0)
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    code, _, err = finish(proc)
+    left.append(wait_gone(proc.pid, timeout=10))
+    kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
+    clean = _no_env_stored(folder)
+    server, url = start_local_server(argv[:-2] + ["--step-s", "0.001"], port, what="bad server", env=env())
+    try:
+        rcode, _, rerr = _run(folder, *endpoint_args(url), left=left)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    ok = (running and code == 5 and one_line(err) and url in err and kinds == ["environment"] and clean
+          and rcode == 0 and finished(folder) == 1 and not sum(left))
+    return Outcome("endpoint killed mid-replay", f"exit {code}, 1 environment fault, 0 counted; back up: rerun "
+                   f"exit {rcode}", 0, finished(folder), sum(left), ok,
+                   {"code": code, "stderr": err, "kinds": kinds, "rerun": (rcode, rerr)})
 
 
 def _leaks(folder: Path, *texts: str) -> list[str]:
@@ -796,6 +878,10 @@ ALL = [
     ("all_429", all_429),
     ("all_500", all_500),
     ("hang_mid_stream", hang_mid_stream),
+    ("endpoint_refused", lambda f: endpoint_down(f, "refused")),
+    ("endpoint_reset", lambda f: endpoint_down(f, "reset")),
+    ("endpoint_hung", lambda f: endpoint_down(f, "hold")),
+    ("endpoint_dies", endpoint_dies),
     ("key_in_url", key_in_url),
     ("api_key", api_key),
 ]

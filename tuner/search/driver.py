@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import EnvironmentFault, InputError
+from tuner.errors import EndpointFault, EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
 from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
@@ -211,6 +211,7 @@ class SearchRun:
         self.gpu_s = 0.0
         self.notes: list[str] = []
         self.env_faults: list[str] = []
+        self.endpoint_fault: EndpointFault | None = None
         self.worker: Any = None
 
     # -- set-up ---------------------------------------------------------------------------
@@ -324,6 +325,8 @@ class SearchRun:
         except EnvironmentFault as err:  # the machine, not the configuration
             mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}",
                               gpu_s=self._held(t_trial))
+            if isinstance(err, EndpointFault):  # nothing more can be measured there: the run stops now
+                self.endpoint_fault = err
             raise
         except Exception as err:  # a crash fails this trial only; the study goes on
             mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}",
@@ -403,7 +406,10 @@ class SearchRun:
         from tuner.study import best_feasible_trial
 
         rec = TrialRecord.from_trial(trial)
-        if rec.fail_kind == "environment":
+        if rec.fail_kind == "environment" and self.endpoint_fault is not None:
+            self.worker.halt = str(self.endpoint_fault)
+            st.stop()
+        elif rec.fail_kind == "environment":
             self.env_faults.append(str(rec.fail_reason))
             self.obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {self.env_faults[-1]}")
             if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
@@ -427,6 +433,12 @@ class SearchRun:
         from tuner.workers import Worker
 
         s, st = self.settings, self.study
+        if not self.backend.restarts:  # an endpoint: what runs there is the operator's, one thing to measure
+            self.settings = s = replace(s, budget=min(s.budget, count_finished(st) + 1), confirm=0)
+            self.notes.append(f"the {self.backend.name} backend cannot change the server's configuration: the "
+                              "server is measured once per run as it is configured, and no configurations are "
+                              "compared (the space's knobs were not applied)")
+            self.obs.on_warning(self.notes[-1])
         interrupted: Interrupted | None = None
         with Worker(st, self.storage, budget=s.budget, timeout_s=s.timeout_s,
                     gpus=self.deployment.gpu_ids or self.deployment.gpu_count, tags=self.tags) as worker:
@@ -457,6 +469,8 @@ class SearchRun:
                               f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
                               f"started that could not finish; {left} of the budget's {s.budget} trials are left "
                               "for the next run (the same command goes on)")
+        if self.endpoint_fault is not None:
+            raise self.endpoint_fault
         if worker.halt is not None:
             raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults "
                                    f"in a row (no configuration was judged by them): {worker.halt}")
