@@ -747,6 +747,22 @@ def endpoint_down(folder: Path, behaviour: str) -> Outcome:
                    sum(left), ok, {"code": code, "stderr": err})
 
 
+def instant_stream(folder: Path) -> Outcome:
+    """An endpoint whose every stream is one instant chunk claiming all the forced tokens
+    (once stored feasible at 253,692 tok/s): a bad stream, the server's fault: exit 5, one
+    line naming the URL; the trial fails as the environment's (not counted, not infeasible)."""
+    prepare(folder)
+    left: list[int] = []
+    with bad_server("--mode", "instant") as url:
+        code, out, err = _run(folder, *endpoint_args(url), left=left)
+    kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
+    feasible = [t for t in trials(folder) if t.user_attrs.get("feasible")]
+    ok = (code == 5 and one_line(err) and url in err and "did not arrive as its usage claims" in err
+          and kinds == ["environment"] and not feasible and _no_env_stored(folder) and not sum(left))
+    return Outcome("endpoint: one instant chunk per stream", f"exit {code}, bad stream named, 0 feasible, "
+                   "0 counted", 0, finished(folder), sum(left), ok, {"code": code, "stderr": err, "kinds": kinds})
+
+
 def _running(folder: Path) -> bool:
     """A trial of the study RUNNING, read with sqlite3 read-only (opening with Optuna while
     tuner creates the file would race its creation)."""
@@ -882,6 +898,7 @@ ALL = [
     ("endpoint_reset", lambda f: endpoint_down(f, "reset")),
     ("endpoint_hung", lambda f: endpoint_down(f, "hold")),
     ("endpoint_dies", endpoint_dies),
+    ("instant_stream", instant_stream),
     ("key_in_url", key_in_url),
     ("api_key", api_key),
 ]

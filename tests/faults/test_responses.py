@@ -58,3 +58,9 @@ def test_an_endpoint_killed_mid_replay_stops_the_run_and_stores_nothing_as_the_c
     assert o.details["code"] == 5 and o.details["kinds"] == ["environment"], o.details
     assert o.details["rerun"][0] == 0, o.details["rerun"]
     assert o.ok, o
+
+
+def test_an_endpoint_whose_streams_claim_tokens_that_never_streamed_is_a_bad_stream_not_a_trial(tmp_path):
+    o = sc.instant_stream(tmp_path)
+    assert o.details["code"] == 5 and "did not arrive as its usage claims" in o.details["stderr"], o.details
+    assert o.ok, o

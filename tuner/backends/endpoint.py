@@ -32,13 +32,16 @@ class EndpointInstance:
         self.info = info
 
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
-        from tuner.replay.client import replay
+        from tuner.replay.client import bad_stream_fault, replay
 
         import time
 
         # a fresh salt per run: the server outlives us, and a rerun must not hit an earlier run's prefix cache
         result = replay(self.backend.given, workload, load, model=self.info.get("model_name"), stop=stop,
                         salt=time.time_ns() % 2**31, api_key=self.backend._api_key, **self.backend._replay)
+        bad = bad_stream_fault(result)
+        if bad is not None:
+            raise EndpointFault(bad[0], ", ".join(redact(u) for u in self.backend.urls), bad[1])
         errors = result.error_counts()
         if len(result) and not result.ok.any() and (errors.get("disconnect") or errors.get("timeout")):
             # nothing served and connections failed: a server that went away is the server's fault
