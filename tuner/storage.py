@@ -40,9 +40,39 @@ GRACE_FACTOR = 3
 MAX_RETRY = 1
 
 
+#: The longest study name: it names files (``studies/<name>.db``, ``-wal``, ``studies/<name>/``).
+MAX_STUDY_NAME = 200
+
+
+def check_study_name(name: str) -> str:
+    """``name`` when it can name a study's files inside ``studies/``: letters, digits,
+    ``.``, ``_`` and ``-``, not starting with ``.`` nor holding ``..``, at most
+    :data:`MAX_STUDY_NAME` characters; else one line of bad input (nothing written)."""
+    import re
+
+    why = None
+    if not name:
+        why = "is empty"
+    elif len(name) > MAX_STUDY_NAME:
+        why = f"is {len(name)} characters long, more than {MAX_STUDY_NAME}"
+    elif "/" in name or "\\" in name:
+        why = "holds a path separator"
+    elif ".." in name or name.startswith("."):
+        why = "holds '..' or starts with '.'"
+    elif not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        bad = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", name)))
+        why = f"holds {' '.join(repr(c) for c in bad)}"
+    if why is not None:
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise InputError(f"study name {shown!r} {why}: it names files under {STUDIES_DIR}/",
+                         hint="use letters, digits, '.', '_' and '-', at most 200 characters")
+    return name
+
+
 # -- URLs and storages ----------------------------------------------------------------
 def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
     """``sqlite:///studies/<name>.db``; creates the folder."""
+    check_study_name(name)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / name}.db"

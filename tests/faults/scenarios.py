@@ -625,6 +625,58 @@ def disk_full(folder: Path) -> Outcome | None:
                        {"stderr": err, "report_stderr": rerr, "empty": empty})
 
 
+# -- study identity and state ------------------------------------------------------------------
+def sim_args(*extra: str, budget: int = 2, sampler: str = "tpe") -> list[str]:
+    """A simulator study of space.yaml (no server: what is tested is the study's state)."""
+    return ["search", "--space", "space.yaml", "--sampler", sampler, "--budget", str(budget), "--output", "json",
+            "--confirm", "0", *extra]
+
+
+def space_changed(folder: Path) -> Outcome:
+    """The space is edited but keeps its name: the rerun is refused in one line saying what
+    differs (nothing written), a file that parses the same (comments, key order) resumes,
+    and --resume-anyway goes on (TPE)."""
+    prepare(folder)
+    left: list[int] = []
+    code, out, _ = _run(folder, *sim_args(), left=left)
+    before = finished(folder)
+    same = "# reordered, commented: the same space\n" + SPACE.replace(
+        "  max_num_seqs: {choices: [16, 64]}\n  max_model_len: 4096\n",
+        "  max_model_len: 4096   # fixed\n  max_num_seqs: {choices: [16, 64]}\n")
+    (folder / "space.yaml").write_text(same)
+    scode, _, serr = _run(folder, *sim_args(budget=3), left=left)
+    (folder / "space.yaml").write_text(SPACE.replace("[16, 64]", "[16, 32, 64]"))
+    rcode, _, rerr = _run(folder, *sim_args(budget=4), left=left)
+    refused_at = finished(folder)
+    acode, _, aerr = _run(folder, *sim_args("--resume-anyway", budget=4), left=left)
+    ok = (code == 0 and before == 2 and scode == 0 and rcode == 2 and one_line(rerr)
+          and "another space" in rerr and "max_num_seqs choices [16, 64] -> [16, 32, 64]" in rerr
+          and "--resume-anyway" in rerr and refused_at == 3 and acode == 0 and finished(folder) == 4
+          and not sum(left))
+    return Outcome("space edited, same name (TPE)", f"same content resumed (exit {scode}); edited: exit {rcode}, "
+                   f"'{rerr.strip()[7:75]}...'; --resume-anyway exit {acode}", before, finished(folder), sum(left),
+                   ok, {"codes": (code, scode, rcode, acode), "stderr": rerr, "same": serr, "anyway": aerr})
+
+
+def study_names(folder: Path) -> Outcome:
+    """--study names that would leave studies/ (../../escape, a/b), one too long, one with a
+    space: one line each, exit 2, nothing written anywhere; studies show in a folder
+    without studies/ says so."""
+    work = prepare(folder / "a" / "b")
+    left: list[int] = []
+    results = {}
+    for name in ("../../escape", "x/y", "n" * 250, "a b"):
+        code, _, err = _run(work, *sim_args("--study", name, budget=1), left=left)
+        results[name[:20]] = (code, err)
+    written = [str(p) for p in folder.rglob("*") if p.is_file() and p.name != "space.yaml"]
+    scode, _, serr = _run(work, "studies", "show", "nothere", left=left)
+    ok = (all(c == 2 and one_line(e) and "study name" in e and "cannot write" not in e for c, e in results.values())
+          and not written and scode == 2 and one_line(serr) and "no studies/ folder" in serr and not sum(left))
+    return Outcome("bad --study names", f"exit {sorted({c for c, _ in results.values()})} for {len(results)} names, "
+                   f"{len(written)} files written; no studies/: '{serr.strip()[7:40]}...'", 0, 0, sum(left), ok,
+                   {"results": results, "written": written, "show": (scode, serr)})
+
+
 # -- bad answers and credentials ------------------------------------------------------------
 BAD_SERVER = REPO / "tests" / "replay" / "bad_server.py"
 SECRET = "sk-faults-secret-7f3a9c01"
@@ -894,6 +946,8 @@ ALL = [
     ("all_429", all_429),
     ("all_500", all_500),
     ("hang_mid_stream", hang_mid_stream),
+    ("space_changed", space_changed),
+    ("study_names", study_names),
     ("endpoint_refused", lambda f: endpoint_down(f, "refused")),
     ("endpoint_reset", lambda f: endpoint_down(f, "reset")),
     ("endpoint_hung", lambda f: endpoint_down(f, "hold")),

@@ -168,6 +168,7 @@ def search_cmd(
     confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),
     confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
+    resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
@@ -202,7 +203,7 @@ def search_cmd(
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
     settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              objective=objective)
+                              objective=objective, resume_anyway=resume_anyway)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)
     target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None

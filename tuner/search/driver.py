@@ -102,6 +102,7 @@ class SearchSettings:
     edge_tolerance: float = EDGE_TOLERANCE
     kill_stale: bool = False
     objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
+    resume_anyway: bool = False  #: resume a study whose space was another (:meth:`SearchRun._check_space`)
 
     def __post_init__(self) -> None:
         if self.budget < 1:
@@ -134,6 +135,7 @@ def run_search(
     confirm_max: int = CONFIRM_MAX_ROUNDS,
     edge_tolerance: float = EDGE_TOLERANCE,
     objective: str = "tokens",
+    resume_anyway: bool = False,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -168,7 +170,7 @@ def run_search(
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              objective=objective)
+                              objective=objective, resume_anyway=resume_anyway)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 
@@ -248,6 +250,7 @@ class SearchRun:
                 f"{', '.join(self.slos.texts[1:]) or 'P95 TTFT alone'}: its trials' feasibility would mix two SLO sets",
                 hint="resume it with the same --slo options, or give --study a new name",
             )
+        self._check_space(record)
         stamped = record.target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
@@ -258,6 +261,20 @@ class SearchRun:
         report_stale_servers(self.obs, s.kill_stale)
         self.obs.on_start(self.name, count_finished(st), s.budget)
         return st
+
+    def _check_space(self, record: StudyRecord) -> None:
+        """The space is part of the study's identity: the same name with another space is
+        refused (its best trial may lie outside the new space), unless ``resume_anyway``."""
+        from tuner.space import space_difference
+
+        if record.space_fingerprint in (None, self.space.fingerprint()):
+            return
+        what = space_difference(record.space_content or {}, self.space.content())
+        if not self.settings.resume_anyway:
+            raise InputError(f"study {self.name!r} was searched over another space ({what})",
+                             hint="give --study a new name for the new space, or --resume-anyway to add its "
+                                  "trials to the old ones")
+        self.obs.on_warning(f"resuming study {self.name!r} over another space than it was made with ({what})")
 
     def _enqueue(self, enqueue: Sequence[ServeConfig]) -> None:
         """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
