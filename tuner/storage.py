@@ -94,10 +94,35 @@ def optuna_storage(storage: str | None, name: str) -> Any:
 
     url = storage or default_storage(name)
     if url.startswith("sqlite:///"):
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
+        with _creating(url):
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
     if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
         return shared_storage(url)
     return url
+
+
+def _creating(url: str) -> Any:
+    """Held while Optuna opens a SQLite file: the first opening creates its tables and
+    stamps ``alembic_version``, and two processes doing it at once fail ("table studies
+    already exists", "UNIQUE constraint failed: alembic_version"). A lock file beside the
+    database (:class:`~tuner.locks.StudyLock`) serialises it; where none can be made (a
+    read-only folder) nothing is created either, so none is needed."""
+    import contextlib
+
+    try:
+        lock = StudyLock(url, "*", "schema")
+    except OSError:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def held() -> Any:
+        try:
+            with lock.holding():
+                yield
+        finally:
+            lock.close()
+
+    return held()
 
 
 def is_shared(url: str | None) -> bool:

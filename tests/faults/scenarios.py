@@ -677,6 +677,41 @@ def study_names(folder: Path) -> Outcome:
                    {"results": results, "written": written, "show": (scode, serr)})
 
 
+#: ``tuner ARGS`` that imports everything first, then waits for the file ``go``: processes
+#: started with it open their storage within a millisecond of each other.
+AT_ONCE = ("import os, sys, time\nimport optuna, sqlalchemy\nimport tuner.cli, tuner.search, tuner.storage\n"
+           "while not os.path.exists('go'):\n    time.sleep(0.0005)\n"
+           "sys.argv = ['tuner', *sys.argv[1:]]\ntuner.cli.main()\n")
+
+
+def shared_sqlite_creation(folder: Path, pairs: int = 4) -> Outcome:
+    """Two studies created in one new SQLite file by two processes at the same instant,
+    ``pairs`` times (TPE and grid): never "table studies already exists" nor "UNIQUE
+    constraint failed: alembic_version"; each run either runs or is refused in the one
+    line for a SQLite file another process writes."""
+    prepare(folder)
+    bad: list[str] = []
+    left: list[int] = []
+    for i in range(pairs):
+        (folder / "go").unlink(missing_ok=True)
+        for f in folder.glob("shared.db*"):
+            f.unlink()
+        procs = [subprocess.Popen([sys.executable, "-c", AT_ONCE, *sim_args("--storage", "sqlite:///shared.db",
+                                   "--study", f"{name}{i}", budget=1, sampler=sampler)], cwd=folder, env=env(),
+                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                 for name, sampler in (("a", "tpe"), ("b", "grid"))]
+        time.sleep(3.0)  # both imported and waiting
+        (folder / "go").write_text("")
+        for proc in procs:
+            code, _, err = finish(proc)
+            left.append(wait_gone(proc.pid, timeout=10))
+            if not one_line(err) or (code != 0 and "SQLite takes one writer" not in err):
+                bad.append(f"exit {code}: {err.strip()[:200]}")
+    ok = not bad and not sum(left)
+    return Outcome("2 processes create one SQLite file", f"{pairs} pairs started within 1 ms: {len(bad)} failed "
+                   "creating it", 0, 0, sum(left), ok, {"bad": bad})
+
+
 # -- bad answers and credentials ------------------------------------------------------------
 BAD_SERVER = REPO / "tests" / "replay" / "bad_server.py"
 SECRET = "sk-faults-secret-7f3a9c01"
@@ -948,6 +983,7 @@ ALL = [
     ("hang_mid_stream", hang_mid_stream),
     ("space_changed", space_changed),
     ("study_names", study_names),
+    ("shared_sqlite", shared_sqlite_creation),
     ("endpoint_refused", lambda f: endpoint_down(f, "refused")),
     ("endpoint_reset", lambda f: endpoint_down(f, "reset")),
     ("endpoint_hung", lambda f: endpoint_down(f, "hold")),

@@ -25,3 +25,9 @@ def test_study_names_are_checked_and_never_write_outside_studies(tmp_path):
     for code, err in o.details["results"].values():
         assert code == 2 and sc.one_line(err) and "study name" in err, err
     assert o.ok, o
+
+
+def test_two_processes_creating_one_sqlite_file_at_once_both_open_it(tmp_path):
+    o = sc.shared_sqlite_creation(tmp_path)
+    assert o.details["bad"] == [], o.details["bad"]
+    assert o.ok, o
