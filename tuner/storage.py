@@ -93,12 +93,29 @@ def optuna_storage(storage: str | None, name: str) -> Any:
     import optuna
 
     url = storage or default_storage(name)
+    path = sqlite_path(url)
+    if path is not None and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        # a study that cannot be written (its file or folder read-only) still opens for reading
+        return optuna.storages.RDBStorage("sqlite://", engine_kwargs={"creator": lambda: _read_only(path)})
     if url.startswith("sqlite:///"):
         with _creating(url):
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
     if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
         return shared_storage(url)
     return url
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to ``path``; on a read-only folder or mount, where SQLite
+    cannot make its -shm file, as ``immutable`` (nothing can change it from here either).
+    Writes through it fail as "attempt to write a readonly database" (:func:`storage_fault`)."""
+    uri = f"file:{path.resolve()}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False)
 
 
 def _creating(url: str) -> Any:
@@ -254,6 +271,17 @@ def _disk_full(where: str) -> bool:
     except OSError:
         return False
 
+def _read_only_file(where: str) -> bool:
+    path = sqlite_path(where) if where.startswith("sqlite") else None
+    if path is None and not where.startswith(("sqlite", "postgresql", "mysql")):  # studies/ or a study's name
+        path = Path(where) if where.endswith(".db") else STUDIES_DIR / f"{where.rstrip('/')}.db"
+        if where.rstrip("/") == str(STUDIES_DIR):
+            return STUDIES_DIR.is_dir() and not os.access(STUDIES_DIR, os.W_OK)
+    if path is None or not path.parent.is_dir():
+        return False
+    return not os.access(path.parent, os.W_OK) or (path.is_file() and not os.access(path, os.W_OK))
+
+
 def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
     """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
     cannot be written (a full disk, a read-only file, a lost server), else None."""
@@ -270,6 +298,9 @@ def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
                     kind = "disk_full"  # SQLite says "disk I/O error" when even its -shm file cannot grow
                 what = "no space left on its disk: free space there" if kind == "disk_full" else \
                     "it cannot be written now (read-only, or the database server went away)"
+                if kind == "storage" and _read_only_file(where):
+                    what = ("it is read-only (no write permission on the file or its folder): it can be read "
+                            "(tuner studies show, plan, report --out DIR), not written; fix the permissions")
                 return EnvironmentFault(kind, f"cannot write the study to {redact(where)}: {what}; every trial "
                                         "finished before this is kept, and a trial cut short is measured again "
                                         "on the next run", path=where)

@@ -121,8 +121,8 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
     if storage is None:
         path = STUDIES_DIR / f"{name}.db"
         if not STUDIES_DIR.is_dir():
-            raise InputError(f"no {STUDIES_DIR}/ folder in {Path.cwd()}: no study has been run from here",
-                             hint="run tuner from the folder you ran tuner search in, or give --storage")
+            raise InputError(f"no study {name!r}: there is no {STUDIES_DIR}/ folder in {Path.cwd()}, so no study "
+                             "was run from here", hint="run tuner in the folder tuner search ran in, or give --storage")
         if not path.is_file():
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")

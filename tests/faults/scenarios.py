@@ -671,10 +671,65 @@ def study_names(folder: Path) -> Outcome:
     written = [str(p) for p in folder.rglob("*") if p.is_file() and p.name != "space.yaml"]
     scode, _, serr = _run(work, "studies", "show", "nothere", left=left)
     ok = (all(c == 2 and one_line(e) and "study name" in e and "cannot write" not in e for c, e in results.values())
-          and not written and scode == 2 and one_line(serr) and "no studies/ folder" in serr and not sum(left))
+          and not written and scode == 2 and one_line(serr) and "there is no studies/ folder" in serr and not sum(left))
     return Outcome("bad --study names", f"exit {sorted({c for c, _ in results.values()})} for {len(results)} names, "
                    f"{len(written)} files written; no studies/: '{serr.strip()[7:40]}...'", 0, 0, sum(left), ok,
                    {"results": results, "written": written, "show": (scode, serr)})
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` read-only: a read-only bind mount where this process may mount (root, whom
+    permission bits do not stop), else its and its files' write permission taken away."""
+    done = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if done.returncode == 0:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True, capture_output=True)
+        try:
+            yield "read-only mount"
+        finally:
+            subprocess.run(["umount", str(folder)], capture_output=True)
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.iterdir()]}
+    for p, mode in modes.items():
+        p.chmod(mode & ~0o222)
+    try:
+        yield "no write permission"
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def read_only_study(folder: Path) -> Outcome:
+    """A study whose file and folder cannot be written: tuner studies show, tuner plan (the
+    plan shown, not stored, its files skipped with a warning) and tuner report --out work;
+    a report into the study's folder and a search are refused in one line each; the file
+    is unchanged."""
+    import hashlib
+
+    prepare(folder)
+    left: list[int] = []
+    code, out, _ = _run(folder, *sim_args("--study", "ro", budget=3), left=left)
+    db = folder / "studies" / "ro.db"
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    with read_only(folder / "studies") as how:
+        shown = _run(folder, "studies", "show", "ro", left=left)
+        plan = _run(folder, "plan", "--study", "ro", "--output", "json", left=left)
+        report = _run(folder, "report", "ro", "--out", str(folder / "elsewhere"), left=left)
+        inside = _run(folder, "report", "ro", left=left)
+        search = _run(folder, *sim_args("--study", "ro", budget=4), left=left)
+    same = hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    plan_notes = json.loads(plan[1]).get("notes", []) if plan[1].strip().startswith("{") else []
+    ok = (code == 0 and shown[0] == 0 and "vllm serve" in shown[1] and plan[0] == 0
+          and any("read-only" in n for n in plan_notes) and report[0] == 0
+          and (folder / "elsewhere" / "report.html").is_file() and inside[0] == 2 and one_line(inside[2])
+          and "--out" in inside[2] and search[0] == 2 and one_line(search[2]) and "read-only" in search[2]
+          and all(one_line(r[2]) for r in (shown, plan, report)) and same and finished(folder) == 3
+          and not sum(left))
+    return Outcome(f"read-only study ({how})", f"show/plan/report --out exit {shown[0]}/{plan[0]}/{report[0]}; "
+                   f"report into it exit {inside[0]}, search exit {search[0]}, one line each; file unchanged: {same}",
+                   3, finished(folder), sum(left), ok,
+                   {"shown": shown, "plan": plan[0::2], "report": report, "inside": inside, "search": search,
+                    "notes": plan_notes, "same": same, "how": how})
 
 
 #: ``tuner ARGS`` that imports everything first, then waits for the file ``go``: processes
@@ -984,6 +1039,7 @@ ALL = [
     ("space_changed", space_changed),
     ("study_names", study_names),
     ("shared_sqlite", shared_sqlite_creation),
+    ("read_only_study", read_only_study),
     ("endpoint_refused", lambda f: endpoint_down(f, "refused")),
     ("endpoint_reset", lambda f: endpoint_down(f, "reset")),
     ("endpoint_hung", lambda f: endpoint_down(f, "hold")),

@@ -31,3 +31,13 @@ def test_two_processes_creating_one_sqlite_file_at_once_both_open_it(tmp_path):
     o = sc.shared_sqlite_creation(tmp_path)
     assert o.details["bad"] == [], o.details["bad"]
     assert o.ok, o
+
+
+def test_a_read_only_study_opens_for_reading_and_only_writes_are_refused(tmp_path):
+    o = sc.read_only_study(tmp_path)
+    assert o.details["shown"][0] == 0, o.details["shown"]
+    assert o.details["plan"][0] == 0 and any("read-only" in n for n in o.details["notes"]), o.details["plan"]
+    assert o.details["report"][0] == 0, o.details["report"]
+    code, _, err = o.details["search"]
+    assert code == 2 and sc.one_line(err) and "read-only" in err, err
+    assert o.details["same"] and o.ok, o
