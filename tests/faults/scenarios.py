@@ -578,6 +578,31 @@ def window(folder: Path) -> Outcome:
                    {"stderr": err, "notes": note, "code": code, "cut": len(cut)})
 
 
+def confirm_window(folder: Path) -> Outcome:
+    """--timeout 22 with --confirm 1 on servers that take 11 s to start (TPE): the budget's
+    trial fits, its confirmation repeat would not (the study's own trial took longer than
+    what is left), so none is started: exit 124 saying the confirmation is left, no trial
+    cut; the rerun confirms and exits 0."""
+    prepare(folder)
+    sim = SIM + " --startup-delay-s 11"
+    args = [a if a != "grid" else "tpe" for a in search_args("--timeout", "22", vllm_cmd=sim, budget=1,
+                                                             confirm=True)]
+    args += ["--confirm", "1", "--confirm-max", "1"]
+    left: list[int] = []
+    code, out, err = _run(folder, *args, left=left)
+    before = finished(folder)
+    cut = [t for t in trials(folder) if t.user_attrs.get("fail_kind") == "interrupted"]
+    note = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
+    rcode, rout, _ = _run(folder, *[a for a in args if a not in ("--timeout", "22")], left=left)
+    repeats = [t for t in trials(folder) if "confirm_of" in t.user_attrs]
+    ok = (code == 124 and one_line(err) and "not confirmed yet" in err and before == 1 and not cut
+          and any("confirmation's repeats" in n for n in note) and rcode == 0 and len(repeats) >= 1
+          and not sum(left))
+    return Outcome("--timeout 22, confirmation would not fit", f"exit {code}, {len(cut)} cut, confirmation left; "
+                   f"rerun exit {rcode}, {len(repeats)} repeat(s)", before, finished(folder), sum(left), ok,
+                   {"code": code, "stderr": err, "notes": note, "cut": len(cut), "rerun": rcode})
+
+
 @contextlib.contextmanager
 def small_disk(path: Path, size: str):
     """A tmpfs of ``size`` at ``path``; None when this machine does not let us mount one."""
@@ -1031,6 +1056,7 @@ ALL = [
     ("hung_start", hung_start),
     ("startup_timeout", startup_timeout),
     ("window", window),
+    ("confirm_window", confirm_window),
     ("disk_full", disk_full),
     ("garbage_stream", garbage_stream),
     ("all_429", all_429),

@@ -255,6 +255,10 @@ def search_cmd(
         raise WindowClosed(f"--timeout {timeout:g} s reached with {outcome.finished} of {budget} trials finished"
                            + ("" if best is None else f" (best so far: trial {best.number})")
                            + "; nothing is lost: run the same command again to go on")
+    if outcome.timed_out and outcome.confirmation is None and confirm > 0 and best is not None:
+        raise WindowClosed(f"--timeout {timeout:g} s reached with the budget's {budget} trials finished and the "
+                           f"winner not confirmed yet (best so far: trial {best.number}; a repeat would not fit "
+                           "in the time left); nothing is lost: run the same command again to confirm it")
     if best is None:
         if outcome.confirmation is not None and not getattr(outcome.confirmation, "held", True):
             raise NoFeasibleConfig(f"no configuration held {outcome.slo_text()} on its repeats: "

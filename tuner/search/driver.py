@@ -22,7 +22,7 @@ from tuner.errors import EndpointFault, EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
 from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
-from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_winner, study_noise
+from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, WindowFull, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import environment_fault
@@ -214,6 +214,7 @@ class SearchRun:
         self.notes: list[str] = []
         self.env_faults: list[str] = []
         self.endpoint_fault: EndpointFault | None = None
+        self.window_left: str | None = None  # what --timeout left undone, when not trials of the budget
         self.worker: Any = None
 
     # -- set-up ---------------------------------------------------------------------------
@@ -482,10 +483,11 @@ class SearchRun:
         if worker.window_closed:
             interrupted = interrupted or Interrupted("timeout")
             left = max(0, s.budget - count_finished(st))
+            what = self.window_left or f"{left} of the budget's {s.budget} trials are"
             self.notes.append(f"--timeout: {self.window.remaining():.0f} s left, less than the "
                               f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
-                              f"started that could not finish; {left} of the budget's {s.budget} trials are left "
-                              "for the next run (the same command goes on)")
+                              f"started that could not finish; {what} left for the next run (the same "
+                              "command goes on)")
         if self.endpoint_fault is not None:
             raise self.endpoint_fault
         if worker.halt is not None:
@@ -516,10 +518,15 @@ class SearchRun:
             if lock is not None and not lock.acquire(blocking=False):
                 self.notes.append(f"{lock.holder()} is confirming the winner")
                 return
-            confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
-                           max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
-                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs, objective=s.objective,
-                           run_facts=self.run_facts, tags=self.tags)
+            try:
+                confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
+                               max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load,
+                               max_replays=s.max_replays, precheck=s.precheck, edge_tolerance=s.edge_tolerance,
+                               observer=self.obs, objective=s.objective, run_facts=self.run_facts, tags=self.tags,
+                               may_start=self._fits)
+            except WindowFull as err:  # its repeats so far are kept: the next run goes on from them
+                self.worker.window_closed = True
+                self.window_left = f"the confirmation's repeats from {err} on are"
         finally:
             if lock is not None:
                 lock.close()
