@@ -182,7 +182,7 @@ def summarize(study: optuna.Study, storage: str) -> StudySummary:
     best = best_feasible_trial(study)
     return StudySummary(
         name=study.study_name, storage=storage, finished=count_finished(study),  # as --budget counts them
-        feasible=sum(1 for t in trials if is_feasible(t) and not is_confirmation(t)),
+        feasible=sum(1 for t in trials if is_feasible(t) and counts_toward_budget(t) and not is_copy(t)),  # of those
         best_value=None if best is None else best.value,
         best_trial=None if best is None else best.number, objective=StudyRecord.from_study(study).objective,
     )

@@ -232,7 +232,7 @@ def search_cmd(
     best = outcome.best
     report: dict[str, Any] = {
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
-        "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
+        "finished_trials": outcome.finished, "new_trials": outcome.new_trials, "copies": outcome.copies,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
         "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective, "backend": outcome.backend,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
@@ -279,6 +279,8 @@ def _print_report(report: dict[str, Any]) -> None:
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731
     say(f"study {report['study']} ({report['storage']}): {report['finished_trials']} finished trials, "
         f"{report['new_trials']} new in {report['wall_s']:.1f} s"
+        + (f" ({report['copies']} of them {'a copy' if report['copies'] == 1 else 'copies'} of a configuration "
+           "measured before: no start, no budget slot)" if report.get("copies") else "")
         + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else ""))
     for note in report.get("notes") or []:
         say(f"note: {note}")

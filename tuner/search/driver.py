@@ -79,6 +79,7 @@ class SearchOutcome:
     target_ttft_s: float | None = None
     backend: str | None = None  # the backend's name
     slos: tuple[str, ...] = ()  # every SLO the study met (``p95:ttft<=2s`` first)
+    copies: int = 0  # of ``new_trials``: configurations measured before, re-read (free up to FREE_COPIES)
 
     def slo_text(self) -> str:
         """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
@@ -220,6 +221,7 @@ class SearchRun:
             load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
         )
         self.gpu_s = 0.0
+        self.copies = 0  # this run's trials that re-read a measurement (no server start, no budget slot)
         self.notes: list[str] = []
         self.env_faults: list[str] = []
         self.endpoint_fault: EndpointFault | None = None
@@ -442,6 +444,7 @@ class SearchRun:
         from tuner.study import best_feasible_trial
 
         rec = TrialRecord.from_trial(trial)
+        self.copies += rec.is_repeat and not rec.is_confirmation
         if rec.fail_kind == "environment" and self.endpoint_fault is not None:
             self.worker.halt = str(self.endpoint_fault)
             st.stop()
@@ -519,7 +522,7 @@ class SearchRun:
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
                              timed_out=interrupted is not None, confirmation=confirmation(st),
                              deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name,
-                             slos=self.slos.texts)
+                             slos=self.slos.texts, copies=self.copies)
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
