@@ -176,3 +176,28 @@ def test_memory_utilization_folds_when_the_kv_cache_never_came_near_full():
 ])
 def test_memory_utilization_stays(kw, why):
     assert gmu_fold(**kw) == {}, why
+
+
+def test_block_size_folds_where_the_kv_cache_never_came_near_full():
+    quiet = {"num_preemptions": 0, "kv_cache_usage_max": 0.03}
+    facts = {"run": {**RUN, "load_kind": "concurrency"}, "started": True, "levels": [30, 21, 15], "failing": 21}
+    assert "block_size" in no_effect({**CONFIG, "block_size": 32}, facts["run"], started=True, server=quiet)
+    a = group_key({**CONFIG, "block_size": 16}, server=quiet, **facts)
+    assert a == group_key({**CONFIG, "block_size": 32}, server={"num_preemptions": 0, "kv_cache_usage_max": 0.02},
+                          **facts)
+    # a cache that filled, a preemption, shared prefixes to hash, or a start that never happened: it stays
+    for server, run, started in (({"num_preemptions": 0, "kv_cache_usage_max": 0.6}, {}, True),
+                                 ({"num_preemptions": 3, "kv_cache_usage_max": 0.03}, {}, True),
+                                 (quiet, {"workload_shares_prefixes": True}, True), (quiet, {}, False)):
+        assert "block_size" not in no_effect({**CONFIG, "block_size": 32}, {**facts["run"], **run}, started=started,
+                                             server=server)
+
+
+def test_folding_goes_by_the_recorded_capability_not_the_backends_name():
+    quiet = {"num_preemptions": 0, "kv_cache_usage_max": 0.03}
+    mine = {**RUN, "backend": "my-cluster", "restarts": True}  # a backend written to the protocol
+    assert no_effect(CONFIG, mine, started=True, server=quiet) == no_effect(CONFIG, RUN, started=True, server=quiet)
+    assert no_effect(CONFIG, mine, started=True, server=quiet) != {}
+    attached = {**RUN, "backend": "sim", "restarts": False}  # whatever its name, it applied nothing
+    assert no_effect(CONFIG, attached, started=True, server=quiet) == {}
+    assert "applied none" in caveat(attached) and caveat(mine) is None

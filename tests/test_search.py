@@ -87,15 +87,25 @@ def test_slo_lost_even_at_the_lowest_load_is_infeasible_with_evidence():
 def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     backend = FakeBackend()
+    from tuner.study import is_copy
+
+    def copies(out):
+        return sum(1 for t in out.study.trials if is_copy(t))
+
     first = run_search(fake_space(), backend=backend, workload=small_workload(), budget=5, storage=storage, seed=3)
-    assert first.finished == 5 and first.new_trials == 5
+    assert first.finished == 5 and first.new_trials == 5 + copies(first)  # a copy takes no slot
+    before = copies(first)
     second = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
     assert second.name == first.name
-    assert second.finished == 8 and second.new_trials == 3
+    assert second.finished == 8 and second.new_trials == 3 + copies(second) - before
+    assert second.copies == copies(second) - before  # what the run says it re-read
     again = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
     assert again.new_trials == 0
+    from tuner.study import summarize
+    summary = summarize(again.study, storage)  # tuner studies: feasible counted as the budget counts trials
+    assert summary.finished == 8 and summary.feasible <= summary.finished
     study = optuna.load_study(study_name=first.name, storage=storage)
-    searched = [t for t in study.trials if "confirm_of" not in t.user_attrs]
+    searched = [t for t in study.trials if "confirm_of" not in t.user_attrs and not is_copy(t)]
     assert len(searched) == 8
     # the winner's confirmation repeats sit beside the budget, each naming its trial and round
     repeats = [t for t in study.trials if "confirm_of" in t.user_attrs]
@@ -221,14 +231,18 @@ def test_serve_command_is_copyable():
 
 
 def test_a_repeated_config_reuses_the_earlier_result(tmp_path):
+    from tuner.study import FREE_COPIES, copy_slots, count_finished
+
     space = fake_space(SPACE.replace("{choices: [16, 64, 256]}", "64").replace("{choices: [0.8, 0.9, 0.95]}", "0.9"))
     backend = FakeBackend()
     out = run_search(space, backend=backend, workload=small_workload(), budget=6,
                      storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=0, confirm=0)
     trials = out.study.trials
-    assert len(trials) == 6 and len(backend.started) == 2  # two layouts, each launched once
+    assert len(backend.started) == 2  # two layouts, each launched once
     repeats = [t for t in trials if "repeat_of" in t.user_attrs]
-    assert len(repeats) == 4
+    # copies take no budget slot up to FREE_COPIES, then one each: the loop still ends
+    assert len(repeats) == FREE_COPIES + 4 and len(trials) == 2 + len(repeats)
+    assert count_finished(out.study) == 6 and copy_slots(out.study) == 4
     for t in repeats:
         first = trials[t.user_attrs["repeat_of"]]
         assert t.value == first.value and t.user_attrs["config"] == first.user_attrs["config"]

@@ -261,3 +261,45 @@ def test_a_space_names_its_calibration_profile_problems(tmp_path):
     assert str(err).startswith(f"{profile}:3: memory.non_torch_bytes must be a number")
     err = _error("deployment:\n  calibration: no/such/profile.yaml\n")
     assert err.line == 2 and "no calibration profile" in str(err)
+
+
+# -- the files a space names ----------------------------------------------------------
+AZURE_ROWS = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:15:{i:02d}.0000000,{300 + 17 * i},{40 + i}\n" for i in range(30))
+
+
+def _space_file(folder, trace: str) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "mine.yaml"
+    path.write_text(GOOD.replace("  requests: 50\n", f"  requests: 50\n  trace: {trace}\n"))
+    return str(path)
+
+
+def test_a_relative_trace_in_a_space_file_is_read_from_the_space_files_folder(tmp_path, monkeypatch):
+    from tuner.search.workflow import prepare
+
+    (tmp_path / "spaces" / "logs").mkdir(parents=True)
+    (tmp_path / "spaces" / "logs" / "requests.csv").write_text(AZURE_ROWS)
+    path = _space_file(tmp_path / "spaces", "logs/requests.csv")
+    monkeypatch.chdir(tmp_path)  # the working directory holds no logs/ folder
+    prepared = prepare(path)
+    assert len(prepared.workload) == 30 and prepared.workload.prompt_tokens[1] == 317
+    # the same relative path, with the file beside the working directory instead: refused
+    (tmp_path / "spaces" / "logs" / "requests.csv").rename(tmp_path / "requests.csv")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "requests.csv").rename(tmp_path / "logs" / "requests.csv")
+    with pytest.raises(InputError) as info:
+        load_space(path)
+    assert info.value.path == path and info.value.line == 9 and "space file's folder" in str(info.value)
+
+
+def test_trace_on_the_command_line_rescues_a_space_whose_own_trace_is_missing(tmp_path, monkeypatch):
+    from tuner.search.workflow import prepare
+
+    path = _space_file(tmp_path / "spaces", "gone/requests.csv")
+    (tmp_path / "mine.csv").write_text(AZURE_ROWS)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="no such file"):
+        load_space(path)
+    prepared = prepare(path, workload={"trace": "mine.csv"})  # as tuner search --trace mine.csv passes it
+    assert prepared.space.workload.trace == "mine.csv" and len(prepared.workload) == 30

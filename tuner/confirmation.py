@@ -64,10 +64,46 @@ SETTLED = 0.01
 #: Relative sd of one tokens/s measurement before a study has repeats: real vLLM, the
 #: fresh-restart replicates of the H200 campaign (1.3 % at low load, up to 3 % near the
 #: edge; benchmarks/h200/README.md); the simulator only varies with the sample (~1 %).
-PRIOR_SD = {"sim": 0.01}
+#: Keyed by the backend's ``simulated`` capability (:mod:`tuner.search.backend`), never its name.
+SIMULATED_PRIOR_SD = 0.01
 DEFAULT_PRIOR_SD = 0.02
 #: Weight of the prior, in degrees of freedom, against the study's own repeats.
 PRIOR_DOF = 2
+#: A candidate whose P95 TTFT at its lowest load lies near the target stays in the race
+#: only with a feasibility probability above this (``--feasibility``).
+FEASIBILITY = 0.9
+
+
+#: One-sided z of a pessimistic P95 TTFT estimate (:func:`upper_p95`): the true P95 exceeds it about 1 time in 10.
+Z_FEASIBLE = 1.2816
+#: Relative sd of P95 TTFT between server starts: real vLLM (the H200 campaign: P95 TTFT
+#: of fresh starts of one configuration up to 10 % apart); the simulator varies only
+#: with the order of the requests.
+TTFT_PRIOR_SD = 0.10
+SIMULATED_TTFT_SD = 0.02
+
+
+def ttft_sd(simulated: bool) -> float:
+    return SIMULATED_TTFT_SD if simulated else TTFT_PRIOR_SD
+
+
+def upper_p95(p95s: Sequence[float], simulated: bool, z: float = Z_FEASIBLE) -> float:
+    """Pessimistic estimate of the true P95 from ``p95s`` (one per server start)."""
+    logs = [math.log(p) for p in p95s if p > 0]
+    if not logs:
+        return math.inf
+    return math.exp(statistics.fmean(logs) + z * ttft_sd(simulated) / math.sqrt(len(logs)))
+
+
+def feasibility(p95s: Sequence[float], target_s: float, simulated: bool) -> float:
+    """Probability that the true P95 meets ``target_s``, given ``p95s`` (one per start)
+    and the per-start noise prior (lognormal)."""
+    logs = [math.log(p) for p in p95s if p > 0]
+    if not logs:
+        return 0.0
+    sd = ttft_sd(simulated) / math.sqrt(len(logs))
+    return statistics.NormalDist().cdf((math.log(target_s) - statistics.fmean(logs)) / sd)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +122,14 @@ class NoiseFloor:
         return {"rel_sd": self.rel_sd, "dof": self.dof, "source": self.source}
 
 
-def prior_sd(backend: str) -> float:
-    return PRIOR_SD.get(backend, DEFAULT_PRIOR_SD)
+def prior_sd(simulated: bool) -> float:
+    """The prior of :func:`noise_floor` for a backend whose numbers are (not) the simulator's."""
+    return SIMULATED_PRIOR_SD if simulated else DEFAULT_PRIOR_SD
 
 
-def noise_floor(groups: Iterable[Sequence[float]], backend: str = "vllm") -> NoiseFloor:
+def noise_floor(groups: Iterable[Sequence[float]], simulated: bool = False) -> NoiseFloor:
     """Pooled relative sd over ``groups`` (the tokens/s measurements of one configuration
-    each; groups of one measurement add nothing), shrunk toward the backend's prior with
+    each; groups of one measurement add nothing), shrunk toward the backend's prior (:func:`prior_sd`) with
     :data:`PRIOR_DOF` degrees of freedom. Zero measurements (a configuration that failed
     its target on a repeat) are left out: they are not noise around a value."""
     ss, dof = 0.0, 0
@@ -103,14 +140,14 @@ def noise_floor(groups: Iterable[Sequence[float]], backend: str = "vllm") -> Noi
         mean = statistics.fmean(logs)
         ss += sum((x - mean) ** 2 for x in logs)
         dof += len(logs) - 1
-    prior = prior_sd(backend)
+    prior = prior_sd(simulated)
     if not dof:
         return NoiseFloor(prior, 0, "prior")
     sd = math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof))
     return NoiseFloor(sd, dof, "repeats")
 
 
-def paired_noise(rows: Sequence[Sequence[float]], backend: str = "vllm") -> NoiseFloor:
+def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False) -> NoiseFloor:
     """The noise of comparisons between configurations measured on the same samples:
     ``rows`` hold each configuration's tokens/s, column ``k`` the ``k``-th sample (the
     same requests, order and seed for every row). What a sample does to every
@@ -121,14 +158,14 @@ def paired_noise(rows: Sequence[Sequence[float]], backend: str = "vllm") -> Nois
     k = min((len(r) for r in rows), default=0)
     full = [[math.log(v) for v in r[:k]] for r in rows if all(v > 0 for v in r[:k])]
     if len(full) < 2 or k < 2:
-        return noise_floor(rows, backend)
+        return noise_floor(rows, simulated)
     c = len(full)
     grand = statistics.fmean(x for r in full for x in r)
     row_mean = [statistics.fmean(r) for r in full]
     col_mean = [statistics.fmean(r[j] for r in full) for j in range(k)]
     ss = sum((full[i][j] - row_mean[i] - col_mean[j] + grand) ** 2 for i in range(c) for j in range(k))
     dof = (c - 1) * (k - 1)
-    prior = prior_sd(backend)
+    prior = prior_sd(simulated)
     return NoiseFloor(math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof)), dof, "paired repeats")
 
 
@@ -146,6 +183,9 @@ class Candidate:
     #: P95 TTFT (s) of each measurement: at the scored load where it met the target, at its
     #: lowest load where it missed.
     p95s: list[float] = field(default_factory=list)
+    #: P95 TTFT (s) of each measurement at its lowest load where that load is one user per
+    #: replica or fewer (no lower load exists: tuner.search.boundary.lowest_p95).
+    floor_p95s: list[float] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
@@ -183,15 +223,22 @@ def headroom_tie(c: Candidate, leader: Candidate) -> bool:
     return not (fewer and c.capped)
 
 
-def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES) -> list[Candidate]:
+def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES,
+               unsure: Iterable[int] = ()) -> list[Candidate]:
     """The configurations whose mean lies within the noise band of the best mean (the
-    best first), at most ``limit``."""
+    best first), at most ``limit``. The band is anchored on the best of those not in
+    ``unsure`` (trials that met the target only within a start's noise,
+    :mod:`tuner.search.boundary`): a lucky pass enters the race, but does not push out
+    of it the configurations that met the target surely."""
     ranked = sorted((c for c in measured if c.mean > 0), key=lambda c: (-c.mean, c.number))
     if not ranked:
         return []
-    best = ranked[0]
+    doubtful = set(unsure)
+    best = next((c for c in ranked if c.number not in doubtful), ranked[0])
     out = [best]
-    for c in ranked[1:]:
+    for c in ranked:
+        if c is best:
+            continue
         if len(out) >= limit:
             break
         if best.mean - c.mean <= noise.band(len(best.values), len(c.values)) * best.mean:
@@ -372,9 +419,9 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
 
 
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
-         rounds: int, max_rounds: int | None = None, backend: str = "vllm", history: Iterable[Sequence[float]] = (),
+         rounds: int, max_rounds: int | None = None, simulated: bool = False, history: Iterable[Sequence[float]] = (),
          on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None,
-         objective: str = "tokens") -> Confirmation:
+         objective: str = "tokens", feasibility_min: float = FEASIBILITY) -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
@@ -384,16 +431,20 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     :func:`undecided`. A candidate whose first measurement already missed the target is
     out before the race; when every candidate is out for a miss, the result is
     :func:`no_holder`'s. An exception from ``measure`` (an interrupt, an environment fault) propagates:
-    nothing is decided on a partial round."""
-    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s)) for c in entrants]
+    nothing is decided on a partial round. After each round, a candidate with P95s at a
+    load that cannot go lower (``floor_p95s``) stays in only while the probability that its
+    true P95 there meets ``target`` (:func:`feasibility`, from those
+    P95s and the per-start noise prior) is above ``feasibility_min``."""
+    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s))
+              for c in entrants]
     history = [list(h) for h in history]
     out: dict[int, str] = {c.number: "failed the target on an earlier measurement"
                            for c in field_ if any(v <= 0 for v in c.values)}
     done = 0
     for r in range(1, max(rounds, max_rounds or 0) + 1):
         alive = [c for c in field_ if c.number not in out]
-        if not alive or (len(alive) == 1 and len(field_) > 1):
-            break  # decided: the others are out (a lone entrant is measured every round, for its band)
+        if not alive or (len(alive) == 1 and len(field_) > 1 and r > rounds):
+            break  # decided: the others are out (the last one in is measured the set rounds, for its margin)
         if r > rounds and not undecided(alive, noise):
             break
         for c in alive:
@@ -402,10 +453,14 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         for c in alive:
             if c.values[-1] <= 0:
                 out[c.number] = f"failed the target or did not start on repeat {r}"
+            elif target and c.floor_p95s and (p := feasibility(c.floor_p95s, target, simulated)) <= feasibility_min:
+                out[c.number] = (f"feasibility {p:.0%} after {r} repeat{'s' * (r > 1)}, not above {feasibility_min:.0%}: "
+                                 f"P95 TTFT up to {max(c.floor_p95s):.3g} s at one user per replica, within a "
+                                 f"start's noise of the {target:g} s target")
         alive = [c for c in alive if c.number not in out]
         # candidates still in were measured on the same samples: compare them paired
-        noise = (paired_noise([c.values for c in alive], backend) if len(alive) >= 2
-                 else noise_floor([*history, *(c.values for c in field_)], backend))
+        noise = (paired_noise([c.values for c in alive], simulated) if len(alive) >= 2
+                 else noise_floor([*history, *(c.values for c in field_)], simulated))
         if alive:
             leader = _leader(alive)
             for c in alive:
@@ -421,6 +476,6 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
                   objective=objective)
 
 
-__all__ = ["HEADROOM_KNOBS", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
+__all__ = ["HEADROOM_KNOBS", "feasibility", "ttft_sd", "upper_p95", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
            "headroom_key", "headroom_tie", "margin_text", "no_holder", "noise_floor", "paired_noise", "prior_sd", "race",
            "undecided"]

@@ -9,9 +9,12 @@ workload, and the configuration with those knobs folded: what the top trials are
 
 Each rule rests on vLLM's scheduler (cited beside it) and on facts ``tuner search`` records
 in each trial's ``run``: the backend, the vLLM version and GPU (``hardware``), the longest
-request, whether requests share prefixes and the loads it replayed. A fact not recorded (a
-study written before tuner recorded it), a version or GPU not known, or a backend other
-than ``sim`` / ``vllm`` folds nothing; the V0 engine folds only max_num_seqs.
+request, whether requests share prefixes, the loads it replayed and the backend's
+capabilities (``restarts``: the server was started with the configuration). A fact not
+recorded (a study written before tuner recorded it), a version or GPU not known, or a
+backend that does not start the configuration folds nothing; the V0 engine folds only
+max_num_seqs. No rule looks at the backend's name (but a study recorded before the
+capabilities were, which has nothing else).
 """
 from __future__ import annotations
 
@@ -111,6 +114,18 @@ def _gpu_memory_utilization(run: Mapping[str, Any], server: Mapping[str, Any] | 
     return f"the KV cache peaked at {usage:.0%} of its blocks, no preemption"
 
 
+def _block_size(run: Mapping[str, Any], server: Mapping[str, Any] | None) -> str | None:
+    # The block size is the KV cache's unit of allocation and of prefix-cache hashing: the
+    # cache holds memory // bytes per block blocks, bytes per block proportional to the
+    # block size, so the same tokens whatever the size (vllm-facts.md section 1: page_size_bytes,
+    # num_gpu_blocks); a request holds cdiv(its tokens, block_size) blocks, at most one
+    # partly filled. So where the cache never came near full (no preemption, the peak usage
+    # at most KV_SPARE at the scored load) and no request shares a prefix to hash, no
+    # request waited for, or hit, a block because of its size.
+    why = _gpu_memory_utilization(run, server)
+    return None if why is None else f"{why}, no shared prefixes"
+
+
 def _max_model_len(config: Mapping[str, Any], run: Mapping[str, Any], started: bool) -> str | None:
     # V1 allocates KV blocks as a request grows (v1/core/kv_cache_manager.py
     # ``allocate_slots``); their number is the memory left // bytes per block whatever the
@@ -135,6 +150,15 @@ def _max_model_len(config: Mapping[str, Any], run: Mapping[str, Any], started: b
     return f">= {longest:,} tokens, the longest request"
 
 
+def applied(run: Mapping[str, Any]) -> bool:
+    """Whether the trial's server was started with its configuration: the backend's
+    ``restarts`` capability as the trial recorded it (:mod:`tuner.search.backend`); a
+    study recorded before capabilities were, by its backend's name (:data:`APPLIED`)."""
+    if run.get("restarts") is not None:
+        return bool(run["restarts"])
+    return run.get("backend") in APPLIED
+
+
 def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: bool = False,
               server: Mapping[str, Any] | None = None, levels: Sequence[float] | None = None,
               failing: float | None = None) -> dict[str, str]:
@@ -147,7 +171,7 @@ def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: boo
     requests/s, as ``run["load_kind"]``), ``failing``: the lowest of them that missed the
     target (the edge's upper bracket). Empty when a fact a rule needs is missing."""
     engine = _engine(run)
-    if run.get("backend") not in APPLIED or engine is None:
+    if not applied(run) or engine is None:
         return {}
     out: dict[str, str] = {}
     if "max_num_seqs" in config and started and (why := _max_num_seqs(config, run, levels, failing)):
@@ -160,6 +184,8 @@ def no_effect(config: Mapping[str, Any], run: Mapping[str, Any], *, started: boo
         out["max_model_len"] = why
     if "gpu_memory_utilization" in config and started and (why := _gpu_memory_utilization(run, server)):
         out["gpu_memory_utilization"] = why
+    if "block_size" in config and started and (why := _block_size(run, server)):
+        out["block_size"] = why
     return out
 
 
@@ -193,10 +219,10 @@ def trial_group(rec: TrialRecord, *, started: bool) -> tuple[str | None, dict[st
 
 def caveat(run: Mapping[str, Any]) -> str | None:
     """Why the configurations cannot be told apart at all, or ``None``."""
-    if run.get("backend") == "endpoint":
-        return ("backend endpoint: tuner measured a server it did not start and applied none of these "
+    if run.get("restarts") is False or (run.get("restarts") is None and run.get("backend") == "endpoint"):
+        return (f"backend {run.get('backend') or '?'}: tuner measured a server it did not start and applied none of these "
                 "configurations, so trials differ by measurement noise only; nothing is folded")
     return None
 
 
-__all__ = ["ANY", "caveat", "effective_config", "group_key", "no_effect", "trial_group"]
+__all__ = ["ANY", "applied", "caveat", "effective_config", "group_key", "no_effect", "trial_group"]

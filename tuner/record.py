@@ -114,6 +114,8 @@ class RunFacts:
     workload_longest_tokens: int | None = None
     workload_shares_prefixes: bool | None = None
     backend: str | None = None
+    restarts: bool | None = None    #: the backend's capabilities (tuner.search.backend): what folding
+    simulated: bool | None = None   #: and the noise prior go by; None in a study recorded before them
     hardware: Deployment | None = None
     seed: int | None = None
     load_seed: int | None = None
@@ -190,6 +192,9 @@ class TrialRecord:
     repeat_of: int | None = None
     confirm_of: int | None = None
     confirm_round: int | None = None
+    #: A pass within the noise of a start (tuner.search.boundary): its lowest load's P95 TTFT,
+    #: the pessimistic estimate and the constraint the sampler was given.
+    boundary: Mapping[str, float] | None = None
     warm_start: bool = False
     vllm_defaults: bool = False
     proposed_by: str | None = None
@@ -331,6 +336,9 @@ class StudyRecord:
     load_kind: str | None = None
     slos: tuple[str, ...] = ()
     objective: str | None = None
+    #: :meth:`tuner.space.SearchSpace.fingerprint` and ``content`` (None in a study stamped before them)
+    space_fingerprint: str | None = None
+    space_content: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
-from tuner.storage import STUDIES_DIR, optuna_storage, storage_fault, storage_open_error
+from tuner.storage import STUDIES_DIR, check_study_name, optuna_storage, storage_fault, storage_open_error
 
 if TYPE_CHECKING:
     import optuna
@@ -53,13 +53,46 @@ def finished_states() -> tuple[Any, ...]:
     return (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
+#: Copies (a configuration the study measured before, proposed again: recorded from that
+#: measurement, no server started) take no slot of ``--budget``, up to this many per study;
+#: past it each does, so the loop ends even on a space with fewer configurations than the budget.
+FREE_COPIES = 40
+
+
 def count_finished(study: optuna.Study) -> int:
     """Trials that count against ``--budget``: finished, except failures that measured
-    nothing (interrupted, environment faults: :mod:`tuner.recovery`)."""
+    nothing (interrupted, environment faults: :mod:`tuner.recovery`) and, up to
+    :data:`FREE_COPIES`, copies of a configuration measured before."""
+    trials = study.get_trials(deepcopy=False, states=finished_states())
+    counted = [t for t in trials if counts_toward_budget(t)]
+    return len(counted) - free_copies(sum(1 for t in counted if is_copy(t)))
+
+
+def counts_toward_budget(trial: Any) -> bool:
+    """Whether one finished trial is counted by :func:`count_finished` before the copies
+    it lets go free (:func:`free_copies`)."""
     from tuner.recovery import not_measured
 
-    return sum(1 for t in study.get_trials(deepcopy=False, states=finished_states())
-               if not not_measured(t) and not is_confirmation(t))
+    return not not_measured(trial) and not is_confirmation(trial)
+
+
+def is_copy(trial: Any) -> bool:
+    """A trial that measured nothing new: the sampler proposed a configuration the study
+    measured before, and the trial holds that measurement (``repeat_of``)."""
+    rec = TrialRecord.from_trial(trial)
+    return rec.is_repeat and not rec.is_confirmation
+
+
+def free_copies(copies: int) -> int:
+    """How many of a study's ``copies`` take no budget slot."""
+    return min(copies, FREE_COPIES)
+
+
+def copy_slots(study: optuna.Study) -> int:
+    """Budget slots the study's copies took (0 until it has more than :data:`FREE_COPIES`)."""
+    trials = study.get_trials(deepcopy=False, states=finished_states())
+    copies = sum(1 for t in trials if counts_toward_budget(t) and is_copy(t))
+    return copies - free_copies(copies)
 
 
 def is_confirmation(trial: Any) -> bool:
@@ -75,6 +108,7 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     from tuner.urls import redact
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_study_name(name)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
         return name_objective(optuna.create_study(
@@ -116,8 +150,12 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_study_name(name)
     if storage is None:
         path = STUDIES_DIR / f"{name}.db"
+        if not STUDIES_DIR.is_dir():
+            raise InputError(f"no study {name!r}: there is no {STUDIES_DIR}/ folder in {Path.cwd()}, so no study "
+                             "was run from here", hint="run tuner in the folder tuner search ran in, or give --storage")
         if not path.is_file():
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
@@ -144,7 +182,7 @@ def summarize(study: optuna.Study, storage: str) -> StudySummary:
     best = best_feasible_trial(study)
     return StudySummary(
         name=study.study_name, storage=storage, finished=count_finished(study),  # as --budget counts them
-        feasible=sum(1 for t in trials if is_feasible(t) and not is_confirmation(t)),
+        feasible=sum(1 for t in trials if is_feasible(t) and counts_toward_budget(t) and not is_copy(t)),  # of those
         best_value=None if best is None else best.value,
         best_trial=None if best is None else best.number, objective=StudyRecord.from_study(study).objective,
     )

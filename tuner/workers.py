@@ -94,26 +94,29 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
     """``(used, running)``: trials that count against the budget — COMPLETE, PRUNED,
     FAIL unless retried or it measured nothing (interrupted, environment:
     :mod:`tuner.recovery`), and (shared storage) RUNNING — and how many of them run.
+    Copies of a configuration measured before are free up to :data:`tuner.study.FREE_COPIES`.
     On SQLite a RUNNING trial is a leftover of a killed process and does not count."""
     from optuna.trial import TrialState
 
     from tuner.recovery import not_measured
+    from tuner.study import free_copies, is_copy
 
     now = dt.datetime.now()  # Optuna stamps trials with naive local time
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}
-    used = running = 0
+    used = running = copies = 0
     for t in trials:
         if t.number == exclude or TrialRecord.from_trial(t).is_confirmation:  # repeats: outside the budget
             continue
         if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             used += 1
+            copies += is_copy(t)
         elif t.state == TrialState.FAIL:
             used += t.number not in retried and not not_measured(t)
         elif t.state == TrialState.RUNNING and shared and not _orphan(t, now):
             used += 1
             running += 1
-    return used, running
+    return used - free_copies(copies), running
 
 
 class Worker:

@@ -32,7 +32,9 @@ def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsy
     code, out, _ = run_cli(["search", "--budget", "3", "--output", "json"], capsys)
     again = json.loads(out)
     assert code == 0 and again["study"] == report["study"]
-    assert again["finished_trials"] == 3 and again["new_trials"] == 1
+    study = optuna.load_study(study_name=report["study"], storage=f"sqlite:///{db}")
+    copies = sum(1 for t in study.trials if "repeat_of" in t.user_attrs)  # a copy takes no budget slot
+    assert again["finished_trials"] == 3 and again["new_trials"] == 1 + copies
     code, out, _ = run_cli(["studies"], capsys)
     assert code == 0 and report["study"][:10] in out
     code, out, _ = run_cli(["studies", "show", report["study"], "--output", "json"], capsys)
@@ -66,6 +68,7 @@ def test_no_feasible_config_exits_3_with_the_closest_miss(tmp_path, monkeypatch,
         (["--backend", "cloud"], "cloud"),
         (["--space", "no-such-space"], "no-such-space"),
         (["--budget", "0"], "budget"),
+        (["--feasibility", "1.5"], "--feasibility must be a probability in (0, 1), got 1.5"),
         (["--gpu", "B9000"], "B9000"),
     ],
 )

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
-from tuner.confirmation import Candidate, candidates, race
+from tuner.confirmation import FEASIBILITY, Candidate, candidates, race
 from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord
+from tuner.search.boundary import lowest_p95
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.slo import SloSet
@@ -15,6 +16,8 @@ from tuner.progress import Observer, observer_or_headless
 from tuner.urls import redact
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
 
     from tuner.search.backend import Backend
@@ -87,7 +90,7 @@ def closeness(conf: Any) -> tuple[float, float]:
     return (sum(1 for v in values if v <= 0) / len(values), conf.worst_p95_s if conf.worst_p95_s is not None else 1e18)
 
 
-def study_noise(study: optuna.Study, backend: str) -> Any:
+def study_noise(study: optuna.Study, simulated: bool) -> Any:
     """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
     measurement grouped by configuration (copies of an earlier trial left out, so only
     confirmation repeats make a group of more than one)."""
@@ -101,14 +104,20 @@ def study_noise(study: optuna.Study, backend: str) -> Any:
         if rec.is_repeat or rec.config is None or not rec.feasible:
             continue
         groups.setdefault(config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
-    return noise_floor(groups.values(), backend)
+    return noise_floor(groups.values(), simulated)
+
+
+class WindowFull(Exception):
+    """The next repeat would not fit in what ``--timeout`` leaves (``may_start``): none is
+    started only to be thrown away; the repeats measured so far are kept for the next run."""
 
 
 def confirm_winner(
     study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float | SloSet, *, objective: str = "tokens",
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
-    run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None,
+    run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None, feasibility_min: float = FEASIBILITY,
+    may_start: Callable[[], bool] | None = None,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (up to ``max_rounds`` while one that differs from the leader in a
@@ -117,7 +126,8 @@ def confirm_winner(
     every candidate) and store the decision (:mod:`tuner.confirmation`) as the study's
     ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` outside the
     budget, written when measured: an interrupted confirmation keeps its repeats and
-    the next run reuses them. Returns the Confirmation, or None with no feasible trial."""
+    the next run reuses them. ``may_start`` is asked before each repeat is started; when it
+    says no, :class:`WindowFull` is raised. Returns the Confirmation, or None with no feasible trial."""
     from optuna.trial import TrialState, create_trial
 
     from tuner.study import confirmation, count_finished, is_feasible
@@ -143,13 +153,15 @@ def confirm_winner(
         return None
     done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
             for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
-    noise = study_noise(study, backend.name)
+    noise = study_noise(study, backend.simulated)
     entries = distinct(originals, records)
     groups_of = {t.number: members for t, members in entries}
     pool = [Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
-                      cap_bound(records[t.number]), [p for p in [p95_of(records[t.number])] if p is not None])
+                      cap_bound(records[t.number]), [p for p in [p95_of(records[t.number])] if p is not None],
+                      [p for p in [lowest_p95(records[t.number])] if p is not None])
             for t, _ in entries]
-    entrants = {c.number for c in candidates(pool, noise)}  # the first race's: their repeats are its own
+    unsure = {t.number for t, _ in entries if records[t.number].boundary}
+    entrants = {c.number for c in candidates(pool, noise, unsure=unsure)}  # the first race's: their repeats are its own
     history = []
     groups: dict[str, list[float]] = {}
     for (number, _r), t in done.items():
@@ -170,7 +182,11 @@ def confirm_winner(
             c.capped = c.capped or cap_bound(records[t.number])
             if (p95 := p95_of(records[t.number])) is not None:
                 c.p95s.append(p95)
+            if (low := lowest_p95(records[t.number])) is not None:
+                c.floor_p95s.append(low)
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
+        if may_start is not None and not may_start():  # the window cannot hold another start
+            raise WindowFull(f"trial {c.number}'s repeat {r}")
         original = records[c.number]
         obs.on_phase(f"confirming trial {c.number}: repeat {r}/{of(r)}")
         edge = original.edge.level if original.edge is not None else None
@@ -199,6 +215,8 @@ def confirm_winner(
         rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
         if (p95 := p95_of(rec)) is not None:
             c.p95s.append(p95)
+        if (low := lowest_p95(rec)) is not None:
+            c.floor_p95s.append(low)
         trial = by_number[c.number]
         study.add_trial(create_trial(
             state=state, value=value, params=trial.params, distributions=trial.distributions,
@@ -211,12 +229,13 @@ def confirm_winner(
 
     conf, raced = None, set()
     for _wave in range(MAX_WAVES):  # a wave whose every candidate missed the target: the next-best
-        field_ = candidates([c for c in pool if c.number not in raced], noise)
+        field_ = candidates([c for c in pool if c.number not in raced], noise, unsure=unsure)
         if not field_:
             break
         raced |= {c.number for c in field_}
-        this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, backend=backend.name,
-                    history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective)
+        this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, simulated=backend.simulated,
+                    history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective,
+                    feasibility_min=feasibility_min)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
             if not this.held:  # and the closest of the waves

@@ -54,7 +54,8 @@ def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[
     from tuner.slo import split_slos
     from tuner.units import parse_seconds
 
-    sp = space if isinstance(space, SearchSpace) else load_space(space)
+    trace = (workload or {}).get("trace")
+    sp = space if isinstance(space, SearchSpace) else load_space(space, trace=trace)
     dep = dataclasses.replace(sp.deployment, **deployment) if deployment else sp.deployment
     changes = {k: v for k, v in (workload or {}).items() if v is not None}  # None: as the space says
     if "target_ttft_s" in changes:
