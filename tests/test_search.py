@@ -98,8 +98,12 @@ def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
     second = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
     assert second.name == first.name
     assert second.finished == 8 and second.new_trials == 3 + copies(second) - before
+    assert second.copies == copies(second) - before  # what the run says it re-read
     again = run_search(fake_space(), backend=backend, workload=small_workload(), budget=8, storage=storage, seed=3)
     assert again.new_trials == 0
+    from tuner.study import summarize
+    summary = summarize(again.study, storage)  # tuner studies: feasible counted as the budget counts trials
+    assert summary.finished == 8 and summary.feasible <= summary.finished
     study = optuna.load_study(study_name=first.name, storage=storage)
     searched = [t for t in study.trials if "confirm_of" not in t.user_attrs and not is_copy(t)]
     assert len(searched) == 8

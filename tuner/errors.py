@@ -113,3 +113,39 @@ class EnvironmentFault(TunerError):
         self.retry = retry
         self.path = path
         super().__init__(message)
+
+
+class EndpointFault(EnvironmentFault):
+    """The server at ``--endpoint`` cannot be talked to: it refuses connections, resets
+    them, does not answer in time, or sends streams whose tokens do not arrive as its own
+    usage claims (``bad_stream``). The server's fault, never the configuration's (an
+    endpoint study applies no configuration): the trial in progress fails as
+    ``environment`` (not counted) and the run stops at once with exit 5, one line naming
+    the URL and the cause.
+
+    ``kind``: ``refused``, ``reset``, ``timeout``, ``unreachable``, ``bad_stream``."""
+
+    exit_code = 5
+
+    def __init__(self, kind: str, url: str, cause: str) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(kind, f"endpoint {url}: {cause}; nothing about the configuration was learnt "
+                         "(fix the server or the URL and run the same command again)")
+
+
+def connection_cause(err: BaseException) -> tuple[str, str]:
+    """``(kind, words)`` for an error met while connecting to or reading from a server:
+    refused, reset, timeout or unreachable, with the system's own wording."""
+    import socket
+
+    reason = getattr(err, "reason", None)  # urllib wraps the socket error
+    inner = reason if isinstance(reason, BaseException) else err
+    text = str(reason if reason is not None else err)
+    if isinstance(inner, ConnectionRefusedError) or "refused" in text.lower():
+        return "refused", f"connection refused ({text})"
+    if isinstance(inner, ConnectionResetError) or "reset" in text.lower():
+        return "reset", f"connection reset ({text})"
+    if isinstance(inner, (TimeoutError, socket.timeout)) or "timed out" in text.lower():
+        return "timeout", f"no answer in time ({text})"
+    return "unreachable", f"cannot be reached ({text})"

@@ -336,6 +336,9 @@ class StudyRecord:
     load_kind: str | None = None
     slos: tuple[str, ...] = ()
     objective: str | None = None
+    #: :meth:`tuner.space.SearchSpace.fingerprint` and ``content`` (None in a study stamped before them)
+    space_fingerprint: str | None = None
+    space_content: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:

@@ -294,7 +294,12 @@ def write_report(study: optuna.Study, out_dir: str | Path | None = None) -> Path
     """Write ``report.html`` and ``<figure>.png`` files into ``out_dir`` (default
     :func:`default_report_dir`); returns the HTML file's path."""
     folder = Path(out_dir) if out_dir is not None else default_report_dir(study)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a read-only studies/ folder: one line, pointing at --out
+        from tuner.files import write_fault
+
+        raise write_fault(folder, err) from None
     page, pngs = render_report(study)
     for name in CAPTIONS:  # a figure not drawn this time leaves no stale PNG behind
         png = folder / f"{name}.png"

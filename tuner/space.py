@@ -295,6 +295,30 @@ class SearchSpace:
         tp, replicas = parse_layout(layout)
         return ServeConfig(**values, tensor_parallel_size=tp, replicas=replicas)
 
+    # -- identity ---------------------------------------------------------------------
+    def content(self) -> dict[str, Any]:
+        """What the space searches, as data: each knob's kind and range or choices, the fixed
+        values and the layouts (not its name, comments, order or file). Part of a study's identity."""
+        from tuner.jsonsafe import json_safe
+
+        knobs = {}
+        for p in sorted(self.params, key=lambda p: p.name):
+            knob: dict[str, Any] = {"kind": p.kind}
+            if p.choices:
+                knob["choices"] = list(p.choices)
+            else:
+                knob.update({"low": p.low, "high": p.high, **({"step": p.step} if p.step is not None else {}),
+                             **({"log": True} if p.log else {})})
+            knobs[p.name] = knob
+        return json_safe({"params": knobs, "fixed": dict(sorted(self.fixed)), "layouts": list(self.layout_choices)})
+
+    def fingerprint(self) -> str:
+        """12 hex digits of :meth:`content`: two files that parse to the same space share it."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.content(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
     def config_from_params(self, params: dict[str, Any]) -> ServeConfig:
         """The :class:`ServeConfig` of a trial's ``params`` (as Optuna stores them)."""
         values = dict(self.fixed)
@@ -662,3 +686,30 @@ def _check_references(space: SearchSpace, deployment: Deployment, workload: Work
         raise space.error(f"no such file {workload.trace!r} (a relative path is read from the space file's folder)",
                           ("workload", "trace"),
                           hint="give the path of a request log, or null for the synthetic mix; or --trace FILE")
+
+
+def space_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What changed from one :meth:`SearchSpace.content` to another, in a few words:
+    ``max_num_seqs choices [16, 64] -> [16, 32, 64]; enforce_eager removed``."""
+    def short(v: Any) -> str:
+        if isinstance(v, dict) and "choices" in v:
+            return f"choices {v['choices']}"
+        if isinstance(v, dict):
+            return f"{v.get('low')}..{v.get('high')}" + (f" step {v['step']}" if "step" in v else "")
+        return repr(v)
+
+    parts: list[str] = []
+    for section in ("params", "fixed"):
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for name in sorted(set(a) | set(b)):
+            if name not in b:
+                parts.append(f"{name} removed")
+            elif name not in a:
+                parts.append(f"{name} added ({short(b[name])})")
+            elif a[name] != b[name] and all(isinstance(v, dict) and "choices" in v for v in (a[name], b[name])):
+                parts.append(f"{name} choices {a[name]['choices']} -> {b[name]['choices']}")
+            elif a[name] != b[name]:
+                parts.append(f"{name} {short(a[name])} -> {short(b[name])}")
+    if old.get("layouts") != new.get("layouts"):
+        parts.append(f"layouts {old.get('layouts')} -> {new.get('layouts')}")
+    return "; ".join(parts) or "its content"

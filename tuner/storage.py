@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import EnvironmentFault, InputError
+from tuner.errors import EnvironmentFault, InputError, TunerError
 from tuner.locks import StudyLock, driver_url, sqlite_path
 from tuner.record import TrialRecord
 
@@ -40,9 +40,39 @@ GRACE_FACTOR = 3
 MAX_RETRY = 1
 
 
+#: The longest study name: it names files (``studies/<name>.db``, ``-wal``, ``studies/<name>/``).
+MAX_STUDY_NAME = 200
+
+
+def check_study_name(name: str) -> str:
+    """``name`` when it can name a study's files inside ``studies/``: letters, digits,
+    ``.``, ``_`` and ``-``, not starting with ``.`` nor holding ``..``, at most
+    :data:`MAX_STUDY_NAME` characters; else one line of bad input (nothing written)."""
+    import re
+
+    why = None
+    if not name:
+        why = "is empty"
+    elif len(name) > MAX_STUDY_NAME:
+        why = f"is {len(name)} characters long, more than {MAX_STUDY_NAME}"
+    elif "/" in name or "\\" in name:
+        why = "holds a path separator"
+    elif ".." in name or name.startswith("."):
+        why = "holds '..' or starts with '.'"
+    elif not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        bad = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", name)))
+        why = f"holds {' '.join(repr(c) for c in bad)}"
+    if why is not None:
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise InputError(f"study name {shown!r} {why}: it names files under {STUDIES_DIR}/",
+                         hint="use letters, digits, '.', '_' and '-', at most 200 characters")
+    return name
+
+
 # -- URLs and storages ----------------------------------------------------------------
 def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
     """``sqlite:///studies/<name>.db``; creates the folder."""
+    check_study_name(name)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / name}.db"
@@ -63,11 +93,53 @@ def optuna_storage(storage: str | None, name: str) -> Any:
     import optuna
 
     url = storage or default_storage(name)
+    path = sqlite_path(url)
+    if path is not None and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        # a study that cannot be written (its file or folder read-only) still opens for reading
+        return optuna.storages.RDBStorage("sqlite://", engine_kwargs={"creator": lambda: _read_only(path)})
     if url.startswith("sqlite:///"):
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
+        with _creating(url):
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
     if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
         return shared_storage(url)
     return url
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to ``path``; on a read-only folder or mount, where SQLite
+    cannot make its -shm file, as ``immutable`` (nothing can change it from here either).
+    Writes through it fail as "attempt to write a readonly database" (:func:`storage_fault`)."""
+    uri = f"file:{path.resolve()}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False)
+
+
+def _creating(url: str) -> Any:
+    """Held while Optuna opens a SQLite file: the first opening creates its tables and
+    stamps ``alembic_version``, and two processes doing it at once fail ("table studies
+    already exists", "UNIQUE constraint failed: alembic_version"). A lock file beside the
+    database (:class:`~tuner.locks.StudyLock`) serialises it; where none can be made (a
+    read-only folder) nothing is created either, so none is needed."""
+    import contextlib
+
+    try:
+        lock = StudyLock(url, "*", "schema")
+    except OSError:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def held() -> Any:
+        try:
+            with lock.holding():
+                yield
+        finally:
+            lock.close()
+
+    return held()
 
 
 def is_shared(url: str | None) -> bool:
@@ -179,7 +251,7 @@ def guard_storage(fn: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (EnvironmentFault, InputError):
+        except TunerError:  # already one line of its own (an endpoint refusing is no storage fault)
             raise
         except Exception as err:
             fault = storage_fault(err, kwargs.get("storage") or f"{STUDIES_DIR}/")
@@ -199,6 +271,17 @@ def _disk_full(where: str) -> bool:
     except OSError:
         return False
 
+def _read_only_file(where: str) -> bool:
+    path = sqlite_path(where) if where.startswith("sqlite") else None
+    if path is None and not where.startswith(("sqlite", "postgresql", "mysql")):  # studies/ or a study's name
+        path = Path(where) if where.endswith(".db") else STUDIES_DIR / f"{where.rstrip('/')}.db"
+        if where.rstrip("/") == str(STUDIES_DIR):
+            return STUDIES_DIR.is_dir() and not os.access(STUDIES_DIR, os.W_OK)
+    if path is None or not path.parent.is_dir():
+        return False
+    return not os.access(path.parent, os.W_OK) or (path.is_file() and not os.access(path, os.W_OK))
+
+
 def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
     """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
     cannot be written (a full disk, a read-only file, a lost server), else None."""
@@ -215,6 +298,9 @@ def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
                     kind = "disk_full"  # SQLite says "disk I/O error" when even its -shm file cannot grow
                 what = "no space left on its disk: free space there" if kind == "disk_full" else \
                     "it cannot be written now (read-only, or the database server went away)"
+                if kind == "storage" and _read_only_file(where):
+                    what = ("it is read-only (no write permission on the file or its folder): it can be read "
+                            "(tuner studies show, plan, report --out DIR), not written; fix the permissions")
                 return EnvironmentFault(kind, f"cannot write the study to {redact(where)}: {what}; every trial "
                                         "finished before this is kept, and a trial cut short is measured again "
                                         "on the next run", path=where)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
-from tuner.storage import STUDIES_DIR, optuna_storage, storage_fault, storage_open_error
+from tuner.storage import STUDIES_DIR, check_study_name, optuna_storage, storage_fault, storage_open_error
 
 if TYPE_CHECKING:
     import optuna
@@ -108,6 +108,7 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     from tuner.urls import redact
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_study_name(name)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
         return name_objective(optuna.create_study(
@@ -149,8 +150,12 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_study_name(name)
     if storage is None:
         path = STUDIES_DIR / f"{name}.db"
+        if not STUDIES_DIR.is_dir():
+            raise InputError(f"no study {name!r}: there is no {STUDIES_DIR}/ folder in {Path.cwd()}, so no study "
+                             "was run from here", hint="run tuner in the folder tuner search ran in, or give --storage")
         if not path.is_file():
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
@@ -177,7 +182,7 @@ def summarize(study: optuna.Study, storage: str) -> StudySummary:
     best = best_feasible_trial(study)
     return StudySummary(
         name=study.study_name, storage=storage, finished=count_finished(study),  # as --budget counts them
-        feasible=sum(1 for t in trials if is_feasible(t) and not is_confirmation(t)),
+        feasible=sum(1 for t in trials if is_feasible(t) and counts_toward_budget(t) and not is_copy(t)),  # of those
         best_value=None if best is None else best.value,
         best_trial=None if best is None else best.number, objective=StudyRecord.from_study(study).objective,
     )

@@ -53,12 +53,39 @@ def test_replays_against_a_running_server_and_leaves_it_up(server):
     assert urllib.request.urlopen(server + "/health", timeout=2).status == 200
 
 
-def test_unreachable_url_is_a_backend_error():
+def test_a_url_that_refuses_connections_is_an_endpoint_fault_naming_it():
+    from tuner.errors import EndpointFault
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(BackendError, match="did not answer"):
+    with pytest.raises(EndpointFault) as err:
         EndpointBackend(f"http://127.0.0.1:{port}").start(Deployment(), ServeConfig())
+    assert err.value.kind == "refused" and err.value.exit_code == 5
+    assert f"http://127.0.0.1:{port}/v1/models" in str(err.value) and "connection refused" in str(err.value)
+
+
+@pytest.mark.parametrize(("behaviour", "kind", "words"), [("reset", "reset", "connection reset"),
+                                                          ("hold", "timeout", "no answer in time")])
+def test_a_url_that_resets_or_holds_the_connection_is_an_endpoint_fault(behaviour, kind, words):
+    """A real process on loopback that accepts and resets (SO_LINGER 0) or accepts and never
+    answers: the one line names the URL and the cause."""
+    from tuner.errors import EndpointFault
+
+    stub = subprocess.Popen([sys.executable, str(STUB), behaviour], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(stub.stdout.readline())
+        backend = EndpointBackend(f"http://127.0.0.1:{port}")
+        backend._probe_s = 1.0
+        with pytest.raises(EndpointFault) as err:
+            backend.preflight(Deployment())
+        assert err.value.kind == kind and words in str(err.value) and f"127.0.0.1:{port}" in str(err.value)
+    finally:
+        stub.kill()
+        stub.wait(timeout=10)
+
+
+STUB = __import__("pathlib").Path(__file__).resolve().parents[1] / "faults" / "tcp_stub.py"
 
 
 BAD = __import__("pathlib").Path(__file__).resolve().parents[1] / "replay" / "bad_server.py"
@@ -99,7 +126,7 @@ def test_the_key_is_checked_before_a_study_and_sent_with_every_request(keyed):
 
 
 def test_credentials_in_the_url_are_used_and_masked_in_every_message(keyed):
-    from tuner.errors import InputError
+    from tuner.errors import EndpointFault, InputError
 
     host = keyed.removeprefix("http://")
     backend = EndpointBackend(f"http://user:{KEY}@{host}/v1")
@@ -110,9 +137,9 @@ def test_credentials_in_the_url_are_used_and_masked_in_every_message(keyed):
     with pytest.raises(InputError) as err:
         EndpointBackend(f"http://user:sk-wrong-0123456789@{host}").preflight(Deployment())
     assert "sk-wrong" not in str(err.value) and "http://***@" not in str(err.value)  # the URL shown has none
-    with pytest.raises(BackendError) as err:  # an unreachable URL with a key in it
+    with pytest.raises(EndpointFault) as err:  # an unreachable URL with a key in it
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         EndpointBackend(f"http://user:{KEY}@127.0.0.1:{port}").preflight(Deployment())
-    assert KEY not in str(err.value) and "did not answer" in str(err.value)
+    assert KEY not in str(err.value) and "connection refused" in str(err.value)

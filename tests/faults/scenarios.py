@@ -578,6 +578,31 @@ def window(folder: Path) -> Outcome:
                    {"stderr": err, "notes": note, "code": code, "cut": len(cut)})
 
 
+def confirm_window(folder: Path) -> Outcome:
+    """--timeout 22 with --confirm 1 on servers that take 11 s to start (TPE): the budget's
+    trial fits, its confirmation repeat would not (the study's own trial took longer than
+    what is left), so none is started: exit 124 saying the confirmation is left, no trial
+    cut; the rerun confirms and exits 0."""
+    prepare(folder)
+    sim = SIM + " --startup-delay-s 11"
+    args = [a if a != "grid" else "tpe" for a in search_args("--timeout", "22", vllm_cmd=sim, budget=1,
+                                                             confirm=True)]
+    args += ["--confirm", "1", "--confirm-max", "1"]
+    left: list[int] = []
+    code, out, err = _run(folder, *args, left=left)
+    before = finished(folder)
+    cut = [t for t in trials(folder) if t.user_attrs.get("fail_kind") == "interrupted"]
+    note = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
+    rcode, rout, _ = _run(folder, *[a for a in args if a not in ("--timeout", "22")], left=left)
+    repeats = [t for t in trials(folder) if "confirm_of" in t.user_attrs]
+    ok = (code == 124 and one_line(err) and "not confirmed yet" in err and before == 1 and not cut
+          and any("confirmation's repeats" in n for n in note) and rcode == 0 and len(repeats) >= 1
+          and not sum(left))
+    return Outcome("--timeout 22, confirmation would not fit", f"exit {code}, {len(cut)} cut, confirmation left; "
+                   f"rerun exit {rcode}, {len(repeats)} repeat(s)", before, finished(folder), sum(left), ok,
+                   {"code": code, "stderr": err, "notes": note, "cut": len(cut), "rerun": rcode})
+
+
 @contextlib.contextmanager
 def small_disk(path: Path, size: str):
     """A tmpfs of ``size`` at ``path``; None when this machine does not let us mount one."""
@@ -623,6 +648,148 @@ def disk_full(folder: Path) -> Outcome | None:
         return Outcome("disk full mid-study", f"exit {code}: '{err.strip()[:50]}...'; integrity {integrity}; "
                        f"report exit {rcode}, no empty files", before, before, sum(left), ok,
                        {"stderr": err, "report_stderr": rerr, "empty": empty})
+
+
+# -- study identity and state ------------------------------------------------------------------
+def sim_args(*extra: str, budget: int = 2, sampler: str = "tpe") -> list[str]:
+    """A simulator study of space.yaml (no server: what is tested is the study's state)."""
+    return ["search", "--space", "space.yaml", "--sampler", sampler, "--budget", str(budget), "--output", "json",
+            "--confirm", "0", *extra]
+
+
+def space_changed(folder: Path) -> Outcome:
+    """The space is edited but keeps its name: the rerun is refused in one line saying what
+    differs (nothing written), a file that parses the same (comments, key order) resumes,
+    and --resume-anyway goes on (TPE)."""
+    prepare(folder)
+    left: list[int] = []
+    code, out, _ = _run(folder, *sim_args(), left=left)
+    before = finished(folder)
+    same = "# reordered, commented: the same space\n" + SPACE.replace(
+        "  max_num_seqs: {choices: [16, 64]}\n  max_model_len: 4096\n",
+        "  max_model_len: 4096   # fixed\n  max_num_seqs: {choices: [16, 64]}\n")
+    (folder / "space.yaml").write_text(same)
+    scode, _, serr = _run(folder, *sim_args(budget=3), left=left)
+    (folder / "space.yaml").write_text(SPACE.replace("[16, 64]", "[16, 32, 64]"))
+    rcode, _, rerr = _run(folder, *sim_args(budget=4), left=left)
+    refused_at = finished(folder)
+    acode, _, aerr = _run(folder, *sim_args("--resume-anyway", budget=4), left=left)
+    ok = (code == 0 and before == 2 and scode == 0 and rcode == 2 and one_line(rerr)
+          and "another space" in rerr and "max_num_seqs choices [16, 64] -> [16, 32, 64]" in rerr
+          and "--resume-anyway" in rerr and refused_at == 3 and acode == 0 and finished(folder) == 4
+          and not sum(left))
+    return Outcome("space edited, same name (TPE)", f"same content resumed (exit {scode}); edited: exit {rcode}, "
+                   f"'{rerr.strip()[7:75]}...'; --resume-anyway exit {acode}", before, finished(folder), sum(left),
+                   ok, {"codes": (code, scode, rcode, acode), "stderr": rerr, "same": serr, "anyway": aerr})
+
+
+def study_names(folder: Path) -> Outcome:
+    """--study names that would leave studies/ (../../escape, a/b), one too long, one with a
+    space: one line each, exit 2, nothing written anywhere; studies show in a folder
+    without studies/ says so."""
+    work = prepare(folder / "a" / "b")
+    left: list[int] = []
+    results = {}
+    for name in ("../../escape", "x/y", "n" * 250, "a b"):
+        code, _, err = _run(work, *sim_args("--study", name, budget=1), left=left)
+        results[name[:20]] = (code, err)
+    written = [str(p) for p in folder.rglob("*") if p.is_file() and p.name != "space.yaml"]
+    scode, _, serr = _run(work, "studies", "show", "nothere", left=left)
+    ok = (all(c == 2 and one_line(e) and "study name" in e and "cannot write" not in e for c, e in results.values())
+          and not written and scode == 2 and one_line(serr) and "there is no studies/ folder" in serr and not sum(left))
+    return Outcome("bad --study names", f"exit {sorted({c for c, _ in results.values()})} for {len(results)} names, "
+                   f"{len(written)} files written; no studies/: '{serr.strip()[7:40]}...'", 0, 0, sum(left), ok,
+                   {"results": results, "written": written, "show": (scode, serr)})
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` read-only: a read-only bind mount where this process may mount (root, whom
+    permission bits do not stop), else its and its files' write permission taken away."""
+    done = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if done.returncode == 0:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], check=True, capture_output=True)
+        try:
+            yield "read-only mount"
+        finally:
+            subprocess.run(["umount", str(folder)], capture_output=True)
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.iterdir()]}
+    for p, mode in modes.items():
+        p.chmod(mode & ~0o222)
+    try:
+        yield "no write permission"
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def read_only_study(folder: Path) -> Outcome:
+    """A study whose file and folder cannot be written: tuner studies show, tuner plan (the
+    plan shown, not stored, its files skipped with a warning) and tuner report --out work;
+    a report into the study's folder and a search are refused in one line each; the file
+    is unchanged."""
+    import hashlib
+
+    prepare(folder)
+    left: list[int] = []
+    code, out, _ = _run(folder, *sim_args("--study", "ro", budget=3), left=left)
+    db = folder / "studies" / "ro.db"
+    digest = hashlib.sha256(db.read_bytes()).hexdigest()
+    with read_only(folder / "studies") as how:
+        shown = _run(folder, "studies", "show", "ro", left=left)
+        plan = _run(folder, "plan", "--study", "ro", "--output", "json", left=left)
+        report = _run(folder, "report", "ro", "--out", str(folder / "elsewhere"), left=left)
+        inside = _run(folder, "report", "ro", left=left)
+        search = _run(folder, *sim_args("--study", "ro", budget=4), left=left)
+    same = hashlib.sha256(db.read_bytes()).hexdigest() == digest
+    plan_notes = json.loads(plan[1]).get("notes", []) if plan[1].strip().startswith("{") else []
+    ok = (code == 0 and shown[0] == 0 and "vllm serve" in shown[1] and plan[0] == 0
+          and any("read-only" in n for n in plan_notes) and report[0] == 0
+          and (folder / "elsewhere" / "report.html").is_file() and inside[0] == 2 and one_line(inside[2])
+          and "--out" in inside[2] and search[0] == 2 and one_line(search[2]) and "read-only" in search[2]
+          and all(one_line(r[2]) for r in (shown, plan, report)) and same and finished(folder) == 3
+          and not sum(left))
+    return Outcome(f"read-only study ({how})", f"show/plan/report --out exit {shown[0]}/{plan[0]}/{report[0]}; "
+                   f"report into it exit {inside[0]}, search exit {search[0]}, one line each; file unchanged: {same}",
+                   3, finished(folder), sum(left), ok,
+                   {"shown": shown, "plan": plan[0::2], "report": report, "inside": inside, "search": search,
+                    "notes": plan_notes, "same": same, "how": how})
+
+
+#: ``tuner ARGS`` that imports everything first, then waits for the file ``go``: processes
+#: started with it open their storage within a millisecond of each other.
+AT_ONCE = ("import os, sys, time\nimport optuna, sqlalchemy\nimport tuner.cli, tuner.search, tuner.storage\n"
+           "while not os.path.exists('go'):\n    time.sleep(0.0005)\n"
+           "sys.argv = ['tuner', *sys.argv[1:]]\ntuner.cli.main()\n")
+
+
+def shared_sqlite_creation(folder: Path, pairs: int = 4) -> Outcome:
+    """Two studies created in one new SQLite file by two processes at the same instant,
+    ``pairs`` times (TPE and grid): never "table studies already exists" nor "UNIQUE
+    constraint failed: alembic_version"; each run either runs or is refused in the one
+    line for a SQLite file another process writes."""
+    prepare(folder)
+    bad: list[str] = []
+    left: list[int] = []
+    for i in range(pairs):
+        (folder / "go").unlink(missing_ok=True)
+        for f in folder.glob("shared.db*"):
+            f.unlink()
+        procs = [subprocess.Popen([sys.executable, "-c", AT_ONCE, *sim_args("--storage", "sqlite:///shared.db",
+                                   "--study", f"{name}{i}", budget=1, sampler=sampler)], cwd=folder, env=env(),
+                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                 for name, sampler in (("a", "tpe"), ("b", "grid"))]
+        time.sleep(3.0)  # both imported and waiting
+        (folder / "go").write_text("")
+        for proc in procs:
+            code, _, err = finish(proc)
+            left.append(wait_gone(proc.pid, timeout=10))
+            if not one_line(err) or (code != 0 and "SQLite takes one writer" not in err):
+                bad.append(f"exit {code}: {err.strip()[:200]}")
+    ok = not bad and not sum(left)
+    return Outcome("2 processes create one SQLite file", f"{pairs} pairs started within 1 ms: {len(bad)} failed "
+                   "creating it", 0, 0, sum(left), ok, {"bad": bad})
 
 
 # -- bad answers and credentials ------------------------------------------------------------
@@ -676,13 +843,15 @@ def _bad_answers(folder: Path, mode: str, kind: str, *extra: str) -> Outcome:
     scode, sout, _ = _run(folder, "studies", "show", json.loads(out)["study"], "--output", "json", left=left) \
         if out.strip() else (None, "{}", "")
     shown = json.loads(sout or "{}")
-    ok = (code == 3 and one_line(err) and f"{kind} x" in err and "nan" not in err and len(done) == 2
+    notes = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
+    once = sum("cannot change the server's configuration" in n for n in notes) == 1
+    ok = (code == 3 and one_line(err) and f"{kind} x" in err and "nan" not in err and len(done) == 1 and once
           and all(not t.user_attrs.get("feasible") and t.user_attrs.get("failed_by") == "errors"
                   and set(t.user_attrs.get("errors", {})) == {kind} and t.user_attrs.get("tokens_per_s") == 0
                   for t in done)
           and scode == 0 and kind in (shown.get("errors_total") or {}) and kind in str(shown.get("closest_miss")))
     why = err.strip().split("; trial ", 1)[-1]
-    return Outcome(f"endpoint: {mode.replace('_', ' ')}", f"exit {code} in {wall:.0f} s, no trial feasible, "
+    return Outcome(f"endpoint: {mode.replace('_', ' ')}", f"exit {code} in {wall:.0f} s, measured once, not feasible, "
                    f"{describe_errors(shown.get('errors_total'))} in all; 'trial {why[:60]}...'", 0,
                    finished(folder), sum(left), ok,
                    {"code": code, "stderr": err, "shown": shown, "wall_s": wall,
@@ -709,6 +878,102 @@ def hang_mid_stream(folder: Path) -> Outcome:
     o = _bad_answers(folder, "hang", "timeout", "--request-timeout", "1s")
     o.ok = o.ok and o.details["wall_s"] < 90
     return o
+
+
+TCP_STUB = REPO / "tests" / "faults" / "tcp_stub.py"
+
+
+def _no_env_stored(folder: Path) -> bool:
+    """No trial of the study stored infeasible, none counted: an endpoint fault teaches nothing."""
+    return finished(folder) == 0 and not [t for t in trials(folder) if t.user_attrs.get("infeasible_reason")]
+
+
+def endpoint_down(folder: Path, behaviour: str) -> Outcome:
+    """An endpoint that refuses connections (nothing listens), resets them, or accepts and
+    never answers (a real process on loopback, tests/faults/tcp_stub.py): exit 5 before any
+    study is written, one line naming the URL and the cause (never 'cannot write the study',
+    never exit 1)."""
+    prepare(folder)
+    left: list[int] = []
+    stub = None
+    if behaviour == "refused":
+        url = f"http://127.0.0.1:{free_port()}"
+    else:
+        stub = subprocess.Popen([sys.executable, str(TCP_STUB), behaviour], stdout=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{int(stub.stdout.readline())}"
+    try:
+        code, _, err = _run(folder, *endpoint_args(url), left=left)
+    finally:
+        if stub is not None:
+            stub.kill()
+            stub.wait()
+    words = {"refused": "connection refused", "reset": "connection reset", "hold": "no answer in time"}[behaviour]
+    ok = (code == 5 and one_line(err) and url in err and words in err and "cannot write the study" not in err
+          and study_db(folder) is None and not sum(left))
+    return Outcome(f"endpoint: {words}", f"exit {code}, '{err.strip()[7:70]}...', nothing written", 0, 0,
+                   sum(left), ok, {"code": code, "stderr": err})
+
+
+def instant_stream(folder: Path) -> Outcome:
+    """An endpoint whose every stream is one instant chunk claiming all the forced tokens
+    (once stored feasible at 253,692 tok/s): a bad stream, the server's fault: exit 5, one
+    line naming the URL; the trial fails as the environment's (not counted, not infeasible)."""
+    prepare(folder)
+    left: list[int] = []
+    with bad_server("--mode", "instant") as url:
+        code, out, err = _run(folder, *endpoint_args(url), left=left)
+    kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
+    feasible = [t for t in trials(folder) if t.user_attrs.get("feasible")]
+    ok = (code == 5 and one_line(err) and url in err and "did not arrive as its usage claims" in err
+          and kinds == ["environment"] and not feasible and _no_env_stored(folder) and not sum(left))
+    return Outcome("endpoint: one instant chunk per stream", f"exit {code}, bad stream named, 0 feasible, "
+                   "0 counted", 0, finished(folder), sum(left), ok, {"code": code, "stderr": err, "kinds": kinds})
+
+
+def _running(folder: Path) -> bool:
+    """A trial of the study RUNNING, read with sqlite3 read-only (opening with Optuna while
+    tuner creates the file would race its creation)."""
+    import sqlite3
+
+    db = study_db(folder)
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            return bool(db and conn.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'").fetchone()[0])
+    except sqlite3.Error:
+        return False
+
+
+def endpoint_dies(folder: Path) -> Outcome:
+    """The endpoint is killed mid-replay (its requests disconnect, then nothing listens): the
+    trial fails as the environment's (not counted, not infeasible) and the run stops at once,
+    exit 5, naming the URL; once it is back the same command measures it."""
+    from tuner.backends.vllm import start_local_server
+
+    prepare(folder)
+    left: list[int] = []
+    port = free_port()
+    argv = [sys.executable, str(BAD_SERVER), "--port", str(port), "--step-s", "0.05"]
+    server, url = start_local_server(argv, port, what="bad server", env=env())
+    proc = tuner(folder, *endpoint_args(url))
+    running = wait_for(lambda: _running(folder), timeout=60)
+    time.sleep(1.0)
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    code, _, err = finish(proc)
+    left.append(wait_gone(proc.pid, timeout=10))
+    kinds = [t.user_attrs.get("fail_kind") for t in trials(folder)]
+    clean = _no_env_stored(folder)
+    server, url = start_local_server(argv[:-2] + ["--step-s", "0.001"], port, what="bad server", env=env())
+    try:
+        rcode, _, rerr = _run(folder, *endpoint_args(url), left=left)
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    ok = (running and code == 5 and one_line(err) and url in err and kinds == ["environment"] and clean
+          and rcode == 0 and finished(folder) == 1 and not sum(left))
+    return Outcome("endpoint killed mid-replay", f"exit {code}, 1 environment fault, 0 counted; back up: rerun "
+                   f"exit {rcode}", 0, finished(folder), sum(left), ok,
+                   {"code": code, "stderr": err, "kinds": kinds, "rerun": (rcode, rerr)})
 
 
 def _leaks(folder: Path, *texts: str) -> list[str]:
@@ -791,11 +1056,21 @@ ALL = [
     ("hung_start", hung_start),
     ("startup_timeout", startup_timeout),
     ("window", window),
+    ("confirm_window", confirm_window),
     ("disk_full", disk_full),
     ("garbage_stream", garbage_stream),
     ("all_429", all_429),
     ("all_500", all_500),
     ("hang_mid_stream", hang_mid_stream),
+    ("space_changed", space_changed),
+    ("study_names", study_names),
+    ("shared_sqlite", shared_sqlite_creation),
+    ("read_only_study", read_only_study),
+    ("endpoint_refused", lambda f: endpoint_down(f, "refused")),
+    ("endpoint_reset", lambda f: endpoint_down(f, "reset")),
+    ("endpoint_hung", lambda f: endpoint_down(f, "hold")),
+    ("endpoint_dies", endpoint_dies),
+    ("instant_stream", instant_stream),
     ("key_in_url", key_in_url),
     ("api_key", api_key),
 ]

@@ -121,3 +121,10 @@ def test_timeout_starts_no_trial_that_cannot_finish_and_exits_124(tmp_path):
     o = sc.window(tmp_path)
     assert o.details["code"] == 124 and o.details["cut"] == 0, o
     assert o.ok, o
+
+
+def test_timeout_starts_no_confirmation_repeat_that_cannot_finish_and_exits_124(tmp_path):
+    o = sc.confirm_window(tmp_path)
+    assert o.details["code"] == 124 and o.details["cut"] == 0, o
+    assert o.details["rerun"] == 0, o
+    assert o.ok, o

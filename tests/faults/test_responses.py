@@ -43,3 +43,24 @@ def test_an_api_key_from_a_file_or_the_environment_is_sent_and_never_stored(tmp_
     assert o.details["file"][0] == 0 and o.details["env"][0] == 0, o.details
     assert o.details["leaks"] == [], o.details["leaks"]
     assert o.ok, o
+
+
+@pytest.mark.parametrize("behaviour", ["refused", "reset", "hold"])
+def test_an_endpoint_that_cannot_be_talked_to_is_an_endpoint_fault_exit_5(tmp_path, behaviour):
+    o = sc.endpoint_down(tmp_path, behaviour)
+    err = o.details["stderr"]
+    assert o.details["code"] == 5 and sc.one_line(err) and "cannot write the study" not in err, err
+    assert o.ok, o
+
+
+def test_an_endpoint_killed_mid_replay_stops_the_run_and_stores_nothing_as_the_configurations(tmp_path):
+    o = sc.endpoint_dies(tmp_path)
+    assert o.details["code"] == 5 and o.details["kinds"] == ["environment"], o.details
+    assert o.details["rerun"][0] == 0, o.details["rerun"]
+    assert o.ok, o
+
+
+def test_an_endpoint_whose_streams_claim_tokens_that_never_streamed_is_a_bad_stream_not_a_trial(tmp_path):
+    o = sc.instant_stream(tmp_path)
+    assert o.details["code"] == 5 and "did not arrive as its usage claims" in o.details["stderr"], o.details
+    assert o.ok, o

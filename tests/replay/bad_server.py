@@ -14,6 +14,9 @@ first, so a client that reads the model name gets that mode):
 * ``http_429`` / ``http_500`` — that status, with an OpenAI-style error body
 * ``hang`` — one chunk, then nothing (the connection stays open)
 * ``reset`` — one chunk, then the connection is dropped
+* ``instant`` — one chunk holding every forced token's text at once, usage claiming them all
+  (an implausible stream); ``grouped`` — chunks of 1 and 2 tokens by turns (1.5 per chunk,
+  as vLLM under high load); ``spec`` — 5 tokens to a chunk (speculative decoding, 4 drafts)
 
 ``--key K``: ``/v1/*`` answers 401 unless ``Authorization: Bearer K`` (or Basic
 credentials whose password is K) comes with it; ``/debug/auth`` counts both.
@@ -30,7 +33,7 @@ import sys
 from aiohttp import web
 
 MODES = ("ok", "garbage", "no_done", "no_usage", "short", "overcount", "error_chunk", "not_sse",
-         "http_429", "http_500", "hang", "reset")
+         "http_429", "http_500", "hang", "reset", "instant", "grouped", "spec")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -93,11 +96,19 @@ class BadServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         head = '{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":['
-        for i in range(n_out):
+        sizes = {"instant": [n_out], "grouped": [1, 2] * n_out, "spec": [5] * n_out}.get(mode, [1] * n_out)
+        groups, left = [], n_out
+        for k in sizes:
+            if left <= 0:
+                break
+            groups.append(min(k, left))
+            left -= groups[-1]
+        for i, k in enumerate(groups):
+            text = " tok" * k
             if chat:
-                choice = '{"index":0,"delta":{"content":" tok"},"finish_reason":null}'
+                choice = '{"index":0,"delta":{"content":"%s"},"finish_reason":null}' % text
             else:
-                choice = '{"index":0,"text":" tok","logprobs":null,"finish_reason":null}'
+                choice = '{"index":0,"text":"%s","logprobs":null,"finish_reason":null}' % text
             chunk = head + choice + "]}"
             if mode == "garbage":
                 chunk = chunk[:-12]  # broken JSON, still holding "choices"

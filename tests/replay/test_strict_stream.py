@@ -126,3 +126,26 @@ def test_error_counts_leave_out_what_a_stop_left_unfinished():
     assert describe_errors(r.error_counts()) == "http_429 x2, timeout x1"
     assert describe_errors({"a": 1, "b": 2, "c": 3}, limit=2) == "c x3, b x2, +1 more kinds"
     assert r.summary()["errors_http_429"] == 2.0 and "errors_not_sent" not in r.summary()
+
+
+def test_one_instant_chunk_claiming_every_forced_token_is_a_bad_stream(bad):
+    """The 253,692 tok/s stream: usage claims 300 forced tokens, one chunk brought them."""
+    from tuner.replay.client import bad_stream_fault
+
+    r = replay(bad, _workload(4, out=300), Concurrency(2), model="instant", metrics=False)
+    assert r.error == ["bad_stream"] * 4 and r.summary()["tokens_per_s"] == 0
+    assert "1 content chunk(s)" in r.error_detail["bad_stream"] and "300" in r.error_detail["bad_stream"]
+    kind, cause = bad_stream_fault(r)
+    assert kind == "bad_stream" and "4 of 4 streams" in cause
+
+
+@pytest.mark.parametrize("mode", ["grouped", "spec"])
+def test_tokens_grouped_as_vllm_groups_them_are_plausible(bad, mode):
+    """vLLM under high load (1.5 tokens a chunk) and speculative decoding (5 a chunk) are
+    measured as they are, at either length."""
+    from tuner.replay.client import bad_stream_fault
+
+    for out in (6, 300):
+        r = replay(bad, _workload(4, out=out), Concurrency(2), model=mode, metrics=False)
+        assert r.error == [None] * 4 and (r.output_tokens == out).all(), r.error_detail
+        assert bad_stream_fault(r) is None

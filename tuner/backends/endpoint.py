@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.control import StopHook
 from tuner.backends.vllm import _http
-from tuner.errors import BackendError, InputError
+from tuner.errors import BackendError, EndpointFault, InputError, connection_cause
 from tuner.urls import redact
 
 if TYPE_CHECKING:
@@ -32,13 +32,21 @@ class EndpointInstance:
         self.info = info
 
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
-        from tuner.replay.client import replay
+        from tuner.replay.client import bad_stream_fault, replay
 
         import time
 
         # a fresh salt per run: the server outlives us, and a rerun must not hit an earlier run's prefix cache
         result = replay(self.backend.given, workload, load, model=self.info.get("model_name"), stop=stop,
                         salt=time.time_ns() % 2**31, api_key=self.backend._api_key, **self.backend._replay)
+        bad = bad_stream_fault(result)
+        if bad is not None:
+            raise EndpointFault(bad[0], ", ".join(redact(u) for u in self.backend.urls), bad[1])
+        errors = result.error_counts()
+        if len(result) and not result.ok.any() and (errors.get("disconnect") or errors.get("timeout")):
+            # nothing served and connections failed: a server that went away is the server's fault
+            for url, headers in zip(self.backend.urls, self.backend._headers):
+                self.backend._models(url, headers)  # EndpointFault when it no longer answers
         if "num_gpu_blocks" in self.info:
             result.server.setdefault("num_gpu_blocks", self.info["num_gpu_blocks"])
         return result
@@ -85,6 +93,7 @@ class EndpointBackend:
         if not self.urls:
             raise InputError("the endpoint backend needs at least one URL", hint="pass --endpoint http://host:8000")
         self.model = model
+        self._probe_s = 10.0  # seconds /v1/models may take to answer
         self._replay = {"router": router, "timeout_s": timeout_s, "api": api, "metrics": metrics}
 
     def __repr__(self) -> str:
@@ -101,16 +110,18 @@ class EndpointBackend:
             self._models(url, headers)
 
     def _models(self, url: str, headers: dict[str, str]) -> dict[str, Any]:
-        """The first model card ``url/v1/models`` lists."""
+        """The first model card ``url/v1/models`` lists; :class:`EndpointFault` when the
+        URL refuses, resets or does not answer in time."""
+        import http.client
         import json
 
         from tuner.replay.client import _denied
 
         try:
-            status, body = _http(f"{url}/v1/models", timeout=10.0, headers=headers)
-        except OSError as err:
-            raise BackendError(redact(f"{url}/v1/models did not answer ({getattr(err, 'reason', err)}); is the "
-                                      "server up and is the URL right?")) from None
+            status, body = _http(f"{url}/v1/models", timeout=self._probe_s, headers=headers)
+        except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, not HTTP
+            kind, cause = connection_cause(err)
+            raise EndpointFault(kind, redact(f"{url}/v1/models"), cause) from None
         if status in (401, 403):
             raise InputError(redact(f"{url}/v1/models answered {status}: {_denied(headers)}"))
         try:

@@ -266,7 +266,7 @@ class VllmInstance:
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
         """Replay ``load`` against the replicas. Raises BackendError if a replica died
         before or during the run (the log path and vLLM's last line are in the message)."""
-        from tuner.replay.client import replay
+        from tuner.replay.client import bad_stream_fault, replay
 
         if self.closed:
             raise BackendError("this vLLM instance is closed; start a new one")
@@ -275,6 +275,9 @@ class VllmInstance:
         result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop, salt=self.runs,
                         **self.backend._replay)
         self._raise_if_dead("during the run")
+        bad = bad_stream_fault(result)
+        if bad is not None:  # the server's streams, not the configuration's speed
+            raise EnvironmentFault(bad[0], f"the server at {', '.join(self.urls)}: {bad[1]}")
         result.server.update({k: self.info[k] for k in ("kv_cache_tokens", "num_gpu_blocks") if k in self.info})
         return result
 

@@ -171,13 +171,33 @@ def plan_cmd(
                          workload=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
                          store=store, observer=_Lines(output == "text" and sys.stderr.isatty()),
                          slos=list(slo) if slo else None)
-    paths = write_plan_files(est, out) if files else None
+    paths = _write_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()
         data["files"] = None if paths is None else [str(p) for p in paths]
         print(json.dumps(data, indent=2))
         return
     _print(est, paths)
+
+
+def _write_files(est: Any, out: str | None) -> Any:
+    """The plan's files; beside a read-only study (its default folder), none: the plan is
+    still printed, and one warning says where to write them (``--out``)."""
+    import errno
+    from pathlib import Path
+
+    from tuner.plan import write_plan_files
+
+    try:
+        return write_plan_files(est, out)
+    except OSError as err:
+        if out is not None or err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            from tuner.files import write_fault
+
+            raise write_fault(Path(err.filename or out or "."), err) from None
+        print(f"tuner: warning: {err.filename or 'the study folder'} is read-only: the plan's files were not "
+              "written (give --out DIR)", file=sys.stderr)
+        return None
 
 
 class _Lines(Observer):

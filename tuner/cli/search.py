@@ -169,6 +169,7 @@ def search_cmd(
     confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
     feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
+    resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
@@ -181,7 +182,7 @@ def search_cmd(
 
     A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129; --timeout stops it too and exits normally. Such a trial, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
 
-    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
+    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 5 the --endpoint server cannot be talked to (refused, reset, no answer in time, implausible streams; the URL and the cause are named), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
 
     \b
     Examples:
@@ -204,7 +205,7 @@ def search_cmd(
     settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
                               feasibility=feasibility,
-                              objective=objective)
+                              objective=objective, resume_anyway=resume_anyway)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)
     target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
@@ -231,7 +232,7 @@ def search_cmd(
     best = outcome.best
     report: dict[str, Any] = {
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
-        "finished_trials": outcome.finished, "new_trials": outcome.new_trials,
+        "finished_trials": outcome.finished, "new_trials": outcome.new_trials, "copies": outcome.copies,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
         "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective, "backend": outcome.backend,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
@@ -256,6 +257,10 @@ def search_cmd(
         raise WindowClosed(f"--timeout {timeout:g} s reached with {outcome.finished} of {budget} trials finished"
                            + ("" if best is None else f" (best so far: trial {best.number})")
                            + "; nothing is lost: run the same command again to go on")
+    if outcome.timed_out and outcome.confirmation is None and confirm > 0 and best is not None:
+        raise WindowClosed(f"--timeout {timeout:g} s reached with the budget's {budget} trials finished and the "
+                           f"winner not confirmed yet (best so far: trial {best.number}; a repeat would not fit "
+                           "in the time left); nothing is lost: run the same command again to confirm it")
     if best is None:
         if outcome.confirmation is not None and not getattr(outcome.confirmation, "held", True):
             raise NoFeasibleConfig(f"no configuration held {outcome.slo_text()} on its repeats: "
@@ -274,6 +279,8 @@ def _print_report(report: dict[str, Any]) -> None:
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731
     say(f"study {report['study']} ({report['storage']}): {report['finished_trials']} finished trials, "
         f"{report['new_trials']} new in {report['wall_s']:.1f} s"
+        + (f" ({report['copies']} of them {'a copy' if report['copies'] == 1 else 'copies'} of a configuration "
+           "measured before: no start, no budget slot)" if report.get("copies") else "")
         + (f", {report['pruned_trials']} pruned by the simulator's prediction" if report.get("pruned_trials") else ""))
     for note in report.get("notes") or []:
         say(f"note: {note}")

@@ -164,7 +164,15 @@ def plan_capacity(
         workload=dataclasses.replace(est.workload, study_fingerprint=None if studied is None else studied.fingerprint,
                                      study_requests=None if studied is None else studied.requests))
     if store and st is not None:
-        store_plan(st, est)
+        from tuner.storage import storage_fault
+
+        try:
+            store_plan(st, est)
+        except Exception as err:  # a read-only study is read, planned, and left as it is
+            if storage_fault(err, st.study_name) is None:
+                raise
+            est = dataclasses.replace(est, notes=(*est.notes, f"study {st.study_name!r} cannot be written (read-only):"
+                                                  " this plan is shown, not stored on it"))
     return est
 
 

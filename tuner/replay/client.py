@@ -29,7 +29,8 @@ payload that is not JSON or has no ``choices`` list, a choice without a completi
 that ends without ``[DONE]``, no usage chunk, or token counts that do not add up (more
 output tokens than forced, more content chunks than tokens, for completions a prompt
 count other than the ids sent); ``short_output`` for fewer output tokens than forced;
-``http_<status>`` for an answer other than 200; ``timeout``; ``disconnect``. Of these,
+``http_<status>`` for an answer other than 200; ``timeout``; ``disconnect``; ``bad_stream``
+for tokens that did not arrive as the usage claims (:data:`MAX_TOKENS_PER_CHUNK`). Of these,
 vLLM also fails a payload that is not JSON, a line that is not SSE, an answer other than
 200, a timeout and a disconnect; the others it counts as served.
 """
@@ -62,6 +63,16 @@ if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
 
 APIS = ("completions", "chat")
+
+#: A stream is plausible only if its tokens arrive as a decoder sends them: one token per
+#: content chunk, or a few (vLLM under high load averages 1.3-1.5 per chunk, a step's tokens
+#: of one request leaving together; ``--stream-interval N`` or speculative decoding with k
+#: draft tokens put up to N or k + 1 in one). A stream of at least ``PLAUSIBLE_MIN_TOKENS``
+#: whose usage claims more than ``MAX_TOKENS_PER_CHUNK`` tokens per content chunk did not
+#: come as decoded tokens do (one instant chunk claiming hundreds of forced tokens): a
+#: ``bad_stream``, the server's fault, never a measurement (:func:`bad_stream_fault`).
+MAX_TOKENS_PER_CHUNK = 16
+PLAUSIBLE_MIN_TOKENS = 32
 
 
 @dataclass(slots=True)
@@ -322,6 +333,10 @@ async def stream_request(
                 raise _Bad(f"usage says {n_prompt} prompt tokens, {expect_prompt} were sent")
             if first is None:
                 raise _Bad(f"usage says {n_out} output tokens, but no content chunk came")
+            if n_out >= PLAUSIBLE_MIN_TOKENS and n_out > MAX_TOKENS_PER_CHUNK * pieces:
+                raise _Bad(f"{pieces} content chunk(s) arriving over {(last - first) * 1e3:.1f} ms for the {n_out} "
+                           f"output tokens its usage claims (a decoder sends at most {MAX_TOKENS_PER_CHUNK} to a "
+                           "chunk)", "bad_stream")
     except _Bad as bad:
         out.error, out.detail = bad.kind, redact(str(bad))
         return
@@ -603,6 +618,16 @@ def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls
         load_label=getattr(load, "label", str(load)),
         error_detail=detail,
     )
+
+
+def bad_stream_fault(result: RunResult) -> tuple[str, str] | None:
+    """``(kind, cause)`` when ``result`` holds implausible streams (``bad_stream``): the
+    server's fault, so the run measured nothing; None otherwise."""
+    n = result.error_counts().get("bad_stream", 0)
+    if not n:
+        return None
+    return "bad_stream", (f"{n} of {len(result)} streams did not arrive as its usage claims, e.g. "
+                          f"{result.error_detail.get('bad_stream', '')}; it is not measured")
 
 
 def replay(endpoints: Sequence[str] | str, workload: Workload, load: Load, **kwargs: Any) -> RunResult:

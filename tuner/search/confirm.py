@@ -16,6 +16,8 @@ from tuner.progress import Observer, observer_or_headless
 from tuner.urls import redact
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
 
     from tuner.search.backend import Backend
@@ -105,11 +107,17 @@ def study_noise(study: optuna.Study, simulated: bool) -> Any:
     return noise_floor(groups.values(), simulated)
 
 
+class WindowFull(Exception):
+    """The next repeat would not fit in what ``--timeout`` leaves (``may_start``): none is
+    started only to be thrown away; the repeats measured so far are kept for the next run."""
+
+
 def confirm_winner(
     study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float | SloSet, *, objective: str = "tokens",
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None, feasibility_min: float = FEASIBILITY,
+    may_start: Callable[[], bool] | None = None,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (up to ``max_rounds`` while one that differs from the leader in a
@@ -118,7 +126,8 @@ def confirm_winner(
     every candidate) and store the decision (:mod:`tuner.confirmation`) as the study's
     ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` outside the
     budget, written when measured: an interrupted confirmation keeps its repeats and
-    the next run reuses them. Returns the Confirmation, or None with no feasible trial."""
+    the next run reuses them. ``may_start`` is asked before each repeat is started; when it
+    says no, :class:`WindowFull` is raised. Returns the Confirmation, or None with no feasible trial."""
     from optuna.trial import TrialState, create_trial
 
     from tuner.study import confirmation, count_finished, is_feasible
@@ -176,6 +185,8 @@ def confirm_winner(
             if (low := lowest_p95(records[t.number])) is not None:
                 c.floor_p95s.append(low)
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
+        if may_start is not None and not may_start():  # the window cannot hold another start
+            raise WindowFull(f"trial {c.number}'s repeat {r}")
         original = records[c.number]
         obs.on_phase(f"confirming trial {c.number}: repeat {r}/{of(r)}")
         edge = original.edge.level if original.edge is not None else None

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
-from tuner.errors import EnvironmentFault, InputError
+from tuner.errors import EndpointFault, EnvironmentFault, InputError
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
 from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
 from tuner.confirmation import FEASIBILITY
-from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, confirm_winner, study_noise
+from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, WindowFull, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import environment_fault
@@ -79,6 +79,7 @@ class SearchOutcome:
     target_ttft_s: float | None = None
     backend: str | None = None  # the backend's name
     slos: tuple[str, ...] = ()  # every SLO the study met (``p95:ttft<=2s`` first)
+    copies: int = 0  # of ``new_trials``: configurations measured before, re-read (free up to FREE_COPIES)
 
     def slo_text(self) -> str:
         """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
@@ -106,6 +107,7 @@ class SearchSettings:
     kill_stale: bool = False
     feasibility: float = FEASIBILITY  #: a race candidate near the target stays in only above this probability
     objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
+    resume_anyway: bool = False  #: resume a study whose space was another (:meth:`SearchRun._check_space`)
 
     def __post_init__(self) -> None:
         if self.budget < 1:
@@ -142,6 +144,7 @@ def run_search(
     edge_tolerance: float = EDGE_TOLERANCE,
     objective: str = "tokens",
     feasibility: float = FEASIBILITY,
+    resume_anyway: bool = False,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -176,7 +179,7 @@ def run_search(
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              objective=objective, feasibility=feasibility)
+                              objective=objective, feasibility=feasibility, resume_anyway=resume_anyway)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 
@@ -218,8 +221,11 @@ class SearchRun:
             load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
         )
         self.gpu_s = 0.0
+        self.copies = 0  # this run's trials that re-read a measurement (no server start, no budget slot)
         self.notes: list[str] = []
         self.env_faults: list[str] = []
+        self.endpoint_fault: EndpointFault | None = None
+        self.window_left: str | None = None  # what --timeout left undone, when not trials of the budget
         self.worker: Any = None
 
     # -- set-up ---------------------------------------------------------------------------
@@ -256,6 +262,7 @@ class SearchRun:
                 f"{', '.join(self.slos.texts[1:]) or 'P95 TTFT alone'}: its trials' feasibility would mix two SLO sets",
                 hint="resume it with the same --slo options, or give --study a new name",
             )
+        self._check_space(record)
         stamped = record.target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
@@ -266,6 +273,20 @@ class SearchRun:
         report_stale_servers(self.obs, s.kill_stale)
         self.obs.on_start(self.name, count_finished(st), s.budget)
         return st
+
+    def _check_space(self, record: StudyRecord) -> None:
+        """The space is part of the study's identity: the same name with another space is
+        refused (its best trial may lie outside the new space), unless ``resume_anyway``."""
+        from tuner.space import space_difference
+
+        if record.space_fingerprint in (None, self.space.fingerprint()):
+            return
+        what = space_difference(record.space_content or {}, self.space.content())
+        if not self.settings.resume_anyway:
+            raise InputError(f"study {self.name!r} was searched over another space ({what})",
+                             hint="give --study a new name for the new space, or --resume-anyway to add its "
+                                  "trials to the old ones")
+        self.obs.on_warning(f"resuming study {self.name!r} over another space than it was made with ({what})")
 
     def _enqueue(self, enqueue: Sequence[ServeConfig]) -> None:
         """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
@@ -333,6 +354,8 @@ class SearchRun:
         except EnvironmentFault as err:  # the machine, not the configuration
             mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}",
                               gpu_s=self._held(t_trial))
+            if isinstance(err, EndpointFault):  # nothing more can be measured there: the run stops now
+                self.endpoint_fault = err
             raise
         except Exception as err:  # a crash fails this trial only; the study goes on
             mark_trial_failed(trial, config, self.run_facts, "crash", f"{type(err).__name__}: {err}",
@@ -421,7 +444,11 @@ class SearchRun:
         from tuner.study import best_feasible_trial
 
         rec = TrialRecord.from_trial(trial)
-        if rec.fail_kind == "environment":
+        self.copies += rec.is_repeat and not rec.is_confirmation
+        if rec.fail_kind == "environment" and self.endpoint_fault is not None:
+            self.worker.halt = str(self.endpoint_fault)
+            st.stop()
+        elif rec.fail_kind == "environment":
             self.env_faults.append(str(rec.fail_reason))
             self.obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {self.env_faults[-1]}")
             if len(self.env_faults) >= ENVIRONMENT_FAULTS_TO_STOP:
@@ -445,6 +472,12 @@ class SearchRun:
         from tuner.workers import Worker
 
         s, st = self.settings, self.study
+        if not self.backend.restarts:  # an endpoint: what runs there is the operator's, one thing to measure
+            self.settings = s = replace(s, budget=min(s.budget, count_finished(st) + 1), confirm=0)
+            self.notes.append(f"the {self.backend.name} backend cannot change the server's configuration: the "
+                              "server is measured once per run as it is configured, and no configurations are "
+                              "compared (the space's knobs were not applied)")
+            self.obs.on_warning(self.notes[-1])
         interrupted: Interrupted | None = None
         with Worker(st, self.storage, budget=s.budget, timeout_s=s.timeout_s,
                     gpus=self.deployment.gpu_ids or self.deployment.gpu_count, tags=self.tags) as worker:
@@ -471,10 +504,13 @@ class SearchRun:
         if worker.window_closed:
             interrupted = interrupted or Interrupted("timeout")
             left = max(0, s.budget - count_finished(st))
+            what = self.window_left or f"{left} of the budget's {s.budget} trials are"
             self.notes.append(f"--timeout: {self.window.remaining():.0f} s left, less than the "
                               f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
-                              f"started that could not finish; {left} of the budget's {s.budget} trials are left "
-                              "for the next run (the same command goes on)")
+                              f"started that could not finish; {what} left for the next run (the same "
+                              "command goes on)")
+        if self.endpoint_fault is not None:
+            raise self.endpoint_fault
         if worker.halt is not None:
             raise EnvironmentFault("environment", f"stopped after {ENVIRONMENT_FAULTS_TO_STOP} environment faults "
                                    f"in a row (no configuration was judged by them): {worker.halt}")
@@ -486,7 +522,7 @@ class SearchRun:
                              time.perf_counter() - self.t0, self.gpu_s, notes=self.notes,
                              timed_out=interrupted is not None, confirmation=confirmation(st),
                              deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name,
-                             slos=self.slos.texts)
+                             slos=self.slos.texts, copies=self.copies)
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
@@ -503,10 +539,15 @@ class SearchRun:
             if lock is not None and not lock.acquire(blocking=False):
                 self.notes.append(f"{lock.holder()} is confirming the winner")
                 return
-            confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
-                           max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load, max_replays=s.max_replays,
-                           precheck=s.precheck, edge_tolerance=s.edge_tolerance, observer=self.obs, objective=s.objective,
-                           run_facts=self.run_facts, tags=self.tags, feasibility_min=s.feasibility)
+            try:
+                confirm_winner(st, self.backend, self.deployment, self.workload, self.slos, rounds=s.confirm,
+                               max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load,
+                               max_replays=s.max_replays, precheck=s.precheck, edge_tolerance=s.edge_tolerance,
+                               observer=self.obs, objective=s.objective, run_facts=self.run_facts, tags=self.tags,
+                               feasibility_min=s.feasibility, may_start=self._fits)
+            except WindowFull as err:  # its repeats so far are kept: the next run goes on from them
+                self.worker.window_closed = True
+                self.window_left = f"the confirmation's repeats from {err} on are"
         finally:
             if lock is not None:
                 lock.close()

@@ -90,5 +90,5 @@ def stamp_study(st: optuna.Study, space: SearchSpace, deployment: Deployment, fi
     stamp = StudyRecord(space=space.name, space_path=space.path, deployment=deployment,
                         workload_fingerprint=fingerprint, backend=backend, sampler=sampler, seed=seed,
                         target_ttft_s=target, load_kind=space.workload.load, slos=space.workload.slos,
-                        objective=objective)
+                        objective=objective, space_fingerprint=space.fingerprint(), space_content=space.content())
     write(st.set_user_attr, stamp)
