@@ -258,7 +258,7 @@ def study_job(job: tuple[str, int]) -> dict:
     return {"family": fam_name, "seed": seed,
             "winner": None if res.best is None else key_of(TrialRecord.from_trial(res.best).config),
             "ties": [key_of(r.config) for r in ties if r.config is not None],
-            "copies": copies, "copy_slots": copy_slots(res.study), "repeats": sum(1 for r in recs.values() if r.is_confirmation)}
+            "copies": copies, "copy_slots": copy_slots(res.study), "reason": "" if conf is None else conf.reason, "repeats": sum(1 for r in recs.values() if r.is_confirmation)}
 
 
 # -- the table -------------------------------------------------------------------------------------------
@@ -267,6 +267,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--families", nargs="*", default=[f.name for f in FAMILIES], choices=[f.name for f in FAMILIES])
+    parser.add_argument("--detail", action="store_true", help="one line per seed: the winner's and the ties' share of the optimum")
     args = parser.parse_args()
     t0 = time.perf_counter()
     for name in args.families:
@@ -300,6 +301,11 @@ def main() -> None:
         print(f"{name:<16} {target:>5.2f}s {opt:>13,.0f} {infeasible:>7}/{n:<2} {within:>6}/{n:<2} {ties:>6}/{n:<2} "
               f"{statistics.median(copies):>4.0f} ({max(copies)}) {statistics.median(repeats):>4.0f} ({max(repeats)})")
         worst = min(share(r["winner"]) for r in mine)
+        if args.detail:
+            for r in mine:
+                tied = ", ".join(f"{share(k):.1%}" for k in r["ties"])
+                print(f"{'':<16} seed {r['seed']}: winner {share(r['winner']):.1%}, ties [{tied}], "
+                      f"repeats {r['repeats']}, reason: {r.get('reason', '')}")
         free = sum(r["copies"] - r.get("copy_slots", r["copies"]) for r in mine)
         print(f"{'':<16} worst recommendation {worst:.1%} of the optimum; {free} copies in all took no slot; "
               "copy slots and repeats: median (max)")

@@ -103,15 +103,16 @@ def trials(folder: Path) -> list[Any]:
 
 
 def finished(folder: Path) -> int:
-    """Trials that count against the budget (what tuner itself reports): confirmation
-    re-measurements of the best (outside the budget) and failures that measured nothing left out."""
+    """Trials that count against the budget, as tuner counts them (tuner.study.count_finished):
+    confirmation re-measurements of the best (outside the budget), failures that measured
+    nothing and copies of a configuration measured before (free up to FREE_COPIES) left out."""
     from optuna.trial import TrialState
 
-    from tuner.recovery import not_measured
-    from tuner.study import is_confirmation
+    from tuner.study import counts_toward_budget, free_copies, is_copy
 
-    return sum(1 for t in trials(folder) if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-               and not not_measured(t) and not is_confirmation(t))
+    counted = [t for t in trials(folder) if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+               and counts_toward_budget(t)]
+    return len(counted) - free_copies(sum(1 for t in counted if is_copy(t)))
 
 
 def measured_configs(folder: Path) -> collections.Counter:
