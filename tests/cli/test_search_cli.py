@@ -128,3 +128,30 @@ def test_another_target_never_resumes_a_study_searched_for_the_first(tmp_path, m
     # an explicit --study with another target is refused, not mixed
     code, _, err = run_cli(["search", "--budget", "2", "--study", first, "--target-ttft", "2s"], capsys)
     assert code == 2 and "searched for P95 TTFT <= 0.001 s, not 2 s" in err and "--target-ttft 0.001s" in err
+
+
+def test_the_best_trial_speaks_vllm_bench_names_in_their_units(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "2", "--confirm", "0", "--output", "json"], capsys)
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert best["total_token_throughput"] == best["tokens_per_s"]
+    assert best["output_throughput"] == best["output_tokens_per_s"]
+    assert best["p95_ttft_ms"] == pytest.approx(best["ttft_p95_s"] * 1e3)
+    users = int(best["load"].removesuffix(" users"))  # the default space offers concurrency
+    assert best["max_concurrency"] == users and best["request_rate"] is None
+    stats = ("mean", "median", "std", "p90", "p95", "p99")
+    for metric in ("ttft", "tpot", "e2el"):
+        for stat in stats:
+            assert isinstance(best[f"{stat}_{metric}_ms"], float), f"{stat}_{metric}_ms"
+    assert 1 < best["mean_tpot_ms"] < 1000 and best["median_ttft_ms"] <= best["p99_ttft_ms"]
+    # the simulator keeps per-token times only for an ITL SLO: without one, ITL is null, not guessed
+    assert all(best[f"{stat}_itl_ms"] is None for stat in stats)
+    code, out, _ = run_cli(["studies", "show", json.loads(out)["study"], "--output", "json"], capsys)
+    assert code == 0 and json.loads(out)["best"]["p95_ttft_ms"] == best["p95_ttft_ms"]
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--slo", "p95:itl<=1s", "-o", "json"],
+                             capsys)
+    best = json.loads(out)["best"]
+    assert code == 0, err
+    assert all(isinstance(best[f"{stat}_itl_ms"], float) for stat in stats)
+    assert best["p95_itl_ms"] == pytest.approx(best["slos"]["p95:itl<=1s"]["measured_s"] * 1e3)

@@ -90,6 +90,28 @@ def test_load_table_json_keys(capsys):
     assert rows[1]["ttft_mean_s"] >= rows[0]["ttft_mean_s"]
 
 
+def test_load_rows_carry_vllm_bench_names_and_pandas_reads_them(capsys):
+    pytest.importorskip("tuner.sim.engine")
+    import pandas as pd
+
+    code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                       "--concurrency", "4", "--rate", "2", "--input-len", "512", "--output-len", "64",
+                       "--num-requests", "40", "-o", "json")
+    rows = pd.json_normalize(json.loads(out), "load")
+    assert code == 0 and len(rows) == 2
+    closed, poisson = rows.iloc[0], rows.iloc[1]
+    assert closed["max_concurrency"] == 4 and pd.isna(closed["request_rate"])
+    assert poisson["request_rate"] == 2 and pd.isna(poisson["max_concurrency"])
+    for _, row in rows.iterrows():  # 40 requests of 512 + 64 tokens, all served
+        assert row["completed"] == 40
+        assert row["total_token_throughput"] == pytest.approx(row["request_throughput"] * 576)
+        assert row["output_throughput"] == pytest.approx(row["request_throughput"] * 64)
+        assert row["mean_ttft_ms"] == pytest.approx(row["ttft_mean_s"] * 1e3)
+        assert row["p95_ttft_ms"] == pytest.approx(row["ttft_p95_s"] * 1e3)
+        assert row["mean_tpot_ms"] == pytest.approx(row["tpot_mean_s"] * 1e3)
+        assert row["median_e2el_ms"] > row["median_ttft_ms"] and row["std_ttft_ms"] >= 0
+
+
 def test_rate_table(capsys):
     pytest.importorskip("tuner.sim.engine")
     code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--max-model-len", "4096",

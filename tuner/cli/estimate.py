@@ -61,7 +61,9 @@ def build_workload(trace: str | None, input_len: int | None, output_len: int | N
 
 def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
               loads: list[Load], router: str = "round_robin") -> list[dict[str, Any]]:
-    """One simulated run per load; rows with the ``vllm bench`` aggregates."""
+    """One simulated run per load; rows with tuner's aggregates (seconds) and the same under
+    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`, milliseconds)."""
+    from tuner.result import bench_fields
     from tuner.sim.engine import simulate  # the engine module arrives separately
 
     rows = []
@@ -72,6 +74,7 @@ def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
             {"concurrency": load.users} if isinstance(load, Concurrency) else {"rate": load.rate}
         )
         row.update({k: float(summary.get(k, float("nan"))) for k in LOAD_KEYS})
+        row.update(bench_fields(summary, load))  # vllm bench serve's names and units (ms)
         rows.append(row)
     return rows
 

@@ -39,13 +39,16 @@ def deployment_of(study: optuna.Study) -> Deployment:
 def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     """What ``tuner search`` and ``tuner studies show`` say of the best feasible trial
     (``--output json``'s ``best``): its throughput, P95 TTFT, load, configuration, failed
-    requests and ``vllm serve`` command."""
+    requests and ``vllm serve`` command, and beside them the same measurement under
+    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`: ``total_token_throughput``,
+    ``p95_ttft_ms``, ``max_concurrency``, ...)."""
+    from tuner.result import bench_fields
     from tuner.search import serve_command
     from tuner.study import trial_config
 
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
-    return {
+    return {**bench_fields(rec.summary, rec.chosen_load),
         "trial": best.number, "tokens_per_s": rec.tokens_per_s if rec.tokens_per_s is not None else best.value,
         "output_tokens_per_s": rec.output_tokens_per_s,
         "ttft_p95_s": rec.summary.get("ttft_p95_s"), "load": rec.chosen_load,
