@@ -155,3 +155,33 @@ def test_the_best_trial_speaks_vllm_bench_names_in_their_units(tmp_path, monkeyp
     assert code == 0, err
     assert all(isinstance(best[f"{stat}_itl_ms"], float) for stat in stats)
     assert best["p95_itl_ms"] == pytest.approx(best["slos"]["p95:itl<=1s"]["measured_s"] * 1e3)
+
+
+def test_pinned_knobs_are_fixed_not_searched(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "3", "--confirm", "0", "--max-num-seqs", "256",
+                              "--set", "kv-cache-dtype=auto", "-o", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert "max_num_seqs_256" in report["study"]  # a pinned search is a study of its own
+    study = optuna.load_study(study_name=report["study"], storage=report["storage"])
+    assert study.trials and all("max_num_seqs" not in t.params and "kv_cache_dtype" not in t.params
+                                for t in study.trials)
+    assert {t.user_attrs["config"]["max_num_seqs"] for t in study.trials} == {256}
+    assert {t.user_attrs["config"]["kv_cache_dtype"] for t in study.trials} == {"auto"}
+    assert "--max-num-seqs 256" in report["best"]["command"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--max-num-seqs", "0"], "--max-num-seqs: max_num_seqs must be an integer"),
+    (["--set", "max_num_seqs=lots"], "--set max_num_seqs=lots: max_num_seqs takes int values, got 'lots'"),
+    (["--set", "speed=11"], "--set speed=11: 'speed' is not a knob"),
+    (["--set", "max_num_seqs"], "--set max_num_seqs: write knob=value"),
+    (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype: kv_cache_dtype 'fp4' is unknown"),
+    (["--max-num-seqs", "64", "--set", "max-num-seqs=128"], "already pinned at 64 by --max-num-seqs"),
+])
+def test_a_bad_pin_is_one_line_saying_what_and_where(tmp_path, monkeypatch, capsys, args, words):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["search", "--budget", "1", *args], capsys)
+    assert code == 2 and words in err and err.count("\n") == 1
+    assert not (tmp_path / "studies").exists()  # refused before a study is made

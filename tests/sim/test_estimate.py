@@ -130,3 +130,13 @@ def test_trace_replay_uses_the_first_rows(capsys):
     rows = json.loads(out)["load"]
     assert code == 0 and rows[0]["rate"] == 2.0
     assert 1.0 < rows[0]["requests_per_s"] < 3.0
+
+
+def test_set_and_the_knob_flag_describe_the_same_configuration(capsys):
+    by_flag = run(capsys, "--gpu", "H200", "--max-num-seqs", "64", "--kv-cache-dtype", "fp8", "-o", "json")
+    by_set = run(capsys, "--gpu", "H200", "--set", "max_num_seqs=64", "--set", "kv_cache_dtype=fp8", "-o", "json")
+    default = run(capsys, "--gpu", "H200", "-o", "json")
+    assert by_flag[0] == by_set[0] == 0 and json.loads(by_flag[1]) == json.loads(by_set[1])
+    assert json.loads(by_flag[1])["memory"] != json.loads(default[1])["memory"]
+    code, _, err = run(capsys, "--set", "block_size=7.5")
+    assert code == 2 and "--set block_size=7.5: block_size takes int values" in err
