@@ -4,6 +4,7 @@ import json
 
 import optuna
 import pytest
+import yaml
 from cli_runner import run_cli
 
 from tuner.cli.search import parse_gpus
@@ -185,3 +186,24 @@ def test_a_bad_pin_is_one_line_saying_what_and_where(tmp_path, monkeypatch, caps
     code, _, err = run_cli(["search", "--budget", "1", *args], capsys)
     assert code == 2 and words in err and err.count("\n") == 1
     assert not (tmp_path / "studies").exists()  # refused before a study is made
+
+
+def test_recipe_writes_the_recommendation_from_search_and_from_studies_show(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "2", "--confirm", "0", "--set", "kv_cache_dtype=fp8",
+                              "--recipe", "out/win.json", "-o", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert "wrote out/win.json (serve-params) and out/win.sh (vllm serve command)" in err
+    [entry] = json.loads((tmp_path / "out" / "win.json").read_text())
+    assert entry["_benchmark_name"] == f"{report['study']}.trial{report['best']['trial']}"
+    assert entry["kv_cache_dtype"] == "fp8" and entry["max_num_seqs"] == report["best"]["config"]["max_num_seqs"]
+    assert (tmp_path / "out" / "win.sh").read_text().splitlines()[-1] == report["best"]["command"]
+    assert report["best"]["output_notes"] and "accuracy" in report["best"]["output_notes"][0]
+    code, out, err = run_cli(["studies", "show", report["study"], "--recipe", "again.yaml"], capsys)
+    assert code == 0, err
+    assert "note: --kv-cache-dtype fp8" in " ".join(out.split())  # the table's note, however it wraps
+    assert (tmp_path / "again.sh").read_text().splitlines()[-1] == report["best"]["command"]
+    assert yaml.safe_load((tmp_path / "again.yaml").read_text()) == [entry]
+    code, _, err = run_cli(["studies", "show", report["study"], "--recipe", "win.txt"], capsys)
+    assert code == 2 and "cannot tell the format" in err and err.count("\n") == 1

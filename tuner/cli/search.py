@@ -11,7 +11,7 @@ import typer
 from tuner.cli._knobs import KNOB_FLAGS, SET_HELP, knob_option, pins
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
-from tuner.cli.studies import best_record, confirmation_record, print_best
+from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.progress import Observer
 from tuner.record import TrialRecord
@@ -182,6 +182,7 @@ def search_cmd(
     enforce_eager: bool | None = knob_option("enforce_eager", _PIN),
     kv_cache_dtype: str | None = knob_option("kv_cache_dtype", _PIN),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + _PIN),
+    recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
@@ -204,6 +205,7 @@ def search_cmd(
       tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
       tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
       tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
+      tuner search --budget 40 --recipe winner.json
     """
     import tuner
     from tuner.cli.trace import bad_rows_advice
@@ -264,6 +266,8 @@ def search_cmd(
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
         report["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
     report = redact_value(report)
+    if recipe and best is not None:
+        write_recipe_of(recipe, best, dep, outcome.name)
     if output == "json":
         print(json.dumps(report, indent=2))
     else:
