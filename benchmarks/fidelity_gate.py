@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     excluded = set(profile["fit"].get("excluded") or [])
     points = [p for p in load_points(rows) if point_name(p) not in excluded]
     table = compare_loads(points, dep)
-    pairs = noise_pairs(folder, rows)
+    pairs = noise_pairs(folder, rows, sorted(excluded))
     groups = group_errors(points, table, pairs, set(profile["fit"]["fit_points"]))
     committed = {g.group: g for g in read_table(folder / TABLE)} if (folder / TABLE).is_file() else {}
     if "--loso" in argv:
