@@ -50,7 +50,16 @@ def tracebacks(outcome) -> int:
     return sum(str(v).count("Traceback (most recent call last)") for v in outcome.details.values())
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    import argparse
+
+    known = [n for n, _ in scenarios.ALL]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="scenarios: " + ", ".join(known))
+    parser.add_argument("names", nargs="*", metavar="SCENARIO", help="scenarios to run (default: all)")
+    names = parser.parse_args(argv).names
+    if unknown := [n for n in names if n not in known]:
+        parser.error(f"no scenario named {', '.join(unknown)} (see --help for the list)")
     chosen = [(n, f) for n, f in scenarios.ALL if not names or n in names]
     rows = []
     t_all = time.monotonic()

@@ -23,7 +23,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("backends", frozenset({"backends", "space", "effective"})),
     ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),
     ("search", frozenset({"search", "analysis"})),
-    ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "gate", "doctor"})),
+    ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "gate", "doctor",
+                         "recipe"})),
     ("api", frozenset({"__init__"})),
     ("cli", frozenset({"cli", "__main__"})),
 )

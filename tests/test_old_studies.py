@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tuner.result import BENCH_FIELDS
+
 FIXTURE = Path(__file__).parent / "fixtures" / "study-0.1.0"
 STUDY = "release-0.1.0"
 #: Columns of the trials frame that are the study's facts (not timings of this machine).
@@ -78,6 +80,10 @@ def old_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 #: What today's rules derive (tuner.effective: which knobs could not act): a later release
 #: may fold more knobs than 0.1.0 did, never fewer, and group no trials apart that it grouped.
 _DERIVED = ("group", "folded")
+#: vllm bench serve's names for what the summary holds (tuner.result.bench_fields): derived
+#: on read, so an old study has them too (checked against the seconds below); ``completed``
+#: was a column of the summary already.
+_BENCH = tuple(f for f in BENCH_FIELDS if f != "completed")
 
 
 def _clauses(folded: str | None) -> set[str]:
@@ -89,8 +95,11 @@ def test_the_notebook_functions_and_the_stored_plan_read_what_0_1_0_read(old_stu
     got = facts(old_study)
     assert {k: v for k, v in got.items() if k not in ("trials", "top")} == \
         {k: v for k, v in expected.items() if k not in ("trials", "top")}
-    assert [{k: v for k, v in row.items() if k not in _DERIVED} for row in got["trials"]] == \
+    assert [{k: v for k, v in row.items() if k not in _DERIVED + _BENCH} for row in got["trials"]] == \
         [{k: v for k, v in row.items() if k not in _DERIVED} for row in expected["trials"]]
+    measured = [row for row in got["trials"] if row.get("ttft_p95_s") is not None]
+    assert measured and all(row["p95_ttft_ms"] == pytest.approx(row["ttft_p95_s"] * 1e3) for row in measured)
+    assert all(row["std_ttft_ms"] is None for row in measured)  # 0.1.0 kept no std: none, not made up
     for now, then in zip(got["trials"], expected["trials"]):
         assert _clauses(then["folded"]) <= _clauses(now["folded"]), now.get("number")
     # top groups: a knob folded now that was not then may merge groups of 0.1.0, never split

@@ -303,3 +303,18 @@ def test_trace_on_the_command_line_rescues_a_space_whose_own_trace_is_missing(tm
         load_space(path)
     prepared = prepare(path, workload={"trace": "mine.csv"})  # as tuner search --trace mine.csv passes it
     assert prepared.space.workload.trace == "mine.csv" and len(prepared.workload) == 30
+
+
+def test_a_pinned_knob_leaves_the_search_and_names_the_space():
+    space = load_space("default")
+    searched = {p.name for p in space.params}
+    assert "max_num_seqs" in searched
+    pinned = space.pinned({"max_num_seqs": "256", "enforce_eager": "true"}, where={"max_num_seqs": "--set x"})
+    assert {p.name for p in pinned.params} == searched - {"max_num_seqs", "enforce_eager"}
+    assert dict(pinned.fixed)["max_num_seqs"] == 256 and dict(pinned.fixed)["enforce_eager"] is True
+    assert pinned.name != space.name and pinned.fingerprint() != space.fingerprint()
+    assert space.pinned({}) is space
+    with pytest.raises(InputError, match=r"^--set x: max_num_seqs must be an integer"):
+        space.pinned({"max_num_seqs": 0}, where={"max_num_seqs": "--set x"})
+    with pytest.raises(InputError, match="not a knob tuner can pin"):
+        space.pinned({"tensor_parallel_size": 2})

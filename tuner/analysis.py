@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
-from tuner.result import describe_errors
+from tuner.result import bench_fields, describe_errors
 from tuner.slo import SloSet
 from tuner.study import best_feasible_trial, load_study_by_name
 from tuner.urls import redact, redact_value
@@ -153,8 +153,9 @@ def _folded(rec: TrialRecord, status: str) -> tuple[str | None, dict[str, str]]:
 
 def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     """One :func:`trials_frame` row: base columns, then the configuration's knobs, the
-    summary of the chosen load point (every percentile), ``server_*`` readings and
-    ``plan_*`` memory-planner facts."""
+    summary of the chosen load point (every percentile, in seconds), the same under
+    ``vllm bench serve``'s names (:data:`tuner.result.BENCH_FIELDS`, in ms), ``server_*``
+    readings and ``plan_*`` memory-planner facts."""
     rec = TrialRecord.from_trial(trial)
     status = _status(trial, rec)
     config = rec.config.to_dict() if rec.config is not None else {}
@@ -180,6 +181,8 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     # where the objective ``value`` stays 0); nothing for a configuration never run.
     row.setdefault("tokens_per_s", math.nan)
     row.setdefault("ttft_p95_s", math.nan)
+    for key, value in bench_fields(rec.summary, rec.chosen_load or rec.lowest_load).items():
+        row[key] = _number(value)  # vllm bench serve's names: ms, req/s, tok/s, the load as a number
     for key in ("chosen_load", "lowest_load", "p95_ttft_at_lowest_load_s", "gpu_s", "rejected_kind",
                 "rejected_at", "failed_by", "binding_slo"):
         if getattr(rec, key) is not None:

@@ -5,7 +5,11 @@
 * ``plan`` — every load sweep ``tuner plan`` stored in the study
   (:func:`tuner.analysis.plan_sweep`), one row per run, with the plan each belongs to.
 
-CSV always; Parquet when pyarrow is installed (``pip install pyarrow``). Text is masked
+CSV and JSON (a list of row objects) always; Parquet when pyarrow is installed
+(``pip install pyarrow``). Each trial row has tuner's columns (seconds: ``ttft_p95_s``) and
+the same measurement under ``vllm bench serve``'s names (:data:`tuner.result.BENCH_FIELDS`:
+``total_token_throughput``, ``p95_ttft_ms``, ``max_concurrency``, ...), so analysis code
+written for ``vllm bench serve --save-result`` files reads it. Text is masked
 as in every output of tuner (credentials in URLs, API keys): a file can be shared.
 """
 from __future__ import annotations
@@ -28,8 +32,9 @@ PLAN_KEY_COLUMNS = ("plan", "trial", "target_ttft_s", "max_load", "bound", "load
 
 
 def formats() -> tuple[str, ...]:
-    """``csv``, and ``parquet`` when pandas can write it here (pyarrow installed)."""
-    return ("csv", "parquet") if importlib.util.find_spec("pyarrow") is not None else ("csv",)
+    """``csv``, ``json`` (a list of row objects), and ``parquet`` when pandas can write it
+    here (pyarrow installed)."""
+    return ("csv", "json") + (("parquet",) if importlib.util.find_spec("pyarrow") is not None else ())
 
 
 def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
@@ -71,12 +76,14 @@ def table(study: optuna.Study, what: str = "trials") -> pd.DataFrame:
 
 def to_bytes(frame: pd.DataFrame, fmt: str = "csv") -> bytes:
     """``frame`` as a CSV (UTF-8, a header row, no index; ``pandas.read_csv`` reads it
-    back) or Parquet file's bytes."""
+    back), JSON (a list of row objects, ISO dates; ``pandas.read_json``) or Parquet file's bytes."""
     if fmt not in formats():
         hint = "pip install pyarrow" if fmt == "parquet" else f"choose one of {', '.join(formats())}"
         raise InputError(f"cannot write {fmt!r} here", hint=hint)
     if fmt == "csv":
         return frame.to_csv(index=False).encode("utf-8")
+    if fmt == "json":  # pandas.read_json(path) reads it back: one object per row, NaN as null
+        return frame.to_json(orient="records", date_format="iso", indent=1).encode("utf-8")
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
     return buf.getvalue()

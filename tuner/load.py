@@ -83,15 +83,16 @@ def arrival_times(load: Load, logged_arrival_s: np.ndarray) -> np.ndarray | None
 
 def parse_load(text: str) -> Load:
     """Parse a load written on the command line: ``c=20`` / ``20users`` (closed loop),
-    ``rate=5`` / ``5/s`` (Poisson), ``x2`` (trace replay twice as fast)."""
+    ``rate=5`` / ``5/s`` (Poisson), ``x2`` (trace replay twice as fast); a load's own
+    :attr:`label` (``20 users``, ``5 req/s``, ``trace x2``) reads back too."""
     s = text.strip().lower().replace(" ", "")
     try:
         if s.startswith("c=") or s.endswith("users"):
             return Concurrency(int(s.removeprefix("c=").removesuffix("users")))
         if s.startswith("rate=") or s.endswith("/s"):
-            return Poisson(float(s.removeprefix("rate=").removesuffix("/s")))
-        if s.startswith("x"):
-            return TraceReplay(float(s[1:]))
+            return Poisson(float(s.removeprefix("rate=").removesuffix("/s").removesuffix("req")))
+        if s.startswith("x") or s.startswith("tracex"):
+            return TraceReplay(float(s.removeprefix("trace")[1:]))
     except ValueError:
         pass
     raise InputError(

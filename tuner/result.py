@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from tuner.errors import InputError
 
 PERCENTILES = (50, 90, 95, 99)
 #: Error kinds of requests a stopped run never finished (never sent, or cancelled in
@@ -114,9 +117,61 @@ class RunResult:
         for name, values in columns.items():
             values = values[~np.isnan(values)]
             out[f"{name}_mean_s"] = float(values.mean()) if len(values) else math.nan
+            out[f"{name}_std_s"] = float(values.std()) if len(values) else math.nan  # numpy's, as vllm bench
             for p in PERCENTILES:
                 out[f"{name}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else math.nan
         return out
+
+
+#: ``vllm bench serve``'s metric names and the summary column each is read from.
+BENCH_METRICS = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2el", "e2e"))
+#: ``vllm bench serve``'s statistics (``mean_ttft_ms``, ``median_ttft_ms``, ...) and the summary's.
+BENCH_STATS = (("mean", "mean"), ("median", "p50"), ("std", "std"), ("p90", "p90"), ("p95", "p95"), ("p99", "p99"))
+#: Every field :func:`bench_fields` gives, in order: a table of them has these columns.
+BENCH_FIELDS = (("completed", "duration", "request_throughput", "request_goodput", "output_throughput",
+                 "total_token_throughput", "max_concurrency", "request_rate")
+                + tuple(f"{stat}_{metric}_ms" for metric, _ in BENCH_METRICS for stat, _ in BENCH_STATS))
+
+
+def _finite(value: Any, scale: float = 1.0) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v * scale if math.isfinite(v) else None
+
+
+def bench_fields(summary: Mapping[str, Any], load: Any = None) -> dict[str, float | None]:
+    """A run's :meth:`RunResult.summary` under the names ``vllm bench serve --save-result``
+    writes (:data:`BENCH_FIELDS`): ``request_throughput`` (req/s), ``output_throughput`` and
+    ``total_token_throughput`` (tok/s), ``duration`` (s), and ``mean/median/std/p90/p95/p99``
+    of ``ttft``, ``tpot``, ``itl`` and ``e2el`` in **milliseconds**. ``load`` (a
+    :class:`tuner.load.Load` or its label, ``"264 users"``) gives ``max_concurrency`` (closed
+    loop) or ``request_rate`` (Poisson, req/s) as numbers; a trace replay has neither.
+
+    A statistic the summary does not hold is ``None``, never guessed: ``std_*`` of a run
+    recorded before tuner kept it, ``*_itl_ms`` of a run without per-token times, and
+    ``request_goodput`` of a study without SLOs besides throughput."""
+    from tuner.load import Concurrency, Poisson, parse_load
+
+    if isinstance(load, str):
+        try:
+            load = parse_load(load)
+        except InputError:
+            load = None
+    out: dict[str, float | None] = {
+        "completed": _finite(summary.get("completed")), "duration": _finite(summary.get("duration_s")),
+        "request_throughput": _finite(summary.get("requests_per_s")),
+        "request_goodput": _finite(summary.get("goodput_requests_per_s")),
+        "output_throughput": _finite(summary.get("output_tokens_per_s")),
+        "total_token_throughput": _finite(summary.get("tokens_per_s")),
+        "max_concurrency": float(load.users) if isinstance(load, Concurrency) else None,
+        "request_rate": float(load.rate) if isinstance(load, Poisson) else None,
+    }
+    for metric, column in BENCH_METRICS:
+        for stat, suffix in BENCH_STATS:
+            out[f"{stat}_{metric}_ms"] = _finite(summary.get(f"{column}_{suffix}_s"), 1e3)
+    return out
 
 
 def describe_errors(counts: dict[str, int] | None, *, limit: int = 4) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -344,6 +344,24 @@ class SearchSpace:
         params = tuple(choice_param(p.name, p.grid_values(points)) for p in self.params)
         return _replace(self, params=params)
 
+    def pinned(self, values: Mapping[str, Any], where: Mapping[str, str] | None = None) -> SearchSpace:
+        """The space with each knob of ``values`` fixed at its value (taken out of the
+        search), named ``<name>+max_num_seqs=256`` so that a pinned search is a study of its
+        own. ``where`` names, per knob, what the user wrote (``--max-num-seqs``,
+        ``--set block_size=32``) for the message when a value is not one the knob takes."""
+        if not values:
+            return self
+        fixed = dict(self.fixed)
+        for name, value in values.items():
+            said = (where or {}).get(name, name)
+            if name not in KNOBS:
+                raise InputError(f"{said}: {shown(name)} is not a knob tuner can pin",
+                                 hint=f"pin one of {', '.join(KNOBS)} (or its vLLM flag, --max-num-seqs)")
+            fixed[name] = pin_value(name, value, said)
+        params = tuple(p for p in self.params if p.name not in values)
+        suffix = "+".join(f"{k}={v}" for k, v in sorted(values.items()))
+        return _replace(self, params=params, fixed=tuple(fixed.items()), name=f"{self.name}+{suffix}")
+
     def with_workload(self, **changes: Any) -> SearchSpace:
         return _replace(self, workload=_replace(self.workload, **changes))
 
@@ -638,6 +656,40 @@ def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) ->
             ServeConfig(**{name: value})
         except InputError as err:
             raise space.error(_own(err.message, name), where, hint=err.hint) from err
+    return value
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def pin_value(name: str, value: Any, said: str) -> Any:
+    """``value`` (typed, or text from ``--set``) as knob ``name`` takes it, checked as a
+    space file's value is; InputError naming ``said`` (what the user wrote) otherwise."""
+    typ = KNOBS[name]
+    if isinstance(value, str) and typ is not str:
+        text = value.strip().lower()
+        try:
+            if typ is bool:
+                if text not in _TRUE + _FALSE:
+                    raise ValueError(text)
+                value = text in _TRUE
+            else:
+                value = typ(float(text)) if typ is int and float(text).is_integer() else typ(text)
+        except ValueError:
+            raise InputError(f"{said}: {name} takes {typ.__name__} values, got {shown(value)}",
+                             hint="e.g. --set max_num_seqs=256, --set enforce_eager=true") from None
+    ok = ((typ is bool and isinstance(value, bool)) or (typ is int and is_int(value))
+          or (typ is float and is_number(value)) or (typ is str and isinstance(value, str)))
+    if not ok:
+        raise InputError(f"{said}: {name} takes {typ.__name__} values, got {shown(value)}")
+    if name == "kv_cache_dtype" and value not in KV_CACHE_DTYPES:
+        raise InputError(f"{said}: kv_cache_dtype {shown(value)} is unknown",
+                         hint=f"use one of {', '.join(KV_CACHE_DTYPES)}")
+    value = float(value) if typ is float else typ(value)
+    try:
+        ServeConfig(**{name: value})
+    except InputError as err:
+        raise InputError(f"{said}: {err.message}", hint=err.hint) from err
     return value
 
 

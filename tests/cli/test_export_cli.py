@@ -78,7 +78,7 @@ def test_parquet_only_where_pyarrow_is(tmp_path, capsys):
     out = tmp_path / "e.parquet"
     code, _, err = run_cli(["export", f"sqlite:///{tmp_path}/e.db", "--format", "parquet", "--out", str(out)], capsys)
     if importlib.util.find_spec("pyarrow") is None:
-        assert code == 2 and "'parquet' is not one of 'csv'" in err
+        assert code == 2 and "'parquet' is not one of 'csv', 'json'" in err
     else:
         assert code == 0, err
         assert pd.read_parquet(out)["errors"].tolist()[:2] == ["http_429 x24", "timeout x1"]
@@ -105,3 +105,50 @@ def test_report_and_export_find_the_newest_study_in_a_server_database(pg_url, tm
     code, text, err = run_cli(["report", "--storage", pg_url, "--out", str(tmp_path / "r")], capsys)
     assert code == 0, err
     assert (tmp_path / "r" / "report.html").is_file()
+
+
+def _bench_study(storage: str):
+    """One feasible trial whose chosen load (3 users) measured the hand-worked run of
+    tests/test_result.py, and one at 2.5 req/s measured before std was kept (none)."""
+    import numpy as np
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import create_trial
+    from test_result import _run
+
+    from tuner.config import ServeConfig
+    from tuner.jsonsafe import json_safe
+    from tuner.record import TrialRecord
+
+    study = optuna.create_study(direction="maximize", storage=storage)
+    dist = {"layout": CategoricalDistribution(["tp1x1"])}
+    summary = _run(itl_s=np.array([0.01, 0.03])).summary()
+    old = {k: v for k, v in summary.items() if "_std_" not in k and not k.startswith("itl_")}
+    for load, s in (("3 users", summary), ("2.5 req/s", old)):
+        rec = TrialRecord(config=ServeConfig(max_num_seqs=64), feasible=True, summary=json_safe(s),
+                          chosen_load=load, tokens_per_s=s["tokens_per_s"])
+        study.add_trial(create_trial(value=s["tokens_per_s"], params={"layout": "tp1x1"}, distributions=dist,
+                                     user_attrs=rec.to_attrs()))
+    return study
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_pandas_reads_vllm_bench_columns_in_their_units(fmt, tmp_path, capsys):
+    _bench_study(f"sqlite:///{tmp_path}/b.db")
+    out = tmp_path / f"b.{fmt}"
+    code, text, err = run_cli(["export", f"sqlite:///{tmp_path}/b.db", "--format", fmt, "--out", str(out)], capsys)
+    assert code == 0, err
+    assert f"({2:,} trials)" in text
+    back = pd.read_csv(out) if fmt == "csv" else pd.read_json(out)
+    new, old = back.iloc[0], back.iloc[1]
+    # the hand-worked run: TTFT 100-400 ms, 444 tokens and 4 requests in 2 s, ITL 10 and 30 ms
+    assert new["mean_ttft_ms"] == pytest.approx(250.0) and new["ttft_mean_s"] == pytest.approx(0.25)
+    assert new["std_ttft_ms"] == pytest.approx(111.803, abs=1e-3) and new["median_ttft_ms"] == pytest.approx(250.0)
+    assert new["total_token_throughput"] == pytest.approx(222.0) and new["output_throughput"] == pytest.approx(22.0)
+    assert new["request_throughput"] == pytest.approx(2.0) and new["mean_itl_ms"] == pytest.approx(20.0)
+    assert new["max_concurrency"] == 3 and pd.isna(new["request_rate"])
+    assert old["request_rate"] == 2.5 and pd.isna(old["max_concurrency"])
+    assert pd.isna(old["std_ttft_ms"]) and pd.isna(old["mean_itl_ms"])  # not stored: empty, not invented
+    assert old["p95_ttft_ms"] == pytest.approx(1e3 * old["ttft_p95_s"])
+    for column in ("max_concurrency", "request_rate", "p99_e2el_ms", "total_token_throughput"):
+        assert pd.api.types.is_numeric_dtype(back[column]), column

@@ -4,6 +4,7 @@ import json
 
 import optuna
 import pytest
+import yaml
 from cli_runner import run_cli
 
 from tuner.cli.search import parse_gpus
@@ -128,3 +129,81 @@ def test_another_target_never_resumes_a_study_searched_for_the_first(tmp_path, m
     # an explicit --study with another target is refused, not mixed
     code, _, err = run_cli(["search", "--budget", "2", "--study", first, "--target-ttft", "2s"], capsys)
     assert code == 2 and "searched for P95 TTFT <= 0.001 s, not 2 s" in err and "--target-ttft 0.001s" in err
+
+
+def test_the_best_trial_speaks_vllm_bench_names_in_their_units(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "2", "--confirm", "0", "--output", "json"], capsys)
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert best["total_token_throughput"] == best["tokens_per_s"]
+    assert best["output_throughput"] == best["output_tokens_per_s"]
+    assert best["p95_ttft_ms"] == pytest.approx(best["ttft_p95_s"] * 1e3)
+    users = int(best["load"].removesuffix(" users"))  # the default space offers concurrency
+    assert best["max_concurrency"] == users and best["request_rate"] is None
+    stats = ("mean", "median", "std", "p90", "p95", "p99")
+    for metric in ("ttft", "tpot", "e2el"):
+        for stat in stats:
+            assert isinstance(best[f"{stat}_{metric}_ms"], float), f"{stat}_{metric}_ms"
+    assert 1 < best["mean_tpot_ms"] < 1000 and best["median_ttft_ms"] <= best["p99_ttft_ms"]
+    # the simulator keeps per-token times only for an ITL SLO: without one, ITL is null, not guessed
+    assert all(best[f"{stat}_itl_ms"] is None for stat in stats)
+    code, out, _ = run_cli(["studies", "show", json.loads(out)["study"], "--output", "json"], capsys)
+    assert code == 0 and json.loads(out)["best"]["p95_ttft_ms"] == best["p95_ttft_ms"]
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--slo", "p95:itl<=1s", "-o", "json"],
+                             capsys)
+    best = json.loads(out)["best"]
+    assert code == 0, err
+    assert all(isinstance(best[f"{stat}_itl_ms"], float) for stat in stats)
+    assert best["p95_itl_ms"] == pytest.approx(best["slos"]["p95:itl<=1s"]["measured_s"] * 1e3)
+
+
+def test_pinned_knobs_are_fixed_not_searched(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "3", "--confirm", "0", "--max-num-seqs", "256",
+                              "--set", "kv-cache-dtype=auto", "-o", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert "max_num_seqs_256" in report["study"]  # a pinned search is a study of its own
+    study = optuna.load_study(study_name=report["study"], storage=report["storage"])
+    assert study.trials and all("max_num_seqs" not in t.params and "kv_cache_dtype" not in t.params
+                                for t in study.trials)
+    assert {t.user_attrs["config"]["max_num_seqs"] for t in study.trials} == {256}
+    assert {t.user_attrs["config"]["kv_cache_dtype"] for t in study.trials} == {"auto"}
+    assert "--max-num-seqs 256" in report["best"]["command"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--max-num-seqs", "0"], "--max-num-seqs: max_num_seqs must be an integer"),
+    (["--set", "max_num_seqs=lots"], "--set max_num_seqs=lots: max_num_seqs takes int values, got 'lots'"),
+    (["--set", "speed=11"], "--set speed=11: 'speed' is not a knob"),
+    (["--set", "max_num_seqs"], "--set max_num_seqs: write knob=value"),
+    (["--kv-cache-dtype", "fp4"], "--kv-cache-dtype: kv_cache_dtype 'fp4' is unknown"),
+    (["--max-num-seqs", "64", "--set", "max-num-seqs=128"], "already pinned at 64 by --max-num-seqs"),
+])
+def test_a_bad_pin_is_one_line_saying_what_and_where(tmp_path, monkeypatch, capsys, args, words):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["search", "--budget", "1", *args], capsys)
+    assert code == 2 and words in err and err.count("\n") == 1
+    assert not (tmp_path / "studies").exists()  # refused before a study is made
+
+
+def test_recipe_writes_the_recommendation_from_search_and_from_studies_show(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "2", "--confirm", "0", "--set", "kv_cache_dtype=fp8",
+                              "--recipe", "out/win.json", "-o", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert "wrote out/win.json (serve-params) and out/win.sh (vllm serve command)" in err
+    [entry] = json.loads((tmp_path / "out" / "win.json").read_text())
+    assert entry["_benchmark_name"] == f"{report['study']}.trial{report['best']['trial']}"
+    assert entry["kv_cache_dtype"] == "fp8" and entry["max_num_seqs"] == report["best"]["config"]["max_num_seqs"]
+    assert (tmp_path / "out" / "win.sh").read_text().splitlines()[-1] == report["best"]["command"]
+    assert report["best"]["output_notes"] and "accuracy" in report["best"]["output_notes"][0]
+    code, out, err = run_cli(["studies", "show", report["study"], "--recipe", "again.yaml"], capsys)
+    assert code == 0, err
+    assert "note: --kv-cache-dtype fp8" in " ".join(out.split())  # the table's note, however it wraps
+    assert (tmp_path / "again.sh").read_text().splitlines()[-1] == report["best"]["command"]
+    assert yaml.safe_load((tmp_path / "again.yaml").read_text()) == [entry]
+    code, _, err = run_cli(["studies", "show", report["study"], "--recipe", "win.txt"], capsys)
+    assert code == 2 and "cannot tell the format" in err and err.count("\n") == 1

@@ -16,7 +16,9 @@ first, so a client that reads the model name gets that mode):
 * ``reset`` — one chunk, then the connection is dropped
 * ``instant`` — one chunk holding every forced token's text at once, usage claiming them all
   (an implausible stream); ``grouped`` — chunks of 1 and 2 tokens by turns (1.5 per chunk,
-  as vLLM under high load); ``spec`` — 5 tokens to a chunk (speculative decoding, 4 drafts)
+  as vLLM under high load); ``spec`` — 5 tokens to a chunk (speculative decoding, 4 drafts);
+  ``merged`` — one token, then the rest in one chunk after the time they take to decode (vLLM
+  whose API server fell behind merges the outputs it has not sent)
 
 ``--key K``: ``/v1/*`` answers 401 unless ``Authorization: Bearer K`` (or Basic
 credentials whose password is K) comes with it; ``/debug/auth`` counts both.
@@ -33,7 +35,7 @@ import sys
 from aiohttp import web
 
 MODES = ("ok", "garbage", "no_done", "no_usage", "short", "overcount", "error_chunk", "not_sse",
-         "http_429", "http_500", "hang", "reset", "instant", "grouped", "spec")
+         "http_429", "http_500", "hang", "reset", "instant", "grouped", "spec", "merged")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -96,7 +98,8 @@ class BadServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         head = '{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":['
-        sizes = {"instant": [n_out], "grouped": [1, 2] * n_out, "spec": [5] * n_out}.get(mode, [1] * n_out)
+        sizes = {"instant": [n_out], "grouped": [1, 2] * n_out, "spec": [5] * n_out,
+                 "merged": [1, n_out]}.get(mode, [1] * n_out)
         groups, left = [], n_out
         for k in sizes:
             if left <= 0:
@@ -125,7 +128,7 @@ class BadServer:
                 request.transport.abort()
                 return resp
             if self.step_s:
-                await asyncio.sleep(self.step_s)
+                await asyncio.sleep(self.step_s * (n_out - 1 if mode == "merged" else 1))
         if mode != "no_usage":
             claimed = n_out + 5 if mode == "overcount" else n_out
             usage = {"prompt_tokens": n_prompt, "completion_tokens": claimed, "total_tokens": n_prompt + claimed}

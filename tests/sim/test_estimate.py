@@ -90,6 +90,28 @@ def test_load_table_json_keys(capsys):
     assert rows[1]["ttft_mean_s"] >= rows[0]["ttft_mean_s"]
 
 
+def test_load_rows_carry_vllm_bench_names_and_pandas_reads_them(capsys):
+    pytest.importorskip("tuner.sim.engine")
+    import pandas as pd
+
+    code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--max-model-len", "4096",
+                       "--concurrency", "4", "--rate", "2", "--input-len", "512", "--output-len", "64",
+                       "--num-requests", "40", "-o", "json")
+    rows = pd.json_normalize(json.loads(out), "load")
+    assert code == 0 and len(rows) == 2
+    closed, poisson = rows.iloc[0], rows.iloc[1]
+    assert closed["max_concurrency"] == 4 and pd.isna(closed["request_rate"])
+    assert poisson["request_rate"] == 2 and pd.isna(poisson["max_concurrency"])
+    for _, row in rows.iterrows():  # 40 requests of 512 + 64 tokens, all served
+        assert row["completed"] == 40
+        assert row["total_token_throughput"] == pytest.approx(row["request_throughput"] * 576)
+        assert row["output_throughput"] == pytest.approx(row["request_throughput"] * 64)
+        assert row["mean_ttft_ms"] == pytest.approx(row["ttft_mean_s"] * 1e3)
+        assert row["p95_ttft_ms"] == pytest.approx(row["ttft_p95_s"] * 1e3)
+        assert row["mean_tpot_ms"] == pytest.approx(row["tpot_mean_s"] * 1e3)
+        assert row["median_e2el_ms"] > row["median_ttft_ms"] and row["std_ttft_ms"] >= 0
+
+
 def test_rate_table(capsys):
     pytest.importorskip("tuner.sim.engine")
     code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--max-model-len", "4096",
@@ -108,3 +130,13 @@ def test_trace_replay_uses_the_first_rows(capsys):
     rows = json.loads(out)["load"]
     assert code == 0 and rows[0]["rate"] == 2.0
     assert 1.0 < rows[0]["requests_per_s"] < 3.0
+
+
+def test_set_and_the_knob_flag_describe_the_same_configuration(capsys):
+    by_flag = run(capsys, "--gpu", "H200", "--max-num-seqs", "64", "--kv-cache-dtype", "fp8", "-o", "json")
+    by_set = run(capsys, "--gpu", "H200", "--set", "max_num_seqs=64", "--set", "kv_cache_dtype=fp8", "-o", "json")
+    default = run(capsys, "--gpu", "H200", "-o", "json")
+    assert by_flag[0] == by_set[0] == 0 and json.loads(by_flag[1]) == json.loads(by_set[1])
+    assert json.loads(by_flag[1])["memory"] != json.loads(default[1])["memory"]
+    code, _, err = run(capsys, "--set", "block_size=7.5")
+    assert code == 2 and "--set block_size=7.5: block_size takes int values" in err

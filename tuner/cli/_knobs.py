@@ -1,10 +1,83 @@
-"""The deployment and vLLM knobs that ``tuner estimate`` and ``tuner plan`` both take as
-flags, turned into one :class:`Deployment` and :class:`ServeConfig`. Each command keeps its
-own option declarations (their defaults and help differ: estimate has concrete defaults,
-plan uses None for "not given") and resolves its defaults before calling this."""
+"""The vLLM knobs every command takes, declared once: :data:`KNOB_FLAGS` has each knob's
+``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
+when not given: the command resolves its own default), and :func:`pins` turns the flags
+given and the repeatable ``--set knob=value`` into one ``{knob: value}``, checked against
+the knob's type and range (:func:`tuner.space.pin_value`). ``tuner search`` pins those knobs
+(they are not searched); ``tuner estimate`` and ``tuner plan`` run the configuration they
+describe (:func:`build_deployment_config`)."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import typer
+
 from tuner.config import Deployment, ServeConfig
+from tuner.errors import InputError
+
+#: Knob (a :class:`ServeConfig` field, a key of :data:`tuner.space.KNOBS`) → its ``vllm serve``
+#: flag (booleans take ``--no-<flag>`` too) and what it does.
+KNOB_FLAGS: dict[str, tuple[str, str]] = {
+    "gpu_memory_utilization": ("gpu-memory-utilization", "Fraction of TOTAL GPU memory vLLM may use, e.g. 0.9. "
+                               "Default: the version's (0.92 now, 0.9 in older lines)."),
+    "max_model_len": ("max-model-len", "Longest prompt+output in tokens, e.g. 8192. Default: the model's "
+                      "max_position_embeddings."),
+    "max_num_seqs": ("max-num-seqs", "Most requests running at once per replica, e.g. 256. Default by GPU "
+                     "memory (256, or 1024 on H100/H200)."),
+    "block_size": ("block-size", "KV-cache block in tokens, e.g. 16 (V1 backends need a multiple of 16)."),
+    "max_num_batched_tokens": ("max-num-batched-tokens", "Token budget per step, shared by decodes and "
+                               "prefill chunks, e.g. 8192. Default by GPU memory (2048 or 8192)."),
+    "enable_prefix_caching": ("enable-prefix-caching", "Reuse KV of shared prompt prefixes (vLLM's default: on)."),
+    "enforce_eager": ("enforce-eager", "No CUDA graphs: more KV memory, slower decode steps."),
+    "kv_cache_dtype": ("kv-cache-dtype", "auto (the model's dtype) or fp8 (half the KV bytes, twice the "
+                       "blocks; changes model outputs slightly), e.g. --kv-cache-dtype fp8."),
+}
+
+SET_HELP = ("Pin a knob at a value, repeatable; the knob by its name or vLLM flag: --set max_num_seqs=256 "
+            "--set enforce-eager=true. Same as the knob's own flag.")
+
+
+def knob_option(name: str, more: str = "") -> Any:
+    """The typer option of knob ``name`` (``--max-num-seqs``; ``--enforce-eager/--no-enforce-eager``
+    for a boolean), ``None`` when not given; ``more`` is added to its help."""
+    from tuner.space import KNOBS
+
+    flag, text = KNOB_FLAGS[name]
+    decl = f"--{flag}/--no-{flag}" if KNOBS[name] is bool else f"--{flag}"
+    return typer.Option(None, decl, help=f"{text}{more}")
+
+
+def _knob_named(text: str, said: str) -> str:
+    name = text.strip().removeprefix("--").replace("-", "_")
+    if name not in KNOB_FLAGS:
+        raise InputError(f"{said}: {text.strip()!r} is not a knob", hint=f"knobs: {', '.join(KNOB_FLAGS)}")
+    return name
+
+
+def pins(flags: Mapping[str, Any], sets: Iterable[str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """``{knob: value}`` from the knob flags given (``flags``: knob → value or None) and the
+    ``--set knob=value`` texts, each value checked; and, per knob, what the user wrote (for
+    messages). A knob given twice with two values is refused."""
+    from tuner.space import pin_value
+
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for name, value in flags.items():
+        if value is not None:
+            where[name] = f"--{KNOB_FLAGS[name][0]}"
+            values[name] = pin_value(name, value, where[name])
+    for text in sets or ():
+        said = f"--set {text}"
+        if "=" not in text:
+            raise InputError(f"{said}: write knob=value", hint="e.g. --set max_num_seqs=256")
+        key, raw = text.split("=", 1)
+        name = _knob_named(key, said)
+        value = pin_value(name, raw, said)
+        if name in values and values[name] != value:
+            raise InputError(f"{said}: {name} is already pinned at {values[name]} by {where[name]}",
+                             hint="give each knob once")
+        values[name], where[name] = value, said
+    return values, where
 
 
 def build_deployment_config(

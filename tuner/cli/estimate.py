@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from tuner.cli.app import app
-from tuner.cli._knobs import build_deployment_config
+from tuner.cli._knobs import SET_HELP, build_deployment_config, knob_option, pins
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
@@ -61,7 +61,9 @@ def build_workload(trace: str | None, input_len: int | None, output_len: int | N
 
 def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
               loads: list[Load], router: str = "round_robin") -> list[dict[str, Any]]:
-    """One simulated run per load; rows with the ``vllm bench`` aggregates."""
+    """One simulated run per load; rows with tuner's aggregates (seconds) and the same under
+    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`, milliseconds)."""
+    from tuner.result import bench_fields
     from tuner.sim.engine import simulate  # the engine module arrives separately
 
     rows = []
@@ -72,6 +74,7 @@ def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
             {"concurrency": load.users} if isinstance(load, Concurrency) else {"rate": load.rate}
         )
         row.update({k: float(summary.get(k, float("nan"))) for k in LOAD_KEYS})
+        row.update(bench_fields(summary, load))  # vllm bench serve's names and units (ms)
         rows.append(row)
     return rows
 
@@ -167,22 +170,15 @@ def estimate_cmd(
     tp: int = typer.Option(1, "--tp", "--tensor-parallel-size", help="Tensor-parallel size: GPUs "
                            "per replica; must divide the attention heads."),
     replicas: int = typer.Option(1, "--replicas", help="Independent engines (data parallel)."),
-    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization", help="Fraction "
-        "of TOTAL GPU memory vLLM may use. Default: the version's (0.92 now, 0.9 in older lines)."),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="Longest prompt+output. "
-                                      "Default: the model's max_position_embeddings."),
-    max_num_seqs: int = typer.Option(None, "--max-num-seqs", help="Most requests running at once "
-                                     "per replica. Default by GPU memory (256, or 1024 on H100/H200)."),
-    block_size: int = typer.Option(None, "--block-size", help="KV-cache block, tokens (16 default; "
-                                   "V1 backends need a multiple of 16)."),
-    max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens", help="Token budget "
-        "per step, shared by decodes and prefill chunks. Default by GPU memory (2048 or 8192)."),
-    enforce_eager: bool = typer.Option(False, "--enforce-eager/--no-enforce-eager", help="No CUDA "
-        "graphs: more KV memory, slower decode steps."),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto (model dtype) or fp8 "
-                                       "(half the KV bytes, twice the blocks)."),
-    prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
-                                        help="Reuse KV of shared prompt prefixes (vLLM's default: on)."),
+    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization"),
+    max_model_len: int | None = knob_option("max_model_len"),
+    max_num_seqs: int | None = knob_option("max_num_seqs"),
+    block_size: int | None = knob_option("block_size"),
+    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
+    enforce_eager: bool | None = knob_option("enforce_eager"),
+    kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
+    prefix_caching: bool | None = knob_option("enable_prefix_caching"),
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
                                     "comma-separated users in flight, e.g. 5,10,20."),
     rate: str = typer.Option(None, "--rate", help="Open-loop load table: comma-separated Poisson "
@@ -212,13 +208,17 @@ def estimate_cmd(
       tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
           --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
     """
+    knobs, _ = pins({"gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
+                     "max_num_seqs": max_num_seqs, "block_size": block_size,
+                     "max_num_batched_tokens": max_num_batched_tokens, "enforce_eager": enforce_eager,
+                     "kv_cache_dtype": kv_cache_dtype, "enable_prefix_caching": prefix_caching}, set_)
     deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
         dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
-        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs, block_size=block_size,
-        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
-        kv_cache_dtype=kv_cache_dtype, prefix_caching=prefix_caching,
+        gpu_memory_utilization=knobs.get("gpu_memory_utilization"), max_model_len=knobs.get("max_model_len"),
+        max_num_seqs=knobs.get("max_num_seqs"), block_size=knobs.get("block_size"),
+        max_num_batched_tokens=knobs.get("max_num_batched_tokens"), enforce_eager=knobs.get("enforce_eager", False),
+        kv_cache_dtype=knobs.get("kv_cache_dtype", "auto"), prefix_caching=knobs.get("enable_prefix_caching", True),
     )
     users = parse_list(concurrency, int, "--concurrency")
     rates = parse_list(rate, float, "--rate")

@@ -23,7 +23,8 @@ def export_cmd(
     what: What = typer.Option("trials", "--what", help="trials: one row per trial (configuration, every "  # type: ignore[assignment]
                               "percentile, why it did not count); plan: every load sweep tuner plan stored, one "
                               "row per run."),
-    fmt: Format = typer.Option("csv", "--format", help="File format"  # type: ignore[assignment]
+    fmt: Format = typer.Option("csv", "--format", help="File format: csv, or json (a list of row objects: "  # type: ignore[assignment]
+                               "pandas.read_json(FILE) reads it), e.g. --format json"
                                + ("" if "parquet" in formats() else " (parquet too once pyarrow is installed)") + "."),
     out: str | None = typer.Option(None, "--out", metavar="FILE", help="Where to write; - writes CSV to stdout. "
                                    "Default: studies/<study>/<what>.<format>, beside the study's report."),
@@ -32,14 +33,19 @@ def export_cmd(
 ) -> None:
     """Write a study's trials, or the load sweeps of its capacity plans, as a file.
 
-    For pandas and spreadsheets: pandas.read_csv reads it back with the columns of
-    tuner.analysis.trials_frame (or plan_sweep, with the plan each row belongs to).
+    For pandas and spreadsheets: pandas.read_csv (or read_json for --format json) reads
+    it back with the columns of tuner.analysis.trials_frame (or plan_sweep, with the plan
+    each row belongs to). Trial rows carry vllm bench serve's names beside tuner's:
+    request_throughput, output_throughput, total_token_throughput,
+    mean/median/std/p90/p95/p99 of ttft, tpot, itl and e2el in ms (_ms), and
+    max_concurrency or request_rate as numbers.
     Credentials in any text are masked, so the file can be shared.
 
     \b
     Examples:
       tuner export
       tuner export NAME --what plan --out sweeps.csv
+      tuner export NAME --format json --out trials.json
       tuner export --out - | head
     """
     from tuner.cli.storage import study_argument
@@ -49,12 +55,13 @@ def export_cmd(
     kind, fmt_name = what.value, fmt.value
     st = study_argument(study, storage, "export")
     if out == "-":
-        if fmt_name != "csv":
-            raise InputError("--out - writes CSV only", hint="give --out FILE for parquet")
-        sys.stdout.write(to_bytes(table(st, kind), "csv").decode("utf-8"))
+        if fmt_name == "parquet":
+            raise InputError("--out - writes CSV or JSON only", hint="give --out FILE for parquet")
+        sys.stdout.write(to_bytes(table(st, kind), fmt_name).decode("utf-8"))
         return
     path = export(st, kind, fmt_name, out)
     import pandas as pd
 
-    rows = len(pd.read_csv(path)) if fmt_name == "csv" else len(pd.read_parquet(path))
+    read = {"csv": pd.read_csv, "json": pd.read_json, "parquet": pd.read_parquet}[fmt_name]
+    rows = len(read(path))
     typer.echo(f"wrote {path} ({rows:,} {'trials' if kind == 'trials' else 'sweep runs'})")

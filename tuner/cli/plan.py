@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from tuner.cli._knobs import SET_HELP, knob_option, pins
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output
 from tuner.cli.search import warn
@@ -17,6 +18,11 @@ from tuner.progress import Observer
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
           "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
           "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype", "prefix_caching")
+
+
+#: The serve knobs among them, by their knob names (tuner.cli._knobs.KNOB_FLAGS).
+_SERVE_KNOBS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
+                "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype")
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
@@ -62,16 +68,16 @@ def plan_cmd(
     vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM release whose behaviour to follow."),
     tp: int = typer.Option(None, "--tp", "--tensor-parallel-size", help="GPUs per replica (must divide the heads)."),
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
-    gpu_memory_utilization: float = typer.Option(None, "--gpu-memory-utilization", help="Fraction of total GPU "
-                                                 "memory vLLM may use."),
-    max_model_len: int = typer.Option(None, "--max-model-len", help="Longest prompt+output in tokens."),
-    max_num_seqs: int = typer.Option(None, "--max-num-seqs", help="Most requests running at once per replica."),
-    block_size: int = typer.Option(None, "--block-size", help="KV-cache block, tokens."),
-    max_num_batched_tokens: int = typer.Option(None, "--max-num-batched-tokens", help="Token budget per step."),
-    enforce_eager: bool = typer.Option(None, "--enforce-eager/--no-enforce-eager", help="No CUDA graphs."),
-    kv_cache_dtype: str = typer.Option(None, "--kv-cache-dtype", help="auto or fp8."),
-    prefix_caching: bool = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching",
-                                        help="Reuse KV of shared prompt prefixes (vLLM's default: on)."),
+    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization"),
+    max_model_len: int | None = knob_option("max_model_len"),
+    max_num_seqs: int | None = knob_option("max_num_seqs"),
+    block_size: int | None = knob_option("block_size"),
+    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
+    enforce_eager: bool | None = knob_option("enforce_eager"),
+    kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
+    prefix_caching: bool | None = knob_option("enable_prefix_caching"),
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
+                                          "knob flags do (not with --study/--trial)."),
     trace: str = typer.Option(None, "--trace", help="Request log to replay instead of the study's workload (any "
                               "format tuner trace reads), on purpose: when it is not the study's, plan says so in "
                               "one warning line and replays it. Default: the requests the study searched on (the "
@@ -145,7 +151,10 @@ def plan_cmd(
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
-    values = locals()
+    values = dict(locals())
+    knobs, _ = pins({k: values[k] for k in _SERVE_KNOBS}, set_)
+    values.update({k: knobs.get(k) for k in _SERVE_KNOBS})
+    values["prefix_caching"] = knobs.get("enable_prefix_caching", prefix_caching)
     given = [k for k in _KNOBS if values[k] is not None]
     deployment = config = None
     if given:

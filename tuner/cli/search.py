@@ -8,9 +8,10 @@ from typing import Any
 
 import typer
 
+from tuner.cli._knobs import KNOB_FLAGS, SET_HELP, knob_option, pins
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
-from tuner.cli.studies import best_record, confirmation_record, print_best
+from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.progress import Observer
 from tuner.record import TrialRecord
@@ -81,6 +82,8 @@ def backend_options(backend: str, *, vllm_cmd: str | None = None,
             options["api_key"] = key
     return options
 
+
+_PIN = " Pinned: fixed in the space, not searched (a study of its own)."
 
 #: How long past --timeout the hard stop waits for the cooperative one (a hung start or
 #: replay is then interrupted wherever it is).
@@ -170,6 +173,16 @@ def search_cmd(
     feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
     resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
+    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization", _PIN),
+    max_model_len: int | None = knob_option("max_model_len", _PIN),
+    max_num_seqs: int | None = knob_option("max_num_seqs", _PIN),
+    block_size: int | None = knob_option("block_size", _PIN),
+    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens", _PIN),
+    enable_prefix_caching: bool | None = knob_option("enable_prefix_caching", _PIN),
+    enforce_eager: bool | None = knob_option("enforce_eager", _PIN),
+    kv_cache_dtype: str | None = knob_option("kv_cache_dtype", _PIN),
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + _PIN),
+    recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
@@ -191,6 +204,8 @@ def search_cmd(
       tuner search --budget 40 --slo p95:ttft<=2s --slo p99:tpot<=30ms
       tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
       tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
+      tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
+      tuner search --budget 40 --recipe winner.json
     """
     import tuner
     from tuner.cli.trace import bad_rows_advice
@@ -215,6 +230,8 @@ def search_cmd(
 
         ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
         target, slos = ttft or target, list(others)
+    given = locals()
+    pinned, where = pins({k: given[k] for k in KNOB_FLAGS}, set_)
     workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
     alarm(None if timeout is None else timeout + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with _Progress(budget, enabled=output == "text" and sys.stderr.isatty(), objective=objective) as progress, \
@@ -223,7 +240,7 @@ def search_cmd(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
             workload=workload, backend=backend, backend_options=options,
             study=study, storage=storage, settings=settings, predict=predict, warm_start=warm_start == "sim",
-            observer=progress)
+            observer=progress, pin=pinned)
     alarm(None)
     dep = outcome.deployment
     from tuner.study import error_totals
@@ -249,6 +266,8 @@ def search_cmd(
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
         report["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
     report = redact_value(report)
+    if recipe and best is not None:
+        write_recipe_of(recipe, best, dep, outcome.name)
     if output == "json":
         print(json.dumps(report, indent=2))
     else:

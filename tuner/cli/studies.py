@@ -39,20 +39,24 @@ def deployment_of(study: optuna.Study) -> Deployment:
 def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     """What ``tuner search`` and ``tuner studies show`` say of the best feasible trial
     (``--output json``'s ``best``): its throughput, P95 TTFT, load, configuration, failed
-    requests and ``vllm serve`` command."""
+    requests and ``vllm serve`` command, and beside them the same measurement under
+    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`: ``total_token_throughput``,
+    ``p95_ttft_ms``, ``max_concurrency``, ...)."""
+    from tuner.recipe import output_notes
+    from tuner.result import bench_fields
     from tuner.search import serve_command
     from tuner.study import trial_config
 
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
-    return {
+    return {**bench_fields(rec.summary, rec.chosen_load),
         "trial": best.number, "tokens_per_s": rec.tokens_per_s if rec.tokens_per_s is not None else best.value,
         "output_tokens_per_s": rec.output_tokens_per_s,
         "ttft_p95_s": rec.summary.get("ttft_p95_s"), "load": rec.chosen_load,
         "config": config.to_dict(), "command": serve_command(deployment, config),
         "errors": dict(rec.errors or {}), "edge": None if rec.edge is None else rec.edge.to_dict(),
         "goodput_requests_per_s": rec.goodput_requests_per_s, "binding_slo": rec.binding_slo,
-        "slos": slo_readings(rec),
+        "slos": slo_readings(rec), "output_notes": output_notes(deployment, config),
     }
 
 
@@ -135,8 +139,33 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     out.print(fit(tbl, out))
     if conf:
         out.print(f"recommendation: {conf['reason']}", markup=False, highlight=False)
+    for note in best.get("output_notes") or []:
+        out.print(f"note: {note}", markup=False, highlight=False)
     out.print("vllm serve command:", style="bold")
     print(best["command"])
+
+
+RECIPE_HELP = ("Write the recommended configuration to FILE as a serve-params file (JSON, what vllm bench sweep "
+               "--serve-params reads, or YAML by the extension) and its vllm serve command to FILE with .sh, "
+               "with a note where a knob changes model outputs (fp8 KV cache, quantisation), "
+               "e.g. --recipe winner.json.")
+
+
+def write_recipe_of(path: str, best: Any, deployment: Deployment, study: str) -> None:
+    """``--recipe FILE`` of ``tuner search`` and ``tuner studies show``: the best trial's
+    configuration through :func:`tuner.recipe.write_recipe`, and one line saying where."""
+    from tuner.recipe import write_recipe
+    from tuner.study import trial_config
+
+    rec = TrialRecord.from_trial(best)
+    header = [f"tuner study {study}, trial {best.number}: "
+              + (f"{rec.tokens_per_s:,.0f} tok/s" if rec.tokens_per_s is not None else f"value {best.value:g}")
+              + (f" at {rec.chosen_load}" if rec.chosen_load else "")
+              + (f", P95 TTFT {rec.summary['ttft_p95_s']:.3g} s" if rec.summary.get("ttft_p95_s") is not None
+                 else "")]
+    paths = write_recipe(path, deployment, trial_config(best), name=f"{study}.trial{best.number}", header=header)
+    console(stderr=True).print(f"wrote {paths[0]} (serve-params) and {paths[1]} (vllm serve command)",
+                               markup=False, highlight=False)
 
 
 @studies_app.callback()
@@ -218,6 +247,7 @@ def studies_show(
     storage: str | None = typer.Option(None, "--storage", metavar="URL",
                                        help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
+    recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
 ) -> None:
     """Show one study: its settings, trial counts and best feasible trial.
 
@@ -226,8 +256,9 @@ def studies_show(
     came closest and why it missed.
 
     \b
-    Example:
+    Examples:
       tuner studies show 1xH100-SXM.qwen2.5-7b.default.10e707e7.ttft2s
+      tuner studies show NAME --recipe winner.json
     """
     from optuna.trial import TrialState
 
@@ -261,6 +292,8 @@ def studies_show(
         info["closest_miss"] = None if miss is None else miss_explanation(miss)
         info["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
     info = redact_value(info)
+    if recipe and best is not None:
+        write_recipe_of(recipe, best, deployment_of(st), name)
     if output is Output.json:
         print_json(info)
         return
@@ -292,4 +325,5 @@ def studies_show(
     print_best(info["best"], stamp.target_ttft_s, info.get("confirmation"), stamp.objective)
 
 
-__all__ = ["best_record", "confirmation_record", "deployment_of", "print_best", "studies_app"]
+__all__ = ["RECIPE_HELP", "best_record", "confirmation_record", "deployment_of", "print_best", "studies_app",
+           "write_recipe_of"]
