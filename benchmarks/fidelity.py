@@ -161,8 +161,8 @@ def main(folder: Path) -> None:
             f"{r(o, k):6.2f} ({r(b, k):4.2f})" for k in ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s",
                                                          "tpot_p99_s", "itl_p95_s")))
 
-    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows))
-    pairs = replicate_pairs(rows) + [(a, b) for a in load_points(read_measurements(folder / MEASUREMENTS))
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows, excluded))
+    pairs = replicate_pairs(rows, excluded) + [(a, b) for a in load_points(read_measurements(folder / MEASUREMENTS))
                                       for b in load_points(read_measurements(folder / "replicate.jsonl"))
                                       if a.key == b.key]
     sd = noise_by_bucket(pairs)
@@ -173,7 +173,7 @@ def main(folder: Path) -> None:
     for c in results:
         print(f"  {c.crossover.question:58s} measured A/B {c.measured:5.2f} (tie band ±{c.band:.0%}), "
               f"predicted {c.predicted:5.2f}: {c.verdict}")
-    again = {point_name(a): point_name(b) for a, b in replicate_pairs(rows)}
+    again = {point_name(a): point_name(b) for a, b in replicate_pairs(rows, excluded)}
     by_name = {o["name"]: o for o in ours}
     for c in results:
         k = f"{c.crossover.metric}_measured"
@@ -226,7 +226,7 @@ def main(folder: Path) -> None:
         print(f"  correlated: {c}")
     print("\nrun-to-run noise (sd of log, from replicate starts): " +
           ", ".join(f"{k} {v:.3f}" for k, v in noise.items()))
-    pairs = replicate_pairs(rows)
+    pairs = replicate_pairs(rows, excluded)
     if pairs:
         print("  replicate starts of the same configuration (output tok/s, P95 TTFT):")
         for a, b in pairs:
@@ -246,7 +246,8 @@ def refit(folder: Path) -> None:
 
     doc = yaml.safe_load((folder / "profile.yaml").read_text())
     rows = campaign_rows(folder)
-    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows)) \
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"),
+                              pairs=replicate_pairs(rows, doc["fit"].get("excluded") or [])) \
         if (folder / "replicate.jsonl").is_file() else None
     dep = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0")
     t0 = time.process_time()

@@ -74,3 +74,29 @@ def test_groups_split_by_shape_not_by_trial():
     assert a.endswith("shared prefixes") and b.endswith("unique prefixes")
     bursty = group_of(mk(0, workload={"kind": "mix"}, load={"kind": "poisson", "rate": 32.0, "burstiness": 0.25}))
     assert bursty == "7B mix open bursty bf16"
+
+
+# The must-show on the committed leave-one-shape-out columns (python benchmarks/fidelity_gate.py
+# --loso --write; a group the fit never saw is held back already): the figures as a point-weighted mean.
+def loso(key):
+    groups = read_table(DATA / TABLE)
+    return sum(getattr(g, key) * g.points for g in groups) / sum(g.points for g in groups), groups
+
+
+def test_leave_one_shape_out_p95_ttft_within_15_percent():
+    mean, _ = loso("ttft_p95_loso")
+    assert mean <= 15.0   # achieved 11.9 % over 83 points
+
+
+@pytest.mark.xfail(strict=True, reason="leave-one-shape-out tokens/s MAPE 5.7 % measured against the 5 % target: "
+                   "MoE mix 1 user 53 %, 7B eager 1 user 28 % and 17-64 users 26 %, see README")
+def test_leave_one_shape_out_tokens_per_s_within_5_percent():
+    mean, _ = loso("tokens_per_s_loso")
+    assert mean <= 5.0
+
+
+@pytest.mark.xfail(strict=True, reason="7 groups past 8 % leave-one-shape-out tokens/s, worst MoE mix 1 user "
+                   "53 % (TPOT 4.09 ms against 2.66 ms), see README")
+def test_leave_one_shape_out_tokens_per_s_within_8_percent_in_every_group():
+    _, groups = loso("tokens_per_s_loso")
+    assert not [g.group for g in groups if g.tokens_per_s_loso > 8.0]

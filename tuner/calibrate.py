@@ -819,12 +819,17 @@ def step_params(prior: Any) -> list[Param]:
             for (name, scale, lo, hi, sd), x in zip(STEP_PARAMS, _params_of(prior))]
 
 
-def replicate_pairs(rows: Iterable[dict[str, Any]]) -> list[tuple[LoadPoint, LoadPoint]]:
+def replicate_pairs(rows: Iterable[dict[str, Any]], exclude: Iterable[str] = ()) -> list[tuple[LoadPoint, LoadPoint]]:
     """Load points measured twice on separate starts of the same configuration (a trial
-    started again under another name, e.g. ``q7-base`` and ``q7-base-again``)."""
+    started again under another name, e.g. ``q7-base`` and ``q7-base-again``). A point named
+    in ``exclude`` (``excluded_points.txt``) pairs with nothing: campaign 2's MoE probes that
+    JIT-compiled the fused-MoE kernel differ from their warm campaign-4 twins by the compile,
+    not by the start."""
+    skip = set(exclude)
     by: dict[tuple[Any, ...], list[LoadPoint]] = {}
     for p in load_points(list(rows)):
-        by.setdefault(p.what, []).append(p)
+        if point_name(p) not in skip:
+            by.setdefault(p.what, []).append(p)
     return [(ps[0], q) for ps in by.values() if len({x.trial for x in ps}) > 1 for q in ps[1:]
             if q.trial != ps[0].trial]
 

@@ -88,15 +88,19 @@ class GroupError:
     ttft_p95_loso: float = math.nan
 
 
-def noise_pairs(folder: str | Path, rows: Sequence[dict[str, Any]]) -> list[tuple[LoadPoint, LoadPoint]]:
-    """Replicate starts: fresh starts inside the campaigns, and campaign 1 against its replicate file."""
+def noise_pairs(folder: str | Path, rows: Sequence[dict[str, Any]],
+                exclude: Sequence[str] = ()) -> list[tuple[LoadPoint, LoadPoint]]:
+    """Replicate starts: fresh starts inside the campaigns, and campaign 1 against its replicate file.
+    A pair with an ``exclude``d point is no replicate (campaign 2's cold MoE probe against campaign 4's
+    warm one differs by the Triton compile, not by the start)."""
     again = Path(folder) / "replicate.jsonl"
     extra = []
     if again.is_file():
         later = load_points(read_measurements(again))
         extra = [(a, b) for a in load_points(read_measurements(Path(folder) / MEASUREMENTS))
                  for b in later if a.key == b.key]
-    return replicate_pairs(rows) + extra
+    skip = set(exclude)
+    return [(a, b) for a, b in replicate_pairs(rows, skip) + extra if point_name(a) not in skip and point_name(b) not in skip]
 
 
 def _noise_pp(points: Sequence[LoadPoint], sd: dict[str, float]) -> float:

@@ -136,11 +136,13 @@ def calibrate(
     chosen = [t.strip() for t in fit_trials.split(",")] if fit_trials else None
     if starts < 1:
         raise InputError(f"--starts must be >= 1, got {starts}")
-    # run-to-run noise from a replicate run beside the measurements (same trials started again), if any
-    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows))
     points_file = fit_points or (folder / "fit_points.txt" if (folder / "fit_points.txt").is_file() else None)
     excluded_file = exclude_points or (folder / "excluded_points.txt"
                                        if (folder / "excluded_points.txt").is_file() else None)
+    # run-to-run noise from a replicate run beside the measurements (same trials started again), if
+    # any; an excluded point is no replicate of anything
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"),
+                              pairs=replicate_pairs(rows, read_names(excluded_file) if excluded_file else ()))
     result = fit(rows, dep, fit_trials=chosen, fit_points=read_names(points_file) if points_file else None,
                  exclude=read_names(excluded_file) if excluded_file else (), noise=noise, starts=starts,
                  max_nfev=max_evals, graph_fraction=graph_kv_fraction, observer=_Lines(console))
