@@ -634,12 +634,11 @@ def _parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...],
 _DEFAULT_NONE = {f.name for f in fields(ServeConfig) if f.default is None}
 
 
-def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) -> Any:
-    """``value`` checked against knob ``name``'s type and ServeConfig's own validation."""
+def _knob_problem(name: str, value: Any) -> tuple[str, str | None] | None:
+    """What is wrong with ``value`` as knob ``name``'s (not its type, or a KV cache dtype vLLM
+    does not have) as ``(message, hint)``; None when nothing is. A space file's value
+    (:func:`_typed`) and a pinned one (:func:`pin_value`) are checked by it alike."""
     typ = KNOBS[name]
-    if typ in (int, float):
-        value = _numeric(value)
-        value = _whole(value) if typ is int else value
     ok = (
         (typ is bool and isinstance(value, bool))
         or (typ is int and is_int(value))
@@ -647,9 +646,21 @@ def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) ->
         or (typ is str and isinstance(value, str))
     )
     if not ok:
-        raise space.error(f"{name} takes {typ.__name__} values, got {shown(value)}", where)
+        return f"{name} takes {typ.__name__} values, got {shown(value)}", None
     if name == "kv_cache_dtype" and value not in KV_CACHE_DTYPES:
-        raise space.error(f"kv_cache_dtype {shown(value)} is unknown", where, hint=f"use one of {', '.join(KV_CACHE_DTYPES)}")
+        return f"kv_cache_dtype {shown(value)} is unknown", f"use one of {', '.join(KV_CACHE_DTYPES)}"
+    return None
+
+
+def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) -> Any:
+    """``value`` checked against knob ``name``'s type and ServeConfig's own validation."""
+    typ = KNOBS[name]
+    if typ in (int, float):
+        value = _numeric(value)
+        value = _whole(value) if typ is int else value
+    problem = _knob_problem(name, value)
+    if problem is not None:
+        raise space.error(problem[0], where, hint=problem[1])
     value = _float(value) if typ is float else typ(value)
     if typ in (int, float):
         try:
@@ -678,13 +689,9 @@ def pin_value(name: str, value: Any, said: str) -> Any:
         except ValueError:
             raise InputError(f"{said}: {name} takes {typ.__name__} values, got {shown(value)}",
                              hint="e.g. --set max_num_seqs=256, --set enforce_eager=true") from None
-    ok = ((typ is bool and isinstance(value, bool)) or (typ is int and is_int(value))
-          or (typ is float and is_number(value)) or (typ is str and isinstance(value, str)))
-    if not ok:
-        raise InputError(f"{said}: {name} takes {typ.__name__} values, got {shown(value)}")
-    if name == "kv_cache_dtype" and value not in KV_CACHE_DTYPES:
-        raise InputError(f"{said}: kv_cache_dtype {shown(value)} is unknown",
-                         hint=f"use one of {', '.join(KV_CACHE_DTYPES)}")
+    problem = _knob_problem(name, value)
+    if problem is not None:
+        raise InputError(f"{said}: {problem[0]}", hint=problem[1])
     value = float(value) if typ is float else typ(value)
     try:
         ServeConfig(**{name: value})
