@@ -73,8 +73,9 @@ APIS = ("completions", "chat")
 #: ``PLAUSIBLE_MIN_TOKENS`` that claims more than ``MAX_TOKENS_PER_CHUNK`` tokens a content
 #: chunk *and* whose last chunk came sooner after the request than
 #: ``MIN_SECONDS_PER_TOKEN`` a claimed token (4,000 tokens a second for one request; the
-#: H200 campaign's fastest single user made 557) did not come as decoded tokens do (one instant chunk claiming hundreds of forced tokens):
-#: a ``bad_stream``, the server's fault, never a measurement (:func:`bad_stream_fault`).
+#: H200 campaign's fastest single user made 557) did not come as decoded tokens do (one
+#: instant chunk claiming hundreds of forced tokens): a ``bad_stream``, the server's fault,
+#: never a measurement (:func:`bad_stream_fault`).
 MAX_TOKENS_PER_CHUNK = 16
 PLAUSIBLE_MIN_TOKENS = 32
 MIN_SECONDS_PER_TOKEN = 0.25e-3
