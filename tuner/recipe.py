@@ -50,7 +50,12 @@ def serve_params(deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
     → ``true``, ``--no-enable-prefix-caching`` → ``"enable_prefix_caching": false``."""
     from tuner.search import serve_command
 
-    argv = shlex.split(serve_command(deployment, config))[3:]  # vllm serve MODEL
+    return _params_of(serve_command(deployment, config))
+
+
+def _params_of(command: str) -> dict[str, Any]:
+    """The flags of a ``vllm serve MODEL ...`` command line as one serve-params object."""
+    argv = shlex.split(command)[3:]  # vllm serve MODEL
     params: dict[str, Any] = {}
     i = 0
     while i < len(argv):
@@ -100,7 +105,7 @@ def write_recipe(path: str | Path, deployment: Deployment, config: ServeConfig, 
              f"# serve-params ({'for vllm bench sweep --serve-params' if fmt == 'json' else 'YAML'}): {target.name}",
              command]
     target.parent.mkdir(parents=True, exist_ok=True)
-    written = [write_atomic(target, recipe_text(fmt, name, serve_params(deployment, config), command, notes,
+    written = [write_atomic(target, recipe_text(fmt, name, _params_of(command), command, notes,
                                                 list(header)).encode("utf-8")),
                write_atomic(script, ("\n".join(shell) + "\n").encode("utf-8"))]
     return written
