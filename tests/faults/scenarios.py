@@ -262,13 +262,20 @@ def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outc
         fresh = [p for p in servers_of(proc.pid) if p.pid not in killed]
         return fresh[0] if fresh and finished(folder) >= 1 else None
 
-    for _ in range(times):
-        if not wait_for(lambda: victim() is not None, 120):
-            break
-        with contextlib.suppress(psutil.NoSuchProcess, TypeError):
-            server = victim()
+    def kill_one() -> bool:  # find and kill in one look: on a busy machine the run moves on between two
+        server = victim()
+        if server is None:
+            return False
+        try:
             server.kill()
-            killed.append(server.pid)
+        except psutil.NoSuchProcess:  # it ended on its own first: not killed from outside, wait for the next
+            return False
+        killed.append(server.pid)
+        return True
+
+    for _ in range(times):
+        if not wait_for(kill_one, 120):
+            break
     code, _, err = finish(proc)
     left = wait_gone(proc.pid, timeout=45)
     recs = trials(folder)
