@@ -35,7 +35,8 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     from scipy.optimize import least_squares
 
     from tuner.sim.hardware import get_gpu
-    from tuner.sim.memory import EMPIRICAL, _cudagraph_sizes, activation_tokens, default_batch_limits
+    from tuner.sim.memory import EMPIRICAL, activation_tokens, default_batch_limits
+    from tuner.sim.memory.planner import _cudagraph_sizes
     from tuner.versions import parse_version
     from tuner.sim.model import load_model
 
@@ -65,7 +66,7 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
                                               * model.num_layers * _cudagraph_sizes(seqs))
         tokens = activation_tokens(mbt, d_tokens, c.enforce_eager)
         moe = tokens * model.num_experts_per_tok * model.hidden_size if model.is_moe else 0.0
-        # compiled and eager profile runs peak apart (tuner.sim.memory._activation_slope)
+        # compiled and eager profile runs peak apart (tuner.sim.memory.empirical._activation_slope)
         eager = bool(c.enforce_eager and eager_seen)
         act = [1.0, 0.0 if eager else tokens * model.hidden_size, seqs * model.vocab_size, moe,
                tokens * model.hidden_size if eager else 0.0]

@@ -1,0 +1,272 @@
+"""The memory planner: :func:`plan_memory`, vLLM's startup decision for a configuration
+(the KV-cache blocks it allocates, or the error it refuses to start with), and the CUDA-graph
+and maximum-model-length estimates it makes on the way."""
+from __future__ import annotations
+
+import math
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import ConfigRejected
+from tuner.sim.hardware import get_gpu
+from tuner.sim.memory.defaults import (
+    CUDAGRAPH_ESTIMATE_SINCE,
+    V1_SINCE,
+    default_batch_limits,
+    default_gpu_memory_utilization,
+    uses_v1_engine,
+)
+from tuner.sim.memory.empirical import _activation_slope, activation_tokens, empirical_for
+from tuner.sim.memory.plan import MemoryPlan, fmt_gib
+from tuner.sim.memory.support import (
+    MIN_CAPABILITY,
+    MIN_CAPABILITY_BEFORE_TURING_MARLIN,
+    TURING_MARLIN_SINCE,
+    attention_backend,
+    check_attention,
+    check_block_size,
+    resolve_dtype,
+)
+from tuner.sim.model import load_model
+from tuner.versions import parse_version
+
+
+_DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+
+
+def _cudagraph_sizes(max_num_seqs: int) -> int:
+    """How many batch sizes vLLM captures: 1, 2, 4, 8..248 by 8, 256.. by 16, up to
+    ``min(2 * max_num_seqs, 512)`` (config/vllm.py)."""
+    cap = min(2 * max_num_seqs, 512)
+    sizes = [s for s in (1, 2, 4) if s <= cap]
+    sizes += [s for s in range(8, 256, 8) if s <= cap]
+    sizes += [s for s in range(256, cap + 1, 16)]
+    return len(sizes)
+
+
+def _estimate_max_model_len(available: int, block_size: int, page_bytes: int, limit: int) -> int:
+    """vLLM's ``estimate_max_model_len`` (v1/core/kv_cache_utils.py): binary search for the
+    longest length whose blocks fit the available memory; 0 when not even one token fits."""
+    memory = available
+    lo, hi, best = 1, limit, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if math.ceil(mid / block_size) * page_bytes <= memory:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = True) -> MemoryPlan:
+    """vLLM's startup decision for ``config`` on ``deployment``.
+
+    Resolves ``None`` knobs to the vLLM version's defaults. Raises
+    :class:`~tuner.errors.ConfigRejected` with vLLM's own message where vLLM refuses to
+    start. With ``strict=False`` the memory refusals (no memory for the cache, max-model-len
+    does not fit) come back in ``plan.error`` with the rest of the plan filled in, so a
+    what-if can show the arithmetic; other refusals still raise.
+    """
+    gpu = get_gpu(deployment.gpu)
+    model = load_model(deployment.model)
+    version = parse_version(deployment.vllm_version)
+    tp, replicas = config.tensor_parallel_size, config.replicas
+
+    if tp * replicas > deployment.gpu_count:
+        raise ConfigRejected(
+            "layout",
+            f"tensor_parallel_size {tp} x {replicas} replicas needs {tp * replicas} GPUs but the "
+            f"deployment has {deployment.gpu_count}.",
+        )
+    if model.num_heads % tp:
+        raise ConfigRejected(
+            "tensor_parallel",
+            f"Total number of attention heads ({model.num_heads}) must be divisible by tensor "
+            f"parallel size ({tp}).",
+        )
+
+    quant = model.resolve_quantization(deployment.quantization)
+    asked = (deployment.quantization or "").replace("_marlin", "")
+    if asked and model.quantization and asked != model.quantization.replace("_marlin", ""):
+        raise ConfigRejected(
+            "quantization",
+            f"Quantization method specified in the model config ({model.quantization}) does not "
+            f"match the quantization method specified in the `quantization` argument "
+            f"({deployment.quantization}).",
+        )
+    if quant is not None:
+        # vLLM upgrades awq/gptq checkpoints to their Marlin kernels where the GPU allows.
+        if quant in ("awq", "gptq") and not deployment.quantization and gpu.cc >= 80:
+            quant = f"{quant}_marlin"
+        table = MIN_CAPABILITY if version >= TURING_MARLIN_SINCE else MIN_CAPABILITY_BEFORE_TURING_MARLIN
+        need = table.get(quant)
+        if need is not None and gpu.cc < need:
+            raise ConfigRejected(
+                "quantization",
+                f"The quantization method {quant} is not supported for the current GPU. "
+                f"Minimum capability: {need}. Current capability: {gpu.cc}.",
+            )
+    dtype = resolve_dtype(deployment, model, gpu, quant.replace("_marlin", "") if quant else None, version)
+    dtype_bytes = 4 if dtype == "float32" else 2
+
+    derived_len = model.max_position_embeddings
+    max_model_len = config.max_model_len or derived_len
+    if max_model_len > derived_len:
+        raise ConfigRejected(
+            "max_model_len",
+            f"User-specified max_model_len ({max_model_len}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={derived_len} or model_max_length=None in "
+            "model's config.json). To allow overriding this maximum, set the env var "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
+        )
+
+    v1 = uses_v1_engine(gpu, version)
+    backend = attention_backend(gpu, version, config.kv_cache_dtype, model.head_dim, config.block_size or 16)
+    notes: list[str] = check_attention(model, backend, version)
+    if backend == "XFORMERS" and gpu.cc >= 80 and config.kv_cache_dtype.startswith("fp8"):
+        notes.append("vLLM's V0 engine serves an FP8 KV cache with XFormers, not FlashAttention-2 "
+                     "(\"Cannot use FlashAttention-2 backend for FP8 KV cache.\"): slower attention")
+    if deployment.dtype == "auto" and model.torch_dtype == "bfloat16" and dtype == "float16" \
+            and not gpu.bf16:
+        notes.append(f"{gpu.name} has no bfloat16 (compute capability "
+                     f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}): vLLM casts the "
+                     "bfloat16 checkpoint to float16")
+    if version >= V1_SINCE and not v1:
+        notes.append(f"vLLM {deployment.vllm_version} runs the V0 engine below compute "
+                     "capability 8.0 (V1 supports it from 0.10.2)")
+    if gpu.cc < 75 and version >= (0, 11, 0):
+        notes.append("vLLM's recent official wheels (CUDA >= 12.8) ship no sm_70 kernels; a V100 "
+                     "needs a build against CUDA < 12.8 (first release affected not pinned down)")
+    if model.sliding_window and model.model_type.startswith(("gemma2", "gemma3", "mistral")):
+        notes.append(f"sliding-window layers (window {model.sliding_window}) are planned as full "
+                     "attention: V1's hybrid allocator would hold more tokens")
+    block_size = config.block_size or 16
+    check_block_size(block_size, backend)
+
+    gmu = config.gpu_memory_utilization or default_gpu_memory_utilization(version)
+    default_seqs, default_tokens = default_batch_limits(gpu, version, max_model_len)
+    max_num_seqs = config.max_num_seqs or default_seqs
+    if config.max_num_seqs is None and config.max_num_batched_tokens is not None:
+        # The default path never produces max_num_seqs > max_num_batched_tokens
+        # (engine/arg_utils.py clamps the defaulted value).
+        max_num_seqs = min(max_num_seqs, config.max_num_batched_tokens)
+    if config.max_num_batched_tokens is not None:
+        max_num_batched_tokens = config.max_num_batched_tokens
+    elif config.max_num_seqs is not None and v1:
+        max_num_batched_tokens = min(default_tokens, max_num_seqs * max_model_len)
+    else:
+        max_num_batched_tokens = default_tokens
+    if max_num_batched_tokens < max_num_seqs:
+        raise ConfigRejected(
+            "batch_tokens",
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal "
+            f"to max_num_seqs ({max_num_seqs}).",
+        )
+    if not v1 and max_model_len <= 32768 and max_num_batched_tokens < max_model_len:
+        raise ConfigRejected(
+            "batch_tokens",
+            f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
+            f"({max_model_len}). This effectively limits the maximum sequence length to "
+            "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+            "max_num_batched_tokens or decrease max_model_len.",
+        )
+
+    kv_dtype_bytes = 1 if config.kv_cache_dtype.startswith("fp8") else dtype_bytes
+
+    # ---- memory arithmetic (per TP rank)
+    emp = empirical_for(deployment)
+    weights = model.weight_bytes_per_rank(quant, tp)
+    if dtype_bytes == 4 and quant is None:
+        weights *= 2
+    weights += int(emp["weight_overhead_bytes"])
+    budget = math.ceil(gpu.memory_bytes * gmu)
+    hidden = model.hidden_size
+    tokens = activation_tokens(max_num_batched_tokens, default_tokens, config.enforce_eager)
+    activations = int(
+        emp["activation_fixed_bytes"]
+        + tokens * hidden * _activation_slope(emp, config.enforce_eager)
+        + max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
+        + (tokens * model.num_experts_per_tok * hidden
+           * emp["moe_activation_bytes_per_token_per_hidden"] if model.is_moe else 0)
+    )
+    non_torch = int(emp["non_torch_bytes"] + (emp["non_torch_tp_bytes"] if tp > 1 else 0))
+    if not v1:
+        non_torch += int(emp["cuda_context_bytes"])
+    graphs = 0
+    if not config.enforce_eager and version >= CUDAGRAPH_ESTIMATE_SINCE:
+        graphs = int(
+            emp["cudagraph_bytes_per_layer_per_size"]
+            * model.num_layers
+            * _cudagraph_sizes(max_num_seqs)
+        )
+    kv_bytes = budget - weights - activations - non_torch - int(graphs * emp["cudagraph_kv_fraction"])
+    page_bytes = block_size * model.kv_bytes_per_token(tp, kv_dtype_bytes)
+
+    def plan(num_blocks: int, error: ConfigRejected | None) -> MemoryPlan:
+        per_req = math.ceil(max_model_len / block_size)
+        concurrency = num_blocks / per_req if num_blocks > 0 else 0.0
+        return MemoryPlan(
+            gpu=gpu, model=model, tensor_parallel_size=tp, gpu_memory_utilization=gmu,
+            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enforce_eager=config.enforce_eager, kv_cache_dtype_bytes=kv_dtype_bytes,
+            budget_bytes=budget, weight_bytes=weights, activation_bytes=activations,
+            non_torch_bytes=non_torch, cudagraph_bytes=graphs, kv_bytes=kv_bytes,
+            page_bytes=page_bytes, num_gpu_blocks=max(0, num_blocks),
+            kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
+            dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
+            replicas=replicas, attention_backend=backend, engine="V1" if v1 else "V0",
+            notes=tuple(notes), error=error,
+        )
+
+    def refuse(err: ConfigRejected) -> MemoryPlan:
+        if strict:
+            raise err
+        return plan(max(0, kv_bytes // page_bytes), err)
+
+    if weights > gpu.memory_bytes:
+        raise ConfigRejected(
+            "oom",
+            f"CUDA out of memory while loading the model: {fmt_gib(weights)} of weights per GPU "
+            f"exceed the {fmt_gib(gpu.memory_bytes)} the {gpu.name} has.",
+        )
+    # V0 checked the block count (worker.py::raise_if_cache_size_invalid), V1 the bytes.
+    if kv_bytes <= 0 or (not v1 and kv_bytes < page_bytes):
+        if not v1:
+            msg = ("No available memory for the cache blocks. Try increasing "
+                   "`gpu_memory_utilization` when initializing the engine.")
+        else:
+            msg = ("No available memory for the cache blocks. Try increasing "
+                   "`gpu_memory_utilization` when initializing the engine (this flag also "
+                   "controls CPU memory reservation on the CPU backend, despite its name). "
+                   + _DOCS)
+        return refuse(ConfigRejected("no_kv_memory", msg))
+
+    num_blocks = kv_bytes // page_bytes
+    needed = math.ceil(max_model_len / block_size) * page_bytes
+    if not v1:
+        capacity = num_blocks * block_size
+        if max_model_len > capacity:
+            return refuse(ConfigRejected(
+                "max_model_len",
+                f"The model's max seq len ({max_model_len}) is larger than the maximum number of "
+                f"tokens that can be stored in KV cache ({capacity}). Try increasing "
+                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+                "engine.",
+                estimated_max_model_len=capacity,
+            ))
+    elif needed > kv_bytes:
+        estimate = _estimate_max_model_len(kv_bytes, block_size, page_bytes, max_model_len)
+        return refuse(ConfigRejected(
+            "max_model_len",
+            f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({fmt_gib(needed)} KV cache is needed, which is larger than the available KV cache "
+            f"memory ({fmt_gib(kv_bytes)}). "
+            + (f"Based on the available memory, the estimated maximum model length is {estimate}. "
+               if estimate > 0 else "")
+            + "Try increasing `gpu_memory_utilization` (which also "
+            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
+            f"initializing the engine. {_DOCS}",
+            estimated_max_model_len=estimate,
+        ))
+    return plan(num_blocks, None)
