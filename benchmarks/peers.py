@@ -62,7 +62,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tuner.backends.vllm import free_port, start_local_server  # noqa: E402
+from tuner.backends.local_server import free_port, start_local_server  # noqa: E402
 from tuner.errors import BackendError, TunerError  # noqa: E402
 
 GUIDELLM_VERSION = "0.8.1"

@@ -19,8 +19,9 @@ import pytest
 from fakes import Analytic, ErrorBackend, FakeBackend, LateWatch, NoisyBackend, PerStartNoise
 
 from tuner.backends.endpoint import EndpointBackend
+from tuner.backends.local_server import free_port, start_local_server
 from tuner.backends.sim import SimBackend
-from tuner.backends.vllm import VllmBackend, free_port, start_local_server
+from tuner.backends.vllm import VllmBackend
 from tuner.config import Deployment, ServeConfig
 from tuner.control import RunControl
 from tuner.errors import ConfigRejected

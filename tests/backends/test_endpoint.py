@@ -95,7 +95,7 @@ KEY = "sk-endpoint-test-0123456789"
 @pytest.fixture
 def keyed():
     """The bad-answer stand-in (tests/replay/bad_server.py) demanding KEY; its base URL."""
-    from tuner.backends.vllm import free_port, start_local_server
+    from tuner.backends.local_server import free_port, start_local_server
 
     port = free_port()
     proc, url = start_local_server([sys.executable, str(BAD), "--port", str(port), "--key", KEY], port,

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from tuner.backends import get_backend
-from tuner.backends.vllm import VllmBackend, detect_version
+from tuner.backends.vllm import VllmBackend
+from tuner.backends.vllm_command import detect_version
 from tuner.processes import group_alive
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
 from tuner.versions import parse_version

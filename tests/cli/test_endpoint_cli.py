@@ -29,7 +29,7 @@ layouts: [tp1x1]
 @pytest.fixture
 def server(request):
     """bad_server.py with the flags given by indirect parametrisation; its base URL."""
-    from tuner.backends.vllm import free_port, start_local_server
+    from tuner.backends.local_server import free_port, start_local_server
 
     port = free_port()
     proc, url = start_local_server([sys.executable, str(BAD), "--port", str(port), *request.param],

@@ -809,7 +809,7 @@ SECRET = "sk-faults-secret-7f3a9c01"
 def bad_server(*args: str):
     """tests/replay/bad_server.py (``--mode``, ``--key``) on a free port; yields its base URL.
     It is no tuner-marked server: the scenarios count only the processes tuner leaves."""
-    from tuner.backends.vllm import start_local_server
+    from tuner.backends.local_server import start_local_server
 
     port = free_port()
     proc, url = start_local_server([sys.executable, str(BAD_SERVER), "--port", str(port), *args], port,
@@ -955,7 +955,7 @@ def endpoint_dies(folder: Path) -> Outcome:
     """The endpoint is killed mid-replay (its requests disconnect, then nothing listens): the
     trial fails as the environment's (not counted, not infeasible) and the run stops at once,
     exit 5, naming the URL; once it is back the same command measures it."""
-    from tuner.backends.vllm import start_local_server
+    from tuner.backends.local_server import start_local_server
 
     prepare(folder)
     left: list[int] = []

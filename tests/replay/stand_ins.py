@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tuner.backends.vllm import free_port, start_local_server
+from tuner.backends.local_server import free_port, start_local_server
 
 STUB = Path(__file__).with_name("stub_server.py")
 BAD = Path(__file__).with_name("bad_server.py")

@@ -24,7 +24,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tuner.backends.vllm import free_port, start_local_server
+from tuner.backends.local_server import free_port, start_local_server
 from tuner.load import Concurrency
 from tuner.replay import replay
 from tuner.traffic.workload import Workload

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.control import StopHook
-from tuner.backends.vllm import _http
+from tuner.backends.local_server import _http
 from tuner.errors import BackendError, EndpointFault, InputError, connection_cause
 from tuner.urls import redact
 

@@ -27,6 +27,12 @@ with the tuner process (Linux ``PR_SET_PDEATHSIG``), every live one is stopped b
 their whole process groups when this process ends by any means, SIGKILL included, also
 behind a launcher script that does not ``exec`` the server. What is left even so (the
 watchdog killed too) a later run finds by the marker and stops (``report_stale_servers``).
+
+The pieces beside this module: :mod:`tuner.backends.vllm_instance` (a trial's running
+replicas), :mod:`tuner.backends.vllm_replica` (one server process, and every live one),
+:mod:`tuner.backends.vllm_command` (what a command line runs),
+:mod:`tuner.backends.log_folder` (the log folder's check) and
+:mod:`tuner.backends.local_server` (free ports, test servers, small HTTP calls).
 """
 from __future__ import annotations
 
@@ -35,29 +41,27 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.control import StopHook
+from tuner import processes
+from tuner.backends import gpu_memory
+from tuner.backends.local_server import _http, free_port
+from tuner.backends.log_folder import check_writable
 from tuner.backends.vllm_args import classify_failure, parse_startup, place_model, render_flags
-from tuner.backends.vllm_cpu import CpuPlatform, remove_dist_files, resolve_platform
+from tuner.backends.vllm_command import detect_version, sim_serve_speed
+from tuner.backends.vllm_cpu import CpuPlatform, resolve_platform
+from tuner.backends.vllm_instance import VllmInstance
+from tuner.backends.vllm_replica import _LIVE, _Replica
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.interrupts import current_deadline
-from tuner import processes
-from tuner.backends import gpu_memory, reaper
 
 if TYPE_CHECKING:
     from tuner.config import Deployment, ServeConfig
-    from tuner.load import Load
-    from tuner.result import RunResult
-    from tuner.traffic.workload import Workload
+
 
 DEFAULT_CMD = "vllm serve"
 #: Defaults of the start and per-request timeouts (``--startup-timeout``, ``--request-timeout``):
@@ -67,253 +71,6 @@ STARTUP_TIMEOUT_S = 1800.0
 REQUEST_TIMEOUT_S = 600.0
 #: Attempts at a start whose port another process took in the meantime.
 PORT_ATTEMPTS = 3
-#: A start is refused as an environment fault when the log folder has less free space.
-MIN_FREE_BYTES = 64 * 2**20
-#: Every replica this process started and has not stopped yet (see :func:`stop_all`).
-_LIVE: set[_Replica] = set()
-
-
-def stop_all(grace_s: float = 5.0) -> int:
-    """Stop every server this process started and has not stopped (the last thing the
-    CLI does on any exit); returns how many there were."""
-    left = list(_LIVE)
-    for r in left:
-        r.stop(grace_s)
-    return len(left)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (bound then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def start_local_server(argv: list[str], port: int, *, what: str = "server", timeout_s: float = 30.0,
-                       env: dict[str, str] | None = None, cwd: str | Path | None = None,
-                       ) -> tuple[subprocess.Popen, str]:
-    """Start ``argv`` (a server that listens on ``port`` of 127.0.0.1) in a process group of
-    its own, output discarded, and wait until ``/health`` answers: ``(process, base URL)``.
-    Raises :class:`BackendError` when it exits first or does not answer within
-    ``timeout_s`` (then it is killed). For test and benchmark servers (``tuner sim-serve``,
-    stand-ins); real vLLM starts through :class:`VllmBackend`, which keeps its log."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise BackendError(f"{what} exited with {proc.returncode} before answering /health") from None
-            time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    raise BackendError(f"{what} did not answer {url}/health within {timeout_s:g} s")
-
-
-def _http(url: str, *, data: dict | None = None, timeout: float = 5.0,
-          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
-def sim_serve_speed(argv: list[str]) -> float | None:
-    """For a ``tuner sim-serve`` command line: its ``--speed`` (1 when not given); else None."""
-    if not any("sim-serve" in a or a == "tuner.sim.server" for a in argv):
-        return None
-    for i, a in enumerate(argv):
-        if a == "--speed" and i + 1 < len(argv):
-            return float(argv[i + 1])
-        if a.startswith("--speed="):
-            return float(a.split("=", 1)[1])
-    return 1.0
-
-
-def detect_version(vllm_cmd: str, *, timeout_s: float = 120.0) -> str | None:
-    """The vLLM version the command would run, or None when it cannot be told.
-
-    For ``vllm ...`` the Python beside the ``vllm`` executable is asked
-    (``python -c "import vllm; print(vllm.__version__)"``); for ``python -m vllm...``
-    that Python is asked. Containers and wrappers cannot be asked: pass the version."""
-    argv = shlex.split(vllm_cmd)
-    if not argv:
-        return None
-    python: str | None = None
-    if Path(argv[0]).name == "vllm":
-        exe = shutil.which(argv[0])
-        if exe:
-            sibling = Path(exe).with_name("python")
-            python = str(sibling) if sibling.exists() else sys.executable
-    elif Path(argv[0]).name.startswith("python") and len(argv) > 2 and argv[1] == "-m" and argv[2].startswith("vllm"):
-        python = argv[0]
-    if python is None:
-        return None
-    try:
-        out = subprocess.run([python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
-                             text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = out.stdout.strip().splitlines()
-    return lines[-1].strip() if out.returncode == 0 and lines else None
-
-
-class _Replica:
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, argv: list[str], gpus: str,
-                 token: str = "", port: int = 0) -> None:
-        self.proc = proc
-        self.pgid = proc.pid  # start_new_session=True: the child leads its own group
-        self.url = url
-        self.log_path = log_path
-        self.argv = argv
-        self.gpus = gpus
-        self.token = token
-        self.port = port
-        _LIVE.add(self)
-        reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
-
-    def log_text(self, limit: int = 2_000_000) -> str:
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - limit))
-                return fh.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def group_alive(self) -> bool:
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        # The group exists; if only our unreaped leader is left, it is a zombie.
-        if self.proc.poll() is not None:
-            return processes.group_alive(self.pgid)
-        return True
-
-    def stop(self, grace_s: float) -> None:
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            if not self.group_alive():
-                break
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                self.proc.poll()
-                if not self.group_alive():
-                    break
-                time.sleep(0.05)
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        if not self.group_alive():
-            _LIVE.discard(self)
-            reaper.forget(self.pgid)
-            remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
-
-
-def check_writable(folder: Path, *, what: str) -> None:
-    """``folder`` exists (made if need be), takes a file and has :data:`MIN_FREE_BYTES` free;
-    else :class:`EnvironmentFault` naming the path and what to do."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".tuner-write-check-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as err:
-        kind = "disk_full" if err.errno == 28 else "storage"
-        raise EnvironmentFault(kind, f"cannot write {what} {folder}: {err.strerror}", path=str(folder)) from err
-    free = shutil.disk_usage(folder).free
-    if free < MIN_FREE_BYTES:
-        raise EnvironmentFault("disk_full", f"{what} {folder} has {free / 2**20:.0f} MiB free; free at least "
-                               f"{MIN_FREE_BYTES / 2**20:.0f} MiB there (old logs: studies/*/logs/)", path=str(folder))
-
-
-class VllmInstance:
-    """Running replicas of one trial; ``run`` replays a load, ``close`` stops them."""
-
-    def __init__(self, backend: VllmBackend, replicas: list[_Replica], info: dict[str, Any]) -> None:
-        self.backend = backend
-        self.replicas = replicas
-        self.info = info
-        self.closed = False
-        self.runs = 0  # salts each run's prompts: a rerun must not hit the last run's prefix cache
-
-    @property
-    def urls(self) -> list[str]:
-        return [r.url for r in self.replicas]
-
-    @property
-    def pgids(self) -> list[int]:
-        return [r.pgid for r in self.replicas]
-
-    def dead_replicas(self) -> list[_Replica]:
-        return [r for r in self.replicas if r.proc.poll() is not None]
-
-    def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
-        """Replay ``load`` against the replicas. Raises BackendError if a replica died
-        before or during the run (the log path and vLLM's last line are in the message)."""
-        from tuner.replay.client import bad_stream_fault, replay
-
-        if self.closed:
-            raise BackendError("this vLLM instance is closed; start a new one")
-        self._raise_if_dead("before the run")
-        self.runs += 1
-        result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop, salt=self.runs,
-                        **self.backend._replay)
-        self._raise_if_dead("during the run")
-        bad = bad_stream_fault(result)
-        if bad is not None:  # the server's streams, not the configuration's speed
-            raise EnvironmentFault(bad[0], f"the server at {', '.join(self.urls)}: {bad[1]}")
-        result.server.update({k: self.info[k] for k in ("kv_cache_tokens", "num_gpu_blocks") if k in self.info})
-        return result
-
-    def _raise_if_dead(self, when: str) -> None:
-        dead = self.dead_replicas()
-        if dead:
-            r = dead[0]
-            cause = classify_failure(r.proc.returncode, r.log_text(), log_path=str(r.log_path))
-            if isinstance(cause, EnvironmentFault):  # killed from outside: the machine's, not the config's
-                raise EnvironmentFault(cause.kind, f"vLLM replica at {r.url} died {when}: {cause.message}",
-                                       path=cause.path)
-            raise BackendError(
-                f"vLLM replica at {r.url} exited {when} (code {r.proc.returncode}): {cause.message} "
-                f"[log: {r.log_path}]"
-            )
-
-    def close(self) -> None:
-        """Stop every replica (SIGTERM, then SIGKILL after the grace period). Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        for r in self.replicas:
-            r.stop(self.backend.stop_grace_s)
-
-    def __enter__(self) -> VllmInstance:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # last resort; close() is the contract
-        if not getattr(self, "closed", True):
-            try:
-                self.close()
-            except Exception:
-                pass
 
 
 class VllmBackend:

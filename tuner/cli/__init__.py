@@ -112,7 +112,7 @@ def _stop_servers() -> None:
     """Last resort on every exit: stop servers this process started and still holds."""
     import sys as _sys
 
-    vllm = _sys.modules.get("tuner.backends.vllm")
+    vllm = _sys.modules.get("tuner.backends.vllm_replica")
     if vllm is not None:
         left = vllm.stop_all()
         if left:

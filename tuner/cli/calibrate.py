@@ -100,7 +100,7 @@ def calibrate(
         raise InputError(f"--backend {backend!r} is not vllm or sim")
     version = vllm_version
     if version is None and backend == "vllm" and not fit_only:
-        from tuner.backends.vllm import detect_version
+        from tuner.backends.vllm_command import detect_version
 
         version = detect_version(vllm_cmd)
         if version is None:
