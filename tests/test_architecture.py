@@ -128,7 +128,6 @@ OVER_MAX_LINES = frozenset({
     "tuner/space.py",          # being split, issue 33
     "tuner/confirmation.py",   # being split, issue 33
     "tuner/search/driver.py",  # being split, issue 33
-    "tuner/replay/client.py",  # to split, issue 33
     "tuner/sim/server.py",     # to split, issue 33
     "tuner/plots.py",          # to split, issue 33
 })

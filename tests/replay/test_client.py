@@ -11,7 +11,7 @@ from stand_ins import start_stub, stop_stub
 from tuner.errors import BackendError, InputError
 from tuner.load import Concurrency, Poisson, TraceReplay, arrival_times
 from tuner.replay import replay
-from tuner.replay.client import _body
+from tuner.replay.bodies import _body
 from tuner.traffic.workload import Request, Workload
 
 

@@ -105,7 +105,7 @@ def test_a_key_in_a_query_string_or_twice_is_refused_without_showing_it():
 
 
 def test_sse_comments_and_other_fields_are_sse_anything_else_is_not():
-    from tuner.replay.client import _Bad, _payload
+    from tuner.replay.stream import _Bad, _payload
 
     assert _payload(b"data: [DONE]") == b"[DONE]"
     assert _payload(b": keep-alive") is None                     # a comment

@@ -83,7 +83,7 @@ class EndpointBackend:
         metrics: bool = True,
         api_key: str | None = None,
     ) -> None:
-        from tuner.replay.client import _endpoints
+        from tuner.replay.endpoints import _endpoints
 
         self.given = [urls] if isinstance(urls, str) else list(urls)
         endpoints = _endpoints(self.given, api_key)
@@ -115,7 +115,7 @@ class EndpointBackend:
         import http.client
         import json
 
-        from tuner.replay.client import _denied
+        from tuner.replay.endpoints import _denied
 
         try:
             status, body = _http(f"{url}/v1/models", timeout=self._probe_s, headers=headers)

@@ -1,7 +1,7 @@
 """Replay a workload against running OpenAI-compatible servers (vLLM, ``tuner sim-serve``).
 
 ``replay(endpoints, workload, load, ...) -> RunResult`` is the entry point; see
-:mod:`tuner.replay.client` for the measurement definitions.
+:mod:`tuner.replay.stream` for the measurement definitions.
 """
 from __future__ import annotations
 
