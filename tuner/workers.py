@@ -260,14 +260,14 @@ class Worker:
 
         if self._current is None:
             return False
-        trial = self.storage.get_trial(self._trial_id(self._current))
+        trial = self.storage.get_trial(self._id_of(self._current))
         if trial.state != TrialState.FAIL:
             return False
         warnings.warn(f"trial {trial.number} was marked failed by another worker (this one missed its "
                       f"heartbeats); its configuration is retried", RuntimeWarning, stacklevel=2)
         return True
 
-    def _trial_id(self, number: int) -> int:
+    def _id_of(self, number: int) -> int:
         """The storage's id of the study's trial ``number``."""
         from tuner.storage import trial_id
 
@@ -282,7 +282,7 @@ class Worker:
             self._budget_lock.release()
         self._current = trial.number
         self.ran += 1
-        failed = self.storage.get_trial_system_attrs(self._trial_id(trial.number)).get("failed_trial")
+        failed = self.storage.get_trial_system_attrs(self._id_of(trial.number)).get("failed_trial")
         write(trial.set_user_attr, self.stamp.replace(retry_of=failed))
 
     def wait_for_twin(self, trial: optuna.Trial) -> None:
@@ -311,6 +311,6 @@ class Worker:
                 twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                          if t.number != trial.number and t.params == params and t.system_attrs.get(MEASURING)]
                 if not twins:
-                    self.storage.set_trial_system_attr(self._trial_id(trial.number), MEASURING, True)
+                    self.storage.set_trial_system_attr(self._id_of(trial.number), MEASURING, True)
                     return
             time.sleep(self.poll_s)
