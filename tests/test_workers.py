@@ -18,7 +18,7 @@ from pg_db import pg_url  # noqa: F401  (fixture)
 
 from tuner.record import TrialRecord
 from tuner.locks import StudyLock, driver_url
-from tuner.storage import RetryOnce
+from tuner.storage import RetryOnce, trial_id
 from tuner.study import copy_slots, is_copy
 from tuner.workers import MEASURING, Worker, budget_used
 
@@ -127,11 +127,12 @@ def test_a_worker_whose_trial_another_failed_goes_on(tmp_path):
     queued the retry): it warns and runs its next trial instead of crashing."""
     url = f"sqlite:///{tmp_path}/s.db"
     st = optuna.create_study(storage=url, study_name=STUDY, direction="maximize")
+    other = optuna.storages.RDBStorage(url)  # another process's handle on the study
 
     def objective(trial):
         worker.started(trial)
         if trial.number == 0:  # what fail_stale_trials does from another process
-            st._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            other.set_trial_state_values(trial_id(other, st, trial.number), TrialState.FAIL)
         return 1.0
 
     with Worker(st, url, budget=3) as worker, pytest.warns(RuntimeWarning, match="trial 0 was marked failed"):

@@ -13,15 +13,13 @@ The API that the ``tuner`` command and notebooks both call (each imported on fir
 * ``tuner.open_study(path_or_name, storage=None)`` — an existing study, to read with
   :mod:`tuner.analysis` (:func:`tuner.analysis.open_study`).
 
-``tuner.search`` and ``tuner.plan`` are also the modules that implement them: calling the
-module calls its function. Progress goes to an optional ``observer``
+``tuner.search`` and ``tuner.plan`` are also the packages that implement them: calling the
+package calls its function (each package says how). Progress goes to an optional ``observer``
 (:class:`tuner.progress.Observer`); ``None`` shows nothing.
 """
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 from tuner.config import Deployment, ServeConfig
@@ -55,20 +53,6 @@ def __getattr__(name: str) -> Any:
     module, attribute = _LAZY[name]
     found = importlib.import_module(module)
     return found if attribute is None else getattr(found, attribute)
-
-
-class _Verb(types.ModuleType):
-    """A module that is also the API's verb: calling it calls its ``__verb__``."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self, "__verb__")(*args, **kwargs)
-
-
-def callable_as(module: str, verb: Any) -> None:
-    """Make the imported module ``module`` callable as ``verb`` (``tuner.search(...)``)."""
-    found = sys.modules[module]
-    found.__class__ = _Verb
-    found.__verb__ = verb  # type: ignore[attr-defined]
 
 
 __all__ = [

@@ -82,14 +82,17 @@ def _only_study(url: str, where: str, prefer: str | None) -> optuna.Study:
     else:
         raise InputError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'})",
                          hint="pass the study name and --storage with the URL")
-    return optuna.load_study(study_name=name, storage=url)
+    from tuner.storage import opened
+
+    store = optuna.storages.RDBStorage(url)  # what optuna.load_study makes of the URL, kept as the study's handle
+    return opened(optuna.load_study(study_name=name, storage=store), store)
 
 
 def study_location(study: optuna.Study) -> Path | None:
     """The SQLite file behind ``study``, or ``None`` (another database, in memory)."""
-    storage: Any = study._storage  # noqa: SLF001  (Optuna keeps no public handle to it)
-    storage = getattr(storage, "_backend", storage)
-    url = str(getattr(storage, "url", "") or "")
+    from tuner.storage import storage_of
+
+    url = str(getattr(storage_of(study), "url", "") or "")  # an RDBStorage's URL (None: not opened by tuner)
     if url.startswith("sqlite:///") and not url.endswith(":memory:"):
         return Path(url.removeprefix("sqlite:///"))
     return None

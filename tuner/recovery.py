@@ -32,18 +32,24 @@ def not_measured(trial: Any) -> bool:
     return trial.state == TrialState.FAIL and TrialRecord.from_trial(trial).measured_nothing
 
 
-def mark_failed(study: optuna.Study, trial_id: int, kind: str, reason: str) -> None:
-    """Record why a trial failed (before or after Optuna set its state)."""
-    storage = study._storage
-    write(lambda key, value: storage.set_trial_user_attr(trial_id, key, value),
-          TrialRecord(fail_kind=kind, fail_reason=reason[:2000]))
+def failure(kind: str, reason: str) -> TrialRecord:
+    """What a failed trial records about why (``fail_kind``, ``fail_reason``)."""
+    return TrialRecord(fail_kind=kind, fail_reason=reason[:2000])
 
 
-def fail_leftovers(study: optuna.Study) -> list[int]:
+def mark_failed(storage: Any, trial_id: int, kind: str, reason: str) -> None:
+    """Record why a trial failed, through the storage (a trial that no live
+    ``optuna.Trial`` holds: a leftover of another process), before Optuna sets its state."""
+    write(lambda key, value: storage.set_trial_user_attr(trial_id, key, value), failure(kind, reason))
+
+
+def fail_leftovers(study: optuna.Study, storage: Any) -> list[int]:
     """Fail every RUNNING trial as ``interrupted`` (call it holding the study's only
-    writer lock, i.e. on SQLite: no other process can be running them). Returns their
-    numbers."""
+    writer lock, i.e. on SQLite: no other process can be running them); ``storage`` is
+    the study's (:func:`tuner.storage.storage_of`). Returns their numbers."""
     from optuna.trial import TrialState
+
+    from tuner.storage import trial_id
 
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -51,7 +57,7 @@ def fail_leftovers(study: optuna.Study) -> list[int]:
         who = rec.worker or "a process that never claimed it"
         here = rec.host in (None, socket.gethostname())
         reason = f"left RUNNING by {who}, which is gone" + ("" if here else " (another host)")
-        mark_failed(study, t._trial_id, "interrupted", reason)
+        mark_failed(storage, trial_id(storage, study, t.number), "interrupted", reason)
         study.tell(t.number, state=TrialState.FAIL)
         out.append(t.number)
     return out
@@ -103,4 +109,4 @@ def _key(params: dict[str, Any]) -> tuple:
     return tuple(sorted(params.items()))
 
 
-__all__ = ["MAX_FAILURES", "NOT_MEASURED", "Requeued", "fail_leftovers", "mark_failed", "not_measured", "requeue"]
+__all__ = ["MAX_FAILURES", "NOT_MEASURED", "Requeued", "fail_leftovers", "failure", "mark_failed", "not_measured", "requeue"]

@@ -5,6 +5,9 @@ nightly runs, ``tuner doctor``).
 * :func:`optuna_storage` — the Optuna storage for a URL: ``sqlite:///studies/<name>.db``
   by default (WAL mode), or a server database with Optuna's heartbeat and one retry of a
   trial whose worker died (:class:`RetryOnce`), for several workers on one study.
+* :func:`opened` and :func:`storage_of` — the storage handle a study was opened with,
+  which tuner keeps itself: Optuna gives a study no public one, and trial writes outside
+  a live ``optuna.Trial`` (a leftover failed on resume, a twin's mark) go through it.
 * :class:`~tuner.locks.StudyLock` (from :mod:`tuner.locks`) — a named lock on a study.
 * :func:`storage_open_error` — a storage that cannot be opened (a bad URL, a missing
   driver, a server refusing) as one line of bad input; :func:`storage_fault` and
@@ -17,6 +20,7 @@ import copy
 import os
 import sqlite3
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +106,35 @@ def optuna_storage(storage: str | None, name: str) -> Any:
             return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
     if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.workers)
         return shared_storage(url)
-    return url
+    return optuna.storages.RDBStorage(url)  # what Optuna makes of the URL itself
+
+
+#: Study -> the storage handle it was opened with (:func:`opened`).
+_HANDLES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def opened(study: optuna.Study, storage: Any) -> optuna.Study:
+    """``study``, with ``storage`` (the :func:`optuna_storage` it was opened with) kept
+    as its handle for :func:`storage_of`."""
+    _HANDLES[study] = storage
+    return study
+
+
+def storage_of(study: optuna.Study, url: str | None = None) -> Any:
+    """The storage handle of ``study`` (an ``optuna.storages.BaseStorage``): the one tuner
+    opened it with (:func:`opened`), else one opened on ``url`` (the database the caller
+    knows the study is in), else ``None``. Its public methods (``get_trial``,
+    ``set_trial_user_attr``, ``get_trial_id_from_study_id_trial_number``, ...) reach the
+    study's trials by id."""
+    handle = _HANDLES.get(study)
+    if handle is None and url is not None:
+        handle = _HANDLES[study] = optuna_storage(url, study.study_name)
+    return handle
+
+
+def trial_id(storage: Any, study: optuna.Study, number: int) -> int:
+    """The storage's id of the study's trial ``number`` (what its trial methods take)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
 
 
 def _read_only(path: Path) -> sqlite3.Connection:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
-from tuner.storage import STUDIES_DIR, check_study_name, optuna_storage, storage_fault, storage_open_error
+from tuner.storage import STUDIES_DIR, check_study_name, opened, optuna_storage, storage_fault, storage_open_error
 
 if TYPE_CHECKING:
     import optuna
@@ -111,10 +111,10 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     check_study_name(name)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
     try:
-        return name_objective(optuna.create_study(
-            study_name=name, storage=optuna_storage(storage, name), sampler=sampler,
-            direction="maximize", load_if_exists=True,
-        ))
+        store = optuna_storage(storage, name)
+        return name_objective(opened(optuna.create_study(
+            study_name=name, storage=store, sampler=sampler, direction="maximize", load_if_exists=True,
+        ), store))
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
         raise storage_open_error(err, shown) from err  # type: ignore[misc]  # never None for these
     except OSError as err:  # the studies/ folder cannot be made or written
@@ -160,7 +160,8 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
     try:
-        return optuna.load_study(study_name=name, storage=optuna_storage(storage, name))
+        store = optuna_storage(storage, name)
+        return opened(optuna.load_study(study_name=name, storage=store), store)
     except KeyError as err:
         known = ", ".join(optuna.get_all_study_names(optuna_storage(storage, name))) if storage else ""
         raise InputError(f"no study {name!r} in {storage}", hint=f"known studies: {known or 'none'}") from err

@@ -127,10 +127,12 @@ class Worker:
 
     def __init__(self, study: optuna.Study, storage: str | None, *, budget: int,
                  timeout_s: float | None = None, gpus: Any = None, tags: dict[str, Any] | None = None) -> None:
-        from tuner.storage import default_storage
+        from tuner.storage import default_storage, storage_of
 
         self.study = study
         self.url = storage or default_storage(study.study_name)
+        self.storage = storage_of(study, self.url)  # the study's storage handle (trial writes by id)
+        self._trial_ids: dict[int, int] = {}  # trial number -> the storage's trial id
         self.shared = is_shared(self.url)
         self.budget = budget
         self.timeout_s = timeout_s
@@ -161,7 +163,7 @@ class Worker:
             # we are the only writer: a RUNNING trial belongs to a process that is gone
             from tuner.recovery import fail_leftovers
 
-            self.leftovers = fail_leftovers(self.study)
+            self.leftovers = fail_leftovers(self.study, self.storage)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -258,21 +260,29 @@ class Worker:
 
         if self._current is None:
             return False
-        trial = self.study._storage.get_trial(self._current)
+        trial = self.storage.get_trial(self._id_of(self._current))
         if trial.state != TrialState.FAIL:
             return False
         warnings.warn(f"trial {trial.number} was marked failed by another worker (this one missed its "
                       f"heartbeats); its configuration is retried", RuntimeWarning, stacklevel=2)
         return True
 
+    def _id_of(self, number: int) -> int:
+        """The storage's id of the study's trial ``number``."""
+        from tuner.storage import trial_id
+
+        if number not in self._trial_ids:
+            self._trial_ids[number] = trial_id(self.storage, self.study, number)
+        return self._trial_ids[number]
+
     def started(self, trial: optuna.Trial) -> None:
         """First thing in the objective: the trial exists, let other workers count it;
         stamp who runs it."""
         if self._budget_lock is not None:
             self._budget_lock.release()
-        self._current = trial._trial_id
+        self._current = trial.number
         self.ran += 1
-        failed = trial.study._storage.get_trial_system_attrs(trial._trial_id).get("failed_trial")
+        failed = self.storage.get_trial_system_attrs(self._id_of(trial.number)).get("failed_trial")
         write(trial.set_user_attr, self.stamp.replace(retry_of=failed))
 
     def wait_for_twin(self, trial: optuna.Trial) -> None:
@@ -301,6 +311,6 @@ class Worker:
                 twins = [t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                          if t.number != trial.number and t.params == params and t.system_attrs.get(MEASURING)]
                 if not twins:
-                    self.study._storage.set_trial_system_attr(trial._trial_id, MEASURING, True)
+                    self.storage.set_trial_system_attr(self._id_of(trial.number), MEASURING, True)
                     return
             time.sleep(self.poll_s)

@@ -44,7 +44,10 @@ the simulated GPU's time.
 """
 from __future__ import annotations
 
-from tuner import callable_as
+import sys
+import types
+from typing import Any
+
 from tuner.capacity import CapacityEstimate, SweepPoint, list_plans, plan_key, store_plan
 from tuner.plan.files import (
     default_out_dir,
@@ -59,7 +62,17 @@ from tuner.plan.planner import DEFAULT_TARGET_S, Figures, load_plan, plan_capaci
 from tuner.plan.sweep import ARTICLE_LEVELS, MAX_EXTENSIONS, Sweep, rescale
 from tuner.plan.workload import PLAN_REQUESTS, find_newest_study, newest_study
 
-callable_as(__name__, plan_capacity)  # tuner.plan(...) is plan_capacity(...)
+
+
+class _Package(types.ModuleType):
+    """This package, callable as :func:`plan_capacity`: ``tuner.plan(...)`` (the reason it
+    is a module's class, not a function: :class:`tuner.search._Package`)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return plan_capacity(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "ARTICLE_LEVELS", "DEFAULT_TARGET_S", "MAX_EXTENSIONS", "PLAN_REQUESTS", "CapacityEstimate", "Figures", "Sweep",

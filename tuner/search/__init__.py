@@ -59,7 +59,10 @@ The package, one noun a module, each importing only those below it:
 """
 from __future__ import annotations
 
-from tuner import callable_as
+import sys
+import types
+from typing import Any
+
 from tuner.search.command import serve_command
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
@@ -80,7 +83,19 @@ from tuner.search.objective import CONSTRAINT, Evaluation, evaluate_config, plan
 from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
 from tuner.search.workflow import Prepared, backend_for, prepare, search
 
-callable_as(__name__, search)  # tuner.search(...) is search(...)
+
+
+class _Package(types.ModuleType):
+    """This package, callable as :func:`search`: ``tuner.search(...)``. Python binds an
+    imported package to its parent's attribute of that name (``import tuner.search.driver``
+    sets ``tuner.search``), so the name cannot be a plain function too; a module whose
+    class has ``__call__`` is Python's documented way to give a module more behaviour."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "MAX_ERROR_RATE", "MAX_REPLAYS", "N_STARTUP_TRIALS",

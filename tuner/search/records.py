@@ -24,12 +24,12 @@ def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFa
     """What a trial that is about to FAIL stores: its config, why (``fail_kind``:
     interrupted, environment or crash; :mod:`tuner.recovery`), the run facts and the
     seconds its server held the GPUs (``gpu_s``: thrown away, nothing was measured)."""
-    from tuner.recovery import mark_failed
+    from tuner.recovery import failure
 
     reason = redact(reason)  # a message may name an endpoint with its credentials
     write(trial.set_user_attr, TrialRecord(config=config, run=run_facts, gpu_s=gpu_s,
                                            error=reason[:2000] if kind == "crash" else None))
-    mark_failed(trial.study, trial._trial_id, kind, reason)
+    write(trial.set_user_attr, failure(kind, reason))
 
 
 def check_gpu(space: SearchSpace, backend: Backend, obs: Observer) -> None:
