@@ -24,7 +24,7 @@ from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import bench_fields, describe_errors
 from tuner.slo import SloSet
-from tuner.study import best_feasible_trial, load_study_by_name
+from tuner.study import best_feasible_trial, load_study_by_name, own_studies
 from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def _only_study(url: str, where: str, prefer: str | None) -> optuna.Study:
     import optuna
 
     try:
-        names = optuna.get_all_study_names(url)
+        names = own_studies(optuna.get_all_study_names(url))
     except Exception as err:  # not a database, bad URL, missing driver
         raise InputError(f"cannot read studies from {where}: {type(err).__name__}: {err}".splitlines()[0],
                          hint="give a .db file written by tuner search, or an SQLAlchemy URL") from err
