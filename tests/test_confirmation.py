@@ -26,7 +26,8 @@ from tuner.confirmation import (
 from tuner.search import evaluate_config, monotone_crossing, run_search
 from tuner.search.goodput import MAX_REPLAYS
 from tuner.record import TrialRecord
-from tuner.study import best_feasible_trial, confirmation, count_finished
+from tuner.study import best_feasible_trial, confirmation, confirmation_study, count_finished
+from tuner.study import repeats as repeats_of
 from tuner.traffic.workload import Workload
 
 from fakes import FakeBackend, NoisyBackend, small_workload
@@ -225,8 +226,9 @@ def test_every_trial_replays_the_same_sample_and_the_winner_is_confirmed_on_new_
     out = run_search(space, backend=backend, workload=small_workload(), budget=8, storage=storage,
                      sampler="random", seed=5, confirm=2)
     study = out.study
-    searched = [t for t in study.trials if "confirm_of" not in t.user_attrs]
-    repeats = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    searched = study.trials  # the study's trials are its configurations; the repeats are the companion's
+    repeats = confirmation_study(study).trials
+    assert not any("confirm_of" in t.user_attrs for t in searched)
     # common random numbers: every searched trial at seed 5, the repeats at 6 and 7
     assert {t.user_attrs["run"]["load_seed"] for t in searched if "run" in t.user_attrs} == {5}
     assert {t.user_attrs["run"]["load_seed"] for t in repeats} <= {6, 7} and repeats
@@ -266,14 +268,14 @@ def test_an_interrupted_confirmation_keeps_its_repeats_and_the_next_run_reuses_t
         run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
                    sampler="random", seed=1, confirm=2)
     study = optuna.load_study(study_name=first.name, storage=storage)
-    kept = [t for t in study.trials if "confirm_of" in t.user_attrs]
+    kept = repeats_of(study)
+    assert not any("confirm_of" in t.user_attrs for t in study.trials)
     assert len(kept) == 1 and kept[0].state == TrialState.COMPLETE and confirmation(study) is None
     backend.left = 10**9
     done = run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
                       sampler="random", seed=1, confirm=2)
     study = optuna.load_study(study_name=first.name, storage=storage)
-    rounds = [(t.user_attrs["confirm_of"], t.user_attrs["confirm_round"]) for t in study.trials
-              if "confirm_of" in t.user_attrs]
+    rounds = [(t.user_attrs["confirm_of"], t.user_attrs["confirm_round"]) for t in repeats_of(study)]
     assert len(rounds) == len(set(rounds))  # the kept repeat was reused, not measured again
     assert done.confirmation is not None and done.new_trials == 0
 

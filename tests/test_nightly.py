@@ -14,7 +14,7 @@ from tuner.cli import main
 from tuner.units import parse_seconds
 from tuner.record import TrialRecord
 from tuner.nightly import Night, compare, latest_window, nights, parse_threshold, workload_shape
-from tuner.study import load_study_by_name
+from tuner.study import load_study_by_name, repeats
 from tuner.traffic import native
 from tuner.traffic.workload import Workload
 from tuner.locks import StudyLock
@@ -130,10 +130,11 @@ def test_a_changed_workload_is_reported_not_flagged(tmp_path):
     # --trials 4 is four trials of the budget each night; the winner's repeats are counted apart
     assert [n.new_trials for n in stored] == [4, 4]
     study = load_study_by_name(STUDY, storage)
-    for n in stored:
-        tonight = [TrialRecord.from_trial(t) for t in study.trials]
-        tonight = [r for r in tonight if r.tags.get("night") == n.started_at]
-        assert n.repeats == sum(r.is_confirmation for r in tonight) and len(tonight) == 4 + n.repeats
+    for n in stored:  # the study holds the nights' trials; its companion the repeats
+        tonight = [r for r in map(TrialRecord.from_trial, study.trials) if r.tags.get("night") == n.started_at]
+        confirmed = [r for r in map(TrialRecord.from_trial, repeats(study)) if r.tags.get("night") == n.started_at]
+        assert len(tonight) == 4 and not any(r.is_confirmation for r in tonight)
+        assert n.repeats == len(confirmed) and all(r.is_confirmation for r in confirmed)
     assert sum(n.repeats for n in stored) > 0  # the winner was confirmed: repeats existed to miscount
 
 

@@ -79,7 +79,7 @@ def old_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 #: What today's rules derive (tuner.effective: which knobs could not act): a later release
 #: may fold more knobs than 0.1.0 did, never fewer, and group no trials apart that it grouped.
-_DERIVED = ("group", "folded")
+_DERIVED = ("group", "folded", "recommended")
 #: vllm bench serve's names for what the summary holds (tuner.result.bench_fields): derived
 #: on read, so an old study has them too (checked against the seconds below); ``completed``
 #: was a column of the summary already.
@@ -91,7 +91,16 @@ def _clauses(folded: str | None) -> set[str]:
 
 
 def test_the_notebook_functions_and_the_stored_plan_read_what_0_1_0_read(old_study):
+    from tuner.study import repeats
+
     expected = json.loads((FIXTURE / "facts.json").read_text())
+    # 0.1.0 kept the confirmation's repeats among the trials; they are read as repeats now, not rows
+    kept = {t.number for t in repeats(old_study)}
+    assert kept and all(t.user_attrs["confirm_of"] not in kept for t in repeats(old_study))
+    expected["trials"] = [row for row in expected["trials"] if row["number"] not in kept]
+    for then in expected["top"]:
+        then["members"] = [m for m in then["members"] if m not in kept]
+        then["trials"] = len(then["members"])
     got = facts(old_study)
     assert {k: v for k, v in got.items() if k not in ("trials", "top")} == \
         {k: v for k, v in expected.items() if k not in ("trials", "top")}
@@ -140,3 +149,16 @@ def test_plan_replays_a_0_1_0_study_on_the_requests_and_configuration_it_recorde
     assert again.workload.match == "same" and again.workload.fingerprint == stored.workload.fingerprint
     assert (again.trial, again.config, again.deployment) == (stored.trial, stored.config, stored.deployment)
     assert {p.level for p in again.sweep if p.role == "sweep"} == {p.level for p in stored.sweep if p.role == "sweep"}
+
+
+def test_the_repeats_a_0_1_0_study_kept_among_its_trials_are_read_as_repeats(old_study):
+    from tuner import analysis
+    from tuner.study import confirmation_study, count_finished, recommendation, repeats
+
+    expected = json.loads((FIXTURE / "facts.json").read_text())
+    kept = repeats(old_study)  # no companion: the old study's own trials with confirm_of
+    assert kept and confirmation_study(old_study) is None
+    assert {t.number for t in kept} <= {t.number for t in old_study.trials}
+    configurations = len(old_study.trials) - len(kept)
+    assert count_finished(old_study) == configurations == len(analysis.trials_frame(old_study))
+    assert recommendation(old_study).trial == analysis.trials_frame(old_study).attrs["recommended"] == expected["best"]

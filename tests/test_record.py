@@ -129,13 +129,18 @@ def test_what_the_search_writes_reads_back_whole_and_holds_no_key_the_record_doe
     out = run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=6,
                      storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=2, confirm=1,
                      tags={"night": "tonight"})
+    from tuner.study import repeats
+
     kinds = set()
-    for t in out.study.trials:
+    for t in out.study.trials + repeats(out.study):  # the study's configurations, then its companion's repeats
         rec = TrialRecord.from_trial(t)
         assert rec.to_attrs() == t.user_attrs and rec.schema_version == SCHEMA_VERSION
         assert rec.tags == {"night": "tonight"}
         kinds.add("refused" if rec.rejected_kind else "confirmation" if rec.is_confirmation
                   else "repeat" if rec.is_repeat else t.state.name)
     assert {"refused", "confirmation", "COMPLETE"} <= kinds
+    assert not any(TrialRecord.from_trial(t).is_confirmation for t in out.study.trials)
+    stamp = StudyRecord.from_study(out.study)
+    assert stamp.confirmation_study == out.name + ".confirm" and stamp.confirmation["winner"] == out.best.number
     assert StudyRecord.from_study(out.study).schema_version == STUDY_SCHEMA_VERSION
     assert StudyRecord.from_study(out.study).objective == "tokens"

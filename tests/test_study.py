@@ -103,3 +103,20 @@ def test_load_unknown_study_lists_the_known_ones(tmp_path, monkeypatch):
 def test_bad_storage_url_is_bad_input():
     with pytest.raises(InputError, match="storage"):
         open_study("s", "nosuchdriver://x/y")
+
+
+def test_a_companion_is_no_study_of_its_own_and_goes_with_its_study(tmp_path):
+    from tuner.study import confirmation_study, delete_study, list_studies, open_study, repeats
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    st = open_study("main", url)
+    assert confirmation_study(st) is None and repeats(st) == []
+    companion = confirmation_study(st, create=True)
+    companion.add_trial(create_trial(value=1.0, user_attrs={"confirm_of": 0, "confirm_round": 1}))
+    open_study("other.confirm", url)  # named like a companion, of no study here: a study
+    assert sorted(optuna.get_all_study_names(url)) == ["main", "main.confirm", "other.confirm"]
+    assert [s.name for s in list_studies(url)] == ["main", "other.confirm"]
+    again = optuna.load_study(study_name="main", storage=url)  # the link is the study's attr
+    assert confirmation_study(again).study_name == "main.confirm" and len(repeats(again)) == 1
+    delete_study("main", url)
+    assert optuna.get_all_study_names(url) == ["other.confirm"]

@@ -24,7 +24,8 @@ from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import bench_fields, describe_errors
 from tuner.slo import SloSet
-from tuner.study import best_feasible_trial, load_study_by_name
+from tuner.study import Recommendation, best_feasible_trial, load_study_by_name, own_studies
+from tuner.study import recommendation as study_recommendation
 from tuner.urls import redact, redact_value
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def _only_study(url: str, where: str, prefer: str | None) -> optuna.Study:
     import optuna
 
     try:
-        names = optuna.get_all_study_names(url)
+        names = own_studies(optuna.get_all_study_names(url))
     except Exception as err:  # not a database, bad URL, missing driver
         raise InputError(f"cannot read studies from {where}: {type(err).__name__}: {err}".splitlines()[0],
                          hint="give a .db file written by tuner search, or an SQLAlchemy URL") from err
@@ -108,6 +109,13 @@ def target_ttft_s(study: optuna.Study) -> float | None:
                 return float(rec.target_ttft_s)
         return None
     return float(target)
+
+
+def recommendation(study: optuna.Study) -> Recommendation | None:
+    """What the study recommends (:class:`tuner.study.Recommendation`: the trial, its own
+    measurement and the confirmed mean over its repeats), as ``tuner studies show`` and the
+    report tell it; ``None`` when nothing met the target."""
+    return study_recommendation(study)
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
@@ -211,10 +219,15 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     summary); credentials in any text are masked; ``value`` is the
     objective (0 for infeasible trials) while ``tokens_per_s`` / ``ttft_p95_s`` are what
     the trial measured at its chosen load (at its lowest load when infeasible).
+    ``recommended`` marks the study's recommendation (:func:`recommendation`; its number is
+    ``frame.attrs["recommended"]``, None when it has none). The rows are the study's
+    configurations: the confirmation's repeats live in its companion study (those a study
+    written before kept among its trials are left out too: :func:`tuner.study.repeats`).
     """
     import pandas as pd
 
-    rows = [trial_row(t) for t in study.get_trials(deepcopy=False)]
+    rows = [trial_row(t) for t in study.get_trials(deepcopy=False)
+            if not TrialRecord.from_trial(t).is_confirmation]  # a repeat a study written before kept inside
     frame = pd.DataFrame(rows)
     for col in BASE_COLUMNS:
         if col not in frame.columns:
@@ -223,6 +236,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         frame = frame.sort_values("number").reset_index(drop=True)
     frame.attrs["study"] = study.study_name
     frame.attrs["target_ttft_s"] = target_ttft_s(study)
+    rec = study_recommendation(study)
+    frame.attrs["recommended"] = None if rec is None else rec.trial
+    frame["recommended"] = frame["number"] == frame.attrs["recommended"]
     return frame
 
 
@@ -342,6 +358,6 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
 
 
 __all__ = [
-    "BASE_COLUMNS", "GROUP_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep",
+    "BASE_COLUMNS", "GROUP_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep", "recommendation",
     "study_location", "target_ttft_s", "top_groups", "trial_row", "trials_frame",
 ]

@@ -171,12 +171,13 @@ def check_storage(url: str) -> StudyHealth:
     import optuna
 
     from tuner.storage import optuna_storage
+    from tuner.study import own_studies
     from tuner.urls import redact
 
     health = StudyHealth(path=redact(url), ok=True, integrity="server database")
     try:
         store = optuna_storage(url, "")
-        health.studies = optuna.get_all_study_names(store)
+        health.studies = own_studies(optuna.get_all_study_names(store))
     except Exception as err:  # noqa: BLE001 - any driver error is the finding
         health.ok = False
         health.problems.append(f"cannot open: {type(err).__name__}: {redact(str(err))[:200]}")

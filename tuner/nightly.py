@@ -263,7 +263,7 @@ def run_nightly(
     from tuner.search import backend_for, run_search
     from tuner.locks import StudyBusy, StudyLock
     from tuner.storage import default_storage, is_shared
-    from tuner.study import open_study
+    from tuner.study import open_study, repeats
     from tuner.workers import budget_used
 
     if trials < 1:
@@ -293,6 +293,7 @@ def run_nightly(
         records = {t.number: TrialRecord.from_trial(t) for t in st.get_trials(deepcopy=False)}
         tonight_all = [t for t in st.get_trials(deepcopy=False) if records[t.number].tags.get("night") == started_at]
         tonight = [t for t in tonight_all if not records[t.number].is_confirmation]
+        confirmed = [t for t in repeats(st) if TrialRecord.from_trial(t).tags.get("night") == started_at]
         best = max((t for t in tonight if _feasible(t)), key=lambda t: (t.value, -t.number), default=None)
         rerun = next((t for t in tonight if records[t.number].rerun_of_night), None)
         night = Night(
@@ -300,7 +301,7 @@ def run_nightly(
             shape=workload_shape(workload), tokens_per_s=None if best is None else float(best.value),
             trial=None if best is None else best.number,
             config=None if best is None else records[best.number].config.to_dict(), new_trials=len(tonight),
-            repeats=len(tonight_all) - len(tonight), workload=describe(workload), deployment=space.deployment.to_dict(),
+            repeats=len(confirmed), workload=describe(workload), deployment=space.deployment.to_dict(),
             rerun_of_previous=None if rerun is None else (float(rerun.value) if _feasible(rerun) else 0.0),
         )
         st.set_user_attr(NIGHTS_ATTR, [n.to_dict() for n in history] + [night.to_dict()])

@@ -12,6 +12,12 @@ the memory plan, vLLM version, log paths and startup time beside ``run``, not in
 version (:data:`STUDY_SCHEMA_VERSION`): 3 adds ``objective``, which a study of version 1 or
 2 had only in its name (``....goodput``: :func:`migrate_study`). The attrs stay plain JSON under
 the same names, so Optuna's own tools (``optuna-dashboard``) read them as before.
+
+A study's trials are its configurations: the repeats that confirm its winner live in a companion
+study in the same storage (:attr:`StudyRecord.confirmation_study`, ``<name>.confirm``), and the
+recommendation they made is the study's ``confirmation`` attr (:attr:`StudyRecord.confirmation`).
+A study written before that holds its repeats among its trials (``confirm_of`` set): they are read
+as repeats (:attr:`TrialRecord.is_confirmation`), never as configurations (``tuner.study.repeats``).
 """
 from __future__ import annotations
 
@@ -302,6 +308,17 @@ def write(set_attr: Callable[[str, Any], None], record: TrialRecord | StudyRecor
         set_attr(key, value)
 
 
+def write_confirmation(set_attr: Callable[[str, Any], None], confirmation: Mapping[str, Any] | None = None,
+                       companion: str | None = None) -> None:
+    """Store the study's recommendation (``confirmation``) and the name of the companion study
+    that holds its repeats (``companion``), those given, through ``set_attr``
+    (``study.set_user_attr``); the study's stamp is left as written."""
+    if companion is not None:
+        set_attr("confirmation_study", companion)
+    if confirmation is not None:
+        set_attr("confirmation", json_safe(dict(confirmation)))
+
+
 def migrate_study(attrs: Mapping[str, Any], name: str = "") -> dict[str, Any]:
     """A study's attrs of any stamp version as version :data:`STUDY_SCHEMA_VERSION`'s
     (``schema_version`` kept as written). Before version 3 a goodput study was told apart
@@ -339,6 +356,12 @@ class StudyRecord:
     #: :meth:`tuner.space.SearchSpace.fingerprint` and ``content`` (None in a study stamped before them)
     space_fingerprint: str | None = None
     space_content: dict[str, Any] | None = None
+    #: The recommendation of the confirmation (:meth:`tuner.confirmation.Confirmation.to_dict`, and
+    #: ``finished``: the budget's trials it covers), written by :func:`write_confirmation`.
+    confirmation: Mapping[str, Any] | None = None
+    #: The companion study holding the confirmation's repeats (None: the study has none, or holds
+    #: them among its own trials, as before tuner kept them apart).
+    confirmation_study: str | None = None
 
     def __post_init__(self) -> None:
         if self.objective is not None and self.objective not in OBJECTIVES:
@@ -363,4 +386,4 @@ class StudyRecord:
 
 
 __all__ = ["NOT_MEASURED", "QUEUED", "SCHEMA_VERSION", "STUDY_SCHEMA_VERSION", "Edge", "LoadRecord", "RunFacts",
-           "StudyRecord", "TrialRecord", "migrate", "migrate_study", "write"]
+           "StudyRecord", "TrialRecord", "migrate", "migrate_study", "write", "write_confirmation"]

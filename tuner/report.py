@@ -28,7 +28,7 @@ from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
 from tuner.slo import OBJECTIVES, SloSet
 from tuner.storage import STUDIES_DIR
-from tuner.study import error_totals, is_confirmation
+from tuner.study import error_totals, repeats as confirmation_repeats
 from tuner.urls import redact
 
 if TYPE_CHECKING:
@@ -238,7 +238,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     pngs = {p.name: png_bytes(p.figure) for p in plots if p.figure is not None}
     target = target_ttft_s(study)
     counts = frame["status"].value_counts().to_dict() if len(frame) else {}
-    repeats = sum(1 for t in study.get_trials(deepcopy=False) if is_confirmation(t))
+    repeats = len(confirmation_repeats(study))
     best = best_trial(study)
     stamp = StudyRecord.from_study(study)
     dep = stamp.deployment
@@ -250,7 +250,7 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
             + (f"; objective {stamp.objective} ({OBJECTIVES[stamp.objective]})" if stamp.objective else "")
             + f"; {len(frame)} trials ("
             + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"
-            + (f", {repeats} of them confirmation repeats outside the budget" if repeats else ""))
+            + (f"; {repeats} confirmation repeats outside them" if repeats else ""))
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>tuner report: {html.escape(study.study_name)}</title><style>{_CSS}</style></head><body>",

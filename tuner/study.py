@@ -101,6 +101,77 @@ def is_confirmation(trial: Any) -> bool:
     return TrialRecord.from_trial(trial).is_confirmation
 
 
+#: What a study's companion is named after it (``<name>.confirm``): the study, in the same
+#: storage, that holds the repeats confirming its winner (:func:`confirmation_study`).
+COMPANION_SUFFIX = ".confirm"
+
+
+def companion_name(name: str) -> str:
+    """The name of study ``name``'s companion (:data:`COMPANION_SUFFIX`)."""
+    return name + COMPANION_SUFFIX
+
+
+def own_studies(names: list[str]) -> list[str]:
+    """``names`` (a storage's studies, in its order) without the companions of studies among
+    them: what ``tuner studies`` lists and a storage's "only" or "newest" study is one of."""
+    present = set(names)
+    return [n for n in names if not (n.endswith(COMPANION_SUFFIX) and n[: -len(COMPANION_SUFFIX)] in present)]
+
+
+def _storage_of(study: optuna.Study) -> Any:
+    """The storage ``study`` was opened on; its companion is opened on the same one (the same
+    database, connection and cache: also a read-only file, or a server shared by workers)."""
+    return study._storage  # noqa: SLF001  (Optuna keeps no public handle to it)
+
+
+def confirmation_study(study: optuna.Study, *, create: bool = False) -> optuna.Study | None:
+    """The companion study holding ``study``'s confirmation repeats (:data:`COMPANION_SUFFIX`),
+    or None when it has none. ``create``: make it when missing and link it from the study
+    (:attr:`~tuner.record.StudyRecord.confirmation_study`), as the confirmation does before its
+    first repeat."""
+    import optuna
+
+    from tuner.record import write_confirmation
+
+    linked = StudyRecord.from_study(study).confirmation_study
+    if linked is None and not create:
+        return None
+    name = linked or companion_name(study.study_name)
+    if create:
+        companion = optuna.create_study(study_name=name, storage=_storage_of(study), direction="maximize",
+                                        load_if_exists=True)
+        if linked is None:
+            companion.set_user_attr("confirmation_of", study.study_name)
+            write_confirmation(study.set_user_attr, companion=name)
+        return name_objective(companion)
+    try:
+        return optuna.load_study(study_name=name, storage=_storage_of(study))
+    except KeyError:  # linked, but removed by hand
+        return None
+
+
+def repeats(study: optuna.Study) -> list[FrozenTrial]:
+    """The repeat measurements confirming ``study``'s winner: its companion's trials, and those
+    a study written before the companion existed holds among its own (``confirm_of`` set:
+    read as repeats, never as configurations). Each names its trial (``confirm_of``, a trial
+    number of ``study``) and round (``confirm_round``)."""
+    legacy = [t for t in study.get_trials(deepcopy=False) if is_confirmation(t)]
+    companion = confirmation_study(study)
+    return legacy + ([] if companion is None else companion.get_trials(deepcopy=False))
+
+
+def delete_study(name: str, storage: str | None = None) -> None:
+    """Delete study ``name`` and its companion (:func:`confirmation_study`) from ``storage``."""
+    import optuna
+
+    st = load_study_by_name(name, storage)
+    companion = confirmation_study(st)
+    store = _storage_of(st)
+    if companion is not None:
+        optuna.delete_study(study_name=companion.study_name, storage=store)
+    optuna.delete_study(study_name=name, storage=store)
+
+
 def open_study(name: str, storage: str | None = None, *, sampler: Any = None) -> optuna.Study:
     """Create the study, or load it when it exists (resume)."""
     import optuna
@@ -163,7 +234,7 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
         store = optuna_storage(storage, name)
         return opened(optuna.load_study(study_name=name, storage=store), store)
     except KeyError as err:
-        known = ", ".join(optuna.get_all_study_names(optuna_storage(storage, name))) if storage else ""
+        known = ", ".join(own_studies(optuna.get_all_study_names(optuna_storage(storage, name)))) if storage else ""
         raise InputError(f"no study {name!r} in {storage}", hint=f"known studies: {known or 'none'}") from err
 
 
@@ -198,7 +269,7 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
     out = []
     for url in urls:
         store = optuna_storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
-        for name in optuna.get_all_study_names(store):
+        for name in own_studies(optuna.get_all_study_names(store)):
             out.append(summarize(optuna.load_study(study_name=name, storage=store), url))
     return out
 
@@ -231,13 +302,54 @@ def confirmation(study: optuna.Study) -> Any:
     trials finished after it was made (it no longer covers them)."""
     from tuner.confirmation import Confirmation
 
-    data = study.user_attrs.get("confirmation")
+    data = StudyRecord.from_study(study).confirmation
     if not data or int(data.get("finished", -1)) != count_finished(study):
         return None
     try:
         return Confirmation.from_dict(data)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """What a study recommends, as every reader tells it (``tuner search`` and ``tuner studies
+    show``, the report, the notebook, :func:`tuner.analysis.recommendation`): the trial
+    (:func:`best_feasible_trial`), what that trial measured, and the confirmation that chose it
+    (None when none did: ``--confirm 0``, or trials finished after it)."""
+
+    trial: int
+    value: float                 #: the trial's own measurement (the objective's unit)
+    confirmation: Any = None     #: tuner.confirmation.Confirmation whose winner is ``trial``
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmation is not None
+
+    @property
+    def mean(self) -> float:
+        """The figure to plan with: the confirmed mean over the repeats, else the one measurement."""
+        return float(self.confirmation.mean) if self.confirmed else self.value
+
+    @property
+    def measurements(self) -> int:
+        return len(self.confirmation.measurements.get(self.trial, [])) if self.confirmed else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        conf = self.confirmation
+        return {"trial": self.trial, "value": self.value, "mean": self.mean, "measurements": self.measurements,
+                "band": None if conf is None else list(conf.band), "reason": None if conf is None else conf.reason}
+
+
+def recommendation(study: optuna.Study) -> Recommendation | None:
+    """The study's :class:`Recommendation`, or None when it recommends nothing (no trial met the
+    target, or none held it on every repeat)."""
+    best = best_feasible_trial(study)
+    if best is None:
+        return None
+    conf = confirmation(study)
+    return Recommendation(best.number, float(best.value or 0.0),
+                          conf if conf is not None and conf.winner == best.number else None)
 
 
 def top_feasible_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:

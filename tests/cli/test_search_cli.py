@@ -207,3 +207,48 @@ def test_recipe_writes_the_recommendation_from_search_and_from_studies_show(tmp_
     assert yaml.safe_load((tmp_path / "again.yaml").read_text()) == [entry]
     code, _, err = run_cli(["studies", "show", report["study"], "--recipe", "win.txt"], capsys)
     assert code == 2 and "cannot tell the format" in err and err.count("\n") == 1
+
+
+def test_the_study_holds_the_budget_its_companion_the_repeats_and_every_reader_recommends_one_trial(
+        tmp_path, monkeypatch, capsys):
+    import html
+
+    from tuner import analysis
+    from tuner.report import render_report
+
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["search", "--budget", "2", "--output", "json"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    name, url = report["study"], f"sqlite:///{tmp_path}/studies/{report['study']}.db"
+    # what optuna-dashboard and optuna.load_study see: the budget's trials, no repeat among them
+    study = optuna.load_study(study_name=name, storage=url)
+    assert report["copies"] == 0 and len(study.trials) == 2
+    assert not any("confirm_of" in t.user_attrs for t in study.trials)
+    assert study.user_attrs["confirmation_study"] == f"{name}.confirm"
+    # the repeats: the companion's trials, in the same file, each of a trial of the study
+    companion = optuna.load_study(study_name=f"{name}.confirm", storage=url)
+    trial = report["best"]["trial"]
+    conf = report["confirmation"]
+    assert {t.user_attrs["confirm_of"] for t in companion.trials} <= {t.number for t in study.trials}
+    assert sum(t.user_attrs["confirm_of"] == trial for t in companion.trials) == conf["measurements"] - 1
+    # one recommended trial and one confirmed figure, whoever reads the study
+    said = report["recommendation"]
+    assert said["trial"] == trial == conf["winner"] and said["mean"] == conf["mean_tokens_per_s"]
+    assert said["measurements"] == conf["measurements"] >= 2 and said["mean"] != said["value"]
+    code, out, _ = run_cli(["studies", "show", name, "--output", "json"], capsys)
+    shown = json.loads(out)
+    assert code == 0 and shown["best"]["trial"] == trial and shown["recommendation"] == said
+    assert shown["confirmation"]["winner"] == trial and shown["confirmation_repeats"] == len(companion.trials)
+    code, out, _ = run_cli(["studies"], capsys)
+    assert code == 0 and f"#{trial}" in out and ".confirm" not in out  # the companion is not a study of its own
+    opened = analysis.open_study(tmp_path / "studies" / f"{name}.db")  # tuner.open_study: a file of two studies
+    assert opened.study_name == name
+    frame = analysis.trials_frame(opened)
+    assert len(frame) == 2 and frame.attrs["recommended"] == trial
+    assert frame.loc[frame["recommended"], "number"].tolist() == [trial]
+    assert analysis.recommendation(opened).to_dict() == said and analysis.best_trial(opened).number == trial
+    page, _ = render_report(opened)
+    assert f"recommended trial #{trial}" in page and f"{said['mean']:,.0f} tok/s mean of {said['measurements']}" in page
+    assert f"2 trials (" in page and f"; {len(companion.trials)} confirmation repeats outside them" in page
+    assert html.escape(conf["reason"][1:]) in page

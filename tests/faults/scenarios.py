@@ -90,16 +90,32 @@ def study_db(folder: Path) -> Path | None:
     return dbs[0] if dbs else None
 
 
-def trials(folder: Path) -> list[Any]:
+def study_in(folder: Path) -> Any:
+    """The study of the folder's database (not its companion, tuner.study.confirmation_study), or None."""
     import optuna
+
+    from tuner.study import own_studies
 
     db = study_db(folder)
     if db is None:
-        return []
+        return None
     url = f"sqlite:///{db}"
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    name = optuna.get_all_study_names(url)[0]
-    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    name = own_studies(optuna.get_all_study_names(url))[0]
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def trials(folder: Path) -> list[Any]:
+    study = study_in(folder)
+    return [] if study is None else study.get_trials(deepcopy=False)
+
+
+def confirmation_repeats(folder: Path) -> list[Any]:
+    """The confirmation's repeats (the companion's trials: tuner.study.repeats)."""
+    from tuner.study import repeats
+
+    study = study_in(folder)
+    return [] if study is None else repeats(study)
 
 
 def finished(folder: Path) -> int:
@@ -602,7 +618,7 @@ def confirm_window(folder: Path) -> Outcome:
     cut = [t for t in trials(folder) if t.user_attrs.get("fail_kind") == "interrupted"]
     note = json.loads(out).get("notes", []) if out.strip().startswith("{") else []
     rcode, rout, _ = _run(folder, *[a for a in args if a not in ("--timeout", "22")], left=left)
-    repeats = [t for t in trials(folder) if "confirm_of" in t.user_attrs]
+    repeats = confirmation_repeats(folder)
     ok = (code == 124 and one_line(err) and "not confirmed yet" in err and before == 1 and not cut
           and any("confirmation's repeats" in n for n in note) and rcode == 0 and len(repeats) >= 1
           and not sum(left))

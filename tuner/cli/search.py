@@ -243,10 +243,11 @@ def search_cmd(
             observer=progress, pin=pinned)
     alarm(None)
     dep = outcome.deployment
-    from tuner.study import error_totals
+    from tuner.study import error_totals, recommendation
     from tuner.urls import redact, redact_value
 
     best = outcome.best
+    recommended = recommendation(outcome.study)
     report: dict[str, Any] = {
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials, "copies": outcome.copies,
@@ -255,6 +256,7 @@ def search_cmd(
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
         "errors_total": error_totals(outcome.study),
+        "recommendation": None if recommended is None else recommended.to_dict(),
     }
     if best is not None:
         report["best"] = best_record(best, dep)

@@ -212,6 +212,7 @@ def studies_list(
 def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, str]]:
     """The study's stamp (what ``tuner search`` recorded) as rows a person reads."""
     from tuner.plan import list_plans
+    from tuner.study import repeats
 
     stamp = StudyRecord.from_study(study)
     dep = stamp.deployment
@@ -233,6 +234,9 @@ def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, st
     if stamp.sampler:
         rows.append(("sampler", f"{stamp.sampler}, seed {stamp.seed or 0}"))
     rows.append(("trials", ", ".join(f"{n:,} {state.lower()}" for state, n in counts.items()) or "none"))
+    if held := repeats(study):
+        where = f" (study {stamp.confirmation_study})" if stamp.confirmation_study else ""
+        rows.append(("confirmation", f"{len(held):,} repeats outside the trials{where}"))
     plans = list_plans(study)
     if plans:
         rows.append(("capacity plans", "; ".join(
@@ -272,6 +276,8 @@ def studies_show(
         gpu_time,
         load_study_by_name,
         miss_explanation,
+        recommendation,
+        repeats,
     )
     from tuner.urls import redact_value
 
@@ -281,8 +287,12 @@ def studies_show(
     counts = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
     counts = {k: v for k, v in counts.items() if v}
     best = best_feasible_trial(st)
+    recommended = recommendation(st)
     info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": counts,
-                            "errors_total": error_totals(st), "gpu_time": gpu_time(st)}
+                            "errors_total": error_totals(st), "gpu_time": gpu_time(st),
+                            "recommendation": None if recommended is None else recommended.to_dict(),
+                            "confirmation_study": StudyRecord.from_study(st).confirmation_study,
+                            "confirmation_repeats": len(repeats(st))}
     if best is not None:
         info["best"] = best_record(best, deployment_of(st))
         info["best"]["summary"] = dict(TrialRecord.from_trial(best).summary)

@@ -37,17 +37,19 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
     the default), or the last created in ``storage``. InputError when there is none."""
     import optuna
 
+    from tuner.study import own_studies
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
         from tuner.locks import driver_url  # postgresql:// with the driver that is installed
 
-        names = optuna.get_all_study_names(driver_url(storage))
+        names = own_studies(optuna.get_all_study_names(driver_url(storage)))
         if not names:
             raise InputError(f"no study in {storage}", hint="run tuner search first, or give --study")
         return names[-1], storage
     for db in sorted(Path(folder).glob("*.db"), key=lambda p: p.stat().st_mtime, reverse=True):
         url = f"sqlite:///{db}"
-        names = optuna.get_all_study_names(url)
+        names = own_studies(optuna.get_all_study_names(url))
         if names:
             name = names[-1]
             return name, None if db == Path(folder) / f"{name}.db" else url

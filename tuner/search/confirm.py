@@ -1,5 +1,6 @@
 """Confirming a study's winner on repeats (the decision is :mod:`tuner.confirmation`'s):
-the candidates' repeat measurements, stored as trials outside the budget."""
+the candidates' repeat measurements, stored as trials of the study's companion
+(:func:`tuner.study.confirmation_study`), outside the study and its budget."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -7,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import Deployment, ServeConfig
 from tuner.confirmation import FEASIBILITY, Candidate, candidates, race
 from tuner.errors import EnvironmentFault
-from tuner.record import RunFacts, TrialRecord
+from tuner.record import RunFacts, TrialRecord, write_confirmation
 from tuner.search.boundary import lowest_p95
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
@@ -93,15 +94,18 @@ def closeness(conf: Any) -> tuple[float, float]:
 def study_noise(study: optuna.Study, simulated: bool) -> Any:
     """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
     measurement grouped by configuration (copies of an earlier trial left out, so only
-    confirmation repeats make a group of more than one)."""
+    confirmation repeats, the companion's, make a group of more than one)."""
     from optuna.trial import TrialState
 
     from tuner.confirmation import noise_floor
 
+    from tuner.study import repeats
+
     groups: dict[str, list[float]] = {}
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    searched = [t for t in study.get_trials(deepcopy=False) if not TrialRecord.from_trial(t).is_confirmation]
+    for t in searched + repeats(study):
         rec = TrialRecord.from_trial(t)
-        if rec.is_repeat or rec.config is None or not rec.feasible:
+        if t.state != TrialState.COMPLETE or rec.is_repeat or rec.config is None or not rec.feasible:
             continue
         groups.setdefault(config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
     return noise_floor(groups.values(), simulated)
@@ -124,13 +128,13 @@ def confirm_winner(
     speed knob is still tied with it, :func:`~tuner.confirmation.undecided`) (fresh start; round r replays the requests in another order,
     :meth:`Workload.reordered`, and draws arrivals with seed + r; the same sample for
     every candidate) and store the decision (:mod:`tuner.confirmation`) as the study's
-    ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` outside the
-    budget, written when measured: an interrupted confirmation keeps its repeats and
+    ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` in the study's
+    companion (:func:`~tuner.study.confirmation_study`), outside its trials, written when measured: an interrupted confirmation keeps its repeats and
     the next run reuses them. ``may_start`` is asked before each repeat is started; when it
     says no, :class:`WindowFull` is raised. Returns the Confirmation, or None with no feasible trial."""
     from optuna.trial import TrialState, create_trial
 
-    from tuner.study import confirmation, count_finished, is_feasible
+    from tuner.study import confirmation, confirmation_study, count_finished, is_feasible, repeats
     from tuner.workers import identity
 
     obs = observer_or_headless(observer)
@@ -151,8 +155,9 @@ def confirm_winner(
     originals = [t for t in trials if is_feasible(t) and original(records[t.number])]
     if not originals:
         return None
-    done = {(int(records[t.number].confirm_of), int(records[t.number].confirm_round or 0)): t
-            for t in trials if records[t.number].is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
+    done = {(int(rec.confirm_of), int(rec.confirm_round or 0)): (t, rec)  # numbers of the companion's own
+            for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(study))
+            if rec.is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     noise = study_noise(study, backend.simulated)
     entries = distinct(originals, records)
     groups_of = {t.number: members for t, members in entries}
@@ -164,9 +169,9 @@ def confirm_winner(
     entrants = {c.number for c in candidates(pool, noise, unsure=unsure)}  # the first race's: their repeats are its own
     history = []
     groups: dict[str, list[float]] = {}
-    for (number, _r), t in done.items():
+    for (number, _r), (t, rec) in done.items():
         if number not in entrants and t.state == TrialState.COMPLETE:
-            config = records[t.number].config
+            config = rec.config
             groups.setdefault(config_key(config.to_dict() if config else {}), []).append(float(t.value or 0.0))
     history = list(groups.values())
     by_number = {t.number: t for t in originals}
@@ -178,13 +183,13 @@ def confirm_winner(
     def measure(c: Candidate, r: int) -> float:
         nonlocal base
         if (c.number, r) in done:
-            t = done[(c.number, r)]
-            c.capped = c.capped or cap_bound(records[t.number])
-            if (p95 := p95_of(records[t.number])) is not None:
+            t, kept = done[(c.number, r)]
+            c.capped = c.capped or cap_bound(kept)
+            if (p95 := p95_of(kept)) is not None:
                 c.p95s.append(p95)
-            if (low := lowest_p95(records[t.number])) is not None:
+            if (low := lowest_p95(kept)) is not None:
                 c.floor_p95s.append(low)
-            return float(t.value or 0.0) if t.state == TrialState.COMPLETE and records[t.number].feasible else 0.0
+            return float(t.value or 0.0) if t.state == TrialState.COMPLETE and kept.feasible else 0.0
         if may_start is not None and not may_start():  # the window cannot hold another start
             raise WindowFull(f"trial {c.number}'s repeat {r}")
         original = records[c.number]
@@ -218,7 +223,8 @@ def confirm_winner(
         if (low := lowest_p95(rec)) is not None:
             c.floor_p95s.append(low)
         trial = by_number[c.number]
-        study.add_trial(create_trial(
+        companion = confirmation_study(study, create=True)
+        companion.add_trial(create_trial(
             state=state, value=value, params=trial.params, distributions=trial.distributions,
             user_attrs=rec.to_attrs(),
             constraints=(named or {CONSTRAINT: float(constraint)}) if state == TrialState.COMPLETE else None))
@@ -252,5 +258,5 @@ def confirm_winner(
         shown = ", ".join(map(str, same[:8])) + (f" and {len(same) - 8} more" if len(same) > 8 else "")
         conf.reason += (f"; trial{'s' * (len(same) > 1)} {shown} {'are' if len(same) > 1 else 'is'} the same "
                         f"configuration for this workload (only knobs without effect differ)")
-    study.set_user_attr("confirmation", {**conf.to_dict(), "finished": count_finished(study)})
+    write_confirmation(study.set_user_attr, {**conf.to_dict(), "finished": count_finished(study)})
     return conf
