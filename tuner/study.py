@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
-from tuner.storage import STUDIES_DIR, check_study_name, opened, optuna_storage, storage_fault, storage_open_error
+from tuner.storage import (STUDIES_DIR, check_study_name, opened, optuna_storage, storage_fault, storage_of,
+                           storage_open_error)
 
 if TYPE_CHECKING:
     import optuna
@@ -121,7 +122,9 @@ def own_studies(names: list[str]) -> list[str]:
 def _storage_of(study: optuna.Study) -> Any:
     """The storage ``study`` was opened on; its companion is opened on the same one (the same
     database, connection and cache: also a read-only file, or a server shared by workers)."""
-    return study._storage  # noqa: SLF001  (Optuna keeps no public handle to it)
+    handle = storage_of(study)  # the one tuner opened it with
+    # a study a user opened with optuna itself: Optuna keeps no public handle to its storage
+    return handle if handle is not None else study._storage  # noqa: SLF001
 
 
 def confirmation_study(study: optuna.Study, *, create: bool = False) -> optuna.Study | None:
