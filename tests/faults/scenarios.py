@@ -274,9 +274,18 @@ def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outc
     proc = tuner(folder, *[a if a != "grid" else sampler for a in search_args(vllm_cmd=wrapper(folder))])
     killed: list[int] = []
 
-    def victim() -> psutil.Process | None:  # a server of a trial after the first is stored
+    def serving(server: psutil.Process) -> bool:  # mid-trial: the replay holds a connection to it now
+        try:
+            conns = server.net_connections(kind="tcp") if hasattr(server, "net_connections") else server.connections()
+        except psutil.Error:
+            return False
+        return any(c.status == psutil.CONN_ESTABLISHED for c in conns)
+
+    def victim() -> psutil.Process | None:  # a server of a trial after the first is stored, while it serves
+        # A kill that lands after the trial was measured (the server already being stopped) is
+        # no fault of anyone: on a busy machine "a server is up" is not "a trial is running".
         fresh = [p for p in servers_of(proc.pid) if p.pid not in killed]
-        return fresh[0] if fresh and finished(folder) >= 1 else None
+        return fresh[0] if fresh and finished(folder) >= 1 and serving(fresh[0]) else None
 
     def kill_one() -> bool:  # find and kill in one look: on a busy machine the run moves on between two
         server = victim()
