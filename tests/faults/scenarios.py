@@ -276,7 +276,9 @@ def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outc
 
     def serving(server: psutil.Process) -> bool:  # mid-trial: the replay holds a connection to it now
         try:
-            conns = server.net_connections(kind="tcp") if hasattr(server, "net_connections") else server.connections()
+            # psutil 6 renamed connections() to net_connections(); pyproject allows 5.9
+            conns = getattr(server, "net_connections", None) or server.connections
+            conns = conns(kind="tcp")
         except psutil.Error:
             return False
         return any(c.status == psutil.CONN_ESTABLISHED for c in conns)
