@@ -23,7 +23,7 @@ import numpy as np
 from tuner.analysis import best_trial, study_location, target_ttft_s, top_groups, trials_frame
 from tuner.effective import ANY
 from tuner.files import write_atomic
-from tuner.plots import CAPTIONS, png_bytes, study_plots, study_slos
+from tuner.plots import CAPTIONS, plan_command, png_bytes, study_plots, study_slos
 from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
 from tuner.slo import OBJECTIVES, SloSet
@@ -171,8 +171,8 @@ def _plan_section(study: optuna.Study) -> str:
 
     est = load_plan(study)
     if est is None:
-        return ("<p class='skipped'>No capacity plan stored yet: run <code>tuner plan</code> on this study "
-                "to add one.</p>")
+        return ("<p class='skipped'>No capacity plan stored yet: run "
+                f"<code>{html.escape(plan_command(study))}</code> to add one.</p>")
     return _pairs(summary_rows(est)) + "".join(f"<p class='meta'>{html.escape(n)}</p>" for n in est.notes)
 
 

@@ -21,7 +21,9 @@ def report_cmd(
 
     The page shows the best feasible configuration and its vllm serve command, the
     optimisation history, which knobs mattered, throughput against P95 TTFT with the
-    target and the Pareto front, throughput by GPU layout, the capacity curve when
+    target and the Pareto front, P95 TTFT against load for the best configurations,
+    output tokens/s per user against per GPU over every load point (the front vllm
+    bench sweep plot_pareto draws), throughput by GPU layout, the capacity curve when
     tuner plan stored one, the top trials, and why the other trials did not count.
     The figures are embedded (base64 PNG), so report.html can be mailed on its own.
     Exit codes: 0 written, 2 no such study.

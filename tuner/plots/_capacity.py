@@ -1,0 +1,66 @@
+"""The capacity curve of ``tuner plan``: P95 TTFT and tokens/s against load."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuner.errors import InputError
+from tuner.plots._style import SLO_COLORS, figure, styled
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+@styled
+def plot_capacity(sweep: pd.DataFrame) -> Figure:
+    """The capacity curve of ``tuner plan``: P95 TTFT (left axis) and tokens/s (right
+    axis) against load, the target line, and the largest load meeting it; for a plan of
+    several SLOs each run's marker is in the colour of the SLO that limits it. ``sweep`` is
+    :func:`tuner.analysis.plan_sweep`."""
+    if sweep.empty:
+        raise InputError("the study holds no capacity plan", hint="run tuner plan on the study")
+    at = sweep.attrs
+    rows = sweep[sweep["repeat"] == 0].sort_values("level")
+    curve = rows[rows["role"] != "verify"]
+    fig = figure(8.0, 4.8)
+    ax = fig.add_subplot()
+    slos = tuple(at.get("slos") or ()) if "binding_slo" in rows else ()
+    verify = rows[rows["role"] == "verify"]
+    if len(slos) > 1:
+        # the curve, and each run in the colour of the SLO that limits it there (tuner plan's "limit")
+        ax.plot(curve["level"], curve["ttft_p95_s"], "-", color="black", alpha=0.5, label="P95 TTFT")
+        for i, text in enumerate(slos):
+            colour = SLO_COLORS[i % len(SLO_COLORS)]
+            runs, checks = curve[curve["binding_slo"] == text], verify[verify["binding_slo"] == text]
+            ax.plot(runs["level"], runs["ttft_p95_s"], "o", color=colour, linestyle="none", zorder=4,
+                    label=f"{text} limits ({len(runs) + len(checks)})")
+            ax.plot(checks["level"], checks["ttft_p95_s"], "D", color=colour, mec="black", ms=8, linestyle="none",
+                    zorder=5)
+        if len(verify):
+            ax.plot([], [], "D", color="white", mec="black", ms=8, linestyle="none", label="verify run")
+    else:
+        ax.plot(curve["level"], curve["ttft_p95_s"], "o-", color="tab:purple", label="P95 TTFT")
+    if len(verify) and len(slos) <= 1:
+        # filled and outlined, so that the legend shows it as clearly as the plot does
+        ax.plot(verify["level"], verify["ttft_p95_s"], "D", color="tab:orange", mec="black", ms=8,
+                linestyle="none", zorder=5, label="verify run")
+    ax.axhline(at["target_ttft_s"], color="red", linestyle="--", label=f"target {at['target_ttft_s']:g} s")
+    unit = "users" if at.get("load_kind") == "concurrency" else "req/s"
+    ax.axvline(at["max_load"], color="grey", linestyle=":",
+               label=f"capacity {'≥ ' if at.get('bound') == 'at_least' else ''}{at['max_load']:g} {unit}")
+    ax.set_xlabel("concurrent users" if unit == "users" else "requests/s")
+    ax.set_ylabel("P95 TTFT (s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(curve["level"], curve["tokens_per_s"], "s--", color="tab:blue", label="tokens/s (in+out)")
+    ax2.set_ylabel("tokens/s (in+out)")
+    ax2.set_ylim(bottom=0)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    # on the twin axes, which are drawn last: no line of either axes crosses the legend
+    ax2.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=8, framealpha=1.0,
+               facecolor="white")
+    ax.set_title(f"capacity curve ({at.get('plan')}): {at['tokens_per_s']:,.0f} tokens/s at the target")
+    fig.tight_layout()
+    return fig
