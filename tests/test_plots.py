@@ -11,11 +11,15 @@ from tuner.errors import InputError
 from tuner.plots import (
     CAPTIONS,
     knob_importances,
+    load_points,
+    per_user_front,
     plot_capacity,
     plot_history,
     plot_importances,
     plot_layouts,
+    plot_per_user_front,
     plot_tradeoff,
+    plot_ttft_by_load,
     png_bytes,
     study_plots,
 )
@@ -173,3 +177,121 @@ def test_the_capacity_curve_colours_each_run_by_the_slo_that_limits_it():
     labels = [t.get_text() for t in plot_capacity(sweep).axes[1].get_legend().get_texts()]
     assert "p95:ttft<=1s limits (3)" in labels and "p99:tpot<=60ms limits (2)" in labels  # the verify run counts
     assert "verify run" in labels
+
+
+def _plot(study, name):
+    return next(p for p in study_plots(study) if p.name == name)
+
+
+def test_ttft_by_load_draws_the_best_configurations_at_the_loads_they_ran(sim_study_db):
+    from tuner.analysis import top_groups
+    from tuner.record import TrialRecord
+
+    study = open_study(sim_study_db)
+    fig = _plot(study, "ttft_by_load").figure
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    groups = top_groups(study, 5)
+    named = [label for label in labels if label.startswith("#")]
+    assert 1 <= len(named) <= 5 and [int(n[1:].split()[0]) for n in named] == list(groups["number"][:len(named)])
+    best = best_trial(study).number
+    assert [n for n in named if "★" in n] == [f"#{groups['number'][0]} ★ ({groups['layout'][0]})"]
+    assert best in groups["members"][0]
+    target = [line for line in ax.get_lines() if line.get_label().startswith("target")]
+    assert list(target[0].get_ydata()) == [TARGET_S, TARGET_S]
+    # the best configuration's line runs through the loads its trials measured, by load
+    loads = {p.level: p.p95_ttft_s for m in groups["members"][0] for p in TrialRecord.from_trial(study.trials[m]).loads}
+    line = next(line for line in ax.get_lines() if line.get_linestyle() == "-" and len(line.get_xdata()))
+    assert sorted(line.get_xdata()) == list(line.get_xdata()) == sorted(loads)
+    assert set(line.get_xdata()) == set(loads)
+
+
+def test_load_points_reproduce_the_output_throughput_measured_at_the_chosen_load(sim_study_db):
+    from tuner.record import TrialRecord
+
+    study = open_study(sim_study_db)
+    points = load_points(study)
+    checked = 0
+    for t in study.trials:
+        rec = TrialRecord.from_trial(t)
+        rows = points[points["number"] == t.number]
+        if rec.is_repeat:
+            assert rows.empty  # a copy of an earlier trial's measurement is not a point of its own
+            continue
+        assert len(rows) == len(rec.loads)
+        chosen = rows[rows["load"] == rec.chosen_load]
+        if rec.feasible and len(chosen) and not chosen["output_tokens_per_s"].isna().all():
+            assert chosen["output_tokens_per_s"].iloc[0] == pytest.approx(rec.summary["output_tokens_per_s"])
+            checked += 1
+    assert checked >= 3
+    # a run stopped early holds no throughput to compare
+    assert points.loc[points["stopped_early"].astype(bool), "output_tokens_per_s"].isna().all()
+
+
+def _points(rows):
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=["number", "level", "output_tokens_per_s", "gpus", "passed"])
+    return frame.assign(load_kind="concurrency", layout="tp1x1", p95_ttft_s=1.0)
+
+
+def test_the_per_user_front_keeps_the_points_no_other_beats_on_both_and_met_the_slos():
+    points = _points([
+        (0, 10.0, 1000.0, 1, True),    # 100 per user, 1000 per GPU: on the front (fastest per user)
+        (1, 100.0, 5000.0, 1, True),   # 50 per user, 5000 per GPU: on it (most per GPU)
+        (2, 50.0, 2000.0, 1, True),    # 40, 2000: beaten on both by trial 1
+        (3, 100.0, 8000.0, 2, True),   # 80, 4000: on it, between them (two GPUs)
+        (4, 200.0, 16000.0, 1, False),  # 80, 16000 would beat them all, but it missed an SLO
+    ])
+    rows = per_user_front(points)
+    assert sorted(rows.loc[rows["front"], "number"]) == [0, 1, 3]
+    fig = plot_per_user_front(points, recommended=3)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["missed an SLO (1)", "met every SLO (4)", "Pareto front (3)", "recommended (#3, 100 users)"]
+    assert "missed" not in " ".join(t.get_text() for t in plot_per_user_front(points[points["passed"]])
+                                    .axes[0].get_legend().get_texts())
+    with pytest.raises(InputError, match="request rate"):
+        plot_per_user_front(points.assign(load_kind="rate"))
+
+
+def test_ttft_by_load_marks_the_loads_that_missed_hollow_and_pools_a_configuration_s_trials():
+    points = _points([(7, 8.0, 0, 1, True), (7, 16.0, 0, 1, False), (9, 12.0, 0, 1, True)])
+    points["p95_ttft_s"] = [0.5, 1.5, 0.9]
+    ax = plot_ttft_by_load(points, [(7, 9)], target_s=1.0, recommended=9).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "#7 ★ (tp1x1)", "hollow: missed at that load", "target P95 TTFT 1 s"]
+    curve = next(line for line in ax.get_lines() if line.get_linestyle() == "-" and len(line.get_xdata()))
+    assert list(curve.get_xdata()) == [8.0, 12.0, 16.0]  # trials 7 and 9 are one configuration
+    hollow = [line for line in ax.get_lines() if line.get_markerfacecolor() == "white" and len(line.get_xdata())]
+    assert [list(line.get_xdata()) for line in hollow] == [[16.0]]
+
+
+def test_captions_describe_only_what_was_drawn_with_the_study_s_values():
+    from tuner.plots._captions import Facts, caption
+
+    three = Facts(target_s=3.0, slos=("p95:ttft<=3s",))
+    for name in CAPTIONS:
+        assert "2 s" not in caption(name, three)
+    assert "red line at 3 s" in caption("ttft_by_load", three)
+    assert "diamond" not in caption("capacity", three)  # a plan whose sweep ended without a verify run
+    assert "the orange diamond is the run that verified it" in caption("capacity", Facts(target_s=3.0, verify_runs=1))
+    assert "grey dots" not in caption("history", three)  # every trial feasible
+    assert "grey dots" in caption("history", Facts(target_s=3.0, missed=True))
+    several = caption("per_user", Facts(target_s=3.0, slos=("p95:ttft<=3s", "p99:tpot<=30ms")))
+    assert "every SLO (p95:ttft<=3s, p99:tpot<=30ms)" in several
+
+
+def test_a_study_s_figures_and_hints_name_its_own_target(tmp_path):
+    from fakes import FakeBackend, small_workload
+    from test_search import SPACE, fake_space
+
+    from tuner.search import run_search
+
+    space = fake_space(SPACE.replace("target_ttft_s: 1s", "target_ttft_s: 3s"))
+    out = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=3,
+                     storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=1, confirm=0)
+    plots = {p.name: p for p in study_plots(out.study)}
+    assert plots["capacity"].skipped == (f"the study holds no capacity plan "
+                                         f"(run tuner plan --study {out.study.study_name} --target-ttft 3s)")
+    for p in plots.values():
+        assert "2 s" not in p.caption and "2s" not in (p.skipped or ""), p.name

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sim_study import STUDY, colourful_share, is_blank, sim_study_db  # noqa: F401  (session fixture)
+from sim_study import STUDY, TARGET_S, colourful_share, is_blank, sim_study_db  # noqa: F401  (session fixture)
 from test_analysis import prefix_study_db  # noqa: F401  (session fixture)
 
 from tuner.analysis import best_trial, open_study
@@ -36,6 +36,9 @@ def test_report_embeds_every_figure_and_writes_pngs_beside_the_study(sim_study_d
         png = base64.b64decode(data)
         assert not is_blank(png)
         assert (path.parent / f"{name}.png").read_bytes() == png
+    # P95 TTFT against load for the best configurations, and vllm bench's per-user / per-GPU front
+    assert "<figure id='ttft_by_load'>" in page and "<figure id='per_user'>" in page
+    assert f"The dashed red line at {TARGET_S:g} s is the target" in page  # captions from the study's values
     assert "src='http" not in page and "<script" not in page  # self-contained
     from tuner.config import Deployment
 
@@ -92,8 +95,11 @@ _MEASURE = """<script>window.addEventListener('load', () => {
   const d = document.documentElement, top = document.querySelector('table.top');
   const box = top.getBoundingClientRect();
   const p = document.createElement('pre'); p.id = 'measure';
+  const imgs = [...document.querySelectorAll('figure img')].map(
+    i => ({id: i.closest('figure').id, right: i.getBoundingClientRect().right, width: i.width,
+           natural: i.naturalWidth}));
   p.textContent = JSON.stringify({client: d.clientWidth, scroll: d.scrollWidth, right: box.right,
-                                  table_scroll: top.scrollWidth, table_client: top.clientWidth});
+                                  table_scroll: top.scrollWidth, table_client: top.clientWidth, imgs});
   document.body.appendChild(p);
 });</script>"""
 
@@ -137,6 +143,11 @@ def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp
     m = json.loads(html.unescape(found.group(1)))
     assert m["scroll"] <= m["client"], f"the page scrolls sideways at {width} px: {m}"
     assert m["right"] <= m["client"] and m["table_scroll"] <= m["table_client"], f"top table overflows: {m}"
+    # every figure, the new ones included, is in the window whole, at its own size or scaled to fit
+    assert {i["id"] for i in m["imgs"]} >= {"ttft_by_load", "per_user", "tradeoff"}
+    for img in m["imgs"]:
+        assert img["right"] <= m["client"], f"figure {img['id']} is cut off at {width} px: {img}"
+        assert img["width"] >= min(img["natural"], m["client"]) * 0.8, f"figure {img['id']} shrunk: {img}"
     if os.environ.get("TUNER_REPORT_SHOTS"):  # keep the screenshots for a person to look at
         shutil.copy(shot, Path(os.environ["TUNER_REPORT_SHOTS"]) / shot.name)
 
