@@ -32,8 +32,9 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
         for i, text in enumerate(slos):
             colour = SLO_COLORS[i % len(SLO_COLORS)]
             runs, checks = curve[curve["binding_slo"] == text], verify[verify["binding_slo"] == text]
+            count = len(runs) + len(checks)  # an SLO that limits no run has no entry: nothing of it is drawn
             ax.plot(runs["level"], runs["ttft_p95_s"], "o", color=colour, linestyle="none", zorder=4,
-                    label=f"{text} limits ({len(runs) + len(checks)})")
+                    label=f"{text} limits ({count})" if count else None)
             ax.plot(checks["level"], checks["ttft_p95_s"], "D", color=colour, mec="black", ms=8, linestyle="none",
                     zorder=5)
         if len(verify):

@@ -59,8 +59,10 @@ def caption(name: str, facts: Facts) -> str:
         case "tradeoff":
             text = (f"Each trial at the load it was scored at, its highest meeting {_meeting(facts)}"
                     + (" (a trial that missed: at its lowest load)" if facts.missed else "")
-                    + f", so feasible trials gather just left of the {line}: the search pushes each to its own "
-                    "edge. The green steps are the Pareto front, the star the answer.")
+                    + (f", so feasible trials gather just left of the {line} or below where another SLO binds "
+                       "first" if several else f", so feasible trials gather just left of the {line}")
+                    + ": the search pushes each to its own edge. The green steps are the Pareto front, the star "
+                    "the answer.")
             if several:
                 text += (" Each trial's colour is the SLO that binds it (the smallest margin at its load); a cross "
                          "left of the line missed another SLO.")

@@ -99,6 +99,9 @@ def plot_ttft_by_load(points: pd.DataFrame, top: Sequence[Sequence[int]], target
         ax.axhline(target_s, color="red", linestyle="--", label=f"target P95 TTFT {target_s:g} s")
     ax.set_xlabel(_load_axis(points))
     ax.set_ylabel("P95 TTFT (s)")
+    levels = [level for _, curve in curves for level in curve["level"]]
+    if max(levels) - min(levels) < 0.1 * max(levels):  # (nearly) one load: placed on an axis from no load
+        ax.set_xlim(left=0, right=max(levels) * 1.05)
     ax.set_ylim(bottom=0)
     ax.set_title(f"P95 TTFT against load: the {len(curves)} best configuration{'s' if len(curves) > 1 else ''}")
     ax.grid(alpha=0.3)
