@@ -412,4 +412,10 @@ def test_growth_stops_at_its_cap_and_says_how_to_go_further():
 def test_a_files_rows_cannot_grow_and_the_note_says_to_give_a_longer_trace():
     est = plan(lambda u: 0.1, workload=wl(600))
     assert est.bound == "at_least" and est.workload.requests == 600
-    assert any("longer --trace" in n for n in est.notes)
+    assert any("give a longer trace" in n for n in est.notes)
+
+
+def test_a_request_count_given_is_kept_and_the_note_says_to_raise_it():
+    est = plan_capacity(5.0, config=ServeConfig(), backend=Analytic(lambda u: 0.1), sweep=Sweep(requests=300))
+    assert est.bound == "at_least" and est.workload.requests == 300 and est.max_concurrency >= 150
+    assert any("give a larger -n" in n for n in est.notes)

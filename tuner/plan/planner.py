@@ -208,7 +208,9 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
                                        observer=obs, slos=slos),
                 wl, sweep.grid, target, max_extensions=sweep.max_extensions, notes=rnotes,
                 stop_at_miss=sweep.default_grid,
-                grow=None if chosen.sized is None else lambda n, k=k: chosen.sized(seed + k, n))  # type: ignore[misc]
+                grow=None if chosen.sized is None or sweep.requests else lambda n, k=k: chosen.sized(seed + k, n),  # type: ignore[misc]
+                fixed=("all the rows of the file: give a longer trace" if chosen.sized is None else
+                       f"-n {sweep.requests or 0:,}: give a larger -n, or none to let plan grow the workload"))
             if k == 0:
                 replayed = sw.workload  # grown when the edge lay above the requests it had
             figs = figures_at(point, sweep.kind, tpc=tpc, rpc=rpc, demand=figures.demand, headroom=figures.headroom,

@@ -217,13 +217,15 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
 
 def sweep_growing(make: Callable[[Workload], Sweeper], wl: Workload, levels: Sequence[float], target: float, *,
                   max_extensions: int, notes: list[str], stop_at_miss: bool,
-                  grow: Callable[[int], Workload] | None) -> tuple[tuple[SweepPoint, float, str, bool], Sweeper]:
+                  grow: Callable[[int], Workload] | None,
+                  fixed: str = "") -> tuple[tuple[SweepPoint, float, str, bool], Sweeper]:
     """:func:`sweep_once` on ``wl`` (a :class:`Sweeper` from ``make``), growing the workload
     while the edge lies above it: when the target still holds at the cap of half its
     requests (closed loop), ``grow(n)`` gives twice the requests of the same mix, the
     loads below are kept, and the sweep goes on from the last load on the larger workload,
     until the edge is bracketed or :data:`MAX_REQUESTS` is reached (a note says which).
-    ``grow`` None (a file's rows): the capacity stays a lower bound, and the note says so."""
+    ``grow`` None (a file's rows, or a request count given): the capacity stays a lower
+    bound, and the note says why (``fixed``) and what to give."""
     carried: list[SweepPoint] = []
     while True:
         sw = make(wl)
@@ -238,7 +240,7 @@ def sweep_growing(make: Callable[[Workload], Sweeper], wl: Workload, levels: Seq
             notes += said
             if capped:
                 notes.append(f"the workload's {len(wl):,} requests hold no more than {cap:,.0f} users"
-                             + (" (a file's rows; give a longer --trace)" if grow is None else
+                             + (f" ({fixed})" if grow is None else
                                 f" ({MAX_REQUESTS:,} requests is the most plan grows it to; give -n to replay more)"))
             return got, sw
         n = 2 * len(wl)
