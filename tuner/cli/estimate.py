@@ -157,8 +157,8 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
 def estimate_cmd(
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
                             "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
-    gpus: int = typer.Option(0, "--gpus", help="GPUs in the machine. Default: tp x replicas. "
-                             "vLLM cannot start if tp x replicas exceeds it."),
+    gpus: str = typer.Option(None, "--gpus", help="GPUs in the machine: a count (8) or device ids (0-7). "
+                             "Default: tp x replicas. vLLM cannot start if tp x replicas exceeds it."),
     model: str = typer.Option("qwen2.5-7b", "--model", help="Preset (qwen2.5-7b, llama-3.1-70b, "
                               "gemma-2-27b-awq, ...) or a folder with a Hugging Face config.json."),
     quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... "
@@ -212,8 +212,11 @@ def estimate_cmd(
                      "max_num_seqs": max_num_seqs, "block_size": block_size,
                      "max_num_batched_tokens": max_num_batched_tokens, "enforce_eager": enforce_eager,
                      "kv_cache_dtype": kv_cache_dtype, "enable_prefix_caching": prefix_caching}, set_)
+    from tuner.cli.search import parse_gpus
+
+    count, ids = parse_gpus(gpus) if gpus else (tp * replicas, ())
     deployment, config = build_deployment_config(
-        model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
+        model=model, gpu=gpu, gpu_count=count, gpu_ids=ids, vllm_version=vllm_version,
         dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
         gpu_memory_utilization=knobs.get("gpu_memory_utilization"), max_model_len=knobs.get("max_model_len"),
         max_num_seqs=knobs.get("max_num_seqs"), block_size=knobs.get("block_size"),

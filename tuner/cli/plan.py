@@ -10,7 +10,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, knob_option, pins
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Backend, Output
+from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
 from tuner.cli.search import warn
 from tuner.errors import InputError
 from tuner.progress import Observer
@@ -105,7 +105,9 @@ def plan_cmd(
                                     "separated; all are run. Default: the article's 5,10,20,50,80,120,160, "
                                     "stopping at the first level over the target, or extended x1.5 until the "
                                     "target breaks."),
-    rates: str = typer.Option(None, "--rates", help="Sweep open-loop Poisson rates (req/s) instead, e.g. 2,4,8,16."),
+    rate: str = typer.Option(None, "--rate", help="Sweep open-loop Poisson rates (req/s) instead, comma-separated, "
+                             "e.g. 2,4,8,16 (as tuner estimate --rate)."),
+    rates: str = old_spelling("--rates"),
     tokens_per_conversation: float = typer.Option(None, "--tokens-per-conversation", help="Tokens (in+out) of "
         "one conversation, as the article's 300. Default: requests per conversation from the trace's session ids, "
         "else the workload's mean tokens per request."),
@@ -118,7 +120,7 @@ def plan_cmd(
     repeats: int = typer.Option(1, "--repeats", help="Repeat the sweep with other seeds; figures get min-max ranges."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload sample and open-loop arrivals."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
-    out: str = typer.Option(None, "--out", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
+    out: str = typer.Option(None, "--out", metavar="DIR", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
                             "(studies/plans/ for a config given here)."),
     files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
@@ -163,7 +165,7 @@ def plan_cmd(
                              "from a study", hint="give one or the other")
         deployment, config = _config_from_flags(values)
     sweep = Sweep(levels=parse_list(concurrency, int, "--concurrency") or None,
-                  rates=parse_list(rates, float, "--rates") or None, repeats=repeats, seed=seed,
+                  rates=parse_list(renamed(rate, rates, "--rates"), float, "--rate") or None, repeats=repeats, seed=seed,
                   requests=num_requests, time_scale=time_scale)
     figures = Figures(tokens_per_conversation=tokens_per_conversation, demand=demand,
                       headroom=parse_fraction(headroom), gpu_hour_cost=gpu_hour_cost)

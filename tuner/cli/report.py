@@ -14,7 +14,7 @@ def report_cmd(
     storage: str | None = typer.Option(
         None, "--storage", metavar="URL", help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to tuner search --storage."),
     out: str | None = typer.Option(
-        None, "--out", metavar="FOLDER",
+        None, "--out", metavar="DIR",
         help="Folder for report.html and the PNG files. Default: studies/<study>/ beside the study's database."),
 ) -> None:
     """Write a self-contained HTML report of a study and its figures as PNG files.
