@@ -76,10 +76,13 @@ def nightly_cmd(
     workload = prepared.workload
     if window:
         workload = latest_window(workload, parse_seconds(window, what="--window"))
-    outcome = run_nightly(prepared.space, workload, backend=backend,
-                          backend_options=backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint),
-                          storage=storage, study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
-                          report_dir=out, seed=seed)
+    from tuner.cli.progress import Bar
+
+    with Bar("trials", trials, best=True) as progress:
+        outcome = run_nightly(prepared.space, workload, backend=backend,
+                              backend_options=backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint),
+                              storage=storage, study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
+                              report_dir=out, seed=seed, observer=progress)
     if output == "json":
         print((outcome.report.parent / "nightly.json").read_text())
     else:

@@ -11,9 +11,7 @@ import typer
 from tuner.cli._knobs import SET_HELP, knob_option, pins
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
-from tuner.cli.search import warn
 from tuner.errors import InputError
-from tuner.progress import Observer
 
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
           "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
@@ -177,11 +175,14 @@ def plan_cmd(
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, api_key_file=api_key_file)
     from tuner.cli.trace import bad_rows_advice
 
-    with bad_rows_advice(None):  # the study's own file, read whole (--skip-bad is for --trace)
+    from tuner.cli.progress import Runs
+
+    # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions add runs
+    runs = repeats * (len(sweep.grid) + 1)
+    with bad_rows_advice(None), Runs(runs) as progress:  # the study's own file, read whole (--skip-bad is for --trace)
         est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
                          workload=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
-                         store=store, observer=_Lines(output == "text" and sys.stderr.isatty()),
-                         slos=list(slo) if slo else None)
+                         store=store, observer=progress, slos=list(slo) if slo else None)
     paths = _write_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()
@@ -209,22 +210,6 @@ def _write_files(est: Any, out: str | None) -> Any:
         print(f"tuner: warning: {err.filename or 'the study folder'} is read-only: the plan's files were not "
               "written (give --out DIR)", file=sys.stderr)
         return None
-
-
-class _Lines(Observer):
-    """The plan's progress, one dim line a phase on a terminal; warnings always."""
-
-    def __init__(self, phases: bool) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True) if phases else None
-
-    def on_phase(self, text: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[dim]{text}[/]")
-
-    def on_warning(self, text: str) -> None:
-        warn(text)
 
 
 def _print(est: Any, paths: Any) -> None:

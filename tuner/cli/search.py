@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any
 
 import typer
@@ -13,7 +12,7 @@ from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.errors import InputError, NoFeasibleConfig, WindowClosed
-from tuner.progress import Observer
+from tuner.cli.progress import Bar
 from tuner.record import TrialRecord
 
 def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
@@ -88,57 +87,6 @@ _PIN = " Pinned: fixed in the space, not searched (a study of its own)."
 #: How long past --timeout the hard stop waits for the cooperative one (a hung start or
 #: replay is then interrupted wherever it is).
 TIMEOUT_GRACE_S = 10.0
-
-
-def warn(text: str) -> None:
-    """One line on stderr, as every tuner message (credentials masked)."""
-    from tuner.urls import redact
-
-    print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
-
-
-class _Progress(Observer):
-    """Rich progress on stderr: trial n/budget, best so far, current phase."""
-
-    def __init__(self, budget: int, enabled: bool, objective: str = "tokens") -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.budget, self.objective = budget, objective
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("best {task.fields[best]}"), TextColumn("[dim]{task.fields[phase]}"),
-            TimeElapsedColumn(), console=Console(stderr=True), transient=False, disable=not enabled,
-        )
-        self.task = self.progress.add_task("search", total=budget, best="-", phase="")
-
-    def __enter__(self) -> _Progress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
-
-    # tuner.progress.Observer hooks
-    def on_start(self, name: str, finished: int, budget: int) -> None:
-        self.progress.update(self.task, completed=min(finished, budget), phase=f"study {name}")
-
-    def on_phase(self, text: str) -> None:
-        self.progress.update(self.task, phase=text)
-
-    def on_trial(self, trial: Any, best: Any, finished: int) -> None:
-        from tuner.slo import value_text
-
-        text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
-        self.progress.update(self.task, completed=min(finished, self.budget), best=text, phase="")
-
-    def on_warning(self, text: str) -> None:
-        from tuner.urls import redact
-
-        if self.progress.disable:
-            warn(text)
-        else:
-            self.progress.console.print(f"tuner: warning: {redact(text)}", markup=False, highlight=False)
 
 
 @app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.")
@@ -235,7 +183,7 @@ def search_cmd(
     pinned, where = pins({k: given[k] for k in KNOB_FLAGS}, set_)
     workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
     alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
-    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty(), objective=objective) as progress, \
+    with Bar("trials", budget, best=True, objective=objective) as progress, \
             bad_rows_advice(trace):
         outcome = tuner.search(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
