@@ -87,7 +87,7 @@ def plan_cmd(
     num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: the first N rows of "
                                      "--trace or of the study's file (a subset, noted in the plan), or N of the "
                                      "synthetic mix (default max(study's, 1000): a larger sample of the same "
-                                     "distribution)."),
+                                     "distribution, doubled up to 16,000 while the target holds at half of it)."),
     backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
                                 "(or tuner sim-serve) once and replay over HTTP; endpoint: a running server."),
     vllm_cmd: str = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. "
