@@ -84,7 +84,7 @@ def _trace(tmp_path, prompt: float = 400, name: str = "t.jsonl", span_s: float =
 
 def _night(storage: str, trace: str, out, *extra: str) -> int:
     argv = ["nightly", "--trace", trace, "--trials", "4", "--storage", storage, "--study", STUDY,
-            "--report-dir", str(out), *extra]
+            "--out", str(out), *extra]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
         raise SystemExit(0)
@@ -158,7 +158,7 @@ def test_a_second_nightly_run_on_a_postgresql_study_exits_with_a_clear_message(t
 
 @pytest.mark.parametrize("extra, words", [
     (["--threshold", "150%"], "--threshold"),
-    (["--wall-clock", "soon"], "--wall-clock"),
+    (["--timeout", "soon"], "--timeout"),
     (["--calibration", "missing.yaml"], "calibration"),
 ])
 def test_bad_nightly_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, extra, words):

@@ -385,3 +385,37 @@ def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
     for key in PLAN_FIGURES:
         ours, ref = getattr(real, key), getattr(sim, key)
         assert ours == pytest.approx(ref, rel=0.10), f"{key}: sim-serve {ours:.4g} vs in-process {ref:.4g}"
+
+
+def test_an_edge_above_half_the_default_requests_grows_the_workload_until_it_is_bracketed():
+    from tuner.plan import PLAN_REQUESTS
+
+    edge = 1.6 * PLAN_REQUESTS  # 5 s at 1,600 users: the default 1,000 requests hold no more than 500
+    est = plan_capacity(5.0, config=ServeConfig(), backend=Analytic(lambda u: 5.0 * u / edge))
+    assert est.bound == "interpolated" and est.verified
+    assert est.max_concurrency == pytest.approx(edge, abs=1)
+    assert est.workload.requests >= 2 * edge  # users stay at most half the requests
+    assert any("went on with" in n for n in est.notes)
+    levels = sorted(p.level for p in est.sweep)
+    assert len(levels) == len(set(levels))  # the load the small workload capped was measured again, not twice
+
+
+def test_growth_stops_at_its_cap_and_says_how_to_go_further():
+    from tuner.plan.sweep import MAX_REQUESTS
+
+    est = plan_capacity(5.0, config=ServeConfig(), backend=Analytic(lambda u: 0.1))
+    assert est.bound == "at_least" and est.workload.requests <= MAX_REQUESTS
+    assert est.max_concurrency == est.workload.requests // 2
+    assert any(f"{MAX_REQUESTS:,} requests is the most" in n for n in est.notes)
+
+
+def test_a_files_rows_cannot_grow_and_the_note_says_to_give_a_longer_trace():
+    est = plan(lambda u: 0.1, workload=wl(600))
+    assert est.bound == "at_least" and est.workload.requests == 600
+    assert any("give a longer trace" in n for n in est.notes)
+
+
+def test_a_request_count_given_is_kept_and_the_note_says_to_raise_it():
+    est = plan_capacity(5.0, config=ServeConfig(), backend=Analytic(lambda u: 0.1), sweep=Sweep(requests=300))
+    assert est.bound == "at_least" and est.workload.requests == 300 and est.max_concurrency >= 150
+    assert any("give a larger -n" in n for n in est.notes)

@@ -307,6 +307,8 @@ def run_nightly(
         st.set_user_attr(NIGHTS_ATTR, [n.to_dict() for n in history] + [night.to_dict()])
         verdict = compare(night, history, threshold)
         folder = Path(report_dir) if report_dir is not None else Path("studies") / name / "nightly"
+        if observer is not None:
+            observer.on_phase("writing the report")
         report = write_nightly_report(st, verdict, history, folder)
     return NightlyOutcome(st, name, url, verdict, report, time.perf_counter() - t0)
 

@@ -11,7 +11,12 @@ app = typer.Typer(
         "Find the vLLM serving configuration with the most token throughput while P95 "
         "time-to-first-token stays under a target, and plan how much traffic it holds.\n\n"
         "Runs on an embedded simulator of vLLM by default (no GPU needed); "
-        "--backend vllm restarts real vLLM for each trial."
+        "--backend vllm restarts real vLLM for each trial.\n\n"
+        "A flag means the same in every command that has it: -o/--output how the result "
+        "prints (text or json on stdout), --out where files are written (a folder, or "
+        "export's file), --gpus a count or device ids, -c/--concurrency users and --rate "
+        "requests/s (comma-separated), --timeout how long to go on starting trials (2h, 45m). "
+        "Progress goes to stderr."
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 
 from tuner.cli.app import app
+from tuner.cli.options import CalibrationBackend, old_spelling, renamed
 from tuner.errors import InputError
 from tuner.progress import Observer
 
@@ -33,7 +34,7 @@ class _Lines(Observer):
         "fit the simulator's efficiencies, overheads and memory constants by least squares on half "
         "of the trials, check them on the other half, and write a profile that tuner estimate, "
         "tuner search --backend sim and the pre-check use whenever GPU and vLLM version match. "
-        "Resumable: run it again to finish trials a --budget-s cut short.\n\n"
+        "Resumable: run it again to finish trials a --timeout cut short.\n\n"
         "\b\nExamples:\n"
         "  tuner calibrate --model /models/qwen2.5-7b --gpu H200\n"
         "  tuner calibrate --model qwen2.5-7b --gpu L4 --backend sim"
@@ -44,7 +45,7 @@ def calibrate(
                               "or a preset name with --backend sim."),
     gpu: str = typer.Option(..., "--gpu", help="GPU catalog name of the card vLLM runs on, e.g. H200 "
                             "(tuner's catalog; it sets the datasheet figures the fit scales)."),
-    backend: str = typer.Option("vllm", "--backend", help="vllm: start real vllm serve processes (needs the GPU); "
+    backend: CalibrationBackend = typer.Option(CalibrationBackend.vllm, "--backend", help="vllm: start real vllm serve processes (needs the GPU); "
                                 "sim: the embedded simulator, a dry run of the whole procedure."),
     vllm_version: str | None = typer.Option(None, "--vllm-version", help="vLLM version the profile is for; "
                                             "default: asked from --vllm-cmd's Python."),
@@ -52,11 +53,12 @@ def calibrate(
                                  "(e.g. 'python -m vllm.entrypoints.cli.main serve')."),
     extra_args: str = typer.Option("", "--extra-args", help="Flags added to every vllm serve, e.g. "
                                    "'--load-format dummy' for random weights of the model's shape."),
-    out: Path | None = typer.Option(None, "--out", help="Profile folder (measurements.jsonl, logs/, profile.yaml); "
+    out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Profile folder (measurements.jsonl, logs/, profile.yaml); "
                                     "default ~/.config/tuner/calibration/<gpu>-vllm-<version>, where the "
                                     "simulator looks."),
-    budget_s: float | None = typer.Option(None, "--budget-s", help="Start no trial that would not finish within "
-                                          "this many seconds; run again later to continue."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Start no trial that would not finish within "
+                                       "this long: 20m, 1h or 1200 (seconds); run again later to continue."),
+    budget_s: str | None = old_spelling("--budget-s"),
     trials: str | None = typer.Option(None, "--trials", help="Comma-separated subset of the design "
                                       "(base, eager, refuse, seqs64, kvlimited, seqs16, mbt1024, eager128, mml8k, bs32)."),
     fit_only: bool = typer.Option(False, "--fit-only", help="Measure nothing; fit what --out already holds."),
@@ -94,10 +96,13 @@ def calibrate(
     from tuner.config import DEFAULT_VLLM_VERSION, Deployment
     from tuner.sim.hardware import get_gpu
 
+    from tuner.units import parse_seconds
+
+    timeout = renamed(timeout, budget_s, "--budget-s")
+    seconds = parse_seconds(timeout, what="--timeout") if timeout else None
+    backend = backend.value  # type: ignore[assignment]
     console = Console()
     gpu_name = get_gpu(gpu).name
-    if backend not in ("vllm", "sim"):
-        raise InputError(f"--backend {backend!r} is not vllm or sim")
     version = vllm_version
     if version is None and backend == "vllm" and not fit_only:
         from tuner.backends.vllm_command import detect_version
@@ -125,7 +130,7 @@ def calibrate(
 
             runner = VllmBackend(vllm_cmd=vllm_cmd, vllm_version=version, log_dir=folder / "logs",
                                  extra_args=shlex.split(extra_args))
-        measure(runner, dep, design, folder, budget_s=budget_s, observer=_Lines(console),
+        measure(runner, dep, design, folder, budget_s=seconds, observer=_Lines(console),
                 meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
                       "extra_args": extra_args, "model": model})
     rows = campaign_rows(folder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from tuner.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
 from tuner.traffic.workload import Request, Workload
+
+if TYPE_CHECKING:
+    from tuner.progress import Observer
 
 LOAD_KEYS = ("ttft_mean_s", "ttft_p95_s", "tpot_mean_s", "tokens_per_s", "output_tokens_per_s",
              "requests_per_s")
@@ -60,14 +63,19 @@ def build_workload(trace: str | None, input_len: int | None, output_len: int | N
 
 
 def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
-              loads: list[Load], router: str = "round_robin") -> list[dict[str, Any]]:
+              loads: list[Load], router: str = "round_robin", observer: Observer | None = None) -> list[dict[str, Any]]:
     """One simulated run per load; rows with tuner's aggregates (seconds) and the same under
-    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`, milliseconds)."""
+    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`, milliseconds).
+    ``observer`` sees a phase a load (``None``: headless)."""
+    from tuner.progress import observer_or_headless
     from tuner.result import bench_fields
     from tuner.sim.engine import simulate  # the engine module arrives separately
 
+    obs = observer_or_headless(observer)
     rows = []
     for load in loads:
+        obs.on_phase(f"load run at {load.users} users" if isinstance(load, Concurrency) else
+                     f"load run at {load.rate:g} req/s")
         result = simulate(deployment, config, workload, load, router=router)
         summary = result.summary()
         row: dict[str, Any] = (
@@ -157,8 +165,8 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
 def estimate_cmd(
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
                             "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
-    gpus: int = typer.Option(0, "--gpus", help="GPUs in the machine. Default: tp x replicas. "
-                             "vLLM cannot start if tp x replicas exceeds it."),
+    gpus: str = typer.Option(None, "--gpus", help="GPUs in the machine: a count (8) or device ids (0-7). "
+                             "Default: tp x replicas. vLLM cannot start if tp x replicas exceeds it."),
     model: str = typer.Option("qwen2.5-7b", "--model", help="Preset (qwen2.5-7b, llama-3.1-70b, "
                               "gemma-2-27b-awq, ...) or a folder with a Hugging Face config.json."),
     quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... "
@@ -212,8 +220,11 @@ def estimate_cmd(
                      "max_num_seqs": max_num_seqs, "block_size": block_size,
                      "max_num_batched_tokens": max_num_batched_tokens, "enforce_eager": enforce_eager,
                      "kv_cache_dtype": kv_cache_dtype, "enable_prefix_caching": prefix_caching}, set_)
+    from tuner.cli.search import parse_gpus
+
+    count, ids = parse_gpus(gpus) if gpus else (tp * replicas, ())
     deployment, config = build_deployment_config(
-        model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
+        model=model, gpu=gpu, gpu_count=count, gpu_ids=ids, vllm_version=vllm_version,
         dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
         gpu_memory_utilization=knobs.get("gpu_memory_utilization"), max_model_len=knobs.get("max_model_len"),
         max_num_seqs=knobs.get("max_num_seqs"), block_size=knobs.get("block_size"),
@@ -233,7 +244,10 @@ def estimate_cmd(
     if error is None and (users or rates):
         workload = build_workload(trace, input_len, output_len, num_requests, skip_bad=skip_bad)
         loads: list[Load] = [Concurrency(u) for u in users] + [Poisson(r) for r in rates]
-        rows = run_loads(deployment, config, workload, loads)
+        from tuner.cli.progress import Runs
+
+        with Runs(len(loads)) as progress:
+            rows = run_loads(deployment, config, workload, loads, observer=progress)
 
     if output is Output.json:
         memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {

@@ -23,7 +23,7 @@ def export_cmd(
     what: What = typer.Option("trials", "--what", help="trials: one row per trial (configuration, every "  # type: ignore[assignment]
                               "percentile, why it did not count); plan: every load sweep tuner plan stored, one "
                               "row per run."),
-    fmt: Format = typer.Option("csv", "--format", help="File format: csv, or json (a list of row objects: "  # type: ignore[assignment]
+    fmt: Format = typer.Option("csv", "--format", "-f", help="File format: csv, or json (a list of row objects: "  # type: ignore[assignment]
                                "pandas.read_json(FILE) reads it), e.g. --format json"
                                + ("" if "parquet" in formats() else " (parquet too once pyarrow is installed)") + "."),
     out: str | None = typer.Option(None, "--out", metavar="FILE", help="Where to write; - writes CSV to stdout. "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output
+from tuner.cli.options import Backend, Output, old_spelling, renamed
 from tuner.errors import InputError
 
 
@@ -24,24 +24,26 @@ def nightly_cmd(
     vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend)."),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
     trials: int = typer.Option(20, "--trials", help="New trials tonight (the first re-runs last night's best configuration)."),
-    wall_clock: str | None = typer.Option(None, "--wall-clock", help="Stop starting trials after this long: 2h, 45m. Default: no limit but --trials."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Stop starting trials after this long: 2h, 45m, 3600 (seconds), as tuner search --timeout. Default: no limit but --trials."),
+    wall_clock: str | None = old_spelling("--wall-clock"),
     threshold: str = typer.Option("10%", "--threshold", help="A best throughput this much below the last night of the same workload shape is a regression (exit 4)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (postgresql://... to share with workers and notebooks). Default: sqlite:///studies/<study>.db."),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: nightly.<deployment>.<space>, the same every night."),
-    report_dir: str | None = typer.Option(None, "--report-dir", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),
+    out: str | None = typer.Option(None, "--out", metavar="DIR", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),
+    report_dir: str | None = old_spelling("--report-dir"),
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),
 ) -> None:
     """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
 
-    Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --wall-clock. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
+    Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --timeout. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
 
     A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
 
     \b
     Examples:
       tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
-      tuner nightly --trials 10 --wall-clock 2h --threshold 5%
+      tuner nightly --trials 10 --timeout 2h --threshold 5%
     """
     from tuner.cli.search import backend_options, deployment_changes
     from tuner.nightly import (
@@ -56,7 +58,9 @@ def nightly_cmd(
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     limit = parse_threshold(threshold)
-    wall_s = parse_seconds(wall_clock, what="--wall-clock") if wall_clock else None
+    timeout = renamed(timeout, wall_clock, "--wall-clock")
+    out = renamed(out, report_dir, "--report-dir")
+    wall_s = parse_seconds(timeout, what="--timeout") if timeout else None
     if window and not trace:
         raise InputError("--window needs --trace", hint="give the request log to cut the window from")
     changes = deployment_changes(model=model, gpu=gpu, gpus=gpus)
@@ -72,10 +76,13 @@ def nightly_cmd(
     workload = prepared.workload
     if window:
         workload = latest_window(workload, parse_seconds(window, what="--window"))
-    outcome = run_nightly(prepared.space, workload, backend=backend,
-                          backend_options=backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint),
-                          storage=storage, study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
-                          report_dir=report_dir, seed=seed)
+    from tuner.cli.progress import Bar
+
+    with Bar("trials", trials, best=True) as progress:
+        outcome = run_nightly(prepared.space, workload, backend=backend,
+                              backend_options=backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint),
+                              storage=storage, study=study, trials=trials, wall_clock_s=wall_s, threshold=limit,
+                              report_dir=out, seed=seed, observer=progress)
     if output == "json":
         print((outcome.report.parent / "nightly.json").read_text())
     else:

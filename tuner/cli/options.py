@@ -3,7 +3,11 @@ anything else in one line (``tuner: invalid value for '--backend': ...``), and e
 option means the same in every command that has it."""
 from __future__ import annotations
 
+import sys
 from enum import Enum
+from typing import Any
+
+import typer
 
 
 class Backend(str, Enum):
@@ -12,6 +16,13 @@ class Backend(str, Enum):
     sim = "sim"            # the embedded simulator of vLLM: no GPU
     vllm = "vllm"          # real vLLM processes, restarted per configuration
     endpoint = "endpoint"  # a server someone else runs
+
+
+class CalibrationBackend(str, Enum):
+    """What ``tuner calibrate`` measures: :class:`Backend` less ``endpoint`` (it restarts)."""
+
+    vllm = "vllm"
+    sim = "sim"
 
 
 class Sampler(str, Enum):
@@ -32,4 +43,34 @@ class Output(str, Enum):
 
 OUTPUT_HELP = "text: tables for a person; json: one JSON object on stdout, for scripts."
 
-__all__ = ["OUTPUT_HELP", "Backend", "Output", "Sampler"]
+#: One spelling per concept, in every command: the spellings commands used before, each
+#: with the one that replaced it. The old ones still work, hidden from --help
+#: (:func:`old_spelling`), and print a one-line note; tests/cli/test_flags.py checks that no
+#: command shows one.
+RENAMED = {
+    "--rates": "--rate",            # open-loop Poisson rates, req/s (plan; estimate said --rate)
+    "--report-dir": "--out",        # where a command writes its files (nightly; the others said --out)
+    "--wall-clock": "--timeout",    # stop starting trials after this long (nightly; search said --timeout)
+    "--budget-s": "--timeout",      # the same for calibrate's trials
+}
+
+
+def old_spelling(old: str) -> Any:
+    """A hidden option for ``old``, kept for scripts written before :data:`RENAMED`."""
+    return typer.Option(None, old, hidden=True, help=f"Old spelling of {RENAMED[old]}.")
+
+
+def renamed(value: Any, old_value: Any, old: str) -> Any:
+    """``value`` of the new spelling, or what ``old`` gave (with a one-line note on stderr)."""
+    if old_value is None:
+        return value
+    new = RENAMED[old]
+    print(f"tuner: note: {old} is now spelled {new} (the old spelling still works)", file=sys.stderr)
+    if value is not None and value != old_value:
+        from tuner.errors import InputError
+
+        raise InputError(f"{old} and {new} are the same option, given two values", hint=f"give {new} once")
+    return old_value
+
+
+__all__ = ["OUTPUT_HELP", "RENAMED", "Backend", "CalibrationBackend", "Output", "Sampler", "old_spelling", "renamed"]

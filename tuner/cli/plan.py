@@ -10,10 +10,8 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, knob_option, pins
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Backend, Output
-from tuner.cli.search import warn
+from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
 from tuner.errors import InputError
-from tuner.progress import Observer
 
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
           "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
@@ -89,7 +87,7 @@ def plan_cmd(
     num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: the first N rows of "
                                      "--trace or of the study's file (a subset, noted in the plan), or N of the "
                                      "synthetic mix (default max(study's, 1000): a larger sample of the same "
-                                     "distribution)."),
+                                     "distribution, doubled up to 16,000 while the target holds at half of it)."),
     backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
                                 "(or tuner sim-serve) once and replay over HTTP; endpoint: a running server."),
     vllm_cmd: str = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. "
@@ -105,7 +103,9 @@ def plan_cmd(
                                     "separated; all are run. Default: the article's 5,10,20,50,80,120,160, "
                                     "stopping at the first level over the target, or extended x1.5 until the "
                                     "target breaks."),
-    rates: str = typer.Option(None, "--rates", help="Sweep open-loop Poisson rates (req/s) instead, e.g. 2,4,8,16."),
+    rate: str = typer.Option(None, "--rate", help="Sweep open-loop Poisson rates (req/s) instead, comma-separated, "
+                             "e.g. 2,4,8,16 (as tuner estimate --rate)."),
+    rates: str = old_spelling("--rates"),
     tokens_per_conversation: float = typer.Option(None, "--tokens-per-conversation", help="Tokens (in+out) of "
         "one conversation, as the article's 300. Default: requests per conversation from the trace's session ids, "
         "else the workload's mean tokens per request."),
@@ -118,7 +118,7 @@ def plan_cmd(
     repeats: int = typer.Option(1, "--repeats", help="Repeat the sweep with other seeds; figures get min-max ranges."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload sample and open-loop arrivals."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
-    out: str = typer.Option(None, "--out", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
+    out: str = typer.Option(None, "--out", metavar="DIR", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
                             "(studies/plans/ for a config given here)."),
     files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
@@ -163,7 +163,7 @@ def plan_cmd(
                              "from a study", hint="give one or the other")
         deployment, config = _config_from_flags(values)
     sweep = Sweep(levels=parse_list(concurrency, int, "--concurrency") or None,
-                  rates=parse_list(rates, float, "--rates") or None, repeats=repeats, seed=seed,
+                  rates=parse_list(renamed(rate, rates, "--rates"), float, "--rate") or None, repeats=repeats, seed=seed,
                   requests=num_requests, time_scale=time_scale)
     figures = Figures(tokens_per_conversation=tokens_per_conversation, demand=demand,
                       headroom=parse_fraction(headroom), gpu_hour_cost=gpu_hour_cost)
@@ -175,11 +175,14 @@ def plan_cmd(
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, api_key_file=api_key_file)
     from tuner.cli.trace import bad_rows_advice
 
-    with bad_rows_advice(None):  # the study's own file, read whole (--skip-bad is for --trace)
+    from tuner.cli.progress import Runs
+
+    # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions add runs
+    runs = repeats * (len(sweep.grid) + 1)
+    with bad_rows_advice(None), Runs(runs) as progress:  # the study's own file, read whole (--skip-bad is for --trace)
         est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
                          workload=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
-                         store=store, observer=_Lines(output == "text" and sys.stderr.isatty()),
-                         slos=list(slo) if slo else None)
+                         store=store, observer=progress, slos=list(slo) if slo else None)
     paths = _write_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()
@@ -207,22 +210,6 @@ def _write_files(est: Any, out: str | None) -> Any:
         print(f"tuner: warning: {err.filename or 'the study folder'} is read-only: the plan's files were not "
               "written (give --out DIR)", file=sys.stderr)
         return None
-
-
-class _Lines(Observer):
-    """The plan's progress, one dim line a phase on a terminal; warnings always."""
-
-    def __init__(self, phases: bool) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True) if phases else None
-
-    def on_phase(self, text: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[dim]{text}[/]")
-
-    def on_warning(self, text: str) -> None:
-        warn(text)
 
 
 def _print(est: Any, paths: Any) -> None:

@@ -14,7 +14,7 @@ def report_cmd(
     storage: str | None = typer.Option(
         None, "--storage", metavar="URL", help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to tuner search --storage."),
     out: str | None = typer.Option(
-        None, "--out", metavar="FOLDER",
+        None, "--out", metavar="DIR",
         help="Folder for report.html and the PNG files. Default: studies/<study>/ beside the study's database."),
 ) -> None:
     """Write a self-contained HTML report of a study and its figures as PNG files.
@@ -38,8 +38,12 @@ def report_cmd(
     from tuner.plots import CAPTIONS
     from tuner.report import write_report
 
+    from tuner.cli.progress import Bar
+
     st = study_argument(study, storage, "report")
-    path = write_report(st, out)
+    with Bar("report", None) as progress:  # no hooks inside: a spinner and the time spent
+        progress.on_phase(f"writing the figures and report.html of {st.study_name}")
+        path = write_report(st, out)
     pngs = [f"{n}.png" for n in CAPTIONS if (path.parent / f"{n}.png").is_file()]
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB) and {', '.join(pngs) or 'no figures'}")
     typer.echo(f"open it: xdg-open {path}   (or file://{path.resolve()})")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any
 
 import typer
@@ -13,7 +12,7 @@ from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.errors import InputError, NoFeasibleConfig, WindowClosed
-from tuner.progress import Observer
+from tuner.cli.progress import Bar
 from tuner.record import TrialRecord
 
 def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
@@ -90,63 +89,12 @@ _PIN = " Pinned: fixed in the space, not searched (a study of its own)."
 TIMEOUT_GRACE_S = 10.0
 
 
-def warn(text: str) -> None:
-    """One line on stderr, as every tuner message (credentials masked)."""
-    from tuner.urls import redact
-
-    print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
-
-
-class _Progress(Observer):
-    """Rich progress on stderr: trial n/budget, best so far, current phase."""
-
-    def __init__(self, budget: int, enabled: bool, objective: str = "tokens") -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.budget, self.objective = budget, objective
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("trials"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("best {task.fields[best]}"), TextColumn("[dim]{task.fields[phase]}"),
-            TimeElapsedColumn(), console=Console(stderr=True), transient=False, disable=not enabled,
-        )
-        self.task = self.progress.add_task("search", total=budget, best="-", phase="")
-
-    def __enter__(self) -> _Progress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.__exit__(*exc)
-
-    # tuner.progress.Observer hooks
-    def on_start(self, name: str, finished: int, budget: int) -> None:
-        self.progress.update(self.task, completed=min(finished, budget), phase=f"study {name}")
-
-    def on_phase(self, text: str) -> None:
-        self.progress.update(self.task, phase=text)
-
-    def on_trial(self, trial: Any, best: Any, finished: int) -> None:
-        from tuner.slo import value_text
-
-        text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
-        self.progress.update(self.task, completed=min(finished, self.budget), best=text, phase="")
-
-    def on_warning(self, text: str) -> None:
-        from tuner.urls import redact
-
-        if self.progress.disable:
-            warn(text)
-        else:
-            self.progress.console.print(f"tuner: warning: {redact(text)}", markup=False, highlight=False)
-
-
 @app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.")
 def search_cmd(
     space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
     backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
     model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),
-    quantization: str | None = typer.Option(None, "--quantization", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
+    quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
     trace: str | None = typer.Option(None, "--trace", help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
@@ -155,7 +103,7 @@ def search_cmd(
     objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
     load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
     budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Stop starting new trials after this many seconds of wall time."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Stop starting new trials after this long of wall time: 2h, 45m or 3600 (seconds)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage (SQLAlchemy URL). Default: sqlite:///studies/<study>.db."),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
     sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
@@ -217,7 +165,8 @@ def search_cmd(
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
         raise InputError(f"--warm-start {warm_start!r} is unknown", hint="use --warm-start sim")
-    settings = SearchSettings(budget=budget, timeout_s=timeout, sampler=sampler, seed=seed, confirm=confirm,
+    timeout_s = parse_seconds(timeout, what="--timeout") if timeout is not None else None
+    settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
                               feasibility=feasibility,
                               objective=objective, resume_anyway=resume_anyway)
@@ -233,8 +182,8 @@ def search_cmd(
     given = locals()
     pinned, where = pins({k: given[k] for k in KNOB_FLAGS}, set_)
     workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
-    alarm(None if timeout is None else timeout + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
-    with _Progress(budget, enabled=output == "text" and sys.stderr.isatty(), objective=objective) as progress, \
+    alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
+    with Bar("trials", budget, best=True, objective=objective) as progress, \
             bad_rows_advice(trace):
         outcome = tuner.search(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
@@ -275,11 +224,11 @@ def search_cmd(
     else:
         _print_report(report)
     if outcome.timed_out and outcome.finished < budget:
-        raise WindowClosed(f"--timeout {timeout:g} s reached with {outcome.finished} of {budget} trials finished"
+        raise WindowClosed(f"--timeout {timeout_s:g} s reached with {outcome.finished} of {budget} trials finished"
                            + ("" if best is None else f" (best so far: trial {best.number})")
                            + "; nothing is lost: run the same command again to go on")
     if outcome.timed_out and outcome.confirmation is None and confirm > 0 and best is not None:
-        raise WindowClosed(f"--timeout {timeout:g} s reached with the budget's {budget} trials finished and the "
+        raise WindowClosed(f"--timeout {timeout_s:g} s reached with the budget's {budget} trials finished and the "
                            f"winner not confirmed yet (best so far: trial {best.number}; a repeat would not fit "
                            "in the time left); nothing is lost: run the same command again to confirm it")
     if best is None:

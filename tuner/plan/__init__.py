@@ -8,8 +8,10 @@ trial, or one given directly), starts it once on a backend, and sweeps the load:
    output) and requests/s per level. The default levels stop at the first one over the
    target (kept: the curve brackets the edge); levels given are all run. While every
    level meets the target the sweep goes on in x1.5 steps (at most ``Sweep.max_extensions``;
-   users capped at half the workload, so a run is more than one burst); when even the
-   lowest misses it halves down to 1 user.
+   users capped at half the workload, so a run is more than one burst); when the target
+   still holds at that cap, a synthetic mix whose size plan chose is doubled (up to
+   :data:`~tuner.plan.sweep.MAX_REQUESTS`) and the sweep goes on, so the edge is bracketed
+   rather than reported as "at least"; when even the lowest misses it halves down to 1 user.
 2. **Interpolate.** The largest load meeting the target by monotone (PCHIP)
    interpolation of P95 TTFT against load (:func:`tuner.capacity.max_load_meeting`).
 3. **Verify.** One more run at that load (users rounded down). If it misses, the point

@@ -13,7 +13,7 @@ from tuner.capacity import RANGED, CapacityEstimate, ReplayedWorkload, SweepPoin
 from tuner.config import Deployment, ServeConfig
 from tuner.demand import Demand, parse_demand, requests_per_conversation
 from tuner.errors import InputError, NoFeasibleConfig
-from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_once
+from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_growing
 from tuner.plan.workload import PLAN_REQUESTS, Chosen, Studied, find_newest_study, given, resample, study_workload
 from tuner.progress import observer_or_headless
 from tuner.record import StudyRecord
@@ -150,7 +150,8 @@ def plan_capacity(
         from tuner.traffic.synth import default_workload
 
         n = sweep.requests or PLAN_REQUESTS
-        chosen_workload = Chosen(default_workload(seed=sweep.seed, n=n), lambda s: default_workload(seed=s, n=n))
+        chosen_workload = Chosen(default_workload(seed=sweep.seed, n=n), lambda s: default_workload(seed=s, n=n),
+                                 lambda s, k: default_workload(seed=s, n=k))
     notes += chosen_workload.notes
     backend_obj = get_backend_by_name(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
     time_scale = sweep.time_scale if sweep.time_scale is not None else backend_obj.time_scale
@@ -197,15 +198,21 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
     obs.on_phase("starting")
     per_repeat: list[dict[str, Any]] = []
     points: list[SweepPoint] = []
+    replayed = base
     with backend.start(deployment, config) as instance:
         for k in range(repeats):
             wl = base if k == 0 else builder(seed + k) if builder is not None else resample(base, seed + k)
-            sw = Sweeper(instance, wl, sweep.kind, time_scale=time_scale, repeat=k, seed=seed + k, observer=obs,
-                         slos=slos)
             rnotes: list[str] = []
-            cap = float(max(1, len(wl) // 2)) if sweep.kind == "concurrency" else math.inf
-            point, interp, bound, verified = sweep_once(sw, sweep.grid, target, max_extensions=sweep.max_extensions,
-                                                        cap=cap, notes=rnotes, stop_at_miss=sweep.default_grid)
+            (point, interp, bound, verified), sw = sweep_growing(
+                lambda w, k=k: Sweeper(instance, w, sweep.kind, time_scale=time_scale, repeat=k, seed=seed + k,
+                                       observer=obs, slos=slos),
+                wl, sweep.grid, target, max_extensions=sweep.max_extensions, notes=rnotes,
+                stop_at_miss=sweep.default_grid,
+                grow=None if chosen.sized is None or sweep.requests else lambda n, k=k: chosen.sized(seed + k, n),  # type: ignore[misc]
+                fixed=("all the rows of the file: give a longer trace" if chosen.sized is None else
+                       f"-n {sweep.requests or 0:,}: give a larger -n, or none to let plan grow the workload"))
+            if k == 0:
+                replayed = sw.workload  # grown when the edge lay above the requests it had
             figs = figures_at(point, sweep.kind, tpc=tpc, rpc=rpc, demand=figures.demand, headroom=figures.headroom,
                               gpu_hour_cost=figures.gpu_hour_cost, gpus=config.gpus_needed)
             figs.update(interpolated_load=interp, bound=bound, verified=verified, binding_slo=point.binding_slo or None,
@@ -232,8 +239,9 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
         headroom=figures.headroom, gpus=config.gpus_needed, gpu_hour_cost=figures.gpu_hour_cost, repeats=repeats,
         ranges=ranges, sweep=tuple(points), notes=tuple(notes), backend=backend.name,
         config=config.to_dict(), deployment=deployment.to_dict(),
-        workload=ReplayedWorkload(source=base.source, requests=len(base), fingerprint=base.fingerprint(),
-                                  file=chosen.file, match=chosen.match),
+        workload=ReplayedWorkload(source=replayed.source, requests=len(replayed), fingerprint=replayed.fingerprint(),
+                                  file=chosen.file, match=chosen.match if replayed is base or chosen.match != "same"
+                                  else "same-mix"),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         **{k: v for k, v in head.items() if k in _ESTIMATE_FIELDS},
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,10 @@ EXTEND_FACTOR = 1.5
 MAX_EXTENSIONS = 8
 
 MAX_VERIFY_TRIES = 3
+
+#: The most requests plan grows a synthetic workload to while the edge lies above half of
+#: it (closed loop: users are capped at half the requests, so a run is more than one burst).
+MAX_REQUESTS = 16_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +215,42 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
     notes.append(f"fell back to the largest measured load that met the target: {best.load}")
     return best, interpolated, "interpolated", False
 
+def sweep_growing(make: Callable[[Workload], Sweeper], wl: Workload, levels: Sequence[float], target: float, *,
+                  max_extensions: int, notes: list[str], stop_at_miss: bool,
+                  grow: Callable[[int], Workload] | None,
+                  fixed: str = "") -> tuple[tuple[SweepPoint, float, str, bool], Sweeper]:
+    """:func:`sweep_once` on ``wl`` (a :class:`Sweeper` from ``make``), growing the workload
+    while the edge lies above it: when the target still holds at the cap of half its
+    requests (closed loop), ``grow(n)`` gives twice the requests of the same mix, the
+    loads below are kept, and the sweep goes on from the last load on the larger workload,
+    until the edge is bracketed or :data:`MAX_REQUESTS` is reached (a note says which).
+    ``grow`` None (a file's rows, or a request count given): the capacity stays a lower
+    bound, and the note says why (``fixed``) and what to give."""
+    carried: list[SweepPoint] = []
+    while True:
+        sw = make(wl)
+        sw.points = list(carried)
+        cap = float(max(1, len(wl) // 2)) if sw.kind == "concurrency" else math.inf
+        said: list[str] = []
+        got = sweep_once(sw, levels, target, max_extensions=max_extensions, cap=cap, notes=said,
+                         stop_at_miss=stop_at_miss)
+        point, bound = got[0], got[2]
+        capped = bound == "at_least" and point.level >= cap
+        if not capped or grow is None or 2 * len(wl) > MAX_REQUESTS:
+            notes += said
+            if capped:
+                notes.append(f"the workload's {len(wl):,} requests hold no more than {cap:,.0f} users"
+                             + (f" ({fixed})" if grow is None else
+                                f" ({MAX_REQUESTS:,} requests is the most plan grows it to; give -n to replay more)"))
+            return got, sw
+        n = 2 * len(wl)
+        notes.append(f"P95 TTFT held up to {point.load}, half the {len(wl):,} requests: the sweep went on with "
+                     f"{n:,} requests of the same mix")
+        carried = [p for p in sw.points if p.level < point.level]
+        levels = [point.level]
+        wl = grow(n)
+
+
 def figures_at(point: SweepPoint, kind: str, *, tpc: float | None, rpc: float | None, demand: Demand | None,
              headroom: float, gpu_hour_cost: float | None, gpus: int) -> dict[str, Any]:
     conc = point.level if kind == "concurrency" else point.requests_per_s * point.e2e_mean_s
@@ -230,5 +270,5 @@ def figures_at(point: SweepPoint, kind: str, *, tpc: float | None, rpc: float | 
     return out
 
 
-__all__ = ["ARTICLE_LEVELS", "EXTEND_FACTOR", "MAX_EXTENSIONS", "Sweep", "Sweeper", "figures_at", "rescale",
-           "sweep_once"]
+__all__ = ["ARTICLE_LEVELS", "EXTEND_FACTOR", "MAX_EXTENSIONS", "MAX_REQUESTS", "Sweep", "Sweeper", "figures_at",
+           "rescale", "sweep_growing", "sweep_once"]

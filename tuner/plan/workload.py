@@ -92,11 +92,14 @@ class Studied:
 @dataclass(frozen=True, slots=True)
 class Chosen:
     """The workload plan replays: ``base`` (the first repeat), ``build(seed)`` for another
-    sample of a synthetic mix (``None``: repeats replay 90% of ``base``'s rows), the file
-    read, how it stands to the study's (:data:`tuner.capacity.MATCHES`) and what to say."""
+    sample of a synthetic mix (``None``: repeats replay 90% of ``base``'s rows),
+    ``sized(seed, n)`` for ``n`` requests of that mix (``None`` for a file's rows: it
+    cannot grow), the file read, how it stands to the study's
+    (:data:`tuner.capacity.MATCHES`) and what to say."""
 
     base: Workload
     build: Callable[[int], Workload] | None = None
+    sized: Callable[[int, int], Workload] | None = None
     file: str | None = None
     match: str = "unchecked"
     notes: tuple[str, ...] = ()
@@ -180,7 +183,7 @@ def study_workload(study: optuna.Study, trial: Any, num_requests: int | None, se
         n = num_requests or PLAN_REQUESTS
         base = default_workload(seed=seed, n=n)
         if studied.fingerprint is None:
-            return Chosen(base, lambda s: default_workload(seed=s, n=n), notes=(
+            return Chosen(base, lambda s: default_workload(seed=s, n=n), lambda s, k: default_workload(seed=s, n=k), notes=(
                 f"plan replays the built-in mix ({n:,} requests): the study's workload cannot be rebuilt and "
                 "recorded no fingerprint to check",))
         why = (f": the study's file {spec.trace} is not here" if spec and spec.trace
@@ -194,19 +197,22 @@ def study_workload(study: optuna.Study, trial: Any, num_requests: int | None, se
                              hint=FIX)
     n = num_requests or max(spec.requests, PLAN_REQUESTS)
 
+    def sized(s: int, k: int) -> Workload:
+        return build_workload(dataclasses.replace(spec, requests=k, seed=spec.seed + s))
+
     def build(s: int) -> Workload:
-        return build_workload(dataclasses.replace(spec, requests=n, seed=spec.seed + s))
+        return sized(s, n)
 
     base = build(seed)
     if base.fingerprint() == studied.fingerprint:
-        return Chosen(base, build, match="same")
+        return Chosen(base, build, sized, match="same")
     size = "a larger" if n > spec.requests else "a smaller" if n < spec.requests else "another"
     said = (f"plan replays {n:,} requests of the study's synthetic mix (seed {spec.seed + seed}, fingerprint "
             f"{base.fingerprint()}): {size} sample of the distribution the study searched on {spec.requests:,} "
             f"requests (seed {spec.seed}")
     if studied.fingerprint is None:
-        return Chosen(base, build, notes=(said + "; the study recorded no fingerprint to check)",))
-    return Chosen(base, build, match="same-mix", notes=(said + f", fingerprint {studied.fingerprint})",))
+        return Chosen(base, build, sized, notes=(said + "; the study recorded no fingerprint to check)",))
+    return Chosen(base, build, sized, match="same-mix", notes=(said + f", fingerprint {studied.fingerprint})",))
 
 def given(workload: Workload, studied: Studied | None, warn: Callable[[str], None]) -> Chosen:
     """A workload given on purpose (``--trace``): replayed as it is, with a warning when

@@ -1,0 +1,121 @@
+"""How the commands show progress: a rich bar on stderr with the steps done, what runs
+now, the time spent and the time left (ETA), as :class:`tuner.progress.Observer` hooks.
+
+stdout is never touched, so ``--output json`` stays one JSON object; the bar is drawn only
+when stderr is a terminal (:func:`shown`), else the observer is headless and only
+warnings print, one line each."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tuner.progress import Observer
+
+
+def shown() -> bool:
+    """Whether a bar is drawn: stderr is a terminal (not a pipe, a log file, a test)."""
+    return sys.stderr.isatty()
+
+
+def warn(text: str) -> None:
+    """One line on stderr, as every tuner message (credentials masked)."""
+    from tuner.urls import redact
+
+    print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
+
+
+class Bar(Observer):
+    """A progress bar of ``total`` ``unit`` (trials, runs) on stderr, with the phase and
+    an ETA; with ``best`` the best value so far (search, nightly). Used as a context
+    manager around the call it watches. ``total`` None: a spinner and the time spent."""
+
+    def __init__(self, unit: str, total: int | None, *, enabled: bool | None = None, best: bool = False,
+                 objective: str = "tokens") -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.objective = objective
+        columns: list[Any] = [SpinnerColumn(), TextColumn(unit)]
+        if total is not None:
+            columns += [BarColumn(), MofNCompleteColumn()]
+        if best:
+            columns.append(TextColumn("best {task.fields[best]}"))
+        columns += [TextColumn("[dim]{task.fields[phase]}"), TimeElapsedColumn()]
+        if total is not None:
+            columns += [TextColumn("left"), TimeRemainingColumn()]
+        self.progress = Progress(*columns, console=Console(stderr=True), transient=False,
+                                 disable=not (shown() if enabled is None else enabled))
+        self.task = self.progress.add_task(unit, total=total, best="-", phase="")
+
+    def __enter__(self) -> Bar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def step(self, phase: str = "") -> None:
+        """One more unit done; the total grows when the work turns out longer."""
+        task = self.progress.tasks[0]
+        if task.total is not None and task.completed + 1 > task.total:
+            self.progress.update(self.task, total=task.completed + 1)
+        self.progress.update(self.task, advance=1, phase=phase)
+
+    # tuner.progress.Observer hooks
+    def on_start(self, name: str, finished: int, budget: int) -> None:
+        # a resumed study starts part-way: a reset keeps the ETA to the speed seen from now on
+        self.progress.reset(self.task, total=budget, completed=min(finished, budget), phase=f"study {name}")
+
+    def on_phase(self, text: str) -> None:
+        self.progress.update(self.task, phase=text)
+
+    def on_trial(self, trial: Any, best: Any, finished: int) -> None:
+        from tuner.slo import value_text
+
+        text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
+        total = self.progress.tasks[0].total
+        self.progress.update(self.task, completed=finished if total is None else min(finished, total), best=text,
+                             phase="")
+
+    def on_warning(self, text: str) -> None:
+        from tuner.urls import redact
+
+        if self.progress.disable:
+            warn(text)
+        else:
+            self.progress.console.print(f"tuner: warning: {redact(text)}", markup=False, highlight=False)
+
+
+class Runs(Bar):
+    """The load runs of ``tuner plan``: a step a ``... run at ...`` phase (sweep, extend,
+    verify), the total the runs a sweep makes at least (its levels and one verify run a
+    repeat), grown as extensions come."""
+
+    def __init__(self, total: int, *, enabled: bool | None = None) -> None:
+        super().__init__("runs", total, enabled=enabled)
+        self.running = False
+
+    def on_phase(self, text: str) -> None:
+        if " run at " in text:
+            if self.running:
+                self.step(text)
+                return
+            self.running = True
+        super().on_phase(text)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.running and exc[0] is None:
+            task = self.progress.tasks[0]
+            self.progress.update(self.task, total=task.completed + 1, completed=task.completed + 1, phase="done")
+        super().__exit__(*exc)
+
+
+__all__ = ["Bar", "Runs", "shown", "warn"]
