@@ -127,10 +127,12 @@ def prior_sd(simulated: bool) -> float:
     return SIMULATED_PRIOR_SD if simulated else DEFAULT_PRIOR_SD
 
 
-def noise_floor(groups: Iterable[Sequence[float]], simulated: bool = False) -> NoiseFloor:
+def noise_floor(groups: Iterable[Sequence[float]], simulated: bool = False, prior: float | None = None) -> NoiseFloor:
     """Pooled relative sd over ``groups`` (the tokens/s measurements of one configuration
     each; groups of one measurement add nothing), shrunk toward the backend's prior (:func:`prior_sd`) with
-    :data:`PRIOR_DOF` degrees of freedom. Zero measurements (a configuration that failed
+    :data:`PRIOR_DOF` degrees of freedom (``prior``: a study's own prior instead, e.g. the
+    objective's noise from the edge's sensitivity to a start's TTFT,
+    :func:`tuner.search.boundary.objective_sd`). Zero measurements (a configuration that failed
     its target on a repeat) are left out: they are not noise around a value."""
     ss, dof = 0.0, 0
     for values in groups:
@@ -140,14 +142,14 @@ def noise_floor(groups: Iterable[Sequence[float]], simulated: bool = False) -> N
         mean = statistics.fmean(logs)
         ss += sum((x - mean) ** 2 for x in logs)
         dof += len(logs) - 1
-    prior = prior_sd(simulated)
+    prior = prior_sd(simulated) if prior is None else prior
     if not dof:
         return NoiseFloor(prior, 0, "prior")
     sd = math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof))
     return NoiseFloor(sd, dof, "repeats")
 
 
-def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False) -> NoiseFloor:
+def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False, prior: float | None = None) -> NoiseFloor:
     """The noise of comparisons between configurations measured on the same samples:
     ``rows`` hold each configuration's tokens/s, column ``k`` the ``k``-th sample (the
     same requests, order and seed for every row). What a sample does to every
@@ -158,14 +160,14 @@ def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False) -> No
     k = min((len(r) for r in rows), default=0)
     full = [[math.log(v) for v in r[:k]] for r in rows if all(v > 0 for v in r[:k])]
     if len(full) < 2 or k < 2:
-        return noise_floor(rows, simulated)
+        return noise_floor(rows, simulated, prior)
     c = len(full)
     grand = statistics.fmean(x for r in full for x in r)
     row_mean = [statistics.fmean(r) for r in full]
     col_mean = [statistics.fmean(r[j] for r in full) for j in range(k)]
     ss = sum((full[i][j] - row_mean[i] - col_mean[j] + grand) ** 2 for i in range(c) for j in range(k))
     dof = (c - 1) * (k - 1)
-    prior = prior_sd(simulated)
+    prior = prior_sd(simulated) if prior is None else prior
     return NoiseFloor(math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof)), dof, "paired repeats")
 
 
@@ -421,7 +423,7 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
          rounds: int, max_rounds: int | None = None, simulated: bool = False, history: Iterable[Sequence[float]] = (),
          on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None,
-         objective: str = "tokens", feasibility_min: float = FEASIBILITY) -> Confirmation:
+         objective: str = "tokens", feasibility_min: float = FEASIBILITY, prior: float | None = None) -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
@@ -459,8 +461,8 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
                                  f"start's noise of the {target:g} s target")
         alive = [c for c in alive if c.number not in out]
         # candidates still in were measured on the same samples: compare them paired
-        noise = (paired_noise([c.values for c in alive], simulated) if len(alive) >= 2
-                 else noise_floor([*history, *(c.values for c in field_)], simulated))
+        noise = (paired_noise([c.values for c in alive], simulated, prior) if len(alive) >= 2
+                 else noise_floor([*history, *(c.values for c in field_)], simulated, prior))
         if alive:
             leader = _leader(alive)
             for c in alive:

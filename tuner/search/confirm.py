@@ -9,7 +9,7 @@ from tuner.config import Deployment, ServeConfig
 from tuner.confirmation import FEASIBILITY, Candidate, candidates, race
 from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord, write_confirmation
-from tuner.search.boundary import lowest_p95
+from tuner.search.boundary import lowest_p95, study_objective_sd
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.slo import SloSet
@@ -91,7 +91,7 @@ def closeness(conf: Any) -> tuple[float, float]:
     return (sum(1 for v in values if v <= 0) / len(values), conf.worst_p95_s if conf.worst_p95_s is not None else 1e18)
 
 
-def study_noise(study: optuna.Study, simulated: bool) -> Any:
+def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None) -> Any:
     """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
     measurement grouped by configuration (copies of an earlier trial left out, so only
     confirmation repeats, the companion's, make a group of more than one)."""
@@ -108,7 +108,7 @@ def study_noise(study: optuna.Study, simulated: bool) -> Any:
         if t.state != TrialState.COMPLETE or rec.is_repeat or rec.config is None or not rec.feasible:
             continue
         groups.setdefault(config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
-    return noise_floor(groups.values(), simulated)
+    return noise_floor(groups.values(), simulated, prior)
 
 
 class WindowFull(Exception):
@@ -158,8 +158,10 @@ def confirm_winner(
     done = {(int(rec.confirm_of), int(rec.confirm_round or 0)): (t, rec)  # numbers of the companion's own
             for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(study))
             if rec.is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
-    noise = study_noise(study, backend.simulated)
     entries = distinct(originals, records)
+    # the objective's own noise (the edge moves with a start's TTFT), not the tokens/s noise alone
+    prior = study_objective_sd((records[t.number] for t, _ in entries), backend.simulated)
+    noise = study_noise(study, backend.simulated, prior)
     groups_of = {t.number: members for t, members in entries}
     pool = [Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
                       cap_bound(records[t.number]), [p for p in [p95_of(records[t.number])] if p is not None],
@@ -241,7 +243,7 @@ def confirm_winner(
         raced |= {c.number for c in field_}
         this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, simulated=backend.simulated,
                     history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective,
-                    feasibility_min=feasibility_min)
+                    feasibility_min=feasibility_min, prior=prior)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
             if not this.held:  # and the closest of the waves
