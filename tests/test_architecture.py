@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).parents[1] / "tuner"
 #: parts of its own layer and of the layers below, never above (ARCHITECTURE.md).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("core", frozenset({"errors", "values", "units", "versions", "jsonsafe", "yamlfile", "urls", "files",
-                        "interrupts", "processes", "control", "routing", "kernel_time", "progress"})),
+                        "interrupts", "processes", "control", "routing", "kernel_time", "progress", "knobs"})),
     ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation",
                         "slo"})),
     ("engines", frozenset({"sim", "replay", "probes", "estimation"})),

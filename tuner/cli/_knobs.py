@@ -1,5 +1,5 @@
-"""The vLLM knobs every command takes, declared once: :data:`KNOB_FLAGS` has each knob's
-``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
+"""The vLLM knobs every command takes, read from :data:`tuner.knobs.KNOBS`: :data:`KNOB_FLAGS` has
+each knob's ``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
 when not given: the command resolves its own default), and :func:`pins` turns the flags
 given and the repeatable ``--set knob=value`` into one ``{knob: value}``, checked against
 the knob's type and range (:func:`tuner.space.pin_value`). ``tuner search`` pins those knobs
@@ -14,24 +14,11 @@ import typer
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
+from tuner.knobs import KNOBS, knob
 
-#: Knob (a :class:`ServeConfig` field, a key of :data:`tuner.space.KNOBS`) → its ``vllm serve``
+#: Knob (a :class:`ServeConfig` field, a row of :data:`tuner.knobs.KNOBS`) → its ``vllm serve``
 #: flag (booleans take ``--no-<flag>`` too) and what it does.
-KNOB_FLAGS: dict[str, tuple[str, str]] = {
-    "gpu_memory_utilization": ("gpu-memory-utilization", "Fraction of TOTAL GPU memory vLLM may use, e.g. 0.9. "
-                               "Default: the version's (0.92 now, 0.9 in older lines)."),
-    "max_model_len": ("max-model-len", "Longest prompt+output in tokens, e.g. 8192. Default: the model's "
-                      "max_position_embeddings."),
-    "max_num_seqs": ("max-num-seqs", "Most requests running at once per replica, e.g. 256. Default by GPU "
-                     "memory (256, or 1024 on H100/H200)."),
-    "block_size": ("block-size", "KV-cache block in tokens, e.g. 16 (V1 backends need a multiple of 16)."),
-    "max_num_batched_tokens": ("max-num-batched-tokens", "Token budget per step, shared by decodes and "
-                               "prefill chunks, e.g. 8192. Default by GPU memory (2048 or 8192)."),
-    "enable_prefix_caching": ("enable-prefix-caching", "Reuse KV of shared prompt prefixes (vLLM's default: on)."),
-    "enforce_eager": ("enforce-eager", "No CUDA graphs: more KV memory, slower decode steps."),
-    "kv_cache_dtype": ("kv-cache-dtype", "auto (the model's dtype) or fp8 (half the KV bytes, twice the "
-                       "blocks; changes model outputs slightly), e.g. --kv-cache-dtype fp8."),
-}
+KNOB_FLAGS: dict[str, tuple[str, str]] = {k.name: (k.flag, k.help) for k in KNOBS}
 
 SET_HELP = ("Pin a knob at a value, repeatable; the knob by its name or vLLM flag: --set max_num_seqs=256 "
             "--set enforce-eager=true. Same as the knob's own flag.")
@@ -40,15 +27,14 @@ SET_HELP = ("Pin a knob at a value, repeatable; the knob by its name or vLLM fla
 def knob_option(name: str, more: str = "") -> Any:
     """The typer option of knob ``name`` (``--max-num-seqs``; ``--enforce-eager/--no-enforce-eager``
     for a boolean), ``None`` when not given; ``more`` is added to its help."""
-    from tuner.space import KNOBS
-
     flag, text = KNOB_FLAGS[name]
-    decl = f"--{flag}/--no-{flag}" if KNOBS[name] is bool else f"--{flag}"
+    decl = f"--{flag}/--no-{flag}" if knob(name).type is bool else f"--{flag}"
     return typer.Option(None, decl, help=f"{text}{more}")
 
 
 def _knob_named(text: str, said: str) -> str:
-    name = text.strip().removeprefix("--").replace("-", "_")
+    key = text.strip().removeprefix("--")
+    name = {k.flag: k.name for k in KNOBS}.get(key, key.replace("-", "_"))
     if name not in KNOB_FLAGS:
         raise InputError(f"{said}: {text.strip()!r} is not a knob", hint=f"knobs: {', '.join(KNOB_FLAGS)}")
     return name

@@ -8,6 +8,7 @@ import time
 
 from aiohttp import web
 
+from tuner.knobs import KNOBS
 from tuner.sim.server import SimServer
 
 
@@ -23,20 +24,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="Model name(s) clients use (default: the MODEL argument); responses carry the first.")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="Fraction of total GPU memory vLLM may use (vLLM's default if unset).")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="Most requests running at once.")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="Longest prompt+output in tokens (default: the model's).")
-    p.add_argument("--block-size", type=int, default=None, help="Tokens per KV cache block.")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="Token budget of one engine step (chunked prefill).")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="Reuse KV blocks of shared prompt prefixes (on by default since vLLM 0.7).")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="No CUDA graphs: no graph memory, slower small decode steps.")
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), help="KV cache element type.")
+    for knob in KNOBS:  # vllm serve's knob flags (tuner.knobs); unset: vLLM's default for the version
+        flag = f"--{knob.flag}"
+        if knob.type is bool and knob.negatable_since is not None:
+            p.add_argument(flag, dest=knob.name, action=argparse.BooleanOptionalAction, default=None, help=knob.help)
+        elif knob.type is bool:
+            p.add_argument(flag, dest=knob.name, action="store_true", help=knob.help)
+        else:
+            p.add_argument(flag, dest=knob.name, type=knob.type, default=knob.unset, choices=knob.choices or None,
+                           help=knob.help)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="GPUs one replica is split over.")
     p.add_argument("--dtype", default="auto", help="Weight/activation dtype (auto, half, bfloat16, ...).")
@@ -75,13 +71,8 @@ def build_server(args: argparse.Namespace) -> SimServer:
     deployment = Deployment(model=args.model, gpu=args.gpu, gpu_count=args.tensor_parallel_size,
                             vllm_version=version, dtype=args.dtype, quantization=args.quantization,
                             calibration=args.calibration)
-    config = ServeConfig(
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=prefix,
-        enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
-        tensor_parallel_size=args.tensor_parallel_size,
-    )
+    knobs = {k.name: getattr(args, k.name) for k in KNOBS}
+    config = ServeConfig(**{**knobs, "enable_prefix_caching": prefix}, tensor_parallel_size=args.tensor_parallel_size)
     plan = plan_memory(deployment, config)
     for line in plan.log_lines():
         _log(line)

@@ -19,7 +19,6 @@ def kind(value: Any) -> str:
     return kinds.get(type(value), f"a {type(value).__name__}")
 
 
-
 def check_keys(space: SearchSpace, data: Any, known: Any, where: tuple[Any, ...]) -> None:
     if not isinstance(data, dict):
         raise space.error(f"expected a mapping of keys, got {kind(data)}: {shown(data)}", where)

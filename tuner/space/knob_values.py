@@ -7,29 +7,21 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from tuner.config import KV_CACHE_DTYPES, ServeConfig
+from tuner.config import ServeConfig
 from tuner.errors import InputError
+from tuner.knobs import KNOBS as KNOB_ROWS, knob
 from tuner.values import is_int, is_number, shown
 
-#: Knobs a space may vary, with their Python type.
-KNOBS: dict[str, type] = {
-    "gpu_memory_utilization": float,
-    "max_num_seqs": int,
-    "max_model_len": int,
-    "block_size": int,
-    "max_num_batched_tokens": int,
-    "enable_prefix_caching": bool,
-    "enforce_eager": bool,
-    "kv_cache_dtype": str,
-}
+#: Knobs a space may vary, with their Python type (the rows of :data:`tuner.knobs.KNOBS`).
+KNOBS: dict[str, type] = {k.name: k.type for k in KNOB_ROWS}
 
 #: Knobs whose ``null`` means "vLLM's default" (ServeConfig fields that default to None).
 DEFAULT_NONE = {f.name for f in fields(ServeConfig) if f.default is None}
 
 
 def knob_problem(name: str, value: Any) -> tuple[str, str | None] | None:
-    """What is wrong with ``value`` as knob ``name``'s (not its type, or a KV cache dtype vLLM
-    does not have) as ``(message, hint)``; None when nothing is. A space file's value
+    """What is wrong with ``value`` as knob ``name``'s (not its type, or not one of its choices:
+    a KV cache dtype vLLM does not have) as ``(message, hint)``; None when nothing is. A space file's value
     (:func:`~tuner.space.parameters._typed`) and a pinned one (:func:`pin_value`) are checked by it alike."""
     typ = KNOBS[name]
     ok = (
@@ -40,12 +32,10 @@ def knob_problem(name: str, value: Any) -> tuple[str, str | None] | None:
     )
     if not ok:
         return f"{name} takes {typ.__name__} values, got {shown(value)}", None
-    if name == "kv_cache_dtype" and value not in KV_CACHE_DTYPES:
-        return f"kv_cache_dtype {shown(value)} is unknown", f"use one of {', '.join(KV_CACHE_DTYPES)}"
+    choices = knob(name).choices
+    if choices and value not in choices:
+        return f"{name} {shown(value)} is unknown", f"use one of {', '.join(choices)}"
     return None
-
-
-
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -95,13 +85,11 @@ def whole(value: Any) -> Any:
     return value
 
 
-
 def as_float(value: int | float) -> float:
     try:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
-
 
 
 def own_message(message: str, name: str) -> str:

@@ -9,7 +9,7 @@ from tuner.values import is_int, is_number, shown
 
 LOAD_KINDS = ("concurrency", "rate", "trace")
 
-# The ranges a workload may take (see also tuner.config's MAX_GPUS, MAX_TOKENS). Beyond
+# The ranges a workload may take (see also tuner.config's MAX_GPUS, tuner.knobs' MAX_TOKENS). Beyond
 # them the value is a typo that would cost gigabytes or hours before the first trial.
 #: Synthetic requests: every trial replays them a few times; 10M rows are ~0.5 GB of
 #: columns, a day of busy traffic.
