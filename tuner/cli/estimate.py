@@ -14,6 +14,7 @@ from tuner.cli._knobs import SET_HELP, build_deployment_config, knob_option, pin
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
+from tuner.knobs import KNOBS
 from tuner.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
@@ -177,7 +178,7 @@ def estimate_cmd(
     max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
     enforce_eager: bool | None = knob_option("enforce_eager"),
     kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
-    prefix_caching: bool | None = knob_option("enable_prefix_caching"),
+    enable_prefix_caching: bool | None = knob_option("enable_prefix_caching"),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
                                     "comma-separated users in flight, e.g. 5,10,20."),
@@ -208,17 +209,11 @@ def estimate_cmd(
       tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
           --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
     """
-    knobs, _ = pins({"gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
-                     "max_num_seqs": max_num_seqs, "block_size": block_size,
-                     "max_num_batched_tokens": max_num_batched_tokens, "enforce_eager": enforce_eager,
-                     "kv_cache_dtype": kv_cache_dtype, "enable_prefix_caching": prefix_caching}, set_)
+    given = dict(locals())
+    knobs, _ = pins({k.name: given[k.name] for k in KNOBS}, set_)
     deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
-        dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
-        gpu_memory_utilization=knobs.get("gpu_memory_utilization"), max_model_len=knobs.get("max_model_len"),
-        max_num_seqs=knobs.get("max_num_seqs"), block_size=knobs.get("block_size"),
-        max_num_batched_tokens=knobs.get("max_num_batched_tokens"), enforce_eager=knobs.get("enforce_eager", False),
-        kv_cache_dtype=knobs.get("kv_cache_dtype", "auto"), prefix_caching=knobs.get("enable_prefix_caching", True),
+        dtype=dtype, quantization=quantization, tp=tp, replicas=replicas, knobs=knobs,
     )
     users = parse_list(concurrency, int, "--concurrency")
     rates = parse_list(rate, float, "--rate")

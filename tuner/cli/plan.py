@@ -13,16 +13,11 @@ from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output
 from tuner.cli.search import warn
 from tuner.errors import InputError
+from tuner.knobs import KNOBS
 from tuner.progress import Observer
 
-_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
-          "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
-          "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype", "prefix_caching")
-
-
-#: The serve knobs among them, by their knob names (tuner.cli._knobs.KNOB_FLAGS).
-_SERVE_KNOBS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
-                "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype")
+#: The options that describe a configuration (a deployment and every knob of tuner.knobs).
+_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas", *(k.name for k in KNOBS))
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
@@ -37,12 +32,7 @@ def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
         model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpu_count=count, gpu_ids=ids,
         vllm_version=v["vllm_version"] or DEFAULT_VLLM_VERSION, dtype=v["dtype"] or "auto",
         quantization=None if (v["quantization"] or "none").lower() == "none" else v["quantization"],
-        tp=tp, replicas=replicas,
-        gpu_memory_utilization=v["gpu_memory_utilization"], max_model_len=v["max_model_len"],
-        max_num_seqs=v["max_num_seqs"], block_size=v["block_size"],
-        max_num_batched_tokens=v["max_num_batched_tokens"], enforce_eager=bool(v["enforce_eager"]),
-        kv_cache_dtype=v["kv_cache_dtype"] or "auto",
-        prefix_caching=True if v["prefix_caching"] is None else v["prefix_caching"],
+        tp=tp, replicas=replicas, knobs={k.name: v[k.name] for k in KNOBS if v[k.name] is not None},
     )
 
 
@@ -75,7 +65,7 @@ def plan_cmd(
     max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
     enforce_eager: bool | None = knob_option("enforce_eager"),
     kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
-    prefix_caching: bool | None = knob_option("enable_prefix_caching"),
+    enable_prefix_caching: bool | None = knob_option("enable_prefix_caching"),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
                                           "knob flags do (not with --study/--trial)."),
     trace: str = typer.Option(None, "--trace", help="Request log to replay instead of the study's workload (any "
@@ -152,9 +142,8 @@ def plan_cmd(
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
     values = dict(locals())
-    knobs, _ = pins({k: values[k] for k in _SERVE_KNOBS}, set_)
-    values.update({k: knobs.get(k) for k in _SERVE_KNOBS})
-    values["prefix_caching"] = knobs.get("enable_prefix_caching", prefix_caching)
+    knobs, _ = pins({k.name: values[k.name] for k in KNOBS}, set_)
+    values.update({k.name: knobs.get(k.name) for k in KNOBS})
     given = [k for k in _KNOBS if values[k] is not None]
     deployment = config = None
     if given:
