@@ -43,6 +43,18 @@ def test_a_flag_is_rendered_only_for_the_vllm_lines_that_have_it():
     assert prefix.render(False, "0.7.0") == ["--no-enable-prefix-caching"]
 
 
+def test_the_simulator_refuses_a_knob_its_vllm_line_does_not_have(monkeypatch):
+    import tuner.sim.memory.planner as planner
+
+    late = dataclasses.replace(knob("max_num_batched_tokens"), since="0.7")  # as if it came in 0.7
+    monkeypatch.setattr(planner, "KNOBS", tuple(late if k.name == late.name else k for k in KNOBS))
+    old = Deployment(vllm_version="0.6.3")
+    assert planner.plan_memory(old, ServeConfig()).num_gpu_blocks > 0  # unset: vLLM's default, nothing to refuse
+    with pytest.raises(InputError, match="vLLM 0.6.3 has no --max-num-batched-tokens"):
+        planner.plan_memory(old, ServeConfig(max_num_batched_tokens=4096))
+    assert planner.plan_memory(Deployment(vllm_version="0.26.0"), ServeConfig(max_num_batched_tokens=4096))
+
+
 @pytest.mark.parametrize("command", ["search", "estimate", "plan"])
 def test_every_knob_has_its_flag_on_the_commands_that_take_knobs(command):
     _register()

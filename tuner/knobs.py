@@ -6,7 +6,8 @@ switch, those that spell "off"), what it does, and the simulator's hook that app
 Read from here: ServeConfig's ranges and choices (:mod:`tuner.config`), the knobs a space may
 vary and their typing (:mod:`tuner.space`), the knob options and ``--set`` of ``tuner search``,
 ``estimate`` and ``plan`` (:mod:`tuner.cli._knobs`), ``tuner sim-serve``'s flags
-(:mod:`tuner.sim.command`) and the ``vllm serve`` command line (:mod:`tuner.backends.vllm_args`).
+(:mod:`tuner.sim.command`), the ``vllm serve`` command line (:mod:`tuner.backends.vllm_args`)
+and the simulator's refusal of a flag the vLLM line lacks (:func:`tuner.sim.memory.plan_memory`).
 Adding a knob is a row here, a ServeConfig field, and its effect in the simulator (the hook).
 
 vLLM's default for an unset knob depends on the version, GPU and model; the simulator's hook
@@ -29,17 +30,16 @@ MAX_TOKENS = 10_000_000
 MAX_NUM_SEQS = 65_536
 #: block_size in tokens: vLLM's --block-size choices stop at a few hundred.
 MAX_BLOCK_SIZE = 1024
-#: The oldest vLLM line tuner supports; every knob's flag exists there unless its row says.
-OLDEST = "0.6"
 
 
 @dataclass(frozen=True, slots=True)
 class Knob:
     """One ``vllm serve`` knob. ``unset``: the value that renders no flag (vLLM's own default
     then); ``high``: the largest whole number tuner plans for (int knobs, from 1); ``since``:
-    the first vLLM line with the flag; ``negatable_since``: for a switch, the first line that
-    takes ``--no-<flag>`` (before it "off" cannot be spelled, and is left out); ``sim``: the
-    simulator's function that applies it (``module:function``)."""
+    the first vLLM line with the flag (None: every line tuner follows); ``negatable_since``:
+    for a switch, the first line that takes ``--no-<flag>`` (before it "off" cannot be
+    spelled, and is left out); ``sim``: the simulator's function that applies it
+    (``module:function``)."""
 
     name: str
     type: type
@@ -49,28 +49,29 @@ class Knob:
     unset: Any = None
     high: int | None = None
     choices: tuple[Any, ...] = ()
-    since: str = OLDEST
+    since: str | None = None
     negatable_since: str | None = None
 
     def render(self, value: Any, version: str) -> list[str]:
         """``vllm serve``'s arguments for ``value`` under vLLM ``version``: none for ``unset``
         (and for "off" where the line cannot spell it); InputError where the line has no flag."""
-        v = parse_version(version)
-        if self.type is bool:
-            if value:
-                args = [f"--{self.flag}"]
-            elif self.negatable_since is not None and v >= parse_version(self.negatable_since):
-                args = [f"--no-{self.flag}"]
-            else:
-                args = []
-        elif value is None or value == self.unset:
-            args = []
-        else:
-            args = [f"--{self.flag}", f"{value:g}" if isinstance(value, float) else str(value)]
-        if args and v < parse_version(self.since):
+        self.check(value, version)
+        if self.type is not bool:
+            if value is None or value == self.unset:
+                return []
+            return [f"--{self.flag}", f"{value:g}" if isinstance(value, float) else str(value)]
+        if value:
+            return [f"--{self.flag}"]
+        negatable = self.negatable_since is not None and parse_version(version) >= parse_version(self.negatable_since)
+        return [f"--no-{self.flag}"] if negatable else []
+
+    def check(self, value: Any, version: str) -> None:
+        """InputError when ``value`` is set (not ``unset``, a switch on) and vLLM ``version``
+        has no flag for it."""
+        given = bool(value) if self.type is bool else value is not None and value != self.unset
+        if given and self.since is not None and parse_version(version) < parse_version(self.since):
             raise InputError(f"vLLM {version} has no --{self.flag} (it came in {self.since})",
                              hint=f"leave {self.name} unset, or use vLLM {self.since} or newer")
-        return args
 
 
 #: Every knob tuner sets, in the order ``vllm serve``'s command line and a space's listing take them.
