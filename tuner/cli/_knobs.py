@@ -1,14 +1,17 @@
 """The vLLM knobs every command takes, read from :data:`tuner.knobs.KNOBS`: :data:`KNOB_FLAGS` has
 each knob's ``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
-when not given: the command resolves its own default), and :func:`pins` turns the flags
+when not given: the command resolves its own default) and :func:`with_knob_options` one of each
+for a command, and :func:`pins` turns the flags
 given and the repeatable ``--set knob=value`` into one ``{knob: value}``, checked against
 the knob's type and range (:func:`tuner.space.pin_value`). ``tuner search`` pins those knobs
 (they are not searched); ``tuner estimate`` and ``tuner plan`` run the configuration they
 describe (:func:`build_deployment_config`)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional
 
 import typer
 
@@ -30,6 +33,30 @@ def knob_option(name: str, more: str = "") -> Any:
     flag, text = KNOB_FLAGS[name]
     decl = f"--{flag}/--no-{flag}" if knob(name).type is bool else f"--{flag}"
     return typer.Option(None, decl, help=f"{text}{more}")
+
+
+def with_knob_options(more: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A typer command with one option per row of :data:`tuner.knobs.KNOBS` (:func:`knob_option`,
+    ``more`` added to each help), placed before its ``set_`` parameter; the command receives them
+    as one ``knob_flags`` mapping (knob -> value, None when not given), as :func:`pins` takes it.
+    A knob added to the table is an option of every command so made."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "knob_flags"]
+        at = next(i for i, p in enumerate(params) if p.name == "set_")
+        options = [inspect.Parameter(k.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                     default=knob_option(k.name, more), annotation=Optional[k.type])
+                   for k in KNOBS]
+
+        @functools.wraps(command)
+        def run(**given: Any) -> Any:
+            knob_flags = {k.name: given.pop(k.name) for k in KNOBS}
+            return command(**given, knob_flags=knob_flags)
+
+        run.__signature__ = signature.replace(parameters=params[:at] + options + params[at:])  # type: ignore[attr-defined]
+        return run
+
+    return decorate
 
 
 def _knob_named(text: str, said: str) -> str:

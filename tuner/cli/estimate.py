@@ -10,11 +10,10 @@ from typing import Any
 import typer
 
 from tuner.cli.app import app
-from tuner.cli._knobs import SET_HELP, build_deployment_config, knob_option, pins
+from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
-from tuner.knobs import KNOBS
 from tuner.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
@@ -155,6 +154,7 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
 
 
 @app.command("estimate", short_help="vLLM's memory plan and a load table for one configuration.")
+@with_knob_options()
 def estimate_cmd(
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
                             "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
@@ -171,14 +171,6 @@ def estimate_cmd(
     tp: int = typer.Option(1, "--tp", "--tensor-parallel-size", help="Tensor-parallel size: GPUs "
                            "per replica; must divide the attention heads."),
     replicas: int = typer.Option(1, "--replicas", help="Independent engines (data parallel)."),
-    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization"),
-    max_model_len: int | None = knob_option("max_model_len"),
-    max_num_seqs: int | None = knob_option("max_num_seqs"),
-    block_size: int | None = knob_option("block_size"),
-    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
-    enforce_eager: bool | None = knob_option("enforce_eager"),
-    kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
-    enable_prefix_caching: bool | None = knob_option("enable_prefix_caching"),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
                                     "comma-separated users in flight, e.g. 5,10,20."),
@@ -195,6 +187,8 @@ def estimate_cmd(
                                      "1000 of the built-in mix or fixed lengths by default; with "
                                      "--trace, its first N rows (default: all)."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
+    *,
+    knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
     """What would vLLM do with this GPU, model and flags?
 
@@ -209,8 +203,7 @@ def estimate_cmd(
       tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
           --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
     """
-    given = dict(locals())
-    knobs, _ = pins({k.name: given[k.name] for k in KNOBS}, set_)
+    knobs, _ = pins(knob_flags, set_)
     deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpu_count=gpus or tp * replicas, vllm_version=vllm_version,
         dtype=dtype, quantization=quantization, tp=tp, replicas=replicas, knobs=knobs,
