@@ -126,16 +126,6 @@ def _text(space: SearchSpace, value: Any, where: tuple[Any, ...], *, limit: int)
     return text
 
 
-def check_keys(space: SearchSpace, data: Any, known: Any, where: tuple[Any, ...]) -> None:
-    if not isinstance(data, dict):
-        raise space.error(f"expected a mapping of keys, got {kind(data)}: {shown(data)}", where)
-    for key in data:
-        if key not in known:
-            raise space.error(
-                f"unknown key {shown(key)}", where + (key,), hint=f"known keys: {', '.join(sorted(known))}"
-            )
-
-
 def _parse_deployment(space: SearchSpace, data: Any) -> Deployment:
     check_keys(space, data, _DEPLOYMENT_KEYS, ("deployment",))
     values: dict[str, Any] = {}
