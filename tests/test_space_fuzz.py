@@ -28,7 +28,8 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tuner.config import MAX_GPUS, MAX_TOKENS
+from tuner.config import MAX_GPUS
+from tuner.knobs import MAX_TOKENS
 from tuner.errors import InputError
 from tuner.search import build_workload, num_heads
 from tuner.sim.calibration import DATA_DIR, load_calibration, memory_overrides, profile_section

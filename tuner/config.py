@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import InputError
+from tuner.knobs import KNOBS, knob
 from tuner.values import is_int, is_number, shown
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = knob("kv_cache_dtype").choices
 DTYPES = ("auto", "float16", "half", "bfloat16", "float32")
 QUANTIZATIONS = (None, "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors")
 
@@ -26,18 +27,10 @@ DEFAULT_VLLM_VERSION = "0.26.0"
 #: GPUs in one deployment (and the most a TP group or a replica count can use): well above
 #: the largest fleets one study tunes, small enough that every layout list stays short.
 MAX_GPUS = 4096
-#: max_model_len and max_num_batched_tokens: the longest context any current model
-#: advertises (10M tokens); vLLM refuses a longer max_model_len than the model's own.
-MAX_TOKENS = 10_000_000
-#: max_num_seqs: 64x vLLM's largest default (1024); a batch never gets near it.
-MAX_NUM_SEQS = 65_536
-#: block_size in tokens: vLLM's --block-size choices stop at a few hundred.
-MAX_BLOCK_SIZE = 1024
+#: The whole-number knobs' ranges (from 1; :data:`tuner.knobs.KNOBS`, with MAX_TOKENS, MAX_NUM_SEQS,
+#: MAX_BLOCK_SIZE) and the layout's.
 _INT_LIMITS = {
-    "max_num_seqs": MAX_NUM_SEQS,
-    "max_model_len": MAX_TOKENS,
-    "block_size": MAX_BLOCK_SIZE,
-    "max_num_batched_tokens": MAX_TOKENS,
+    **{k.name: k.high for k in KNOBS if k.type is int},
     "tensor_parallel_size": MAX_GPUS,
     "replicas": MAX_GPUS,
 }
@@ -75,7 +68,7 @@ class ServeConfig:
                 f"gpu_memory_utilization must be in (0, 1], got {shown(gmu)}",
                 hint="vLLM takes a fraction of total GPU memory, e.g. 0.9",
             )
-        for name in ("max_num_seqs", "max_model_len", "block_size", "max_num_batched_tokens"):
+        for name in (k.name for k in KNOBS if k.type is int):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or not 1 <= value <= _INT_LIMITS[name]):
                 raise InputError(

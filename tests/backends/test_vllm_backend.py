@@ -23,7 +23,7 @@ from tuner.config import Deployment, ServeConfig
 from tuner.errors import BackendError, ConfigRejected, EnvironmentFault
 from tuner.load import Concurrency
 from tuner.sim.memory import plan_memory
-from tuner.sim.server import build_parser
+from tuner.sim.command import build_parser
 from tuner.traffic.workload import Workload
 
 SIM = f"{sys.executable} -m tuner.sim.server --speed 20"

@@ -14,7 +14,8 @@ from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected
 from tuner.replay.metrics import parse_prometheus
 from tuner.sim.memory import plan_memory
-from tuner.sim.server import SimServer, _block_hashes, build_parser, build_server, main
+from tuner.sim.command import build_parser, build_server, main
+from tuner.sim.server import SimServer, _block_hashes
 
 _spec = importlib.util.spec_from_file_location(
     "stub_server", Path(__file__).resolve().parents[1] / "replay" / "stub_server.py")

@@ -7,7 +7,8 @@ Flag facts (checked against vLLM's ``engine/arg_utils.py`` history):
   flag (PR #29402), after which argparse rejects it. We pass it only before 0.10.
 * Prefix caching: the 0.6 line has a plain ``--enable-prefix-caching`` switch (off by
   default, no way to spell "off"); from 0.7 it is a BooleanOptionalAction ("Use
-  ``--no-enable-prefix-caching`` to disable explicitly") and V1 turns it on by default.
+  ``--no-enable-prefix-caching`` to disable explicitly") and V1 turns it on by default
+  (its row of :data:`tuner.knobs.KNOBS`: ``negatable_since="0.7"``).
 * ``--tensor-parallel-size``/``-tp``, ``--kv-cache-dtype``, ``--block-size``,
   ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len``,
   ``--gpu-memory-utilization``, ``--enforce-eager``, ``--dtype``, ``--quantization``
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigRejected, EnvironmentFault
+from tuner.knobs import KNOBS
 from tuner.versions import parse_version
 
 if TYPE_CHECKING:
@@ -36,23 +38,8 @@ def render_flags(
     ``None`` knobs are left out so vLLM picks its own default for its version."""
     v = parse_version(version)
     flags = ["--host", host, "--port", str(port)]
-    for flag, value in (
-        ("--gpu-memory-utilization", config.gpu_memory_utilization),
-        ("--max-num-seqs", config.max_num_seqs),
-        ("--max-model-len", config.max_model_len),
-        ("--block-size", config.block_size),
-        ("--max-num-batched-tokens", config.max_num_batched_tokens),
-    ):
-        if value is not None:
-            flags += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    if v >= (0, 7):
-        flags.append("--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching")
-    elif config.enable_prefix_caching:
-        flags.append("--enable-prefix-caching")
-    if config.enforce_eager:
-        flags.append("--enforce-eager")
-    if config.kv_cache_dtype != "auto":
-        flags += ["--kv-cache-dtype", config.kv_cache_dtype]
+    for knob in KNOBS:  # each knob's flag as its vLLM line spells it (tuner.knobs)
+        flags += knob.render(getattr(config, knob.name), version)
     if config.tensor_parallel_size > 1:
         flags += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if deployment.dtype != "auto":

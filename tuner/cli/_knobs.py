@@ -1,37 +1,27 @@
-"""The vLLM knobs every command takes, declared once: :data:`KNOB_FLAGS` has each knob's
-``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
-when not given: the command resolves its own default), and :func:`pins` turns the flags
+"""The vLLM knobs every command takes, read from :data:`tuner.knobs.KNOBS`: :data:`KNOB_FLAGS` has
+each knob's ``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
+when not given: the command resolves its own default) and :func:`with_knob_options` one of each
+for a command, and :func:`pins` turns the flags
 given and the repeatable ``--set knob=value`` into one ``{knob: value}``, checked against
 the knob's type and range (:func:`tuner.space.pin_value`). ``tuner search`` pins those knobs
 (they are not searched); ``tuner estimate`` and ``tuner plan`` run the configuration they
 describe (:func:`build_deployment_config`)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional
 
 import typer
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
+from tuner.knobs import KNOBS, knob
 
-#: Knob (a :class:`ServeConfig` field, a key of :data:`tuner.space.KNOBS`) → its ``vllm serve``
+#: Knob (a :class:`ServeConfig` field, a row of :data:`tuner.knobs.KNOBS`) → its ``vllm serve``
 #: flag (booleans take ``--no-<flag>`` too) and what it does.
-KNOB_FLAGS: dict[str, tuple[str, str]] = {
-    "gpu_memory_utilization": ("gpu-memory-utilization", "Fraction of TOTAL GPU memory vLLM may use, e.g. 0.9. "
-                               "Default: the version's (0.92 now, 0.9 in older lines)."),
-    "max_model_len": ("max-model-len", "Longest prompt+output in tokens, e.g. 8192. Default: the model's "
-                      "max_position_embeddings."),
-    "max_num_seqs": ("max-num-seqs", "Most requests running at once per replica, e.g. 256. Default by GPU "
-                     "memory (256, or 1024 on H100/H200)."),
-    "block_size": ("block-size", "KV-cache block in tokens, e.g. 16 (V1 backends need a multiple of 16)."),
-    "max_num_batched_tokens": ("max-num-batched-tokens", "Token budget per step, shared by decodes and "
-                               "prefill chunks, e.g. 8192. Default by GPU memory (2048 or 8192)."),
-    "enable_prefix_caching": ("enable-prefix-caching", "Reuse KV of shared prompt prefixes (vLLM's default: on)."),
-    "enforce_eager": ("enforce-eager", "No CUDA graphs: more KV memory, slower decode steps."),
-    "kv_cache_dtype": ("kv-cache-dtype", "auto (the model's dtype) or fp8 (half the KV bytes, twice the "
-                       "blocks; changes model outputs slightly), e.g. --kv-cache-dtype fp8."),
-}
+KNOB_FLAGS: dict[str, tuple[str, str]] = {k.name: (k.flag, k.help) for k in KNOBS}
 
 SET_HELP = ("Pin a knob at a value, repeatable; the knob by its name or vLLM flag: --set max_num_seqs=256 "
             "--set enforce-eager=true. Same as the knob's own flag.")
@@ -40,15 +30,38 @@ SET_HELP = ("Pin a knob at a value, repeatable; the knob by its name or vLLM fla
 def knob_option(name: str, more: str = "") -> Any:
     """The typer option of knob ``name`` (``--max-num-seqs``; ``--enforce-eager/--no-enforce-eager``
     for a boolean), ``None`` when not given; ``more`` is added to its help."""
-    from tuner.space import KNOBS
-
     flag, text = KNOB_FLAGS[name]
-    decl = f"--{flag}/--no-{flag}" if KNOBS[name] is bool else f"--{flag}"
+    decl = f"--{flag}/--no-{flag}" if knob(name).type is bool else f"--{flag}"
     return typer.Option(None, decl, help=f"{text}{more}")
 
 
+def with_knob_options(more: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A typer command with one option per row of :data:`tuner.knobs.KNOBS` (:func:`knob_option`,
+    ``more`` added to each help), placed before its ``set_`` parameter; the command receives them
+    as one ``knob_flags`` mapping (knob -> value, None when not given), as :func:`pins` takes it.
+    A knob added to the table is an option of every command so made."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        params = [p for p in signature.parameters.values() if p.name != "knob_flags"]
+        at = next(i for i, p in enumerate(params) if p.name == "set_")
+        options = [inspect.Parameter(k.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                     default=knob_option(k.name, more), annotation=Optional[k.type])
+                   for k in KNOBS]
+
+        @functools.wraps(command)
+        def run(**given: Any) -> Any:
+            knob_flags = {k.name: given.pop(k.name) for k in KNOBS}
+            return command(**given, knob_flags=knob_flags)
+
+        run.__signature__ = signature.replace(parameters=params[:at] + options + params[at:])  # type: ignore[attr-defined]
+        return run
+
+    return decorate
+
+
 def _knob_named(text: str, said: str) -> str:
-    name = text.strip().removeprefix("--").replace("-", "_")
+    key = text.strip().removeprefix("--")
+    name = {k.flag: k.name for k in KNOBS}.get(key, key.replace("-", "_"))
     if name not in KNOB_FLAGS:
         raise InputError(f"{said}: {text.strip()!r} is not a knob", hint=f"knobs: {', '.join(KNOB_FLAGS)}")
     return name
@@ -82,23 +95,14 @@ def pins(flags: Mapping[str, Any], sets: Iterable[str] | None = None) -> tuple[d
 
 def build_deployment_config(
     *, model: str, gpu: str, gpu_count: int, gpu_ids: tuple[int, ...] = (), vllm_version: str,
-    dtype: str, quantization: str | None, tp: int, replicas: int,
-    gpu_memory_utilization: float | None, max_model_len: int | None, max_num_seqs: int | None,
-    block_size: int | None, max_num_batched_tokens: int | None, enforce_eager: bool,
-    kv_cache_dtype: str, prefix_caching: bool,
+    dtype: str, quantization: str | None, tp: int, replicas: int, knobs: Mapping[str, Any],
 ) -> tuple[Deployment, ServeConfig]:
     """The machine (``--gpu``, ``--gpus``, ``--model``, ...) and the ``vllm serve`` flags
-    (``--tp``, ``--max-num-seqs``, ...) as the two objects the simulator and backends take;
-    ``None`` knobs mean vLLM's default for the version, GPU and model."""
+    (``--tp``, ``--max-num-seqs``, ...; ``knobs``: those given, by knob name, as :func:`pins`
+    returns them) as the two objects the simulator and backends take; a knob not given is
+    ServeConfig's default (``None``: vLLM's default for the version, GPU and model)."""
     deployment = Deployment(
         model=model, gpu=gpu, gpu_count=gpu_count, gpu_ids=gpu_ids, vllm_version=vllm_version,
         dtype=dtype, quantization=quantization,
     )
-    config = ServeConfig(
-        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, block_size=block_size,
-        max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
-        enforce_eager=enforce_eager, kv_cache_dtype=kv_cache_dtype, tensor_parallel_size=tp,
-        replicas=replicas,
-    )
-    return deployment, config
+    return deployment, ServeConfig(**knobs, tensor_parallel_size=tp, replicas=replicas)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from tuner.cli.app import app
-from tuner.cli._knobs import SET_HELP, build_deployment_config, knob_option, pins
+from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
@@ -162,6 +162,7 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
 
 
 @app.command("estimate", short_help="vLLM's memory plan and a load table for one configuration.")
+@with_knob_options()
 def estimate_cmd(
     gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
                             "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
@@ -178,14 +179,6 @@ def estimate_cmd(
     tp: int = typer.Option(1, "--tp", "--tensor-parallel-size", help="Tensor-parallel size: GPUs "
                            "per replica; must divide the attention heads."),
     replicas: int = typer.Option(1, "--replicas", help="Independent engines (data parallel)."),
-    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization"),
-    max_model_len: int | None = knob_option("max_model_len"),
-    max_num_seqs: int | None = knob_option("max_num_seqs"),
-    block_size: int | None = knob_option("block_size"),
-    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
-    enforce_eager: bool | None = knob_option("enforce_eager"),
-    kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
-    prefix_caching: bool | None = knob_option("enable_prefix_caching"),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
                                     "comma-separated users in flight, e.g. 5,10,20."),
@@ -202,6 +195,8 @@ def estimate_cmd(
                                      "1000 of the built-in mix or fixed lengths by default; with "
                                      "--trace, its first N rows (default: all)."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
+    *,
+    knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
     """What would vLLM do with this GPU, model and flags?
 
@@ -216,20 +211,13 @@ def estimate_cmd(
       tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
           --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
     """
-    knobs, _ = pins({"gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
-                     "max_num_seqs": max_num_seqs, "block_size": block_size,
-                     "max_num_batched_tokens": max_num_batched_tokens, "enforce_eager": enforce_eager,
-                     "kv_cache_dtype": kv_cache_dtype, "enable_prefix_caching": prefix_caching}, set_)
+    knobs, _ = pins(knob_flags, set_)
     from tuner.cli.search import parse_gpus
 
     count, ids = parse_gpus(gpus) if gpus else (tp * replicas, ())
     deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpu_count=count, gpu_ids=ids, vllm_version=vllm_version,
-        dtype=dtype, quantization=quantization, tp=tp, replicas=replicas,
-        gpu_memory_utilization=knobs.get("gpu_memory_utilization"), max_model_len=knobs.get("max_model_len"),
-        max_num_seqs=knobs.get("max_num_seqs"), block_size=knobs.get("block_size"),
-        max_num_batched_tokens=knobs.get("max_num_batched_tokens"), enforce_eager=knobs.get("enforce_eager", False),
-        kv_cache_dtype=knobs.get("kv_cache_dtype", "auto"), prefix_caching=knobs.get("enable_prefix_caching", True),
+        dtype=dtype, quantization=quantization, tp=tp, replicas=replicas, knobs=knobs,
     )
     users = parse_list(concurrency, int, "--concurrency")
     rates = parse_list(rate, float, "--rate")

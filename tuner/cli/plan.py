@@ -8,19 +8,14 @@ from typing import Any
 
 import typer
 
-from tuner.cli._knobs import SET_HELP, knob_option, pins
+from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
 from tuner.errors import InputError
+from tuner.knobs import KNOBS
 
-_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas",
-          "gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
-          "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype", "prefix_caching")
-
-
-#: The serve knobs among them, by their knob names (tuner.cli._knobs.KNOB_FLAGS).
-_SERVE_KNOBS = ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "block_size",
-                "max_num_batched_tokens", "enforce_eager", "kv_cache_dtype")
+#: The options that describe a configuration (a deployment and every knob of tuner.knobs).
+_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas", *(k.name for k in KNOBS))
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
@@ -35,16 +30,12 @@ def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
         model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpu_count=count, gpu_ids=ids,
         vllm_version=v["vllm_version"] or DEFAULT_VLLM_VERSION, dtype=v["dtype"] or "auto",
         quantization=None if (v["quantization"] or "none").lower() == "none" else v["quantization"],
-        tp=tp, replicas=replicas,
-        gpu_memory_utilization=v["gpu_memory_utilization"], max_model_len=v["max_model_len"],
-        max_num_seqs=v["max_num_seqs"], block_size=v["block_size"],
-        max_num_batched_tokens=v["max_num_batched_tokens"], enforce_eager=bool(v["enforce_eager"]),
-        kv_cache_dtype=v["kv_cache_dtype"] or "auto",
-        prefix_caching=True if v["prefix_caching"] is None else v["prefix_caching"],
+        tp=tp, replicas=replicas, knobs={k.name: v[k.name] for k in KNOBS if v[k.name] is not None},
     )
 
 
 @app.command("plan", short_help="How much traffic a configuration holds at a P95 TTFT target.")
+@with_knob_options()
 def plan_cmd(
     target_ttft: str = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 "
                                     "(seconds). Default: the study's target (5s for a config given here)."),
@@ -66,14 +57,6 @@ def plan_cmd(
     vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM release whose behaviour to follow."),
     tp: int = typer.Option(None, "--tp", "--tensor-parallel-size", help="GPUs per replica (must divide the heads)."),
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
-    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization"),
-    max_model_len: int | None = knob_option("max_model_len"),
-    max_num_seqs: int | None = knob_option("max_num_seqs"),
-    block_size: int | None = knob_option("block_size"),
-    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens"),
-    enforce_eager: bool | None = knob_option("enforce_eager"),
-    kv_cache_dtype: str | None = knob_option("kv_cache_dtype"),
-    prefix_caching: bool | None = knob_option("enable_prefix_caching"),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
                                           "knob flags do (not with --study/--trial)."),
     trace: str = typer.Option(None, "--trace", help="Request log to replay instead of the study's workload (any "
@@ -122,6 +105,8 @@ def plan_cmd(
                             "(studies/plans/ for a config given here)."),
     files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
+    *,
+    knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
     """How much traffic does this configuration hold at a P95 TTFT target?
 
@@ -152,9 +137,8 @@ def plan_cmd(
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
     values = dict(locals())
-    knobs, _ = pins({k: values[k] for k in _SERVE_KNOBS}, set_)
-    values.update({k: knobs.get(k) for k in _SERVE_KNOBS})
-    values["prefix_caching"] = knobs.get("enable_prefix_caching", prefix_caching)
+    knobs, _ = pins(knob_flags, set_)
+    values.update({k.name: knobs.get(k.name) for k in KNOBS})
     given = [k for k in _KNOBS if values[k] is not None]
     deployment = config = None
     if given:

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from tuner.cli._knobs import KNOB_FLAGS, SET_HELP, knob_option, pins
+from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
@@ -90,6 +90,7 @@ TIMEOUT_GRACE_S = 10.0
 
 
 @app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.")
+@with_knob_options(_PIN)
 def search_cmd(
     space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
     backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
@@ -121,17 +122,11 @@ def search_cmd(
     feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
     resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
-    gpu_memory_utilization: float | None = knob_option("gpu_memory_utilization", _PIN),
-    max_model_len: int | None = knob_option("max_model_len", _PIN),
-    max_num_seqs: int | None = knob_option("max_num_seqs", _PIN),
-    block_size: int | None = knob_option("block_size", _PIN),
-    max_num_batched_tokens: int | None = knob_option("max_num_batched_tokens", _PIN),
-    enable_prefix_caching: bool | None = knob_option("enable_prefix_caching", _PIN),
-    enforce_eager: bool | None = knob_option("enforce_eager", _PIN),
-    kv_cache_dtype: str | None = knob_option("kv_cache_dtype", _PIN),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + _PIN),
     recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
+    *,
+    knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
     """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
 
@@ -179,8 +174,7 @@ def search_cmd(
 
         ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
         target, slos = ttft or target, list(others)
-    given = locals()
-    pinned, where = pins({k: given[k] for k in KNOB_FLAGS}, set_)
+    pinned, where = pins(knob_flags, set_)
     workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
     alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with Bar("trials", budget, best=True, objective=objective) as progress, \

@@ -26,7 +26,7 @@ from tuner.cli.app import app
     ),
 )
 def sim_serve(ctx: typer.Context) -> None:
-    from tuner.sim.server import main
+    from tuner.sim.command import main
 
     code = main(list(ctx.args))
     if code:

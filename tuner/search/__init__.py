@@ -41,7 +41,10 @@ sampler, log paths, plan facts).
 
 The package, one noun a module, each importing only those below it:
 
-* :mod:`~tuner.search.driver` — :func:`run_search`: the study, its trials, resume, workers;
+* :mod:`~tuner.search.run` — :func:`run_search`; :mod:`~tuner.search.driver` — its
+  :class:`SearchRun`: the study, its trials, resume, workers (set up by
+  :mod:`~tuner.search.setup`; :mod:`~tuner.search.settings`, :mod:`~tuner.search.outcome`
+  what it takes and leaves);
 * :mod:`~tuner.search.confirm` — the winner's repeat measurements (decided by
   :mod:`tuner.confirmation`);
 * :mod:`~tuner.search.pruning` and :mod:`~tuner.search.prediction` — the simulator as
@@ -66,7 +69,10 @@ from typing import Any
 from tuner.search.command import serve_command
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
-from tuner.search.driver import SearchOutcome, SearchRun, SearchSettings, run_search, warm_start_configs
+from tuner.search.driver import SearchRun
+from tuner.search.outcome import SearchOutcome
+from tuner.search.run import run_search, warm_start_configs
+from tuner.search.settings import SearchSettings
 from tuner.search.goodput import (
     EDGE_TOLERANCE,
     MAX_ERROR_RATE,

@@ -1,7 +1,7 @@
 """The study driver: run (or resume) an Optuna study of a search space until it holds its
 budget of finished trials, then confirm its winner.
 
-:func:`run_search` opens the study, queues vLLM's defaults and warm-start configurations
+:func:`~tuner.search.run.run_search` opens the study (:mod:`tuner.search.setup`), queues vLLM's defaults and warm-start configurations
 first, and runs a :class:`SearchRun`: per trial the sampler proposes a configuration, a
 configuration already measured is copied (``repeat_of``), the predictor may prune it
 (:mod:`tuner.search.pruning`), else :func:`~tuner.search.objective.evaluate_config`
@@ -14,37 +14,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import EndpointFault, EnvironmentFault, InputError
+from tuner.config import ServeConfig
+from tuner.errors import EndpointFault, EnvironmentFault
 from tuner.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.jsonsafe import json_safe
-from tuner.record import QUEUED, RunFacts, StudyRecord, TrialRecord, write
-from tuner.confirmation import FEASIBILITY
-from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, WindowFull, confirm_winner, study_noise
-from tuner.search.defaults import default_trials
-from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
+from tuner.record import QUEUED, RunFacts, TrialRecord, write
+from tuner.search.confirm import WindowFull, confirm_winner, study_noise
 from tuner.search.blame import environment_fault
 from tuner.search.window import trial_estimate
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
-from tuner.search.objective import CONSTRAINT, OBJECTIVE_UNITS, OBJECTIVES, evaluate_config
+from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.progress import Observer, observer_or_headless
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
-from tuner.search.records import (
-    check_gpu,
-    mark_trial_failed,
-    report_stale_servers,
-    same_config,
-    stamp_study,
-)
-from tuner.search.samplers import make_sampler
-from tuner.storage import guard_storage
+from tuner.search.outcome import SearchOutcome
+from tuner.search.records import check_gpu, mark_trial_failed, same_config
+from tuner.search.settings import SearchSettings
+from tuner.search.setup import StudySetup
 from tuner.search.boundary import incumbent as sure_incumbent
 from tuner.search.boundary import lowest_p95, sampler_constraint
-from tuner.study import best_feasible_trial, count_finished, open_study, study_name, top_feasible_trials
+from tuner.study import best_feasible_trial, count_finished, study_name
 
 if TYPE_CHECKING:
     import optuna
@@ -59,132 +51,7 @@ if TYPE_CHECKING:
 ENVIRONMENT_FAULTS_TO_STOP = 2
 
 
-@dataclass(slots=True)
-class SearchOutcome:
-    """What a run of a study left: the study, its recommendation (``best``, None when no
-    configuration met the target) and what this run did."""
-
-    study: optuna.Study
-    name: str
-    storage: str | None
-    best: FrozenTrial | None
-    finished: int
-    new_trials: int
-    wall_s: float
-    gpu_s: float  # startup + replay seconds of this session's trials
-    notes: list[str] = field(default_factory=list)
-    timed_out: bool = False
-    confirmation: Any = None  # tuner.confirmation.Confirmation of the study's winner, when made
-    deployment: Deployment | None = None
-    target_ttft_s: float | None = None
-    backend: str | None = None  # the backend's name
-    slos: tuple[str, ...] = ()  # every SLO the study met (``p95:ttft<=2s`` first)
-    copies: int = 0  # of ``new_trials``: configurations measured before, re-read (free up to FREE_COPIES)
-
-    def slo_text(self) -> str:
-        """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
-        from tuner.slo import SloSet
-
-        if len(self.slos) > 1:
-            return SloSet.of(self.slos).describe()
-        return f"P95 TTFT <= {self.target_ttft_s:g} s"
-
-
-@dataclass(frozen=True, slots=True)
-class SearchSettings:
-    """How a study measures (the knobs of :func:`run_search` that are not its inputs)."""
-
-    budget: int = 40
-    timeout_s: float | None = None
-    sampler: str = "tpe"
-    seed: int = 0
-    precheck: bool = True
-    early_stop: bool = True
-    max_replays: int = MAX_REPLAYS
-    confirm: int = CONFIRM_ROUNDS
-    confirm_max: int = CONFIRM_MAX_ROUNDS
-    edge_tolerance: float = EDGE_TOLERANCE
-    kill_stale: bool = False
-    feasibility: float = FEASIBILITY  #: a race candidate near the target stays in only above this probability
-    objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
-    resume_anyway: bool = False  #: resume a study whose space was another (:meth:`SearchRun._check_space`)
-
-    def __post_init__(self) -> None:
-        if self.budget < 1:
-            raise InputError(f"--budget must be >= 1, got {self.budget}")
-        if not 0 < self.feasibility < 1:
-            raise InputError(f"--feasibility must be a probability in (0, 1), got {self.feasibility:g}",
-                             hint="e.g. --feasibility 0.9")
-        if self.objective not in OBJECTIVES:
-            raise InputError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")
-
-
-@guard_storage
-def run_search(
-    space: SearchSpace,
-    *,
-    backend: Backend | str = "sim",
-    workload: Workload | None = None,
-    budget: int = 40,
-    timeout_s: float | None = None,
-    storage: str | None = None,
-    study: str | None = None,
-    sampler: str = "tpe",
-    seed: int = 0,
-    enqueue: Sequence[ServeConfig] = (),
-    precheck: bool = True,
-    early_stop: bool = True,
-    max_replays: int = MAX_REPLAYS,
-    observer: Observer | None = None,
-    tags: dict[str, Any] | None = None,
-    predictor: Predictor | str | None = "auto",
-    kill_stale: bool = False,
-    confirm: int = CONFIRM_ROUNDS,
-    confirm_max: int = CONFIRM_MAX_ROUNDS,
-    edge_tolerance: float = EDGE_TOLERANCE,
-    objective: str = "tokens",
-    feasibility: float = FEASIBILITY,
-    resume_anyway: bool = False,
-) -> SearchOutcome:
-    """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
-    or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
-    ``precheck`` is always the simulator's memory planner when the backend has one.
-    Several processes may run it on one server-database study (:mod:`tuner.workers`:
-    the budget is global). ``tags`` are stamped on every new trial, and a configuration
-    is only reused from a trial with the same tags and workload.
-
-    ``predictor`` (:mod:`tuner.search.prediction`): ``"auto"`` uses the simulator for a
-    backend that starts the configuration on real GPUs (``restarts`` and
-    ``measures_gpu_time``: vLLM) when it can model the deployment (a trial then starts its goodput search
-    at the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
-    is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`.
-
-    Trials that measure nothing (:mod:`tuner.recovery`) — interrupted by a signal or by
-    ``timeout_s`` (which also cuts a hung start or replay), or failed by the environment
-    — do not use the budget and are queued again when the study resumes; two
-    environment faults in a row stop the run (:class:`EnvironmentFault`). Servers a
-    dead run left behind are reported through ``observer.on_warning`` and stopped only
-    with ``kill_stale``.
-
-    Every trial replays the same requests in the same order with the same arrival seed
-    (common random numbers: differences between trials are the configurations', not the
-    sample's). Once the budget is spent, the configurations within the noise band of the
-    best are measured ``confirm`` more times each on new samples (and up to
-    ``confirm_max`` times while one that differs from the leader in a knob that changes
-    speed is still tied with it), and the study's recommendation is made on those repeats
-    (:mod:`tuner.confirmation`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
-    trial must come (share of the load, closed loop at least one user). ``objective``: what a
-    trial scores at its edge, ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO,
-    as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``)."""
-    settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
-                              early_stop=early_stop, max_replays=max_replays, confirm=confirm,
-                              confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              objective=objective, feasibility=feasibility, resume_anyway=resume_anyway)
-    return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
-                     tags=tags, predictor=predictor).run()
-
-
-class SearchRun:
+class SearchRun(StudySetup):
     """One process's run of a study (:func:`run_search` builds it): set up in
     ``__init__`` (nothing written yet but the study), trials in :meth:`objective`."""
 
@@ -229,77 +96,6 @@ class SearchRun:
         self.worker: Any = None
 
     # -- set-up ---------------------------------------------------------------------------
-    def _predictor(self, predictor: Predictor | str | None) -> Predictor | None:
-        if predictor == "auto":
-            from tuner.search.prediction import sim_predictor
-
-            s = self.settings
-            # worth predicting: a server started with the configuration, whose trials cost GPU time
-            if self.backend.restarts and self.backend.measures_gpu_time and s.precheck and s.early_stop:
-                return sim_predictor(self.deployment, self.workload, self.slos, self.space.workload.load)
-            return None
-        if isinstance(predictor, str):
-            raise InputError(f"unknown predictor {predictor!r}", hint="use 'auto', or none")
-        return predictor
-
-    def _open(self) -> optuna.Study:
-        from tuner.workers import worker_seed
-
-        s = self.settings
-        st = open_study(self.name, self.storage,
-                        sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
-        stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
-                     self.target, s.objective)
-        record = StudyRecord.from_study(st)
-        if record.objective not in (None, s.objective):
-            raise InputError(
-                f"study {self.name!r} scores {record.objective} ({OBJECTIVE_UNITS[record.objective]}), not "
-                f"{s.objective}: its trials' values would mix two units",
-                hint=f"resume it with --objective {record.objective}, or give --study a new name")
-        if record.slos != self.slos.texts[1:]:
-            raise InputError(
-                f"study {self.name!r} was searched for {', '.join(record.slos) or 'P95 TTFT alone'}, not "
-                f"{', '.join(self.slos.texts[1:]) or 'P95 TTFT alone'}: its trials' feasibility would mix two SLO sets",
-                hint="resume it with the same --slo options, or give --study a new name",
-            )
-        self._check_space(record)
-        stamped = record.target_ttft_s
-        if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
-            raise InputError(
-                f"study {self.name!r} was searched for P95 TTFT <= {float(stamped):g} s, not {self.target:g} s: "
-                "its trials' feasibility would mix two targets",
-                hint=f"resume it with --target-ttft {float(stamped):g}s, or give --study a new name",
-            )
-        report_stale_servers(self.obs, s.kill_stale)
-        self.obs.on_start(self.name, count_finished(st), s.budget)
-        return st
-
-    def _check_space(self, record: StudyRecord) -> None:
-        """The space is part of the study's identity: the same name with another space is
-        refused (its best trial may lie outside the new space), unless ``resume_anyway``."""
-        from tuner.space import space_difference
-
-        if record.space_fingerprint in (None, self.space.fingerprint()):
-            return
-        what = space_difference(record.space_content or {}, self.space.content())
-        if not self.settings.resume_anyway:
-            raise InputError(f"study {self.name!r} was searched over another space ({what})",
-                             hint="give --study a new name for the new space, or --resume-anyway to add its "
-                                  "trials to the old ones")
-        self.obs.on_warning(f"resuming study {self.name!r} over another space than it was made with ({what})")
-
-    def _enqueue(self, enqueue: Sequence[ServeConfig]) -> None:
-        """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
-        trials = self.study.get_trials(deepcopy=False)
-        waiting = {tuple(sorted(t.params.items())) for t in trials}
-        first = [(self.space.params_of(c), TrialRecord(warm_start=True).to_attrs()) for c in enqueue]
-        if not trials and self.settings.sampler.lower() in ("tpe", "gp"):
-            first += [(p, TrialRecord(vllm_defaults=True).to_attrs()) for p in default_trials(self.space)]
-        for params, attrs in first:
-            if tuple(sorted(params.items())) not in waiting:
-                waiting.add(tuple(sorted(params.items())))
-                self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
-
     # -- one trial ------------------------------------------------------------------------
     def objective(self, trial: optuna.Trial) -> float:
         import optuna
@@ -551,15 +347,3 @@ class SearchRun:
         finally:
             if lock is not None:
                 lock.close()
-
-
-def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,
-                       seed: int = 0, storage: str | None = None, observer: Observer | None = None,
-                       ) -> list[ServeConfig]:
-    """Run (or reuse) a simulator study of the same space and workload and return its
-    ``k`` best feasible configurations, to enqueue as the first real trials."""
-    from tuner.study import trial_config
-
-    outcome = run_search(space, backend="sim", workload=workload, budget=budget, seed=seed,
-                         storage=storage, observer=observer)
-    return [trial_config(t) for t in top_feasible_trials(outcome.study, k)]

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.search.driver import SearchOutcome, SearchSettings, run_search, warm_start_configs
+from tuner.search.outcome import SearchOutcome
+from tuner.search.run import run_search, warm_start_configs
+from tuner.search.settings import SearchSettings
 from tuner.search.inputs import build_workload, get_backend_by_name, num_heads
 
 if TYPE_CHECKING:

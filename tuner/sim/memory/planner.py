@@ -7,6 +7,7 @@ import math
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import ConfigRejected
+from tuner.knobs import KNOBS
 from tuner.sim.hardware import get_gpu
 from tuner.sim.memory.defaults import (
     CUDAGRAPH_ESTIMATE_SINCE,
@@ -66,6 +67,8 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     does not fit) come back in ``plan.error`` with the rest of the plan filled in, so a
     what-if can show the arithmetic; other refusals still raise.
     """
+    for knob in KNOBS:  # a flag the version does not have: refused before anything starts, as render_flags does
+        knob.check(getattr(config, knob.name), deployment.vllm_version)
     gpu = get_gpu(deployment.gpu)
     model = load_model(deployment.model)
     version = parse_version(deployment.vllm_version)

@@ -1,0 +1,39 @@
+"""How a study measures (:class:`SearchSettings`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.confirmation import FEASIBILITY
+from tuner.errors import InputError
+from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS
+from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
+from tuner.search.objective import OBJECTIVES
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    """How a study measures (the knobs of :func:`run_search` that are not its inputs)."""
+
+    budget: int = 40
+    timeout_s: float | None = None
+    sampler: str = "tpe"
+    seed: int = 0
+    precheck: bool = True
+    early_stop: bool = True
+    max_replays: int = MAX_REPLAYS
+    confirm: int = CONFIRM_ROUNDS
+    confirm_max: int = CONFIRM_MAX_ROUNDS
+    edge_tolerance: float = EDGE_TOLERANCE
+    kill_stale: bool = False
+    feasibility: float = FEASIBILITY  #: a race candidate near the target stays in only above this probability
+    objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
+    resume_anyway: bool = False  #: resume a study whose space was another (:meth:`SearchRun._check_space`)
+
+    def __post_init__(self) -> None:
+        if self.budget < 1:
+            raise InputError(f"--budget must be >= 1, got {self.budget}")
+        if not 0 < self.feasibility < 1:
+            raise InputError(f"--feasibility must be a probability in (0, 1), got {self.feasibility:g}",
+                             hint="e.g. --feasibility 0.9")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"--objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}")

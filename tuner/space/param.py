@@ -1,0 +1,131 @@
+"""One searched knob (:class:`Param`) and layouts (``tp2x4``: tensor-parallel size x replicas)."""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import MAX_GPUS
+from tuner.errors import InputError
+from tuner.values import shown
+
+if TYPE_CHECKING:
+    import optuna
+
+_LAYOUT_RE = re.compile(r"^tp(\d+)x(\d+)$")
+
+
+def parse_layout(text: str) -> tuple[int, int]:
+    """``"tp2x4"`` → ``(2, 4)``: tensor-parallel size 2, 4 replicas."""
+    m = _LAYOUT_RE.match(str(text).strip().lower()) if isinstance(text, str) else None
+    if not m or m.group(1).strip("0") == "" or m.group(2).strip("0") == "":
+        raise InputError(f"cannot read layout {shown(text)}", hint="write tp<TP>x<replicas>, e.g. tp2x4")
+    if max(len(m.group(1)), len(m.group(2))) > 6 or max(int(m.group(1)), int(m.group(2))) > MAX_GPUS:
+        raise InputError(f"layout {shown(text)} uses more GPUs than tuner plans for (1-{MAX_GPUS})")
+    return int(m.group(1)), int(m.group(2))
+
+
+def layout_name(tp: int, replicas: int) -> str:
+    return f"tp{tp}x{replicas}"
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One searched knob: a range (``low``/``high``, optional ``step``, ``log``) or ``choices``."""
+
+    name: str
+    kind: str  # "int" | "float" | "categorical" | "ordinal"
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("int", "float", "categorical", "ordinal"):
+            raise InputError(f"parameter {self.name}: unknown kind {self.kind!r}")
+        if self.kind in ("categorical", "ordinal"):
+            if not self.choices:
+                raise InputError(f"parameter {self.name}: empty choices")
+            if self.kind == "ordinal" and list(self.choices) != sorted(set(self.choices)):
+                raise InputError(f"parameter {self.name}: ordinal choices must be distinct and ascending")
+            return
+        if self.low is None or self.high is None or not self.low <= self.high:
+            raise InputError(f"parameter {self.name}: need low <= high, got {self.low}..{self.high}")
+        if self.log and (self.step is not None or self.low <= 0):
+            raise InputError(f"parameter {self.name}: log scale needs low > 0 and no step")
+
+    @property
+    def key(self) -> str:
+        """The name Optuna stores: the knob, or ``<knob>_index`` for ordered choices."""
+        return f"{self.name}_index" if self.kind == "ordinal" else self.name
+
+    def encode(self, value: Any) -> Any:
+        """Knob value → the trial parameter's value (an index for ordered choices)."""
+        return self.choices.index(self.nearest(value)) if self.kind == "ordinal" else value
+
+    def decode(self, value: Any) -> Any:
+        """Trial parameter value → knob value."""
+        return self.choices[int(value)] if self.kind == "ordinal" else value
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.kind == "ordinal":  # an int index: the sampler sees that 64 lies between 32 and 128
+            return self.choices[trial.suggest_int(self.key, 0, len(self.choices) - 1)]
+        if self.kind == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.kind == "int":
+            return trial.suggest_int(
+                self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
+            )
+        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+
+    def grid_values(self, points: int = 4) -> tuple[Any, ...]:
+        """A discretised version: the choices, the steps (when few), or ``points`` values
+        spread evenly (geometrically for log scale) between low and high."""
+        if self.kind in ("categorical", "ordinal"):
+            return self.choices
+        lo, hi = float(self.low), float(self.high)
+        if self.step is not None and (hi - lo) / self.step + 1 <= points:
+            values = [lo + i * self.step for i in range(int(round((hi - lo) / self.step)) + 1)]
+        elif self.log:
+            values = list(lo * (hi / lo) ** (i / max(points - 1, 1)) for i in range(points))
+        else:
+            values = list(lo + (hi - lo) * i / max(points - 1, 1) for i in range(points))
+        if self.kind == "int":
+            step = int(self.step or 1)
+            values = [int(lo + round((v - lo) / step) * step) for v in values]
+        else:
+            values = [round(v, 4) for v in values]
+        return tuple(dict.fromkeys(values))
+
+    def nearest(self, value: Any) -> Any:
+        """The value of this parameter closest to ``value`` (a choice, or a point of the
+        range on its step); the first choice when nothing compares."""
+        if self.kind in ("categorical", "ordinal"):
+            if value in self.choices:
+                return value
+            numeric = [c for c in self.choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+            if numeric and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return min(numeric, key=lambda c: (abs(c - value), c))
+            return self.choices[0]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            value = (self.low + self.high) / 2
+        value = min(max(value, self.low), self.high)
+        if self.step:
+            value = self.low + round((value - self.low) / self.step) * self.step
+        return int(round(value)) if self.kind == "int" else round(float(value), 6)
+
+    def contains(self, value: Any) -> bool:
+        if self.kind in ("categorical", "ordinal"):
+            return value in self.choices
+        return value is not None and self.low <= value <= self.high
+
+
+def choice_param(name: str, choices: Sequence[Any]) -> Param:
+    """A parameter over ``choices``: ordered (an index the sampler can interpolate) when
+    they are three or more numbers, else categorical."""
+    numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices)
+    if numeric and len(choices) >= 3:
+        return Param(name, "ordinal", choices=tuple(sorted(choices)))
+    return Param(name, "categorical", choices=tuple(choices))

@@ -1,0 +1,190 @@
+"""A parsed search space (:class:`SearchSpace`): binding to a deployment, sampling, identity,
+pinning; and :func:`space_difference`."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import Deployment, ServeConfig
+from tuner.errors import InputError
+from tuner.space.knob_values import KNOBS, pin_value
+from tuner.space.param import Param, choice_param, layout_name, parse_layout
+from tuner.space.workload import WorkloadSpec
+from tuner.values import shown
+from tuner.yamlfile import line_of
+
+if TYPE_CHECKING:
+    import optuna
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    """A parsed search space. ``layouts`` is ``None`` for ``auto`` until :meth:`bind`."""
+
+    name: str
+    deployment: Deployment
+    workload: WorkloadSpec
+    params: tuple[Param, ...] = ()
+    fixed: tuple[tuple[str, Any], ...] = ()
+    layouts: tuple[tuple[int, int], ...] | None = None
+    description: str = ""
+    path: str = "<space>"
+    lines: dict[tuple[Any, ...], int] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- binding to a deployment ------------------------------------------------------
+    def bind(self, deployment: Deployment, num_heads: int) -> SearchSpace:
+        """The space for ``deployment`` (whose model has ``num_heads`` attention heads):
+        ``auto`` layouts resolved, explicit ones checked (tp x replicas <= GPUs, TP
+        divides the heads)."""
+        gpus = deployment.gpu_count
+        if self.layouts is None:
+            tps = [tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= gpus and num_heads % tp == 0]
+            layouts = tuple((tp, gpus // tp) for tp in tps)
+        else:
+            layouts = self.layouts
+            for tp, replicas in layouts:
+                name = layout_name(tp, replicas)
+                if tp * replicas > gpus:
+                    raise self.error(
+                        f"layout {name} needs {tp * replicas} GPUs, the deployment has {gpus}",
+                        ("layouts",), hint=f"keep tp x replicas <= {gpus}, or pass --gpus",
+                    )
+                if num_heads % tp:
+                    raise self.error(
+                        f"layout {name}: tensor-parallel size {tp} does not divide the "
+                        f"{num_heads} attention heads of {deployment.model}",
+                        ("layouts",), hint="use a TP that divides the heads, or layouts: auto",
+                    )
+        return _replace(self, deployment=deployment, layouts=layouts)
+
+    # -- sampling ---------------------------------------------------------------------
+    @property
+    def layout_choices(self) -> tuple[str, ...]:
+        return tuple(layout_name(tp, r) for tp, r in (self.layouts or ((1, self.deployment.gpu_count),)))
+
+    def suggest(self, trial: optuna.Trial) -> ServeConfig:
+        """Ask ``trial`` for every searched knob and build the :class:`ServeConfig`."""
+        values = dict(self.fixed)
+        for p in self.params:
+            values[p.name] = p.suggest(trial)
+        return self._config(values, self._layout(trial))
+
+    def _layout(self, trial: optuna.Trial) -> str:
+        choices = self.layout_choices
+        return choices[0] if len(choices) == 1 else trial.suggest_categorical("layout", list(choices))
+
+    def _config(self, values: dict[str, Any], layout: str) -> ServeConfig:
+        # float steps come back from Optuna as 0.9099999999999999: keep the flag readable
+        values = {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
+        tp, replicas = parse_layout(layout)
+        return ServeConfig(**values, tensor_parallel_size=tp, replicas=replicas)
+
+    # -- identity ---------------------------------------------------------------------
+    def content(self) -> dict[str, Any]:
+        """What the space searches, as data: each knob's kind and range or choices, the fixed
+        values and the layouts (not its name, comments, order or file). Part of a study's identity."""
+        from tuner.jsonsafe import json_safe
+
+        knobs = {}
+        for p in sorted(self.params, key=lambda p: p.name):
+            knob: dict[str, Any] = {"kind": p.kind}
+            if p.choices:
+                knob["choices"] = list(p.choices)
+            else:
+                knob.update({"low": p.low, "high": p.high, **({"step": p.step} if p.step is not None else {}),
+                             **({"log": True} if p.log else {})})
+            knobs[p.name] = knob
+        return json_safe({"params": knobs, "fixed": dict(sorted(self.fixed)), "layouts": list(self.layout_choices)})
+
+    def fingerprint(self) -> str:
+        """12 hex digits of :meth:`content`: two files that parse to the same space share it."""
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.content(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def config_from_params(self, params: dict[str, Any]) -> ServeConfig:
+        """The :class:`ServeConfig` of a trial's ``params`` (as Optuna stores them)."""
+        values = dict(self.fixed)
+        values.update({p.name: p.decode(params[p.key]) for p in self.params if p.key in params})
+        return self._config(values, params.get("layout", self.layout_choices[0]))
+
+    def params_of(self, config: ServeConfig) -> dict[str, Any]:
+        """Trial params for ``config`` (for ``study.enqueue_trial``)."""
+        params = {p.key: p.encode(getattr(config, p.name)) for p in self.params}
+        if len(self.layout_choices) > 1:
+            params["layout"] = layout_name(config.tensor_parallel_size, config.replicas)
+        return params
+
+    def grid(self, points: int = 4) -> dict[str, list[Any]]:
+        """A discretised version of the space for ``GridSampler`` (``points`` per range)."""
+        grid = {p.key: [p.encode(v) for v in p.grid_values(points)] for p in self.params}
+        if len(self.layout_choices) > 1:
+            grid["layout"] = list(self.layout_choices)
+        return grid
+
+    def discretised(self, points: int = 4) -> SearchSpace:
+        """The same space with every range replaced by its grid values as choices."""
+        params = tuple(choice_param(p.name, p.grid_values(points)) for p in self.params)
+        return _replace(self, params=params)
+
+    def pinned(self, values: Mapping[str, Any], where: Mapping[str, str] | None = None) -> SearchSpace:
+        """The space with each knob of ``values`` fixed at its value (taken out of the
+        search), named ``<name>+max_num_seqs=256`` so that a pinned search is a study of its
+        own. ``where`` names, per knob, what the user wrote (``--max-num-seqs``,
+        ``--set block_size=32``) for the message when a value is not one the knob takes."""
+        if not values:
+            return self
+        fixed = dict(self.fixed)
+        for name, value in values.items():
+            said = (where or {}).get(name, name)
+            if name not in KNOBS:
+                raise InputError(f"{said}: {shown(name)} is not a knob tuner can pin",
+                                 hint=f"pin one of {', '.join(KNOBS)} (or its vLLM flag, --max-num-seqs)")
+            fixed[name] = pin_value(name, value, said)
+        params = tuple(p for p in self.params if p.name not in values)
+        suffix = "+".join(f"{k}={v}" for k, v in sorted(values.items()))
+        return _replace(self, params=params, fixed=tuple(fixed.items()), name=f"{self.name}+{suffix}")
+
+    def with_workload(self, **changes: Any) -> SearchSpace:
+        return _replace(self, workload=_replace(self.workload, **changes))
+
+    def error(self, message: str, key: tuple[Any, ...], *, hint: str | None = None) -> InputError:
+        """An :class:`InputError` pointing at ``key`` (a path of YAML keys) in the file."""
+        line = line_of(self.lines, key)
+        dotted = ".".join(str(k) if str(k).isprintable() else shown(k) for k in key)  # a key '\r' stays on one line
+        return InputError(f"{dotted}: {message}" if dotted else message, path=self.path, line=line, hint=hint)
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def space_difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What changed from one :meth:`SearchSpace.content` to another, in a few words:
+    ``max_num_seqs choices [16, 64] -> [16, 32, 64]; enforce_eager removed``."""
+    def short(v: Any) -> str:
+        if isinstance(v, dict) and "choices" in v:
+            return f"choices {v['choices']}"
+        if isinstance(v, dict):
+            return f"{v.get('low')}..{v.get('high')}" + (f" step {v['step']}" if "step" in v else "")
+        return repr(v)
+
+    parts: list[str] = []
+    for section in ("params", "fixed"):
+        a, b = old.get(section) or {}, new.get(section) or {}
+        for name in sorted(set(a) | set(b)):
+            if name not in b:
+                parts.append(f"{name} removed")
+            elif name not in a:
+                parts.append(f"{name} added ({short(b[name])})")
+            elif a[name] != b[name] and all(isinstance(v, dict) and "choices" in v for v in (a[name], b[name])):
+                parts.append(f"{name} choices {a[name]['choices']} -> {b[name]['choices']}")
+            elif a[name] != b[name]:
+                parts.append(f"{name} {short(a[name])} -> {short(b[name])}")
+    if old.get("layouts") != new.get("layouts"):
+        parts.append(f"layouts {old.get('layouts')} -> {new.get('layouts')}")
+    return "; ".join(parts) or "its content"

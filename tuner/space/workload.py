@@ -1,0 +1,75 @@
+"""The workload of a search space (:class:`WorkloadSpec`) and the ranges its values may take."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.errors import InputError
+from tuner.slo import Slo, SloSet, parse_slo
+from tuner.values import is_int, is_number, shown
+
+LOAD_KINDS = ("concurrency", "rate", "trace")
+
+# The ranges a workload may take (see also tuner.config's MAX_GPUS, tuner.knobs' MAX_TOKENS). Beyond
+# them the value is a typo that would cost gigabytes or hours before the first trial.
+#: Synthetic requests: every trial replays them a few times; 10M rows are ~0.5 GB of
+#: columns, a day of busy traffic.
+MAX_REQUESTS = 10_000_000
+#: Seeds: numpy and Optuna take 32-bit seeds (0 <= seed < 2**32).
+SEED_LIMIT = 2**32
+#: Synthetic arrival rates, requests/s: from one request in 11.6 days to a million a
+#: second; outside, arrival times stop being meaningful (1/rate overflows, or all at t=0).
+MIN_RATE, MAX_RATE = 1e-6, 1e6
+#: The P95 TTFT target: a day. A longer wait is not a latency target.
+MAX_TTFT_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """The traffic a study optimises for and the TTFT target it must meet.
+
+    ``trace`` is a log file (any format ``tuner.traffic`` reads); ``None`` takes the
+    built-in synthetic mix (``requests`` requests at ``rate`` req/s, seeded).
+    ``load`` is how the goodput search offers it: ``concurrency`` (closed loop,
+    N users), ``rate`` (Poisson at a rate) or ``trace`` (logged times, compressed).
+    """
+
+    target_ttft_s: float = 2.0
+    trace: str | None = None
+    requests: int = 200
+    rate: float = 10.0
+    load: str = "concurrency"
+    seed: int = 0
+    #: Service levels beyond P95 TTFT (``p99:tpot<=30ms``...), each met as well.
+    slos: tuple[str, ...] = ()
+
+    def slo_set(self) -> SloSet:
+        """P95 TTFT at most ``target_ttft_s`` and every SLO of ``slos``."""
+        return SloSet((Slo(95, "ttft", float(self.target_ttft_s)),) + tuple(parse_slo(t) for t in self.slos))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slos, tuple) or any(parse_slo(t).name == "p95_ttft" for t in self.slos):
+            raise InputError(f"slos must be a list of SLOs other than P95 TTFT, got {shown(self.slos)}",
+                             hint="P95 TTFT is target_ttft_s")
+        self.slo_set()
+        ttft = self.target_ttft_s
+        if not is_number(ttft) or not 0 < ttft <= MAX_TTFT_S:
+            raise InputError(
+                f"target_ttft_s must be in (0, {MAX_TTFT_S:g}] seconds (a day), got {shown(ttft)}",
+                hint="write a duration such as 2s or 500ms",
+            )
+        if self.trace is not None and (not isinstance(self.trace, str) or not self.trace):
+            raise InputError(f"trace must be the path of a request log, got {shown(self.trace)}")
+        if self.load not in LOAD_KINDS:
+            raise InputError(f"load {shown(self.load)} is not one of {', '.join(LOAD_KINDS)}")
+        if not is_int(self.requests) or not 1 <= self.requests <= MAX_REQUESTS:
+            raise InputError(
+                f"requests must be a whole number in 1-{MAX_REQUESTS:,}, got {shown(self.requests)}",
+                hint="more is more than tuner plans for; give a trace for real traffic",
+            )
+        if not is_number(self.rate) or not MIN_RATE <= self.rate <= MAX_RATE:
+            raise InputError(
+                f"rate must be in {MIN_RATE:g}-{MAX_RATE:g} requests/s, got {shown(self.rate)}"
+            )
+        if not is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT:
+            raise InputError(f"seed must be a whole number in 0-{SEED_LIMIT - 1}, got {shown(self.seed)}")
+

@@ -1,0 +1,72 @@
+"""A study's companion (``<name>.confirm``): the study, in the same storage, that holds the
+repeats confirming its winner, and the confirmation the study keeps (:func:`confirmation`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.record import StudyRecord
+from tuner.storage import storage_of
+from tuner.study.budget import count_finished, is_confirmation
+from tuner.study.naming import companion_name, name_objective
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+
+def storage_handle(study: optuna.Study) -> Any:
+    """The storage ``study`` was opened on; its companion is opened on the same one (the same
+    database, connection and cache: also a read-only file, or a server shared by workers)."""
+    handle = storage_of(study)  # the one tuner opened it with
+    # a study a user opened with optuna itself: Optuna keeps no public handle to its storage
+    return handle if handle is not None else study._storage  # noqa: SLF001
+
+
+def confirmation_study(study: optuna.Study, *, create: bool = False) -> optuna.Study | None:
+    """The companion study holding ``study``'s confirmation repeats (:data:`COMPANION_SUFFIX`),
+    or None when it has none. ``create``: make it when missing and link it from the study
+    (:attr:`~tuner.record.StudyRecord.confirmation_study`), as the confirmation does before its
+    first repeat."""
+    import optuna
+
+    from tuner.record import write_confirmation
+
+    linked = StudyRecord.from_study(study).confirmation_study
+    if linked is None and not create:
+        return None
+    name = linked or companion_name(study.study_name)
+    if create:
+        companion = optuna.create_study(study_name=name, storage=storage_handle(study), direction="maximize",
+                                        load_if_exists=True)
+        if linked is None:
+            companion.set_user_attr("confirmation_of", study.study_name)
+            write_confirmation(study.set_user_attr, companion=name)
+        return name_objective(companion)
+    try:
+        return optuna.load_study(study_name=name, storage=storage_handle(study))
+    except KeyError:  # linked, but removed by hand
+        return None
+
+
+def repeats(study: optuna.Study) -> list[FrozenTrial]:
+    """The repeat measurements confirming ``study``'s winner: its companion's trials, and those
+    a study written before the companion existed holds among its own (``confirm_of`` set:
+    read as repeats, never as configurations). Each names its trial (``confirm_of``, a trial
+    number of ``study``) and round (``confirm_round``)."""
+    legacy = [t for t in study.get_trials(deepcopy=False) if is_confirmation(t)]
+    companion = confirmation_study(study)
+    return legacy + ([] if companion is None else companion.get_trials(deepcopy=False))
+
+
+def confirmation(study: optuna.Study) -> Any:
+    """The study's :class:`~tuner.confirmation.Confirmation`, or None when it has none or
+    trials finished after it was made (it no longer covers them)."""
+    from tuner.confirmation import Confirmation
+
+    data = StudyRecord.from_study(study).confirmation
+    if not data or int(data.get("finished", -1)) != count_finished(study):
+        return None
+    try:
+        return Confirmation.from_dict(data)
+    except (KeyError, TypeError, ValueError):
+        return None
