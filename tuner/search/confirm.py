@@ -3,6 +3,8 @@ the candidates' repeat measurements, stored as trials of the study's companion
 (:func:`tuner.study.confirmation_study`), outside the study and its budget."""
 from __future__ import annotations
 
+import math
+import statistics
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
@@ -58,21 +60,22 @@ def p95_of(rec: TrialRecord) -> float | None:
 
 
 def distinct(originals: list[optuna.trial.FrozenTrial],
-             records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, list[int]]]:
+             records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, list[int], float]]:
     """One entrant per effective configuration (:mod:`tuner.effective`: knobs that could
     not change throughput on this workload folded): its best-measured trial, with the
-    group's trial numbers. Trials that differ only in such knobs ran the same server as far
+    group's trial numbers and the group's mean value (geometric; each member was its own
+    start, so the mean is the group's measurement of the configuration). Trials that differ only in such knobs ran the same server as far
     as the traffic could tell: racing each would spend the race's places on one
     configuration several times (article-004's 8 x V100 space: a max-num-seqs never
     reached and a KV cache never a quarter full make eight settings one; two of a race's
     four places went to one configuration 1.6 % under the optimum while the optimum waited
     outside).
 
-    Not the group's mean: the repeats replay harder samples than the search's (2 x A100,
-    70B: 10-20 % lower for every configuration), so the first value weighs on a race's mean,
-    and the best of a group the sampler returned to often is the better guide. With the
-    mean, TPE@40's winner on that family was within 1 % of the optimum in 7 of 10 seeds;
-    with the best, 10 of 10 (benchmarks/search_noise.py's seeds)."""
+    Not the group's best: the best of k noisy starts is the luckiest of them (with the
+    objective's noise of ~5 % per start, the best of three sits ~4 % over the configuration's
+    value), and the configuration the sampler returned to most, because it measured well,
+    would enter the race with the largest head start (benchmarks/search_noise.py: such a
+    configuration 6 % under the optimum won races against it)."""
     from tuner.effective import trial_group
 
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
@@ -80,8 +83,13 @@ def distinct(originals: list[optuna.trial.FrozenTrial],
         rec = records[t.number]
         key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())  # originals have one
         groups.setdefault(key, []).append(t)
-    return [(max(members, key=lambda t: (float(t.value or 0.0), -t.number)), sorted(t.number for t in members))
-            for members in groups.values()]
+    out = []
+    for members in groups.values():
+        values = [float(t.value) for t in members if t.value and t.value > 0]
+        mean = math.exp(statistics.fmean(math.log(v) for v in values)) if values else 0.0
+        out.append((max(members, key=lambda t: (float(t.value or 0.0), -t.number)), sorted(t.number for t in members),
+                    mean))
+    return out
 
 
 def closeness(conf: Any) -> tuple[float, float]:
@@ -92,22 +100,30 @@ def closeness(conf: Any) -> tuple[float, float]:
 
 
 def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None) -> Any:
-    """The study's :class:`~tuner.confirmation.NoiseFloor`: tokens/s of every feasible
-    measurement grouped by configuration (copies of an earlier trial left out, so only
-    confirmation repeats, the companion's, make a group of more than one)."""
+    """The study's :class:`~tuner.confirmation.NoiseFloor`: the objective of every feasible
+    measurement grouped by effective configuration (:mod:`tuner.effective`: trials that
+    differ only in knobs this workload cannot tell apart ran the same server as far as
+    the traffic could tell, each on its own start, so they are the study's own replicates),
+    with the confirmation repeats (the companion's) in their original's group. Copies of an
+    earlier trial are left out (no start of their own)."""
     from optuna.trial import TrialState
 
     from tuner.confirmation import noise_floor
-
+    from tuner.effective import trial_group
     from tuner.study import repeats
+
+    def key(rec: TrialRecord) -> str:
+        return trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())
 
     groups: dict[str, list[float]] = {}
     searched = [t for t in study.get_trials(deepcopy=False) if not TrialRecord.from_trial(t).is_confirmation]
+    keys = {t.number: key(rec) for t in searched if (rec := TrialRecord.from_trial(t)).config is not None}
     for t in searched + repeats(study):
         rec = TrialRecord.from_trial(t)
         if t.state != TrialState.COMPLETE or rec.is_repeat or rec.config is None or not rec.feasible:
             continue
-        groups.setdefault(config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
+        group = keys.get(int(rec.confirm_of)) if rec.is_confirmation and rec.confirm_of is not None else keys.get(t.number)
+        groups.setdefault(group or config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
     return noise_floor(groups.values(), simulated, prior)
 
 
@@ -159,15 +175,17 @@ def confirm_winner(
             for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(study))
             if rec.is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
     entries = distinct(originals, records)
-    # the objective's own noise (the edge moves with a start's TTFT), not the tokens/s noise alone
-    prior = study_objective_sd((records[t.number] for t, _ in entries), backend.simulated)
+    # the objective's own noise (the edge moves with a start's TTFT), not the tokens/s noise
+    # alone, and the study's own replicates (trials of one effective configuration); the
+    # race's paired repeats lean on that
+    prior = study_objective_sd((records[t.number] for t, _, _ in entries), backend.simulated)
     noise = study_noise(study, backend.simulated, prior)
-    groups_of = {t.number: members for t, members in entries}
-    pool = [Candidate(t.number, records[t.number].config.to_dict(), [float(t.value or 0.0)],
+    groups_of = {t.number: members for t, members, _ in entries}
+    pool = [Candidate(t.number, records[t.number].config.to_dict(), [mean],
                       cap_bound(records[t.number]), [p for p in [p95_of(records[t.number])] if p is not None],
                       [p for p in [lowest_p95(records[t.number])] if p is not None])
-            for t, _ in entries]
-    unsure = {t.number for t, _ in entries if records[t.number].boundary}
+            for t, _, mean in entries]
+    unsure = {t.number for t, _, _ in entries if records[t.number].boundary}
     entrants = {c.number for c in candidates(pool, noise, unsure=unsure)}  # the first race's: their repeats are its own
     history = []
     groups: dict[str, list[float]] = {}
@@ -243,7 +261,7 @@ def confirm_winner(
         raced |= {c.number for c in field_}
         this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, simulated=backend.simulated,
                     history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective,
-                    feasibility_min=feasibility_min, prior=prior)
+                    feasibility_min=feasibility_min, prior=noise.rel_sd)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
             if not this.held:  # and the closest of the waves
