@@ -513,3 +513,24 @@ def test_race_keeps_a_candidate_near_the_target_only_while_its_feasibility_is_ab
     assert conf.winner == 2 and "feasibility" in conf.out[1]
     conf = race([near, far], measure, NoiseFloor(0.02), rounds=2, target=1.0, feasibility_min=0.5)
     assert 1 not in conf.out or "feasibility" not in conf.out[1]
+
+
+def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_and_are_the_studys_replicates(
+        monkeypatch):
+    # two trials that differ only in a knob the workload never reached (tuner.effective
+    # folds them: stood in here), each measured on its own start with its own noise draw
+    import tuner.effective
+    from optuna.trial import create_trial
+
+    from tuner.search.confirm import distinct
+
+    config = ServeConfig(max_num_seqs=16, max_model_len=4096)
+    trials = [create_trial(value=v, user_attrs=TrialRecord(config=config.replace(max_model_len=n), feasible=True).to_attrs())
+              for v, n in ((1800.0, 4096), (1400.0, 8192))]
+    for number, t in enumerate(trials):
+        t.number = number
+    records = {t.number: TrialRecord.from_trial(t) for t in trials}
+    monkeypatch.setattr(tuner.effective, "trial_group", lambda rec, started: ("one server", {}))
+    (entrant, members, mean), = distinct(trials, records)
+    assert entrant.number == 0 and members == [0, 1]  # named by its best-measured trial
+    assert mean == pytest.approx(math.sqrt(1800.0 * 1400.0))  # but entering with the pair's mean, not the luckier
