@@ -101,7 +101,8 @@ class StepTimer:
         # the LM head shares it); embeddings stay 16-bit whatever the quantisation
         lookup = 0.0 if model.tie_word_embeddings else ACTIVATION_BYTES * model.vocab_size * model.hidden_size / tp
         # the weight bytes the profile's step-time constants were fitted with (MemoryPlan)
-        weights = plan.weight_bytes if plan.step_weight_bytes is None else plan.step_weight_bytes
+        step = getattr(plan, "step_weight_bytes", None)
+        weights = plan.weight_bytes if step is None else step
         self.s_weights = (weights - expert_bytes - lookup) / bw   # read by every step
         self.s_experts = expert_bytes / bw                                  # read in the share the step touches
         self.moe_keep = 1.0 - model.num_experts_per_tok / model.num_experts if model.is_moe else 1.0
