@@ -128,28 +128,52 @@ def test_shipped_data_kvlimited_restart_counts_once():
 
 # ----------------------------------------------------------------------------- fits
 def test_memory_fit_recovers_planted_constants(tmp_path):
-    """Starts synthesised by the planner with known constants (through a profile) are fitted
-    back: the fit's own planner then reproduces every KV size."""
-    planted = {"weight_overhead_bytes": 0, "activation_fixed_bytes": int(0.7 * GiB),
-               "activation_bytes_per_token_per_hidden": 9.0, "sampler_bytes_per_logit": 2.0,
-               "cudagraph_kv_fraction": 0.5, "non_torch_bytes": 200 * 2**20}
+    """Starts synthesised by the planner with known constants (through a profile) on three
+    model shapes are fitted back: the fit's own planner then reproduces every KV size, and
+    each shape keeps its own logged load overhead."""
+    planted = {"weight_overhead_bytes": 0, "activation_fixed_bytes": int(0.2 * GiB),
+               "activation_bytes_per_token_per_hidden": 4.0, "compile_bytes_per_vocab_hidden": 2.0,
+               "sampler_bytes_per_logit": 0.0, "cudagraph_kv_fraction": 0.5, "non_torch_bytes": 200 * 2**20,
+               "weight_overhead_by_model": {"qwen2.5-7b": int(0.1 * GiB), "llama-3.1-8b": int(0.04 * GiB)}}
     prof = tmp_path / "p.yaml"
     prof.write_text(json.dumps({"memory": planted}))
-    dep = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0", calibration=str(prof))
     cfgs = [ServeConfig(gpu_memory_utilization=g, max_model_len=4096, max_num_seqs=s, max_num_batched_tokens=b,
                         enforce_eager=e)
             for g, s, b, e in [(0.9, 1024, 8192, False), (0.5, 256, 1024, False), (0.7, 128, 512, True),
                                (0.3, 64, 2048, False), (0.9, 512, 4096, True), (0.6, 32, 8192, False)]]
     starts = []
-    for c in cfgs:
-        plan = plan_memory(dep, c)
-        starts.append(Startup("t", c, True, kv_cache_tokens=plan.kv_cache_tokens,
-                              available_kv_gib=plan.kv_bytes / GiB, model_load_gib=plan.weight_bytes / GiB))
-    memory, info = fit_memory(starts, dep)
+    for model in ("qwen2.5-7b", "llama-3.1-8b", "qwen2.5-14b"):
+        dep = Deployment(model=model, gpu="H200", vllm_version="0.26.0", calibration=str(prof))
+        for c in cfgs:
+            plan = plan_memory(dep, c)
+            starts.append(Startup("t", c, True, kv_cache_tokens=plan.kv_cache_tokens, model=model,
+                                  available_kv_gib=plan.kv_bytes / GiB, model_load_gib=plan.weight_bytes / GiB))
+    memory, info = fit_memory(starts, H200)
     assert info["residual_gib_max"] < 0.01
-    assert memory["activation_fixed_bytes"] / GiB == pytest.approx(0.7, abs=0.02)
-    assert memory["activation_bytes_per_token_per_hidden"] == pytest.approx(9.0, rel=0.05)
+    assert memory["activation_fixed_bytes"] / GiB == pytest.approx(0.2, abs=0.02)
+    assert memory["activation_bytes_per_token_per_hidden"] == pytest.approx(4.0, rel=0.05)
+    # the cold compile's vocab x hidden term is told apart from the fixed part by the shapes' vocabularies
+    assert memory["compile_bytes_per_vocab_hidden"] == pytest.approx(2.0, rel=0.05)
     assert memory["cudagraph_kv_fraction"] == pytest.approx(0.5, abs=0.05)
+    own = memory["weight_overhead_by_model"]
+    assert own["qwen2.5-7b"] / GiB == pytest.approx(0.1, abs=1e-3)
+    assert own["llama-3.1-8b"] / GiB == pytest.approx(0.04, abs=1e-3)
+    assert own["qwen2.5-14b"] == pytest.approx(0, abs=1e3)           # planted none: the fallback, 0
+    assert memory["weight_overhead_bytes"] == own["llama-3.1-8b"]      # median over the three shapes
+
+
+def test_the_planner_takes_a_shapes_own_load_overhead_else_the_median(tmp_path):
+    """A shape the profile measured keeps its own "Model loading took" overhead; any other
+    shape gets the median: the 7B's 0.105 GiB is not added to a Llama start."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text(json.dumps({"memory": {"weight_overhead_bytes": int(0.03 * GiB),
+                                           "weight_overhead_by_model": {"qwen2.5-7b": int(0.105 * GiB)}}}))
+    cfg = ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096)
+    bare = {m: plan_memory(Deployment(model=m, gpu="H200", vllm_version="0.26.0", calibration=str(prof)), cfg)
+            for m in ("qwen2.5-7b", "llama-3.1-8b")}
+    from tuner.sim.model import load_model
+    assert bare["qwen2.5-7b"].weight_bytes - load_model("qwen2.5-7b").weight_bytes_per_rank(None, 1) == int(0.105 * GiB)
+    assert bare["llama-3.1-8b"].weight_bytes - load_model("llama-3.1-8b").weight_bytes_per_rank(None, 1) == int(0.03 * GiB)
 
 
 def test_memory_fit_needs_a_successful_start():

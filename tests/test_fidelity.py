@@ -98,7 +98,8 @@ def test_kv_cache_size_within_1_percent_for_every_start(rows):
     ok = [r for r in kv if r["measured_ok"]]
     assert ok and all(r["predicted_ok"] for r in ok)
     worst_kv = max(abs(r["error_pct"]) for r in ok)
-    assert worst_kv <= 1.0, kv   # achieved 0.36 % (the MoE shape); 0.04 % for the eager 512-token start
+    assert worst_kv <= 1.0, kv   # achieved 0.54 % (kvlimited, a restart that hit the compile cache: 1.06 GiB
+    # of peak activation where cold starts log 1.13) and 0.50 % (the MoE shape); 0.04 % for the eager 512-token start
     by_model = {r["model"] for r in ok}
     assert by_model == {"qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b", "llama-3.1-8b", "mistral-nemo-12b"}
     # campaign 3's Nemo start ran every layer with a 4096-token window (the model folder lost the
@@ -108,6 +109,29 @@ def test_kv_cache_size_within_1_percent_for_every_start(rows):
     nemo = next(r for r in ok if r["model"] == "mistral-nemo-12b")
     assert nemo["measured"] == 1_061_800 and nemo["measured_blocks"] == 41_509
     assert 41_509 // (-(-(4095 + 16384) // 16) + 1) == 32 and int(41_509 / 1281 * 32768) == 1_061_800
+
+
+def test_compiled_peak_activation_follows_vocab_and_batched_tokens_on_every_dense_shape(rows):
+    """vLLM 0.26.0 logs each start's peak activation ("Actual usage is ... GiB for peak
+    activation"); on a cold torch.compile it is the compile's peak inside the profile run.
+    The planner's vocab x hidden + batched-token x hidden figure matches every cold compiled
+    dense start within the log's rounding, the Llama and Nemo shapes never fitted; the one
+    restart that hit the compile cache (q7-base-again, "torch.compile took 3.28 s") logged
+    0.07 GiB less, and the old hidden-size-only slope missed the Llama by 0.16 GiB."""
+    from tuner.calibrate.comparison import _dep_model
+    from tuner.sim.memory import plan_memory
+
+    logged = {}
+    for s in startups(rows):
+        if s.ok and s.peak_activation_gib is not None and not s.config.enforce_eager:
+            plan = plan_memory(_dep_model(DEP, s.model), s.config)
+            logged[s.trial] = (s.model, s.peak_activation_gib, plan.activation_bytes / 2**30)
+    dense = {t: v for t, v in logged.items() if v[0] != "qwen3-30b-a3b" and t != "q7-base-again"}
+    assert {v[0] for v in dense.values()} == {"qwen2.5-7b", "qwen2.5-32b", "llama-3.1-8b", "mistral-nemo-12b"}
+    for trial, (model, measured, predicted) in dense.items():
+        assert predicted == pytest.approx(measured, abs=0.015), (trial, model, measured, predicted)
+    model, warm, predicted = logged["q7-base-again"]
+    assert warm == 1.06 and predicted - warm > 0.05
 
 
 def refusals(rows):
@@ -129,15 +153,17 @@ def test_refusal_predicted_with_vllms_estimated_max_model_len(rows):
     assert abs(r["error_pct"]) <= 1.0, r
 
 
-@pytest.mark.xfail(strict=True, reason="estimated max model length -6.45 % (24,816 against vLLM's 26,528) "
-                   "measured against the 1 % target: Llama8B refusal at gmu 0.14 (l8-gmu014), see README")
 def test_refusal_of_the_llama_shape_within_1_percent(rows):
-    # the planner leaves 3.03 GiB for the KV cache where vLLM had 3.24: it adds campaign 1's Qwen-7B
-    # load overhead (0.105 GiB over the shapes' bytes) to every model, where the Llama start logged
-    # 15.0 GiB (0.04 over), and scales the peak activation with hidden 4096 (1.26 GiB) where the
-    # logs imply 1.11 GiB at both gmu 0.14 and 0.9 (19.57 - 15.0 - 0.22 - 3.24; 125.82 - 15.0 - 0.22
-    # - 109.49), as for the 7B shape. The same 0.21 GiB is -0.19 % of l8-base's 109 GiB pool
-    assert abs(refusals(rows)["l8-gmu014"]["error_pct"]) <= 1.0
+    # vLLM: 3.24 GiB for the KV cache, "estimated maximum model length is 26528"; predicted 26,624
+    # (+0.36 %; 24,816, -6.45 %, before). The Llama shape was never fitted: the planner takes its own
+    # "Model loading took 15.0 GiB" (l8-base: 0.042 GiB over its weight shapes, where the 7B's is
+    # 0.105; with the 7B's figure instead it is -1.57 %) and the compiled profile run's peak as vLLM
+    # 0.26.0 charges it on a cold compile, 2.02 bytes per vocab x hidden + 3.58 per batched token x
+    # hidden fitted on the 7B, 32B and MoE starts (1.100 GiB at 128,256 x 4096; l8-base logged 1.10),
+    # where it scaled the peak with the hidden size alone (1.26 GiB)
+    r = refusals(rows)["l8-gmu014"]
+    assert r["kind"] == r["predicted_kind"] == "max_model_len"
+    assert abs(r["error_pct"]) <= 1.0, r
 
 
 @pytest.mark.xfail(strict=True, reason="held-back tokens/s MAPE 5.6 % measured against the 5 % target: "

@@ -29,6 +29,9 @@ def _refused(call, *args) -> InputError:
         ("calibrated: 'no'\n", 1, "true or false"),
         ("memory:\n  non_torch_bytes: lots\n", 2, "memory.non_torch_bytes must be a number"),
         ("memory:\n  7: 1\n", 2, "memory: a key must be a name"),
+        ("memory:\n  weight_overhead_by_model: {qwen2.5-7b: -1}\n", 2,
+         "memory.weight_overhead_by_model must map model names to bytes"),
+        ("memory:\n  weight_overhead_by_model: 112537641\n", 2, "must map model names to bytes"),
         ("memory: [1, 2]\n", 1, "memory must be a mapping"),
         ("match:\n  gpu: H200\n  vllm_version: 0.26\n", 3, "quote versions"),
         ("link_efficiency: 0.7\nlink_efficiency: 0.8\n", 2, "given twice"),
@@ -49,6 +52,13 @@ def test_a_named_profiles_memory_section_does_not_vanish(tmp_path):
     assert err.line == 2 and "0-1" in str(err)
     profile.write_bytes(b"memory: {non_torch_bytes: 1}\nnotes: \xff\n")
     assert _refused(memory_overrides, "H200", "0.26.0", str(profile)).line == 2
+
+
+def test_a_profile_keeps_each_shapes_load_overhead(tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("memory:\n  weight_overhead_bytes: 100\n  weight_overhead_by_model: {llama-3.1-8b: 40}\n")
+    assert memory_overrides("H200", "0.26.0", str(profile)) == {
+        "weight_overhead_bytes": 100.0, "weight_overhead_by_model": {"llama-3.1-8b": 40.0}}
 
 
 def test_finding_profiles_passes_over_broken_ones(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ class FitResult:
     points held back."""
 
     calibration: Any
-    memory: dict[str, float]
+    memory: dict[str, Any]
     fit_trials: tuple[str, ...]
     check_trials: tuple[str, ...]
     table: list[dict[str, Any]]            # compare_loads rows of every point, with "set"
@@ -69,8 +69,10 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
     fit_set = set(fit_trials)
     check = tuple(t for t in dict.fromkeys([s.trial for s in started] + with_loads)
                   if t not in fit_set or any(p.trial == t and not in_fit(p) for p in loads))
+    # the activation constants from the fitted trials' starts; each shape's load overhead from
+    # its own "Model loading took" line, wherever a start of that shape logged one
     memory, mem_info = fit_memory([s for s in started if s.trial in fit_set], deployment,
-                                  graph_fraction=graph_fraction)
+                                  graph_fraction=graph_fraction, loads=started)
     base = load_calibration(get_gpu(deployment.gpu))
     with tempfile.TemporaryDirectory() as tmp:
         # the memory constants reach plan_memory through Deployment.calibration
@@ -114,7 +116,7 @@ def _round(v: float) -> float:
     return float(f"{v:.4g}")
 
 
-def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict[str, str],
+def _write_yaml(path: Path, calib: Any, memory: dict[str, Any], *, match: dict[str, str],
                 extra: dict[str, Any], sources: dict[str, str] | None = None,
                 estimates: dict[str, dict[str, Any]] | None = None) -> None:
     import yaml
@@ -141,7 +143,12 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, float], *, match: dict
         launch["determined"] = {m: v["determined"] for m, v in modes.items()}
     launch["source"] = src.get("launch_per_layer_s", calib.sources.get("launch_per_layer_s", ""))
     doc["launch_per_layer_s"] = launch
-    doc["memory"] = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in memory.items()}
+    def plain(v: Any) -> Any:  # numbers (and the per-model mapping of them) as YAML writes them
+        if isinstance(v, dict):
+            return {str(m): plain(b) for m, b in v.items()}
+        return float(v) if isinstance(v, float) else int(v)
+
+    doc["memory"] = {k: plain(v) for k, v in memory.items()}
     if match:
         doc["match"] = match
     doc.update(extra)

@@ -309,6 +309,12 @@ def _check_section(doc: YamlDoc, name: str) -> dict[str, Any]:
                 raise InputError(f"match.{key} must be text, got {shown(value)}", path=doc.path, line=line,
                                  hint='quote versions: vllm_version: "0.26.0"')
             continue
+        if key == "weight_overhead_by_model":  # model name -> bytes "Model loading took" beyond the shapes
+            if not isinstance(value, dict) or not all(
+                    isinstance(m, str) and is_number(v) and 0 <= v <= MAX_MEMORY_VALUE for m, v in value.items()):
+                raise InputError(f"memory.{key} must map model names to bytes in 0-{MAX_MEMORY_VALUE:g}, "
+                                 f"got {shown(value)}", path=doc.path, line=line)
+            continue
         top = 1.0 if key == "cudagraph_kv_fraction" else MAX_MEMORY_VALUE
         if not is_number(value) or not 0 <= value <= top:
             raise InputError(f"memory.{key} must be a number in 0-{top:g}, got {shown(value)}", path=doc.path, line=line)
@@ -316,10 +322,12 @@ def _check_section(doc: YamlDoc, name: str) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=64)
-def _memory_section(path: str, mtime: float) -> dict[str, float]:
-    """The ``memory`` section of the profile at ``path``, every value checked."""
+def _memory_section(path: str, mtime: float) -> dict[str, Any]:
+    """The ``memory`` section of the profile at ``path``, every value checked (numbers, and
+    ``weight_overhead_by_model``: model names to numbers)."""
     _profile_section(path, mtime, "memory", True)  # the file reads, and is a mapping
-    return {str(k): float(v) for k, v in _check_section(_profile_doc(path, mtime), "memory").items()}
+    return {str(k): ({str(m): float(b) for m, b in v.items()} if isinstance(v, dict) else float(v))
+            for k, v in _check_section(_profile_doc(path, mtime), "memory").items()}
 
 
 def find_profile(gpu_name: str, vllm_version: str) -> str | None:
@@ -338,7 +346,7 @@ def find_profile(gpu_name: str, vllm_version: str) -> str | None:
     return None
 
 
-def memory_overrides(gpu_name: str, vllm_version: str, path: str | None = None) -> dict[str, float]:
+def memory_overrides(gpu_name: str, vllm_version: str, path: str | None = None) -> dict[str, Any]:
     """The ``memory`` section (overrides of :data:`tuner.sim.memory.EMPIRICAL`) of the
     profile at ``path``, else of the matching fitted profile; empty when none applies."""
     if path is None:

@@ -100,7 +100,10 @@ class StepTimer:
         # the input embedding is a lookup of the step's rows, not a read of the table (unless
         # the LM head shares it); embeddings stay 16-bit whatever the quantisation
         lookup = 0.0 if model.tie_word_embeddings else ACTIVATION_BYTES * model.vocab_size * model.hidden_size / tp
-        self.s_weights = (plan.weight_bytes - expert_bytes - lookup) / bw   # read by every step
+        # the weight bytes the profile's step-time constants were fitted with (MemoryPlan)
+        step = getattr(plan, "step_weight_bytes", None)
+        weights = plan.weight_bytes if step is None else step
+        self.s_weights = (weights - expert_bytes - lookup) / bw   # read by every step
         self.s_experts = expert_bytes / bw                                  # read in the share the step touches
         self.moe_keep = 1.0 - model.num_experts_per_tok / model.num_experts if model.is_moe else 1.0
         self.s_kv_token = model.kv_bytes_per_token(tp, plan.kv_cache_dtype_bytes) / bw

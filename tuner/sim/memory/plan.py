@@ -47,6 +47,9 @@ class MemoryPlan:
     attention_backend: str = ""
     engine: str = "V1"                    # "V0" for vLLM < 0.8, or < 0.10.2 below CC 8.0
     notes: tuple[str, ...] = ()           # warnings vLLM would log, and our approximations
+    # the weight bytes the step-time constants were fitted with (the parameters plus the profile's
+    # one load overhead for every shape, weight_overhead_bytes); None: weight_bytes
+    step_weight_bytes: int | None = None
     error: ConfigRejected | None = None   # set only by plan_memory(..., strict=False)
 
     def __post_init__(self) -> None:

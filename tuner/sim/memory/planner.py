@@ -16,7 +16,7 @@ from tuner.sim.memory.defaults import (
     default_gpu_memory_utilization,
     uses_v1_engine,
 )
-from tuner.sim.memory.empirical import _activation_slope, activation_tokens, empirical_for
+from tuner.sim.memory.empirical import _activation_slope, activation_tokens, empirical_for, weight_overhead
 from tuner.sim.memory.plan import MemoryPlan, fmt_gib
 from tuner.sim.memory.support import (
     MIN_CAPABILITY,
@@ -180,13 +180,18 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     weights = model.weight_bytes_per_rank(quant, tp)
     if dtype_bytes == 4 and quant is None:
         weights *= 2
-    weights += int(emp["weight_overhead_bytes"])
+    # the step timer keeps the bytes its constants were fitted with (one overhead for all shapes)
+    step_weights = weights + int(emp["weight_overhead_bytes"])
+    weights += weight_overhead(emp, deployment.model)
     budget = math.ceil(gpu.memory_bytes * gmu)
     hidden = model.hidden_size
-    tokens = activation_tokens(max_num_batched_tokens, default_tokens, config.enforce_eager)
+    compile_term = 0.0 if config.enforce_eager else float(emp["compile_bytes_per_vocab_hidden"])
+    tokens = activation_tokens(max_num_batched_tokens, default_tokens, config.enforce_eager, compile_term)
     activations = int(
         emp["activation_fixed_bytes"]
         + tokens * hidden * _activation_slope(emp, config.enforce_eager)
+        # the vocabulary-parallel embedding's shard per rank (no TP > 1 start measured)
+        + model.vocab_size // tp * hidden * compile_term
         + max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
         + (tokens * model.num_experts_per_tok * hidden
            * emp["moe_activation_bytes_per_token_per_hidden"] if model.is_moe else 0)
@@ -219,7 +224,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
             dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
             replicas=replicas, attention_backend=backend, engine="V1" if v1 else "V0",
-            notes=tuple(notes), error=error,
+            notes=tuple(notes), error=error, step_weight_bytes=step_weights,
         )
 
     def refuse(err: ConfigRejected) -> MemoryPlan:
