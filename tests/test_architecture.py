@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation",
                         "slo"})),
     ("engines", frozenset({"sim", "replay", "probes", "estimation"})),
-    ("backends", frozenset({"backends", "space", "effective"})),
+    ("backends", frozenset({"backends", "space", "effective", "testing"})),
     ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),
     ("search", frozenset({"search", "analysis"})),
     ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "gate", "doctor",
@@ -165,3 +165,24 @@ def test_no_module_uses_private_attributes_of_optuna_objects():
                 if (name, found.group(1)) not in PRIVATE_ALLOWED:
                     wrong.append(f"{name}:{n}: .{found.group(1)} ({line.strip()})")
     assert not wrong, "Optuna's private API:\n" + "\n".join(wrong)
+
+
+def test_only_tests_use_tuner_testing_and_only_it_imports_pytest():
+    """pytest is no dependency of tuner: ``tuner.testing`` (the contract a backend's tests
+    subclass) imports it, and no other module of tuner imports either."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE.parent).as_posix()
+        if name.startswith("tuner/testing/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            wrong += [f"{name}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "pytest"
+                      or n.startswith("tuner.testing")]
+    assert not wrong, "\n".join(wrong)
