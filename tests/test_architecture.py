@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation",
                         "slo", "noise"})),
     ("engines", frozenset({"sim", "replay", "probes", "estimation"})),
-    ("backends", frozenset({"backends", "space", "effective"})),
+    ("backends", frozenset({"backends", "space", "effective", "testing"})),
     ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),
     ("search", frozenset({"search", "analysis"})),
     ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "gate", "doctor",
@@ -139,19 +139,10 @@ def test_no_module_is_over_400_lines_but_those_being_split():
 
 
 #: Private attributes of Optuna's objects (``Study``, ``Trial``, ``FrozenTrial``, storages)
-#: that tuner once used; their public counterparts: tuner's own storage handle
-#: (:func:`tuner.storage.storage_of`) and its public methods, ``study.get_trials``, ``trial.number``.
+#: that tuner once used, none left; their public counterparts: tuner's own storage handle
+#: (:func:`tuner.storage.storage_of`, or the one the caller passes) and its public methods,
+#: ``study.get_trials``, ``trial.number``, ``GridSampler.is_exhausted``.
 OPTUNA_PRIVATE = re.compile(r"\.(_storage|_trial_id|_study_id|_get_trials|_stop_flag)\b")
-
-#: (file, attribute) uses still allowed, each with its reason.
-PRIVATE_ALLOWED = {
-    # a study opened by the user with optuna itself (not through tuner) has no other handle
-    # to its storage, and its companion must be opened on the same one
-    ("tuner/study/companion.py", "_storage"),
-    # study.stop() (by the grid sampler or by tuner) sets it, and Optuna has no public reader:
-    # the worker loop asks whether the grid is exhausted through it
-    ("tuner/workers.py", "_stop_flag"),
-}
 
 
 def test_no_module_uses_private_attributes_of_optuna_objects():
@@ -160,6 +151,26 @@ def test_no_module_uses_private_attributes_of_optuna_objects():
         name = str(path.relative_to(PACKAGE.parent))
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for found in OPTUNA_PRIVATE.finditer(line):
-                if (name, found.group(1)) not in PRIVATE_ALLOWED:
-                    wrong.append(f"{name}:{n}: .{found.group(1)} ({line.strip()})")
+                wrong.append(f"{name}:{n}: .{found.group(1)} ({line.strip()})")
     assert not wrong, "Optuna's private API:\n" + "\n".join(wrong)
+
+
+def test_only_tests_use_tuner_testing_and_only_it_imports_pytest():
+    """pytest is no dependency of tuner: ``tuner.testing`` (the contract a backend's tests
+    subclass) imports it, and no other module of tuner imports either."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE.parent).as_posix()
+        if name.startswith("tuner/testing/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            wrong += [f"{name}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "pytest"
+                      or n.startswith("tuner.testing")]
+    assert not wrong, "\n".join(wrong)

@@ -268,14 +268,14 @@ def test_an_interrupted_confirmation_keeps_its_repeats_and_the_next_run_reuses_t
         run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
                    sampler="random", seed=1, confirm=2)
     study = optuna.load_study(study_name=first.name, storage=storage)
-    kept = repeats_of(study)
+    kept = repeats_of(study, storage)
     assert not any("confirm_of" in t.user_attrs for t in study.trials)
     assert len(kept) == 1 and kept[0].state == TrialState.COMPLETE and confirmation(study) is None
     backend.left = 10**9
     done = run_search(fake_space(), backend=backend, workload=small_workload(), budget=6, storage=storage,
                       sampler="random", seed=1, confirm=2)
     study = optuna.load_study(study_name=first.name, storage=storage)
-    rounds = [(t.user_attrs["confirm_of"], t.user_attrs["confirm_round"]) for t in repeats_of(study)]
+    rounds = [(t.user_attrs["confirm_of"], t.user_attrs["confirm_round"]) for t in repeats_of(study, storage)]
     assert len(rounds) == len(set(rounds))  # the kept repeat was reused, not measured again
     assert done.confirmation is not None and done.new_trials == 0
 

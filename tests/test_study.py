@@ -117,6 +117,24 @@ def test_a_companion_is_no_study_of_its_own_and_goes_with_its_study(tmp_path):
     assert sorted(optuna.get_all_study_names(url)) == ["main", "main.confirm", "other.confirm"]
     assert [s.name for s in list_studies(url)] == ["main", "other.confirm"]
     again = optuna.load_study(study_name="main", storage=url)  # the link is the study's attr
-    assert confirmation_study(again).study_name == "main.confirm" and len(repeats(again)) == 1
+    assert confirmation_study(again, storage=url).study_name == "main.confirm" and len(repeats(again, url)) == 1
     delete_study("main", url)
     assert optuna.get_all_study_names(url) == ["other.confirm"]
+
+
+def test_a_study_opened_with_optuna_itself_finds_its_companion_on_the_storage_its_caller_passes(tmp_path):
+    """Optuna gives a study no public handle to its storage: tuner's own openings keep it,
+    and for a study opened with optuna the caller passes the URL or the storage."""
+    from tuner.study import confirmation_study, open_study, repeats
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    confirmation_study(open_study("main", url), create=True).add_trial(
+        create_trial(value=1.0, user_attrs={"confirm_of": 0, "confirm_round": 1}))
+    store = optuna.storages.RDBStorage(url)
+    bare = optuna.load_study(study_name="main", storage=store)
+    with pytest.raises(InputError, match="opened with optuna itself") as err:
+        repeats(bare)
+    assert "\n" not in str(err.value) and "storage=" in str(err.value)
+    assert len(repeats(bare, url)) == 1
+    assert confirmation_study(bare, storage=store).study_name == "main.confirm"
+    assert len(repeats(bare)) == 1  # the storage passed once is the study's from then on

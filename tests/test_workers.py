@@ -140,6 +140,28 @@ def test_a_worker_whose_trial_another_failed_goes_on(tmp_path):
     assert [t.state for t in st.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
 
 
+def test_a_grid_ends_when_every_point_is_measured_once_a_failed_point_s_retry_has_run(tmp_path):
+    """The grid sampler counts a failed point as seen; the retry queued for it still runs,
+    and then the worker stops, budget or not."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    st = optuna.create_study(storage=url, study_name=STUDY, direction="maximize",
+                             sampler=optuna.samplers.GridSampler({"x": [1, 2, 3]}, seed=0))
+
+    def objective(trial):
+        worker.started(trial)
+        x = trial.suggest_int("x", 1, 3)
+        if trial.number == 2:  # the grid's last point fails, and is queued again
+            st.enqueue_trial({"x": x})
+            raise RuntimeError("killed")
+        return float(x)
+
+    with Worker(st, url, budget=10) as worker:
+        worker.optimize(objective, catch=(RuntimeError,))
+    states = [t.state for t in st.trials]
+    assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    assert sorted(t.params["x"] for t in st.trials if t.state == TrialState.COMPLETE) == [1, 2, 3]
+
+
 def test_second_sqlite_writer_fails_at_once_pointing_to_postgresql(tmp_path):
     storage = f"sqlite:///{tmp_path}/studies/{STUDY}.db"
     with StudyLock(storage, STUDY, "writer") as lock:
@@ -220,7 +242,7 @@ def test_four_workers_share_one_budget(tmp_path, pg_url):  # noqa: F811
     trials = load(pg_url).get_trials(deepcopy=False)
     assert not any("confirm_of" in t.user_attrs for t in trials)  # the repeats are the companion's
     # one worker confirmed the winner (the others found the lock taken)
-    assert len({t.user_attrs["pid"] for t in repeats(load(pg_url))}) <= 1
+    assert len({t.user_attrs["pid"] for t in repeats(load(pg_url), driver_url(pg_url))}) <= 1
     states = collections.Counter(t.state for t in trials)
     # exactly the budget; a FAIL only from a worker stalled past the grace period, retried once
     assert budget_used(load(pg_url), shared=True) == (BUDGET, 0)

@@ -142,7 +142,7 @@ class Worker:
         self._writer_lock: StudyLock | None = None
         self.ran = 0  # trials this process started
         self._current: int | None = None
-        self.halt: str | None = None  # set (with study.stop()) to end the loop for a reason of ours
+        self.halt: str | None = None  # set to end the loop for a reason of ours
         self.window_closed = False  # the next trial would not have fitted in the time left
         self.leftovers: list[int] = []  # RUNNING trials of a dead process, failed on entry (SQLite)
 
@@ -214,10 +214,8 @@ class Worker:
                         if fault is not None:
                             raise fault from err
                         raise
-                    if getattr(self.study, "_stop_flag", False):  # study.stop(): e.g. the grid is exhausted
-                        if self.halt is not None or not self._waiting():
-                            return
-                        self.study._stop_flag = False  # the grid counts failed points as seen: run their retries
+                    if self.halt is not None or self._grid_done():
+                        return
                     continue
             finally:
                 if lock is not None:
@@ -249,6 +247,12 @@ class Worker:
 
             raise EnvironmentFault("disk_full", f"the disk of {path} has {free / 1024:.0f} kB free; free space there "
                                    "and run again (every finished trial is kept)", path=str(path))
+
+    def _grid_done(self) -> bool:
+        """The study's grid sampler has measured every point (Optuna's ``is_exhausted``) and
+        no retry waits: the grid counts a failed point as seen, its retry still runs."""
+        is_exhausted = getattr(self.study.sampler, "is_exhausted", None)  # GridSampler's
+        return callable(is_exhausted) and bool(is_exhausted(self.study)) and not self._waiting()
 
     def _waiting(self) -> bool:
         from optuna.trial import TrialState

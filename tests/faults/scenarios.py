@@ -115,7 +115,7 @@ def confirmation_repeats(folder: Path) -> list[Any]:
     from tuner.study import repeats
 
     study = study_in(folder)
-    return [] if study is None else repeats(study)
+    return [] if study is None else repeats(study, f"sqlite:///{study_db(folder)}")
 
 
 def finished(folder: Path) -> int:
