@@ -162,3 +162,27 @@ def test_the_repeats_a_0_1_0_study_kept_among_its_trials_are_read_as_repeats(old
     configurations = len(old_study.trials) - len(kept)
     assert count_finished(old_study) == configurations == len(analysis.trials_frame(old_study))
     assert recommendation(old_study).trial == analysis.trials_frame(old_study).attrs["recommended"] == expected["best"]
+
+
+def test_a_0_1_0_study_resumes_in_the_encoding_its_trials_hold(old_study, tmp_path):
+    """0.1.0 stored ordered choices as ``<knob>_index`` and constraints by name: resumed, the
+    new trials do too (Optuna refuses a second distribution for a parameter of a study, and
+    its GP sampler constraint names that differ between trials), and read as values."""
+    from tuner.search import num_heads, run_search
+    from tuner.space import load_space
+    from tuner.study import count_finished, trial_config
+
+    space = load_space(str(FIXTURE / "space.yaml"))
+    space = space.bind(space.deployment, num_heads(space.deployment))
+    before = {t.number for t in old_study.trials}
+    out = run_search(space, budget=count_finished(old_study) + 2, storage=f"sqlite:///{tmp_path / 'study.db'}",
+                     study=STUDY, seed=3, max_replays=3)
+    new = [t for t in out.study.trials if t.number not in before and t.state.is_finished() and t.params]
+    assert new
+    seqs = next(p for p in space.params if p.name == "max_num_seqs")
+    for t in new:
+        assert "max_num_seqs" not in t.params
+        assert trial_config(t).max_num_seqs == seqs.choices[t.params["max_num_seqs_index"]]
+        assert space.config_from_params(t.params).max_num_seqs == trial_config(t).max_num_seqs
+        if t.state.name == "COMPLETE":
+            assert set(t.constraints) == {"p95_ttft_over_target"}, t.number

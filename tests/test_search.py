@@ -113,6 +113,22 @@ def test_study_tops_up_to_the_budget_and_resumes(tmp_path):
     assert {t.user_attrs["confirm_of"] for t in repeats} <= {t.number for t in searched}
 
 
+def test_resuming_anyway_over_other_choices_of_a_knob_is_refused_in_one_line(tmp_path):
+    """Optuna keeps one distribution per parameter in a study: new choices of a knob stored
+    as its values cannot join it, even with --resume-anyway; one line before any trial runs,
+    not Optuna's ValueError from the first trial."""
+    from tuner.errors import InputError
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    kw = dict(backend=FakeBackend(), workload=small_workload(), storage=storage, study="s", seed=3)
+    run_search(fake_space(), budget=3, **kw)
+    other = SPACE.replace("[16, 64, 256]", "[16, 64, 128, 256]")
+    with pytest.raises(InputError, match="holds max_num_seqs as choices \\[16, 64, 256\\], the space as "
+                                         "choices \\[16, 64, 128, 256\\]") as err:
+        run_search(fake_space(other), budget=4, resume_anyway=True, **kw)
+    assert "\n" not in err.value.message
+
+
 def test_trials_store_results_and_infeasible_reasons(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     out = run_search(fake_space(), backend=FakeBackend(), workload=small_workload(), budget=12,
@@ -337,7 +353,7 @@ def test_a_study_that_errors_failed_explains_itself_by_its_errors(tmp_path):
     miss = closest_miss(out.study)
     text = miss_explanation(miss)
     assert "requests answered failed at" in text and "http_500 x2" in text and "came closest" not in text
-    ran = [t for t in out.study.trials if t.user_attrs.get("loads")]
+    ran = [t for t in out.study.trials if t.user_attrs.get("loads") and "repeat_of" not in t.user_attrs]
     assert ran and error_totals(out.study) == {"http_500": sum(
         p["errors"]["http_500"] for t in ran for p in t.user_attrs["loads"])}
     assert all(t.user_attrs["errors"] == {"http_500": 2} for t in ran)  # 1 of 100 allowed: stopped at 2

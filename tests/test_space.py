@@ -173,16 +173,46 @@ def test_nearest_snaps_into_the_space():
     assert eager.nearest(True) is True
 
 
-def test_numeric_choices_are_ordered_for_the_sampler():
-    space = parse_space("parameters:\n  max_num_seqs: {choices: [256, 32, 64]}\n  block_size: {choices: [16, 32]}\n",
+def test_numeric_choices_are_stored_under_the_knob_with_their_real_values():
+    import optuna
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    space = parse_space("parameters:\n  max_num_seqs: {choices: [256, 32, 64]}\n  block_size: {choices: [16, 32]}\n"
+                        "  max_num_batched_tokens: {choices: [6144, 2048, 4096]}\n",
                         path="my.yaml").bind(Deployment(), num_heads=28)
-    seqs, block = space.params
-    assert (seqs.kind, seqs.choices, seqs.key) == ("ordinal", (32, 64, 256), "max_num_seqs_index")
+    seqs, block, mbt = space.params
+    assert (seqs.kind, seqs.choices, seqs.key) == ("ordinal", (32, 64, 256), "max_num_seqs")
     assert block.kind == "categorical"  # two values: nothing lies between them
-    config = ServeConfig(max_num_seqs=64, block_size=32)
-    assert space.params_of(config) == {"max_num_seqs_index": 1, "block_size": 32}
+    # evenly spaced: a range on that step, which the sampler models as numbers; a ladder: its values
+    assert mbt.distribution() == IntDistribution(2048, 6144, step=2048)
+    assert seqs.distribution() == CategoricalDistribution([32, 64, 256])
+    config = ServeConfig(max_num_seqs=64, block_size=32, max_num_batched_tokens=4096)
+    assert space.params_of(config) == {"max_num_seqs": 64, "block_size": 32, "max_num_batched_tokens": 4096}
     assert space.config_from_params(space.params_of(config)) == config
-    assert space.grid()["max_num_seqs_index"] == [0, 1, 2]
+    assert space.grid()["max_num_seqs"] == [32, 64, 256]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(12):
+        trial = study.ask()
+        config = space.suggest(trial)
+        assert trial.params == space.params_of(config)  # what Optuna stores is what the server ran
+        study.tell(trial, 0.0)
+    assert {t.params["max_num_batched_tokens"] for t in study.trials} <= {2048, 4096, 6144}
+
+
+def test_a_study_written_with_index_params_keeps_them_and_reads_them_as_values():
+    space = parse_space("parameters:\n  max_num_seqs: {choices: [32, 64, 256]}\n"
+                        "  max_num_batched_tokens: {choices: [2048, 4096, 8192]}\n",
+                        path="my.yaml").bind(Deployment(), num_heads=28)
+    old = {"max_num_seqs_index": 2, "max_num_batched_tokens_index": 0}
+    config = space.config_from_params(old)  # migration on read: the index is the choice
+    assert (config.max_num_seqs, config.max_num_batched_tokens) == (256, 2048)
+    # resumed, a study keeps the encoding its trials hold (Optuna keeps one per parameter)
+    kept = space.encoded_for(["max_num_seqs_index", "layout"])
+    assert [p.key for p in kept.params] == ["max_num_seqs_index", "max_num_batched_tokens"]
+    assert kept.params_of(config) == {"max_num_seqs_index": 2, "max_num_batched_tokens": 2048}
+    assert kept.fingerprint() == space.fingerprint()  # the same space: the study's identity holds
+    assert kept.config_from_params({"max_num_seqs": 64, "max_num_batched_tokens": 4096}).max_num_seqs == 64
+    assert space.encoded_for(["max_num_seqs", "block_size"]) is space
 
 
 def test_repeated_choices_are_bad_input():

@@ -111,7 +111,7 @@ def test_a_retry_starts_clean_of_the_dead_run_but_keeps_its_parameters():
     st.add_trial(optuna.create_trial(
         state=TrialState.FAIL, params={"x": 3}, distributions=dist,
         user_attrs={"worker": "h:1", "feasible": False, "warm_start": True},
-        system_attrs={"constraints:p95_ttft_over_target": 0.5, MEASURING: True}))
+        system_attrs={"constraints": [0.5], "constraints:p95_ttft_over_target": 0.5, MEASURING: True}))
     RetryOnce()(st, st.trials[0])
     retry = st.trials[1]
     assert retry.state == TrialState.WAITING and retry.params == {"x": 3}
@@ -306,7 +306,7 @@ def test_a_worker_killed_mid_trial_is_failed_by_heartbeat_and_retried_once(tmp_p
     assert len(retries) == 1
     assert retries[0].params == by_number[victim.number].params == victim.params and retries[0].user_attrs["pid"] != victim.user_attrs["pid"]
     if retries[0].state == TrialState.COMPLETE:  # else its worker stalled too: check_failures holds it to that
-        assert retries[0].system_attrs["constraints:p95_ttft_over_target"] == retries[0].user_attrs["constraint"]
+        assert retries[0].system_attrs["constraints"] == [retries[0].user_attrs["constraint"]]
     # the study completed: the budget is used exactly, nothing left running or waiting; any
     # other FAIL is a live worker's that stalled past the grace period, retried once
     assert budget_used(load(pg_url), shared=True) == (BUDGET, 0)

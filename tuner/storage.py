@@ -243,7 +243,7 @@ class RetryOnce:
     def __call__(self, study: optuna.Study, trial: Any) -> None:
         clean = copy.deepcopy(trial)
         clean.system_attrs = {k: v for k, v in trial.system_attrs.items()
-                              if not k.startswith(("constraints:", RUN_STATE_PREFIX))}
+                              if k != "constraints" and not k.startswith(("constraints:", RUN_STATE_PREFIX))}
         kept = TrialRecord.from_trial(trial)
         clean.user_attrs = TrialRecord(**{k: getattr(kept, k) for k in KEEP_ON_RETRY}).to_attrs()
         self._inner(study, clean)

@@ -20,9 +20,9 @@ Per trial (:func:`evaluate_config`, :mod:`tuner.search.objective`):
    requests failed at 64 users: http_429 x400``), never a latency. Refining also stops
    once even the failing load could not beat the study's best trial (Little's law bound).
 
-The P95 TTFT constraint goes to the sampler as an Optuna constraint
-(``trial.set_constraint``, which replaced ``constraints_func`` in Optuna 5.0; TPE and GP
-both read it), so it learns the feasible region. Infeasible
+The P95 TTFT constraint goes to the sampler as an Optuna constraint (the trial's
+``constraints`` system attr, :func:`~tuner.search.constraints.tell_constraints`: TPE, GP and
+optuna-dashboard read it), so it learns the feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
 crash marks only that trial FAIL and the study goes on. A configuration the sampler
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).

@@ -36,6 +36,7 @@ from tuner.search.settings import SearchSettings
 from tuner.search.setup import StudySetup
 from tuner.search.boundary import incumbent as sure_incumbent
 from tuner.search.boundary import lowest_p95, sampler_constraint
+from tuner.search.constraints import tell_constraints
 from tuner.study import best_feasible_trial, count_finished, study_name
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class SearchRun(StudySetup):
                 if advice.prune:
                     if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
-                    prune(trial, config, advice, self.run_facts, self.slos)
+                    prune(trial, config, advice, self.run_facts, self.slos, self.named_constraints)
             ev = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.slos,
                 load_kind=self.space.workload.load, max_replays=s.max_replays,
@@ -167,8 +168,7 @@ class SearchRun(StudySetup):
             constraints = {**constraints, CONSTRAINT: over}
             rec = rec.replace(boundary={"p95_ttft_s": lowest_p95(rec), "upper_p95_ttft_s": (1 + over) * self.target,
                                         "sampler_constraint": over})
-        for name, value in constraints.items():
-            trial.set_constraint(name, value)
+        tell_constraints(trial, constraints, named=self.named_constraints)
         write(trial.set_user_attr, rec)
         return ev.value
 
@@ -229,8 +229,7 @@ class SearchRun(StudySetup):
         told = dict(rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0})
         if rec.boundary:  # what the sampler was told of the earlier trial
             told[CONSTRAINT] = float(rec.boundary["sampler_constraint"])
-        for name, value in told.items():
-            trial.set_constraint(name, value)
+        tell_constraints(trial, told, named=self.named_constraints)
         write(trial.set_user_attr, rec.replace(**{k: getattr(TrialRecord(), k) for k in QUEUED},
                                                 repeat_of=earlier.number, gpu_s=0.0))
         return float(earlier.value)

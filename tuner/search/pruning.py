@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from tuner.config import ServeConfig
 from tuner.jsonsafe import json_safe
 from tuner.record import RunFacts, TrialRecord, write
+from tuner.search.constraints import tell_constraints
 from tuner.search.defaults import snapped_grid
 from tuner.search.objective import CONSTRAINT, slo_constraints
 
@@ -92,16 +93,18 @@ def pruned_constraints(study: optuna.Study, advice: Advice, slos: SloSet) -> dic
     return out
 
 
-def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: RunFacts, slos: SloSet) -> None:
+def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: RunFacts, slos: SloSet,
+          named: bool = False) -> None:
     """Record a configuration the predictor ruled out, without launching it: PRUNED,
     with the prediction as evidence (TPE ranks pruned trials below every measured one)
-    and one constraint per SLO of ``slos`` (:func:`pruned_constraints`)."""
+    and one constraint per SLO of ``slos`` (:func:`pruned_constraints`), kept by name in
+    its record too."""
     import optuna
 
-    for name, value in pruned_constraints(trial.study, advice, slos).items():
-        trial.set_constraint(name, value)
+    constraints = pruned_constraints(trial.study, advice, slos)
+    tell_constraints(trial, constraints, named=named)
     write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(advice.prediction),
-                                           pruned_reason=advice.reason,
+                                           pruned_reason=advice.reason, constraints=constraints,
                                            feasible=False, gpu_s=0.0, run=run_facts, twin_of=advice.twin_of))
     trial.report(float(advice.value), step=0)
     raise optuna.TrialPruned(advice.reason)

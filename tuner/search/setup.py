@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from tuner.config import ServeConfig
 from tuner.errors import InputError
 from tuner.record import StudyRecord, TrialRecord
+from tuner.search.constraints import named_constraints
 from tuner.search.defaults import default_trials
 from tuner.search.objective import OBJECTIVE_UNITS
 from tuner.search.records import report_stale_servers, stamp_study
@@ -16,6 +17,7 @@ from tuner.study import count_finished, open_study
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.distributions import BaseDistribution
 
     from tuner.search.prediction import Predictor
 
@@ -40,8 +42,11 @@ class StudySetup:
         from tuner.workers import worker_seed
 
         s = self.settings
-        st = open_study(self.name, self.storage,
-                        sampler=make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space))
+        st = open_study(self.name, self.storage)
+        stored = stored_distributions(st)
+        self.space = self.space.encoded_for(stored)  # a study written with <knob>_index keeps it
+        st.sampler = make_sampler(s.sampler, seed=worker_seed(s.seed, self.storage), space=self.space)
+        self.named_constraints = named_constraints(st)  # likewise constraints by name
         stamp_study(st, self.space, self.deployment, self.fingerprint, self.backend.name, s.sampler, s.seed,
                      self.target, s.objective)
         record = StudyRecord.from_study(st)
@@ -57,6 +62,7 @@ class StudySetup:
                 hint="resume it with the same --slo options, or give --study a new name",
             )
         self._check_space(record)
+        self._check_distributions(stored)
         stamped = record.target_ttft_s
         if stamped is not None and abs(float(stamped) - self.target) > 1e-9:
             raise InputError(
@@ -82,6 +88,24 @@ class StudySetup:
                                   "trials to the old ones")
         self.obs.on_warning(f"resuming study {self.name!r} over another space than it was made with ({what})")
 
+    def _check_distributions(self, stored: dict[str, BaseDistribution]) -> None:
+        """Optuna keeps one distribution per parameter in a study: a space resumed with
+        ``--resume-anyway`` whose choices of a knob changed is refused here, in one line."""
+        from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
+
+        now = {p.key: p.distribution() for p in self.space.params}
+        if len(self.space.layout_choices) > 1:
+            now["layout"] = CategoricalDistribution(list(self.space.layout_choices))
+        for key, dist in now.items():
+            try:
+                if key in stored:
+                    check_distribution_compatibility(stored[key], dist)
+            except ValueError as err:
+                raise InputError(
+                    f"study {self.name!r} holds {key} as {_shown(stored[key])}, the space as {_shown(dist)}: "
+                    "Optuna cannot change a parameter's choices within a study",
+                    hint="give --study a new name for the new space") from err
+
     def _enqueue(self, enqueue: Sequence[ServeConfig]) -> None:
         """Warm-start configurations, and vLLM's defaults per layout for a new TPE/GP study."""
         trials = self.study.get_trials(deepcopy=False)
@@ -93,3 +117,20 @@ class StudySetup:
             if tuple(sorted(params.items())) not in waiting:
                 waiting.add(tuple(sorted(params.items())))
                 self.study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+
+
+def stored_distributions(study: optuna.Study) -> dict[str, BaseDistribution]:
+    """Each parameter the study's trials hold, with the distribution Optuna stored for it."""
+    out: dict[str, BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        out.update(trial.distributions)
+    return out
+
+
+def _shown(dist: BaseDistribution) -> str:
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return f"choices {list(dist.choices)}"
+    low, high, step = (getattr(dist, k, None) for k in ("low", "high", "step"))
+    return f"{low}..{high}" + (f" step {step}" if step not in (None, 1) else "")

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import MAX_GPUS
@@ -14,6 +14,21 @@ if TYPE_CHECKING:
     import optuna
 
 _LAYOUT_RE = re.compile(r"^tp(\d+)x(\d+)$")
+#: What :meth:`Param.read` gives for a trial that does not hold the knob.
+MISSING = object()
+
+
+def index_key(name: str) -> str:
+    """Where studies written before kept ordered choices: their index, ``<knob>_index``."""
+    return f"{name}_index"
+
+
+def even_step(choices: Sequence[Any]) -> int | None:
+    """The step of whole numbers evenly spaced (``(16, 32, 48)`` → 16), else ``None``."""
+    if len(choices) < 2 or not all(type(c) is int for c in choices):
+        return None
+    steps = {b - a for a, b in zip(choices, choices[1:])}
+    return steps.pop() if len(steps) == 1 else None
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -41,10 +56,15 @@ class Param:
     step: float | None = None
     log: bool = False
     choices: tuple[Any, ...] = ()
+    #: Ordered choices stored as their index, ``<knob>_index`` (studies written before the
+    #: knobs were stored under their own names; :meth:`SearchSpace.encoded_for` keeps it for them).
+    indexed: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("int", "float", "categorical", "ordinal"):
             raise InputError(f"parameter {self.name}: unknown kind {self.kind!r}")
+        if self.indexed and self.kind != "ordinal":
+            raise InputError(f"parameter {self.name}: only ordered choices are stored as an index")
         if self.kind in ("categorical", "ordinal"):
             if not self.choices:
                 raise InputError(f"parameter {self.name}: empty choices")
@@ -58,27 +78,58 @@ class Param:
 
     @property
     def key(self) -> str:
-        """The name Optuna stores: the knob, or ``<knob>_index`` for ordered choices."""
-        return f"{self.name}_index" if self.kind == "ordinal" else self.name
+        """The name Optuna stores: the knob's own (``<knob>_index`` in an indexed study)."""
+        return index_key(self.name) if self.indexed else self.name
+
+    def distribution(self) -> optuna.distributions.BaseDistribution:
+        """The Optuna distribution of :attr:`key`. Ordered choices keep their real values:
+        whole numbers evenly spaced (16, 32, 48) as an integer range on that step, which the
+        sampler models as numbers; other ladders (32, 64, 128) as choices of the values."""
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+        if self.indexed:
+            return IntDistribution(0, len(self.choices) - 1)
+        if self.kind == "ordinal" and (step := even_step(self.choices)) is not None:
+            return IntDistribution(self.choices[0], self.choices[-1], step=step)
+        if self.kind in ("categorical", "ordinal"):
+            return CategoricalDistribution(list(self.choices))
+        if self.kind == "int":
+            return IntDistribution(int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+        return FloatDistribution(self.low, self.high, step=self.step, log=self.log)
 
     def encode(self, value: Any) -> Any:
-        """Knob value → the trial parameter's value (an index for ordered choices)."""
-        return self.choices.index(self.nearest(value)) if self.kind == "ordinal" else value
+        """Knob value → the trial parameter's value (ordered choices snapped to the nearest;
+        its index in an indexed study)."""
+        if self.kind != "ordinal":
+            return value
+        value = self.nearest(value)
+        return self.choices.index(value) if self.indexed else value
 
     def decode(self, value: Any) -> Any:
         """Trial parameter value → knob value."""
-        return self.choices[int(value)] if self.kind == "ordinal" else value
+        return self.choices[int(value)] if self.indexed else value
+
+    def read(self, params: Mapping[str, Any]) -> Any:
+        """This knob's value in a trial's ``params``: under :attr:`key`, or for ordered choices
+        under the other encoding (``<knob>_index`` of a study written before, or the real
+        value); :data:`MISSING` when the trial has neither."""
+        if self.key in params:
+            return self.decode(params[self.key])
+        if self.kind == "ordinal":
+            other = replace(self, indexed=not self.indexed)
+            if other.key in params:
+                return other.decode(params[other.key])
+        return MISSING
 
     def suggest(self, trial: optuna.Trial) -> Any:
-        if self.kind == "ordinal":  # an int index: the sampler sees that 64 lies between 32 and 128
-            return self.choices[trial.suggest_int(self.key, 0, len(self.choices) - 1)]
-        if self.kind == "categorical":
-            return trial.suggest_categorical(self.name, list(self.choices))
-        if self.kind == "int":
-            return trial.suggest_int(
-                self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
-            )
-        return trial.suggest_float(self.name, self.low, self.high, step=self.step, log=self.log)
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        d = self.distribution()
+        if isinstance(d, IntDistribution):
+            return self.decode(trial.suggest_int(self.key, d.low, d.high, step=d.step, log=d.log))
+        if isinstance(d, CategoricalDistribution):
+            return trial.suggest_categorical(self.key, list(d.choices))
+        return trial.suggest_float(self.key, d.low, d.high, step=d.step, log=d.log)
 
     def grid_values(self, points: int = 4) -> tuple[Any, ...]:
         """A discretised version: the choices, the steps (when few), or ``points`` values
@@ -123,8 +174,8 @@ class Param:
 
 
 def choice_param(name: str, choices: Sequence[Any]) -> Param:
-    """A parameter over ``choices``: ordered (an index the sampler can interpolate) when
-    they are three or more numbers, else categorical."""
+    """A parameter over ``choices``: ordered (:meth:`Param.distribution`) when they are three
+    or more numbers, else categorical."""
     numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices)
     if numeric and len(choices) >= 3:
         return Param(name, "ordinal", choices=tuple(sorted(choices)))

@@ -2,14 +2,14 @@
 pinning; and :func:`space_difference`."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
 from tuner.space.knob_values import KNOBS, pin_value
-from tuner.space.param import Param, choice_param, layout_name, parse_layout
+from tuner.space.param import MISSING, Param, choice_param, index_key, layout_name, parse_layout
 from tuner.space.workload import WorkloadSpec
 from tuner.values import shown
 from tuner.yamlfile import line_of
@@ -107,8 +107,17 @@ class SearchSpace:
     def config_from_params(self, params: dict[str, Any]) -> ServeConfig:
         """The :class:`ServeConfig` of a trial's ``params`` (as Optuna stores them)."""
         values = dict(self.fixed)
-        values.update({p.name: p.decode(params[p.key]) for p in self.params if p.key in params})
+        values.update({p.name: v for p in self.params if (v := p.read(params)) is not MISSING})
         return self._config(values, params.get("layout", self.layout_choices[0]))
+
+    def encoded_for(self, param_names: Iterable[str]) -> SearchSpace:
+        """The space as a study whose trials hold ``param_names`` stores it: ordered choices
+        it keeps as ``<knob>_index`` (written before knobs were stored under their own names)
+        stay indexed there, so that its sampler reads them and Optuna, which keeps one
+        distribution per parameter in a study, accepts the new trials' values."""
+        names = set(param_names)
+        params = tuple(replace(p, indexed=p.kind == "ordinal" and index_key(p.name) in names) for p in self.params)
+        return self if params == self.params else _replace(self, params=params)
 
     def params_of(self, config: ServeConfig) -> dict[str, Any]:
         """Trial params for ``config`` (for ``study.enqueue_trial``)."""
