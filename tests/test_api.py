@@ -48,7 +48,7 @@ def test_search_and_plan_are_the_modules_and_the_verbs():
     import tuner.search
 
     assert callable(tuner.search) and callable(tuner.plan)
-    assert tuner.search.run_search.__module__ == "tuner.search.driver"
+    assert tuner.search.run_search.__module__ == "tuner.search.run"
     assert tuner.plan.plan_capacity.__module__ == "tuner.plan.planner"
     with pytest.raises(AttributeError):
         tuner.no_such_thing  # noqa: B018

@@ -12,6 +12,7 @@ from tuner.confirmation import FEASIBILITY, Candidate, candidates, race
 from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord, write_confirmation
 from tuner.search.boundary import lowest_p95, study_objective_sd
+from tuner.search.constraints import CONSTRAINTS_ATTR
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.slo import SloSet
@@ -244,10 +245,11 @@ def confirm_winner(
             c.floor_p95s.append(low)
         trial = by_number[c.number]
         companion = confirmation_study(study, create=True)
-        companion.add_trial(create_trial(
+        told = named or {CONSTRAINT: float(constraint)}
+        companion.add_trial(create_trial(  # constraints as the list optuna-dashboard reads (tuner.search.constraints)
             state=state, value=value, params=trial.params, distributions=trial.distributions,
             user_attrs=rec.to_attrs(),
-            constraints=(named or {CONSTRAINT: float(constraint)}) if state == TrialState.COMPLETE else None))
+            system_attrs={CONSTRAINTS_ATTR: [float(told[k]) for k in sorted(told)]} if state == TrialState.COMPLETE else None))
         return float(value or 0.0) if rec.feasible else 0.0
 
     def on_round(r: int, alive: list[Candidate]) -> None:
