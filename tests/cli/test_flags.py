@@ -72,6 +72,7 @@ def test_a_shared_flag_is_spelled_and_valued_alike_in_every_command(flag):
 @pytest.mark.parametrize(("old", "argv"), [
     ("--rates", ["plan", "--gpu", "H100-SXM", "--rates", "0", "--no-files", "--no-store"]),
     ("--wall-clock", ["nightly", "--wall-clock", "never"]),
+    ("--tp", ["plan", "--study", "x", "--tp", "2"]),
     ("--budget-s", ["calibrate", "--model", "nowhere", "--gpu", "H100-SXM", "--backend", "sim",
                     "--budget-s", "never"]),
 ])

@@ -64,7 +64,7 @@ def test_plan_from_the_newest_study_is_stored_and_printed(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "--study", "x", "--tp", "2"], "--tp describes a configuration"),
+    (["plan", "--study", "x", "--tensor-parallel-size", "2"], "--tensor-parallel-size describes a configuration"),
     (["plan", *CONFIG, "--demand", "lots"], "cannot read demand"),
     (["plan", *CONFIG, "--output", "yaml"], "'yaml' is not one of 'text', 'json'"),
     (["plan", *CONFIG, "--headroom", "much"], "cannot read --headroom"),

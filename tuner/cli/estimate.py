@@ -11,7 +11,7 @@ import typer
 
 from tuner.cli.app import app
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
-from tuner.cli.options import OUTPUT_HELP, Output
+from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed
 from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.errors import ConfigRejected, InputError
 from tuner.load import Concurrency, Load, Poisson
@@ -176,8 +176,9 @@ def estimate_cmd(
                               "needs compute capability 8.0 (vLLM refuses it on V100/T4)."),
     vllm_version: str = typer.Option(DEFAULT_VLLM_VERSION, "--vllm-version", help="vLLM release "
                                      "whose defaults and messages to follow (e.g. 0.6.3, 0.26.0)."),
-    tp: int = typer.Option(1, "--tp", "--tensor-parallel-size", help="Tensor-parallel size: GPUs "
-                           "per replica; must divide the attention heads."),
+    tensor_parallel_size: int = typer.Option(None, "--tensor-parallel-size", help="Tensor-parallel size: "
+                                             "GPUs per replica; must divide the attention heads. Default 1."),
+    tp: int = old_spelling("--tp"),
     replicas: int = typer.Option(1, "--replicas", help="Independent engines (data parallel)."),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP),
     concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
@@ -213,6 +214,9 @@ def estimate_cmd(
     """
     knobs, _ = pins(knob_flags, set_)
     from tuner.cli.search import parse_gpus
+
+    tp = renamed(tensor_parallel_size, tp, "--tp")
+    tp = 1 if tp is None else tp
 
     count, ids = parse_gpus(gpus) if gpus else (tp * replicas, ())
     deployment, config = build_deployment_config(

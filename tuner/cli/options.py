@@ -52,6 +52,7 @@ RENAMED = {
     "--report-dir": "--out",        # where a command writes its files (nightly; the others said --out)
     "--wall-clock": "--timeout",    # stop starting trials after this long (nightly; search said --timeout)
     "--budget-s": "--timeout",      # the same for calibrate's trials
+    "--tp": "--tensor-parallel-size",  # GPUs per replica (estimate, plan): vLLM's own flag, as search says it
 }
 
 

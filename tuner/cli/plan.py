@@ -15,7 +15,7 @@ from tuner.errors import InputError
 from tuner.knobs import KNOBS
 
 #: The options that describe a configuration (a deployment and every knob of tuner.knobs).
-_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tp", "replicas", *(k.name for k in KNOBS))
+_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
@@ -24,7 +24,7 @@ def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
     from tuner.config import DEFAULT_VLLM_VERSION
     from tuner.sim.hardware import get_gpu
 
-    tp, replicas = v["tp"] or 1, v["replicas"] or 1
+    tp, replicas = (1 if v[k] is None else v[k] for k in ("tensor_parallel_size", "replicas"))
     count, ids = parse_gpus(v["gpus"]) if v["gpus"] else (tp * replicas, ())
     return build_deployment_config(
         model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpu_count=count, gpu_ids=ids,
@@ -55,7 +55,9 @@ def plan_cmd(
     quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... or none."),
     dtype: str = typer.Option(None, "--dtype", help="auto, float16/half, bfloat16 (V100/T4 need float16)."),
     vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM release whose behaviour to follow."),
-    tp: int = typer.Option(None, "--tp", "--tensor-parallel-size", help="GPUs per replica (must divide the heads)."),
+    tensor_parallel_size: int = typer.Option(None, "--tensor-parallel-size", help="GPUs per replica (must divide "
+                                             "the heads)."),
+    tp: int = old_spelling("--tp"),
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
                                           "knob flags do (not with --study/--trial)."),
@@ -125,7 +127,8 @@ def plan_cmd(
       tuner plan --target-ttft 5s
       tuner plan --target-ttft 5s --demand 1200/min --gpu-hour-cost 1.2
       tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
-          --model llama-2-7b --dtype float16 --tp 8 --max-num-seqs 128
+          --model llama-2-7b --dtype float16 --tensor-parallel-size 8 \\
+          --max-num-seqs 128
     """
     import tuner
     from tuner.cli.estimate import parse_list
@@ -136,6 +139,7 @@ def plan_cmd(
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
+    tensor_parallel_size = renamed(tensor_parallel_size, tp, "--tp")
     values = dict(locals())
     knobs, _ = pins(knob_flags, set_)
     values.update({k.name: knobs.get(k.name) for k in KNOBS})

@@ -54,7 +54,7 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
             name = names[-1]
             return name, None if db == Path(folder) / f"{name}.db" else url
     raise InputError(f"no study in {folder}/",
-                     hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tp ...")
+                     hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tensor-parallel-size ...")
 
 def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> str:
     """Name of the newest study (see :func:`find_newest_study`, which also gives its storage)."""
