@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import textwrap
 
 import optuna
@@ -347,4 +348,29 @@ def test_a_pinned_knob_leaves_the_search_and_names_the_space():
     with pytest.raises(InputError, match=r"^--set x: max_num_seqs must be an integer"):
         space.pinned({"max_num_seqs": 0}, where={"max_num_seqs": "--set x"})
     with pytest.raises(InputError, match="not a knob tuner can pin"):
-        space.pinned({"tensor_parallel_size": 2})
+        space.pinned({"speed": 2})
+
+
+def test_a_pinned_tp_or_replica_count_keeps_only_the_layouts_with_it():
+    space = parse_space("layouts: [tp1x4, tp2x2, tp4x1]\n", path="my.yaml")
+    four = Deployment(gpu_count=4)
+    bound = space.bind(four, num_heads=28)
+    by_tp = space.pinned({"tensor_parallel_size": 2}).bind(four, num_heads=28)
+    assert by_tp.layouts == ((2, 2),) and by_tp.grid() == {k: v for k, v in bound.grid().items() if k != "layout"}
+    assert by_tp.name == "my+tensor_parallel_size=2" and by_tp.fingerprint() != bound.fingerprint()
+    assert space.pinned({"replicas": "1"}).bind(four, num_heads=28).layouts == ((4, 1),)
+    auto = parse_space("layouts: auto\n", path="my.yaml").pinned({"replicas": 2, "max_num_seqs": 64})
+    assert auto.bind(Deployment(gpu_count=8), num_heads=28).layouts == ((4, 2),)  # of tp1x8, tp2x4, tp4x2
+
+
+@pytest.mark.parametrize("layouts, pin, words", [
+    ("[tp1x4, tp2x2, tp4x1]", {"tensor_parallel_size": 3}, "tensor_parallel_size=3 leaves no layout: the space has "
+                                                           "tp1x4, tp2x2, tp4x1"),
+    ("[tp1x4, tp2x2]", {"tensor_parallel_size": 2, "replicas": 1}, "tensor_parallel_size=2 replicas=1 leaves no"),
+    ("auto", {"tensor_parallel_size": 8}, "the space has tp1x8, tp2x4, tp4x2 (auto: each TP that divides the 28"),
+    ("auto", {"replicas": 0}, "replicas takes a whole number from 1"),
+])
+def test_a_layout_pin_that_leaves_none_names_the_space_layouts(layouts, pin, words):
+    space = parse_space(f"layouts: {layouts}\n", path="my.yaml")
+    with pytest.raises(InputError, match=re.escape(words)):
+        space.pinned(pin).bind(Deployment(gpu_count=8 if layouts == "auto" else 4), num_heads=28)

@@ -188,6 +188,49 @@ def test_a_bad_pin_is_one_line_saying_what_and_where(tmp_path, monkeypatch, caps
     assert not (tmp_path / "studies").exists()  # refused before a study is made
 
 
+@pytest.mark.parametrize("args, named, layout", [
+    (["--tensor-parallel-size", "2"], "tensor_parallel_size_2", (2, 4)),
+    (["--set", "replicas=2"], "replicas_2", (4, 2)),
+])
+def test_a_pinned_layout_half_keeps_only_the_space_layouts_with_it(tmp_path, monkeypatch, capsys, args, named, layout):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--space", "article-004-8xv100-32gb", "--budget", "2", "--confirm", "0",
+                              *args, "--recipe", "win.json", "-o", "json"], capsys)  # layouts tp1x8, tp2x4, tp4x2
+    assert code == 0, err
+    report = json.loads(out)
+    assert named in report["study"]  # a study of its own, like a pinned knob
+    study = optuna.load_study(study_name=report["study"], storage=report["storage"])
+    assert study.trials and all("layout" not in t.params for t in study.trials)  # one layout left: not searched
+    assert {(t.user_attrs["config"]["tensor_parallel_size"], t.user_attrs["config"]["replicas"])
+            for t in study.trials} == {layout}
+    [entry] = json.loads((tmp_path / "win.json").read_text())
+    assert entry["tensor_parallel_size"] == layout[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--space", "article-004-8xv100-32gb", "--tensor-parallel-size", "3"],
+     "--tensor-parallel-size 3 leaves no layout: the space has tp1x8, tp2x4, tp4x2"),
+    (["--gpus", "4", "--set", "tensor_parallel_size=8"],  # auto layouts: 4 GPUs, 28 heads
+     "--set tensor_parallel_size=8 leaves no layout: the space has tp1x4, tp2x2, tp4x1 (auto: each TP that "
+     "divides the 28 attention heads"),
+    (["--gpus", "4", "--tensor-parallel-size", "2", "--replicas", "4"],
+     "--tensor-parallel-size 2 --replicas 4 leaves no layout: the space has tp1x4, tp2x2, tp4x1"),
+    (["--set", "replicas=none"], "--set replicas=none: replicas takes a whole number"),
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size: tensor_parallel_size takes a whole number"),
+])
+def test_a_layout_pin_that_leaves_no_layout_is_one_line_naming_the_space_layouts(
+        tmp_path, monkeypatch, capsys, args, words):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["search", "--budget", "1", *args], capsys)
+    assert code == 2 and words in err and err.count("\n") == 1, err
+    assert not (tmp_path / "studies").exists()  # refused before a study is made
+
+
+def test_help_shows_the_layout_pins(capsys):
+    code, out, _ = run_cli(["search", "--help"], capsys)
+    assert code == 0 and "--tensor-parallel-size" in out and "--replicas" in out
+
+
 def test_recipe_writes_the_recommendation_from_search_and_from_studies_show(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli(["search", "--budget", "2", "--confirm", "0", "--set", "kv_cache_dtype=fp8",

@@ -23,6 +23,9 @@ from tuner.knobs import KNOBS, knob
 #: flag (booleans take ``--no-<flag>`` too) and what it does.
 KNOB_FLAGS: dict[str, tuple[str, str]] = {k.name: (k.flag, k.help) for k in KNOBS}
 
+#: The layout's halves that ``tuner search`` pins like a knob, by their ``vllm serve`` flag.
+LAYOUT_FLAGS = {"tensor_parallel_size": "tensor-parallel-size", "replicas": "replicas"}
+
 SET_HELP = ("Pin a knob at a value, repeatable; the knob by its name or vLLM flag: --set max_num_seqs=256 "
             "--set enforce-eager=true. Same as the knob's own flag.")
 
@@ -59,33 +62,40 @@ def with_knob_options(more: str = "") -> Callable[[Callable[..., Any]], Callable
     return decorate
 
 
-def _knob_named(text: str, said: str) -> str:
+def _knob_named(text: str, said: str, flags: Mapping[str, str]) -> str:
     key = text.strip().removeprefix("--")
-    name = {k.flag: k.name for k in KNOBS}.get(key, key.replace("-", "_"))
-    if name not in KNOB_FLAGS:
-        raise InputError(f"{said}: {text.strip()!r} is not a knob", hint=f"knobs: {', '.join(KNOB_FLAGS)}")
+    name = {flag: name for name, flag in flags.items()}.get(key, key.replace("-", "_"))
+    if name not in flags:
+        raise InputError(f"{said}: {text.strip()!r} is not a knob", hint=f"knobs: {', '.join(flags)}")
     return name
 
 
-def pins(flags: Mapping[str, Any], sets: Iterable[str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+def pins(flags: Mapping[str, Any], sets: Iterable[str] | None = None,
+         layout: Mapping[str, int | None] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """``{knob: value}`` from the knob flags given (``flags``: knob → value or None) and the
     ``--set knob=value`` texts, each value checked; and, per knob, what the user wrote (for
-    messages). A knob given twice with two values is refused."""
-    from tuner.space import pin_value
+    messages). A knob given twice with two values is refused. With ``layout`` (``tuner
+    search``: ``--tensor-parallel-size``, ``--replicas``, by :data:`LAYOUT_FLAGS` name → value
+    or None), those are pins too, and ``--set`` takes them."""
+    from tuner.space import pin_layout_value, pin_value
 
+    known = {name: flag for name, (flag, _) in KNOB_FLAGS.items()}
+    if layout is not None:
+        known.update(LAYOUT_FLAGS)
+    checked = lambda name, value, said: (pin_layout_value if name in LAYOUT_FLAGS else pin_value)(name, value, said)  # noqa: E731
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
-    for name, value in flags.items():
+    for name, value in {**flags, **(layout or {})}.items():
         if value is not None:
-            where[name] = f"--{KNOB_FLAGS[name][0]}"
-            values[name] = pin_value(name, value, where[name])
+            where[name] = f"--{known[name]}"
+            values[name] = checked(name, value, where[name])
     for text in sets or ():
         said = f"--set {text}"
         if "=" not in text:
             raise InputError(f"{said}: write knob=value", hint="e.g. --set max_num_seqs=256")
         key, raw = text.split("=", 1)
-        name = _knob_named(key, said)
-        value = pin_value(name, raw, said)
+        name = _knob_named(key, said, known)
+        value = checked(name, raw, said)
         if name in values and values[name] != value:
             raise InputError(f"{said}: {name} is already pinned at {values[name]} by {where[name]}",
                              hint="give each knob once")
@@ -98,7 +108,7 @@ def build_deployment_config(
     dtype: str, quantization: str | None, tp: int, replicas: int, knobs: Mapping[str, Any],
 ) -> tuple[Deployment, ServeConfig]:
     """The machine (``--gpu``, ``--gpus``, ``--model``, ...) and the ``vllm serve`` flags
-    (``--tp``, ``--max-num-seqs``, ...; ``knobs``: those given, by knob name, as :func:`pins`
+    (``--tensor-parallel-size``, ``--max-num-seqs``, ...; ``knobs``: those given, by knob name, as :func:`pins`
     returns them) as the two objects the simulator and backends take; a knob not given is
     ServeConfig's default (``None``: vLLM's default for the version, GPU and model)."""
     deployment = Deployment(

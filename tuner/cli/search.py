@@ -122,6 +122,8 @@ def search_cmd(
     feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
     resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
+    tensor_parallel_size: int | None = typer.Option(None, "--tensor-parallel-size", help="Keep only the space's layouts with this tensor-parallel size (GPUs per replica); --set tensor_parallel_size=N is the same. A study of its own."),
+    replicas: int | None = typer.Option(None, "--replicas", help="Keep only the space's layouts with this many replicas (independent engines); --set replicas=N is the same. A study of its own."),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + _PIN),
     recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
@@ -148,6 +150,7 @@ def search_cmd(
       tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
       tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
       tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
+      tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
       tuner search --budget 40 --recipe winner.json
     """
     import tuner
@@ -174,7 +177,7 @@ def search_cmd(
 
         ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
         target, slos = ttft or target, list(others)
-    pinned, where = pins(knob_flags, set_)
+    pinned, where = pins(knob_flags, set_, layout={"tensor_parallel_size": tensor_parallel_size, "replicas": replicas})
     workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
     alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with Bar("trials", budget, best=True, objective=objective) as progress, \
@@ -183,7 +186,7 @@ def search_cmd(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
             workload=workload, backend=backend, backend_options=options,
             study=study, storage=storage, settings=settings, predict=predict, warm_start=warm_start == "sim",
-            observer=progress, pin=pinned)
+            observer=progress, pin=pinned, pin_where=where)
     alarm(None)
     dep = outcome.deployment
     from tuner.study import error_totals, recommendation

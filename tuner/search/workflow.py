@@ -45,22 +45,24 @@ class Prepared:
 
 def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[str, Any] | None = None,
             workload: Mapping[str, Any] | None = None, requests: Workload | None = None,
-            pin: Mapping[str, Any] | None = None) -> Prepared:
+            pin: Mapping[str, Any] | None = None, pin_where: Mapping[str, str] | None = None) -> Prepared:
     """The search space (a shipped name, a YAML file, or a :class:`SearchSpace`) with
     ``deployment`` changes (fields of :class:`~tuner.config.Deployment`: ``model``, ``gpu``,
     ``gpu_count``, ``gpu_ids``, ``quantization``, ``calibration``, ...) and ``workload``
     changes (of its workload section: ``target_ttft_s`` in seconds or as ``"2s"``,
     ``trace``, ``load``, ``requests``, ...; ``None`` leaves a field as the space says),
     bound to the deployment (layouts resolved and checked); ``requests`` replaces the
-    workload the space would build. ``pin`` fixes knobs at values (``{"max_num_seqs": 256}``:
-    :meth:`~tuner.space.SearchSpace.pinned`, a study of its own)."""
+    workload the space would build. ``pin`` fixes knobs at values (``{"max_num_seqs": 256}``;
+    ``tensor_parallel_size`` and ``replicas`` keep the layouts with that value:
+    :meth:`~tuner.space.SearchSpace.pinned`, a study of its own); ``pin_where`` names, per
+    knob, what the user wrote (``--tensor-parallel-size``), for messages."""
     from tuner.space import SearchSpace, load_space
     from tuner.slo import split_slos
     from tuner.units import parse_seconds
 
     trace = (workload or {}).get("trace")
     sp = space if isinstance(space, SearchSpace) else load_space(space, trace=trace)
-    sp = sp.pinned(pin or {})
+    sp = sp.pinned(pin or {}, pin_where)
     dep = dataclasses.replace(sp.deployment, **deployment) if deployment else sp.deployment
     changes = {k: v for k, v in (workload or {}).items() if v is not None}  # None: as the space says
     if "target_ttft_s" in changes:
@@ -92,7 +94,8 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
            backend: Backend | str = "sim", backend_options: Mapping[str, Any] | None = None,
            study: str | None = None, storage: str | None = None, settings: SearchSettings | None = None,
            predict: bool = True, warm_start: bool = False, observer: Observer | None = None,
-           tags: Mapping[str, Any] | None = None, pin: Mapping[str, Any] | None = None) -> SearchOutcome:
+           tags: Mapping[str, Any] | None = None, pin: Mapping[str, Any] | None = None,
+           pin_where: Mapping[str, str] | None = None) -> SearchOutcome:
     """Run (or resume) the study of ``space`` (see :func:`prepare` for ``deployment``,
     ``workload``, ``requests`` and ``pin``) on ``backend`` (``sim``, ``vllm`` or ``endpoint`` with
     ``backend_options`` for its constructor, or a backend object) until it holds
@@ -108,7 +111,8 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
     from tuner.progress import observer_or_headless
 
     s = settings or SearchSettings()
-    prepared = prepare(space, deployment=deployment, workload=workload, requests=requests, pin=pin)
+    prepared = prepare(space, deployment=deployment, workload=workload, requests=requests, pin=pin,
+                       pin_where=pin_where)
     if isinstance(backend, str):
         if backend == "sim" and any(t.split(":")[1].startswith("itl") for t in prepared.space.workload.slos):
             backend_options = {"record_itl": True, **(backend_options or {})}  # an ITL SLO needs the gaps

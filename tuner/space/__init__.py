@@ -19,7 +19,7 @@ imported here.
 from __future__ import annotations
 
 from tuner.space.knob_values import KNOBS, pin_value
-from tuner.space.param import Param, choice_param, layout_name, parse_layout
+from tuner.space.param import LAYOUT_PINS, Param, choice_param, layout_name, parse_layout, pin_layout_value
 from tuner.space.parameters import MAX_CHOICES
 from tuner.space.reader import MAX_NAME, SHIPPED_DIR, list_spaces, load_space, parse_space, resolve_space_path
 from tuner.space.search_space import SearchSpace, space_difference
@@ -36,6 +36,8 @@ from tuner.space.workload import (
 __all__ = [
     "KNOBS",
     "pin_value",
+    "LAYOUT_PINS",
+    "pin_layout_value",
     "Param",
     "choice_param",
     "layout_name",

@@ -45,6 +45,21 @@ def layout_name(tp: int, replicas: int) -> str:
     return f"tp{tp}x{replicas}"
 
 
+#: The two halves of a layout that a search can pin like a knob (``--tensor-parallel-size 2``,
+#: ``--set replicas=4``): it then keeps only the space's layouts with that value.
+LAYOUT_PINS = ("tensor_parallel_size", "replicas")
+
+
+def pin_layout_value(name: str, value: Any, said: str) -> int:
+    """``value`` (an int, or text from ``--set``) of :data:`LAYOUT_PINS` ``name`` as a whole
+    number of GPUs or replicas, 1 to ``MAX_GPUS``; InputError naming ``said`` otherwise."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,6}", text) or not 1 <= int(text) <= MAX_GPUS:
+        raise InputError(f"{said}: {name} takes a whole number from 1 to {MAX_GPUS}, got {shown(value)}",
+                         hint=f"e.g. --set {name}=2")
+    return int(text)
+
+
 @dataclass(frozen=True, slots=True)
 class Param:
     """One searched knob: a range (``low``/``high``, optional ``step``, ``log``) or ``choices``."""

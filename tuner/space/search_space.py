@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import Deployment, ServeConfig
 from tuner.errors import InputError
 from tuner.space.knob_values import KNOBS, pin_value
-from tuner.space.param import MISSING, Param, choice_param, index_key, layout_name, parse_layout
+from tuner.space.param import (
+    LAYOUT_PINS, MISSING, Param, choice_param, index_key, layout_name, parse_layout, pin_layout_value,
+)
 from tuner.space.workload import WorkloadSpec
 from tuner.values import shown
 from tuner.yamlfile import line_of
@@ -20,7 +22,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class SearchSpace:
-    """A parsed search space. ``layouts`` is ``None`` for ``auto`` until :meth:`bind`."""
+    """A parsed search space. ``layouts`` is ``None`` for ``auto`` until :meth:`bind`;
+    ``layout_pin`` (``(("tensor_parallel_size", 2),)``, :meth:`pinned`) keeps only the layouts
+    that have those values, ``pin_said`` is what the user wrote for it."""
 
     name: str
     deployment: Deployment
@@ -31,18 +35,22 @@ class SearchSpace:
     description: str = ""
     path: str = "<space>"
     lines: dict[tuple[Any, ...], int] = field(default_factory=dict, compare=False, repr=False)
+    layout_pin: tuple[tuple[str, int], ...] = ()
+    pin_said: str = field(default="", compare=False, repr=False)
 
     # -- binding to a deployment ------------------------------------------------------
     def bind(self, deployment: Deployment, num_heads: int) -> SearchSpace:
         """The space for ``deployment`` (whose model has ``num_heads`` attention heads):
         ``auto`` layouts resolved, explicit ones checked (tp x replicas <= GPUs, TP
-        divides the heads)."""
+        divides the heads), and those of a pinned TP or replica count kept."""
         gpus = deployment.gpu_count
         if self.layouts is None:
             tps = [tp for tp in (1, 2, 4, 8, 16, 32, 64) if tp <= gpus and num_heads % tp == 0]
-            layouts = tuple((tp, gpus // tp) for tp in tps)
+            layouts = self._pinned_layouts(tuple((tp, gpus // tp) for tp in tps),
+                                           f"auto: each TP that divides the {num_heads} attention heads of "
+                                           f"{deployment.model}, replicas filling the {gpus} GPUs")
         else:
-            layouts = self.layouts
+            layouts = self._pinned_layouts(self.layouts, "")
             for tp, replicas in layouts:
                 name = layout_name(tp, replicas)
                 if tp * replicas > gpus:
@@ -57,6 +65,19 @@ class SearchSpace:
                         ("layouts",), hint="use a TP that divides the heads, or layouts: auto",
                     )
         return _replace(self, deployment=deployment, layouts=layouts)
+
+    def _pinned_layouts(self, layouts: tuple[tuple[int, int], ...], how: str) -> tuple[tuple[int, int], ...]:
+        """``layouts`` with the pinned TP and replica count; none left is an InputError naming them all."""
+        if not self.layout_pin:
+            return layouts
+        pin = dict(self.layout_pin)
+        kept = tuple((tp, r) for tp, r in layouts
+                     if pin.get("tensor_parallel_size", tp) == tp and pin.get("replicas", r) == r)
+        if not kept:
+            names = ", ".join(layout_name(tp, r) for tp, r in layouts) or "none"
+            raise InputError(f"{self.pin_said} leaves no layout: the space has {names}" + (f" ({how})" if how else ""),
+                             hint="pin the TP or replica count of one of them, or give the space a layout with it")
+        return kept
 
     # -- sampling ---------------------------------------------------------------------
     @property
@@ -140,21 +161,30 @@ class SearchSpace:
 
     def pinned(self, values: Mapping[str, Any], where: Mapping[str, str] | None = None) -> SearchSpace:
         """The space with each knob of ``values`` fixed at its value (taken out of the
-        search), named ``<name>+max_num_seqs=256`` so that a pinned search is a study of its
+        search), ``tensor_parallel_size`` and ``replicas`` keeping only the layouts with that
+        value (at :meth:`bind`), named ``<name>+max_num_seqs=256`` so that a pinned search is a study of its
         own. ``where`` names, per knob, what the user wrote (``--max-num-seqs``,
         ``--set block_size=32``) for the message when a value is not one the knob takes."""
         if not values:
             return self
         fixed = dict(self.fixed)
+        layout_pin: dict[str, int] = dict(self.layout_pin)
+        saids: list[str] = [self.pin_said] if self.pin_said else []
         for name, value in values.items():
             said = (where or {}).get(name, name)
+            if name in LAYOUT_PINS:
+                layout_pin[name] = pin_layout_value(name, value, said)
+                saids.append(said if said.startswith("--set") else
+                             f"{said} {layout_pin[name]}" if said.startswith("--") else f"{name}={layout_pin[name]}")
+                continue
             if name not in KNOBS:
                 raise InputError(f"{said}: {shown(name)} is not a knob tuner can pin",
-                                 hint=f"pin one of {', '.join(KNOBS)} (or its vLLM flag, --max-num-seqs)")
+                                 hint=f"pin one of {', '.join((*KNOBS, *LAYOUT_PINS))} (or its vLLM flag, --max-num-seqs)")
             fixed[name] = pin_value(name, value, said)
         params = tuple(p for p in self.params if p.name not in values)
-        suffix = "+".join(f"{k}={v}" for k, v in sorted(values.items()))
-        return _replace(self, params=params, fixed=tuple(fixed.items()), name=f"{self.name}+{suffix}")
+        suffix = "+".join(f"{k}={v}" for k, v in sorted({**values, **{k: layout_pin[k] for k in values if k in LAYOUT_PINS}}.items()))
+        return _replace(self, params=params, fixed=tuple(fixed.items()), name=f"{self.name}+{suffix}",
+                        layout_pin=tuple(sorted(layout_pin.items())), pin_said=" ".join(saids))
 
     def with_workload(self, **changes: Any) -> SearchSpace:
         return _replace(self, workload=_replace(self.workload, **changes))
