@@ -694,8 +694,10 @@ def sim_args(*extra: str, budget: int = 2, sampler: str = "tpe") -> list[str]:
 
 def space_changed(folder: Path) -> Outcome:
     """The space is edited but keeps its name: the rerun is refused in one line saying what
-    differs (nothing written), a file that parses the same (comments, key order) resumes,
-    and --resume-anyway goes on (TPE)."""
+    differs (nothing written), a file that parses the same (comments, key order) resumes;
+    --resume-anyway goes on over an edit the study can hold (a fixed value), and over other
+    choices of a searched knob (which Optuna keeps one distribution of per study) it is
+    refused in one line too, nothing written (TPE)."""
     prepare(folder)
     left: list[int] = []
     code, out, _ = _run(folder, *sim_args(), left=left)
@@ -708,14 +710,18 @@ def space_changed(folder: Path) -> Outcome:
     (folder / "space.yaml").write_text(SPACE.replace("[16, 64]", "[16, 32, 64]"))
     rcode, _, rerr = _run(folder, *sim_args(budget=4), left=left)
     refused_at = finished(folder)
+    ccode, _, cerr = _run(folder, *sim_args("--resume-anyway", budget=4), left=left)
+    kept = finished(folder)
+    (folder / "space.yaml").write_text(SPACE.replace("  max_model_len: 4096\n", "  max_model_len: 8192\n"))
     acode, _, aerr = _run(folder, *sim_args("--resume-anyway", budget=4), left=left)
     ok = (code == 0 and before == 2 and scode == 0 and rcode == 2 and one_line(rerr)
           and "another space" in rerr and "max_num_seqs choices [16, 64] -> [16, 32, 64]" in rerr
-          and "--resume-anyway" in rerr and refused_at == 3 and acode == 0 and finished(folder) == 4
-          and not sum(left))
+          and "--resume-anyway" in rerr and refused_at == 3 and ccode == 2 and "max_num_seqs" in cerr
+          and kept == 3 and acode == 0 and finished(folder) == 4 and not sum(left))
     return Outcome("space edited, same name (TPE)", f"same content resumed (exit {scode}); edited: exit {rcode}, "
                    f"'{rerr.strip()[7:75]}...'; --resume-anyway exit {acode}", before, finished(folder), sum(left),
-                   ok, {"codes": (code, scode, rcode, acode), "stderr": rerr, "same": serr, "anyway": aerr})
+                   ok, {"codes": (code, scode, rcode, acode), "stderr": rerr, "same": serr, "anyway": aerr,
+                        "choices": (ccode, cerr)})
 
 
 def study_names(folder: Path) -> Outcome:

@@ -15,7 +15,10 @@ def test_an_edited_space_under_the_same_name_is_refused_saying_what_differs(tmp_
     assert scode == 0, o.details["same"]               # the same content in another file resumes
     assert rcode == 2 and sc.one_line(o.details["stderr"]), o.details["stderr"]
     assert "max_num_seqs choices [16, 64] -> [16, 32, 64]" in o.details["stderr"]
-    assert acode == 0, o.details["anyway"]
+    ccode, cerr = o.details["choices"]
+    # other choices of a searched knob cannot join the study even with --resume-anyway: one line
+    assert ccode == 2 and "max_num_seqs" in cerr and "holds" in cerr, cerr
+    assert acode == 0, o.details["anyway"]            # a fixed value's edit goes on with --resume-anyway
     assert o.ok, o
 
 
