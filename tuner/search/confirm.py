@@ -3,7 +3,6 @@ the candidates' repeat measurements, stored as trials of the study's companion
 (:func:`tuner.study.confirmation_study`), outside the study and its budget."""
 from __future__ import annotations
 
-import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,7 @@ from tuner.confirmation import FEASIBILITY, Candidate, candidates, race
 from tuner.errors import EnvironmentFault
 from tuner.record import RunFacts, TrialRecord, write_confirmation
 from tuner.search.boundary import lowest_p95, study_objective_sd
-from tuner.search.constraints import CONSTRAINTS_ATTR
+from tuner.search.constraints import CONSTRAINTS_ATTR, constraint_list
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.slo import SloSet
@@ -60,6 +59,14 @@ def p95_of(rec: TrialRecord) -> float | None:
     return float(value) if value is not None else None
 
 
+def effective_key(rec: TrialRecord) -> str:
+    """The configuration ``rec`` ran as the workload could tell it (:func:`tuner.effective.trial_group`:
+    knobs without effect folded), or its whole configuration."""
+    from tuner.effective import trial_group
+
+    return trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())
+
+
 def distinct(originals: list[optuna.trial.FrozenTrial],
              records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, list[int], float]]:
     """One entrant per effective configuration (:mod:`tuner.effective`: knobs that could
@@ -77,17 +84,13 @@ def distinct(originals: list[optuna.trial.FrozenTrial],
     value), and the configuration the sampler returned to most, because it measured well,
     would enter the race with the largest head start (benchmarks/search_noise.py: such a
     configuration 6 % under the optimum won races against it)."""
-    from tuner.effective import trial_group
-
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
     for t in originals:
-        rec = records[t.number]
-        key = trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())  # originals have one
-        groups.setdefault(key, []).append(t)
+        groups.setdefault(effective_key(records[t.number]), []).append(t)  # originals have a configuration
     out = []
     for members in groups.values():
         values = [float(t.value) for t in members if t.value and t.value > 0]
-        mean = math.exp(statistics.fmean(math.log(v) for v in values)) if values else 0.0
+        mean = statistics.geometric_mean(values) if values else 0.0
         out.append((max(members, key=lambda t: (float(t.value or 0.0), -t.number)), sorted(t.number for t in members),
                     mean))
     return out
@@ -110,17 +113,13 @@ def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None
     from optuna.trial import TrialState
 
     from tuner.confirmation import noise_floor
-    from tuner.effective import trial_group
     from tuner.study import repeats
 
-    def key(rec: TrialRecord) -> str:
-        return trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())
-
     groups: dict[str, list[float]] = {}
-    searched = [t for t in study.get_trials(deepcopy=False) if not TrialRecord.from_trial(t).is_confirmation]
-    keys = {t.number: key(rec) for t in searched if (rec := TrialRecord.from_trial(t)).config is not None}
-    for t in searched + repeats(study):
-        rec = TrialRecord.from_trial(t)
+    records = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
+    searched = [(t, rec) for t, rec in records if not rec.is_confirmation]
+    keys = {t.number: effective_key(rec) for t, rec in searched if rec.config is not None}
+    for t, rec in searched + [(t, TrialRecord.from_trial(t)) for t in repeats(study)]:
         if t.state != TrialState.COMPLETE or rec.is_repeat or rec.config is None or not rec.feasible:
             continue
         group = keys.get(int(rec.confirm_of)) if rec.is_confirmation and rec.confirm_of is not None else keys.get(t.number)
@@ -245,11 +244,10 @@ def confirm_winner(
             c.floor_p95s.append(low)
         trial = by_number[c.number]
         companion = confirmation_study(study, create=True)
-        told = named or {CONSTRAINT: float(constraint)}
+        told = constraint_list(named or {CONSTRAINT: float(constraint)})
         companion.add_trial(create_trial(  # constraints as the list optuna-dashboard reads (tuner.search.constraints)
             state=state, value=value, params=trial.params, distributions=trial.distributions,
-            user_attrs=rec.to_attrs(),
-            system_attrs={CONSTRAINTS_ATTR: [float(told[k]) for k in sorted(told)]} if state == TrialState.COMPLETE else None))
+            user_attrs=rec.to_attrs(), system_attrs={CONSTRAINTS_ATTR: told} if state == TrialState.COMPLETE else None))
         return float(value or 0.0) if rec.feasible else 0.0
 
     def on_round(r: int, alive: list[Candidate]) -> None:

@@ -25,10 +25,15 @@ def named_constraints(study: optuna.Study) -> bool:
     return any(k.startswith(f"{CONSTRAINTS_ATTR}:") for t in study.get_trials(deepcopy=False) for k in t.system_attrs)
 
 
+def constraint_list(constraints: Mapping[str, float]) -> list[float]:
+    """The values of :data:`CONSTRAINTS_ATTR`: the constraints in name order."""
+    return [float(constraints[name]) for name in sorted(constraints)]
+
+
 def tell_constraints(trial: optuna.Trial, constraints: Mapping[str, float], *, named: bool = False) -> None:
     """Give the running ``trial`` its constraint values, in name order; by name
     (``trial.set_constraint``) in a study that holds them so (:func:`named_constraints`)."""
-    values = [float(constraints[name]) for name in sorted(constraints)]
+    values = constraint_list(constraints)
     if any(math.isnan(v) for v in values):
         raise ValueError(f"trial {trial.number}: a constraint is NaN ({dict(constraints)})")
     if named:
