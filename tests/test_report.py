@@ -48,6 +48,25 @@ def test_report_embeds_every_figure_and_writes_pngs_beside_the_study(sim_study_d
     assert "optuna-dashboard sqlite:///" in page
 
 
+def test_a_study_opened_with_optuna_itself_reports_once_told_its_storage(sim_study_db, tmp_path):
+    """A notebook that opened the study with optuna.load_study: the report reads the
+    confirmation repeats from the storage it is given; without it, one line says what to pass."""
+    import optuna
+
+    from tuner.errors import InputError
+    from tuner.study import repeats
+
+    url = f"sqlite:///{sim_study_db}"
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    with pytest.raises(InputError) as err:
+        write_report(study, tmp_path / "a")
+    assert "storage=" in str(err.value.hint) and "\n" not in str(err.value)
+    assert not (tmp_path / "a" / "report.html").exists()
+    path = write_report(optuna.load_study(study_name=STUDY, storage=url), tmp_path / "b", storage=url)
+    held = len(repeats(open_study(sim_study_db)))
+    assert held > 0 and f"; {held} confirmation repeats outside them" in path.read_text(encoding="utf-8")
+
+
 def test_the_answer_shows_the_repeats_that_chose_it(sim_study_db):
     from tuner.study import confirmation, confirmation_study
 

@@ -28,7 +28,7 @@ from tuner.record import StudyRecord, TrialRecord
 from tuner.result import describe_errors
 from tuner.slo import OBJECTIVES, SloSet
 from tuner.storage import STUDIES_DIR
-from tuner.study import error_totals, repeats as confirmation_repeats
+from tuner.study import error_totals, repeats as confirmation_repeats, storage_handle
 from tuner.urls import redact
 
 if TYPE_CHECKING:
@@ -231,8 +231,12 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial |
     return out
 
 
-def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
-    """The HTML page and the PNG bytes of each figure drawn, by figure name."""
+def render_report(study: optuna.Study, storage: Any = None) -> tuple[str, dict[str, bytes]]:
+    """The HTML page and the PNG bytes of each figure drawn, by figure name. ``storage``:
+    the URL or optuna storage of a study opened with optuna itself, where its confirmation
+    repeats are read (:func:`tuner.study.storage_handle`)."""
+    if storage is not None:
+        storage_handle(study, storage)
     frame = trials_frame(study)
     plots = study_plots(study, frame)
     pngs = {p.name: png_bytes(p.figure) for p in plots if p.figure is not None}
@@ -290,9 +294,10 @@ def render_report(study: optuna.Study) -> tuple[str, dict[str, bytes]]:
     return redact("\n".join(parts)), pngs  # a last pass: no credential reaches the page
 
 
-def write_report(study: optuna.Study, out_dir: str | Path | None = None) -> Path:
+def write_report(study: optuna.Study, out_dir: str | Path | None = None, storage: Any = None) -> Path:
     """Write ``report.html`` and ``<figure>.png`` files into ``out_dir`` (default
-    :func:`default_report_dir`); returns the HTML file's path."""
+    :func:`default_report_dir`); returns the HTML file's path. ``storage``: see
+    :func:`render_report`."""
     folder = Path(out_dir) if out_dir is not None else default_report_dir(study)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -300,7 +305,7 @@ def write_report(study: optuna.Study, out_dir: str | Path | None = None) -> Path
         from tuner.files import write_fault
 
         raise write_fault(folder, err) from None
-    page, pngs = render_report(study)
+    page, pngs = render_report(study, storage)
     for name in CAPTIONS:  # a figure not drawn this time leaves no stale PNG behind
         png = folder / f"{name}.png"
         if name in pngs:
