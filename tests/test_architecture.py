@@ -16,21 +16,19 @@ PACKAGE = Path(__file__).parents[1] / "tuner"
 #: The layers, lowest first; a part (a top-level module or package of tuner) may import
 #: parts of its own layer and of the layers below, never above (ARCHITECTURE.md).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("core", frozenset({"errors", "values", "units", "versions", "jsonsafe", "yamlfile", "urls", "files",
-                        "interrupts", "processes", "control", "routing", "kernel_time", "progress", "knobs"})),
-    ("nouns", frozenset({"config", "load", "result", "traffic", "record", "capacity", "demand", "confirmation",
-                        "slo", "noise"})),
-    ("engines", frozenset({"sim", "replay", "probes", "estimation"})),
-    ("backends", frozenset({"backends", "space", "effective", "testing"})),
-    ("studies", frozenset({"locks", "storage", "recovery", "study", "workers"})),
-    ("search", frozenset({"search", "analysis"})),
-    ("tools", frozenset({"plots", "plan", "report", "export", "nightly", "calibrate", "fidelity", "gate", "doctor",
-                         "recipe"})),
+    ("core", frozenset({"core", "runtime"})),
+    ("nouns", frozenset({"serving", "traffic"})),
+    ("engines", frozenset({"sim", "replay"})),
+    ("backends", frozenset({"backends", "space", "testing"})),
+    ("studies", frozenset({"study"})),
+    ("search", frozenset({"search"})),
+    ("tools", frozenset({"plan", "plots", "calibrate", "report", "ops"})),
     ("api", frozenset({"__init__"})),
     ("cli", frozenset({"cli", "__main__"})),
 )
-#: Parts of one layer that must not import each other.
-INDEPENDENT = ({"sim", "replay"}, {"backends", "space"}, {"search", "analysis"})
+#: Parts of one layer that must not import each other (reading a study never loads the
+#: search: ``study`` sits a layer below ``search``).
+INDEPENDENT = ({"sim", "replay"}, {"backends", "space"})
 
 
 def _module(path: Path) -> str:
@@ -90,6 +88,36 @@ LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
 def test_every_part_of_tuner_has_a_layer():
     parts = {_part(_module(p)) for p in PACKAGE.rglob("*.py")}
     assert parts - set(LAYER_OF) == set(), "add the new part to LAYERS here and to ARCHITECTURE.md"
+
+
+def test_no_module_lies_loose_at_the_root_of_tuner():
+    """Every module is in the package of its part; the root keeps the API and ``python -m tuner``."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"], "put the module in its part's package (ARCHITECTURE.md)"
+
+
+def test_no_package_names_a_submodule_after_a_name_it_hands_on():
+    """Importing ``pkg.x`` binds the module to ``pkg.x``: where the package's ``__init__`` binds
+    ``x`` to something else (a function from another submodule), the first import of the
+    submodule hides it."""
+    wrong = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = _module(init)
+        submodules = ({p.stem for p in init.parent.glob("*.py")}
+                      | {p.parent.name for p in init.parent.glob("*/__init__.py")})
+        for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom):
+                bound = [(a.asname or a.name, node.module == f"{package}.{a.asname or a.name}"
+                          or f"{node.module}.{a.name}" == f"{package}.{a.asname or a.name}") for a in node.names]
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound = [(node.name, False)]
+            elif isinstance(node, ast.Assign):
+                bound = [(t.id, False) for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            wrong += [f"{init.relative_to(PACKAGE.parent)}:{node.lineno}: {name} is also {package}.{name}"
+                      for name, own in bound if name in submodules and not own]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_imports_go_down_the_layers_never_up_nor_across_independent_parts():
