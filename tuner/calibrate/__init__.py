@@ -23,7 +23,10 @@ Everything here needs no GPU except :func:`measure` with a real vLLM.
 The package, one module per noun: ``trials`` (the design), ``measurements`` (the files),
 ``campaign`` (:func:`measure`), ``points`` (the measured loads and starts), ``comparison``
 (simulated against measured), ``memory_fit``, ``noise``, ``step_time`` and ``profile``
-(:func:`fit`, :func:`write_profile`). Every public name is imported here.
+(:func:`fit`, :func:`write_profile`). Every public name is imported here. Beside them, imported by
+their own path: ``probes`` (named, reproducible workloads and loads), ``estimation`` (fitting
+constants with priors), ``fidelity`` (the simulator's error against real vLLM) and ``gate`` (the
+fidelity gate per shape group).
 """
 from __future__ import annotations
 

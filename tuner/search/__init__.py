@@ -58,7 +58,8 @@ The package, one noun a module, each importing only those below it:
   kept quiet, the ``vllm serve`` line;
 * :mod:`~tuner.search.workflow` — :func:`search`, what ``tuner search`` does as one call
   (space, deployment, workload, backend, study), and the package is callable as it:
-  ``tuner.search(...)``; :mod:`~tuner.search.backend` — the protocol a backend meets.
+  ``tuner.search(...)``; :mod:`~tuner.search.backend` — the protocol a backend meets;
+* :mod:`~tuner.search.recipe` — the winner handed to deployment (``--recipe``).
 """
 from __future__ import annotations
 

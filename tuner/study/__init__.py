@@ -1,5 +1,5 @@
-"""Studies are Optuna's: this module names them, finds their storage, and reads the
-trials the search wrote (see ``tuner.search`` for what each trial stores).
+"""Studies are Optuna's: this package names them, finds their storage, keeps their records,
+and reads the trials the search wrote (see ``tuner.search`` for what each trial stores).
 
 Storage defaults to ``sqlite:///studies/<name>.db`` (one file per study, relative to the
 working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
@@ -19,7 +19,13 @@ The package, one module per noun: ``naming`` (:func:`study_name`, companions' na
 :func:`repeats`, :func:`confirmation`), ``opening`` (:func:`open_study`, :func:`load_study_by_name`,
 :func:`delete_study`, :func:`list_studies`), ``trials`` (the best, the feasible, the closest miss,
 errors, GPU time, :func:`trial_config`) and ``recommendation`` (:class:`Recommendation`). Every
-public name is imported here.
+public name of these is imported here.
+
+The study's records and where it lives, each imported by its own path: ``record``
+(:class:`~tuner.study.record.TrialRecord`, :class:`~tuner.study.record.StudyRecord`), ``race``
+(the confirmation race) and ``noise`` (run-to-run noise), ``effective`` (knobs without effect),
+``storage`` and ``locks`` (the storage handle, named locks), ``recovery`` (trials that measured
+nothing), ``workers`` (several workers on one study) and ``analysis`` (a study as tables).
 """
 from __future__ import annotations
 
