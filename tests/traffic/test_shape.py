@@ -69,6 +69,23 @@ def test_closed_loop_order_groups_sessions_in_turn_order():
     assert np.all(c.arrival_s == 0)
 
 
+def test_every_reordering_keeps_each_request_whole():
+    """take, reordered and closed_loop_order move whole requests: each one's prompt, output,
+    session, turn and prefix blocks stay together, and the workload's facts go along."""
+    reqs = [Request(float(i), 10 + i, 1 + i % 7, session=None if i % 5 == 0 else f"s{i % 4}", turn=i // 4,
+                    hash_ids=(i % 3, i)) for i in range(40)]
+    w = replace(Workload.from_requests(reqs, block_tokens=16, source="log.jsonl", estimated_tokens=True),
+                notes=("from a log",))
+    whole = lambda v: Counter((r.prompt_tokens, r.output_tokens, r.session, r.turn, r.hash_ids) for r in v)  # noqa: E731
+    picked = [3, 17, 8, 30]
+    assert whole(w.take(picked)) == whole(w[i] for i in picked)
+    for moved in (w.reordered(5), closed_loop_order(w)):
+        assert whole(moved) == whole(w)
+        assert (moved.block_tokens, moved.source, moved.estimated_tokens) == (16, "log.jsonl", True)
+        assert moved.notes[0] == "from a log"
+    assert [r.prompt_tokens for r in w.reordered(5)] != [r.prompt_tokens for r in w]
+
+
 def test_truncate_counts_and_fits():
     w = Workload.from_requests([
         Request(0.0, 3000, 200, hash_ids=tuple(range(6))),   # 3200 > 2048: cut

@@ -106,19 +106,8 @@ def closed_loop_order(w: Workload) -> Workload:
         for i, s in enumerate(w.session):
             group[i] = i if s is None else first.setdefault(s, i)
         order = np.lexsort((np.arange(n), group))
-    pick = lambda col: None if col is None else [col[i] for i in order]  # noqa: E731
-    return Workload(
-        arrival_s=np.zeros(n),
-        prompt_tokens=w.prompt_tokens[order],
-        output_tokens=w.output_tokens[order],
-        session=pick(w.session),
-        turn=None if w.turn is None else w.turn[order],
-        hash_ids=pick(w.hash_ids),
-        block_tokens=w.block_tokens,
-        source=w.source,
-        estimated_tokens=w.estimated_tokens,
-        notes=w.notes + ("closed-loop order: arrivals dropped, sessions kept together",),
-    )
+    return w.arranged(order, arrival_s=np.zeros(n),
+                      notes=w.notes + ("closed-loop order: arrivals dropped, sessions kept together",))
 
 
 def truncate(w: Workload, max_model_len: int, *, drop: bool = False) -> tuple[Workload, int]:

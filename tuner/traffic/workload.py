@@ -94,19 +94,7 @@ class Workload:
         arr = self.arrival_s[idx]
         if rebase and len(arr):
             arr = arr - arr[0]
-        pick = lambda col: None if col is None else [col[i] for i in idx]  # noqa: E731
-        return Workload(
-            arrival_s=arr,
-            prompt_tokens=self.prompt_tokens[idx],
-            output_tokens=self.output_tokens[idx],
-            session=pick(self.session),
-            turn=None if self.turn is None else self.turn[idx],
-            hash_ids=pick(self.hash_ids),
-            block_tokens=self.block_tokens,
-            source=self.source,
-            estimated_tokens=self.estimated_tokens,
-            notes=self.notes,
-        )
+        return self.arranged(idx, arrival_s=arr)
 
     def reordered(self, seed: int) -> Workload:
         """Another sample of the same requests: conversations (or single requests) in a
@@ -124,9 +112,14 @@ class Workload:
             groups.setdefault(key, []).append(i)
         blocks = list(groups.values())
         order = np.concatenate([np.asarray(blocks[j], dtype=np.int64) for j in rng.permutation(len(blocks))])
+        return self.arranged(order, arrival_s=self.arrival_s.copy())
+
+    def arranged(self, order: np.ndarray, *, arrival_s: np.ndarray, notes: tuple[str, ...] | None = None) -> Workload:
+        """The requests ``order`` names, in that order, arriving at ``arrival_s``: the one place
+        that carries every per-request column along (a new column is added here)."""
         pick = lambda col: None if col is None else [col[i] for i in order]  # noqa: E731
         return Workload(
-            arrival_s=self.arrival_s.copy(),
+            arrival_s=arrival_s,
             prompt_tokens=self.prompt_tokens[order],
             output_tokens=self.output_tokens[order],
             session=pick(self.session),
@@ -135,7 +128,7 @@ class Workload:
             block_tokens=self.block_tokens,
             source=self.source,
             estimated_tokens=self.estimated_tokens,
-            notes=self.notes,
+            notes=self.notes if notes is None else notes,
         )
 
     # -- views ---------------------------------------------------------------------------
