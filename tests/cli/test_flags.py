@@ -87,3 +87,19 @@ def test_an_old_spelling_still_reaches_the_option_with_a_one_line_note(old, argv
 def test_old_and_new_spelling_with_two_values_is_refused(capsys):
     code, _, err = run_cli(["plan", "--gpu", "H100-SXM", "--rate", "2", "--rates", "4", "--no-files"], capsys)
     assert code == 2 and "same option, given two values" in err and "--rate" in err
+
+
+def test_the_machine_flags_read_alike_in_estimate_and_plan(capsys):
+    """--gpus not given is what the layout needs (tp x replicas), given it is read as search
+    reads it; --quantization none is no quantization, in estimate as in plan and search."""
+    from tuner.cli._knobs import build_deployment_config
+
+    common = dict(model="qwen2.5-7b", gpu="H100-SXM", vllm_version="0.26.0", dtype="auto", knobs={})
+    deployment, config = build_deployment_config(gpus=None, quantization="None", tp=2, replicas=3, **common)
+    assert (deployment.gpu_count, deployment.gpu_ids, deployment.quantization) == (6, (), None)
+    assert (config.tensor_parallel_size, config.replicas) == (2, 3)
+    deployment, _ = build_deployment_config(gpus="0-1,4", quantization="awq", tp=1, replicas=1, **common)
+    assert (deployment.gpu_count, deployment.gpu_ids, deployment.quantization) == (3, (0, 1, 4), "awq")
+    plain = run_cli(["estimate", "--output", "json"], capsys)
+    assert plain[0] == 0
+    assert run_cli(["estimate", "--quantization", "none", "--output", "json"], capsys) == plain

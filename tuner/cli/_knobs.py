@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
@@ -103,16 +104,42 @@ def pins(flags: Mapping[str, Any], sets: Iterable[str] | None = None,
     return values, where
 
 
+def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
+    """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
+    s = text.strip()
+    if re.fullmatch(r"\d+", s):
+        n = int(s)
+        if n < 1:
+            raise InputError(f"--gpus must be >= 1, got {text!r}")
+        return n, ()
+    ids: list[int] = []
+    for part in s.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise InputError(f"cannot read --gpus {text!r}", hint="write a count (8) or device ids (0-7, 0,2,4)")
+        ids += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    if len(set(ids)) != len(ids):
+        raise InputError(f"--gpus {text!r} names a device twice")
+    return len(ids), tuple(ids)
+
+
+def quantization_flag(text: str | None) -> str | None:
+    """``--quantization``: ``none`` (any case), like a flag not given, is no quantization."""
+    return None if text is None or text.lower() == "none" else text
+
+
 def build_deployment_config(
-    *, model: str, gpu: str, gpu_count: int, gpu_ids: tuple[int, ...] = (), vllm_version: str,
-    dtype: str, quantization: str | None, tp: int, replicas: int, knobs: Mapping[str, Any],
+    *, model: str, gpu: str, gpus: str | None, vllm_version: str, dtype: str, quantization: str | None,
+    tp: int, replicas: int, knobs: Mapping[str, Any],
 ) -> tuple[Deployment, ServeConfig]:
     """The machine (``--gpu``, ``--gpus``, ``--model``, ...) and the ``vllm serve`` flags
     (``--tensor-parallel-size``, ``--max-num-seqs``, ...; ``knobs``: those given, by knob name, as :func:`pins`
     returns them) as the two objects the simulator and backends take; a knob not given is
-    ServeConfig's default (``None``: vLLM's default for the version, GPU and model)."""
+    ServeConfig's default (``None``: vLLM's default for the version, GPU and model). ``gpus`` is
+    ``--gpus`` as given (a count or device ids; not given: tp x replicas, what the layout needs)."""
+    gpu_count, gpu_ids = parse_gpus(gpus) if gpus else (tp * replicas, ())
     deployment = Deployment(
         model=model, gpu=gpu, gpu_count=gpu_count, gpu_ids=gpu_ids, vllm_version=vllm_version,
-        dtype=dtype, quantization=quantization,
+        dtype=dtype, quantization=quantization_flag(quantization),
     )
     return deployment, ServeConfig(**knobs, tensor_parallel_size=tp, replicas=replicas)

@@ -213,15 +213,10 @@ def estimate_cmd(
           --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
     """
     knobs, _ = pins(knob_flags, set_)
-    from tuner.cli.search import parse_gpus
-
     tp = renamed(tensor_parallel_size, tp, "--tp")
-    tp = 1 if tp is None else tp
-
-    count, ids = parse_gpus(gpus) if gpus else (tp * replicas, ())
     deployment, config = build_deployment_config(
-        model=model, gpu=gpu, gpu_count=count, gpu_ids=ids, vllm_version=vllm_version,
-        dtype=dtype, quantization=quantization, tp=tp, replicas=replicas, knobs=knobs,
+        model=model, gpu=gpu, gpus=gpus, vllm_version=vllm_version, dtype=dtype, quantization=quantization,
+        tp=1 if tp is None else tp, replicas=replicas, knobs=knobs,
     )
     users = parse_list(concurrency, int, "--concurrency")
     rates = parse_list(rate, float, "--rate")

@@ -20,17 +20,15 @@ _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tens
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
     from tuner.cli._knobs import build_deployment_config
-    from tuner.cli.search import parse_gpus
     from tuner.serving.config import DEFAULT_VLLM_VERSION
     from tuner.sim.hardware import get_gpu
 
     tp, replicas = (1 if v[k] is None else v[k] for k in ("tensor_parallel_size", "replicas"))
-    count, ids = parse_gpus(v["gpus"]) if v["gpus"] else (tp * replicas, ())
     return build_deployment_config(
-        model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpu_count=count, gpu_ids=ids,
+        model=v["model"] or "qwen2.5-7b", gpu=get_gpu(v["gpu"] or "H100-SXM").name, gpus=v["gpus"],
         vllm_version=v["vllm_version"] or DEFAULT_VLLM_VERSION, dtype=v["dtype"] or "auto",
-        quantization=None if (v["quantization"] or "none").lower() == "none" else v["quantization"],
-        tp=tp, replicas=replicas, knobs={k.name: v[k.name] for k in KNOBS if v[k.name] is not None},
+        quantization=v["quantization"], tp=tp, replicas=replicas,
+        knobs={k.name: v[k.name] for k in KNOBS if v[k.name] is not None},
     )
 
 

@@ -2,37 +2,17 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import typer
 
-from tuner.cli._knobs import SET_HELP, pins, with_knob_options
+from tuner.cli._knobs import SET_HELP, parse_gpus, pins, quantization_flag, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.study.record import TrialRecord
-
-def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
-    """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
-    s = text.strip()
-    if re.fullmatch(r"\d+", s):
-        n = int(s)
-        if n < 1:
-            raise InputError(f"--gpus must be >= 1, got {text!r}")
-        return n, ()
-    ids: list[int] = []
-    for part in s.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
-            raise InputError(f"cannot read --gpus {text!r}", hint="write a count (8) or device ids (0-7, 0,2,4)")
-        ids += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
-    if len(set(ids)) != len(ids):
-        raise InputError(f"--gpus {text!r} names a device twice")
-    return len(ids), tuple(ids)
-
 
 def deployment_changes(*, model: str | None = None, quantization: str | None = None,
                        gpu: str | None = None, gpus: str | None = None) -> dict[str, Any]:
@@ -41,7 +21,7 @@ def deployment_changes(*, model: str | None = None, quantization: str | None = N
     if model:
         changes["model"] = model
     if quantization:
-        changes["quantization"] = None if quantization.lower() == "none" else quantization
+        changes["quantization"] = quantization_flag(quantization)
     if gpu:
         from tuner.sim.hardware import get_gpu
 
