@@ -188,7 +188,7 @@ class Analytic:
     def __init__(self, f):
         self.f = f
         self.runs: list[float] = []
-        self.info = {}
+        self.info = {"startup_s": 0.0}
 
     def preflight(self, deployment):
         pass

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tuner.serving.result import StartupInfo
+
 if TYPE_CHECKING:
     from tuner.runtime.control import StopHook
     from tuner.serving.config import Deployment, ServeConfig
@@ -41,10 +43,7 @@ if TYPE_CHECKING:
 class Instance(Protocol):
     """A started deployment (one or more replicas behind a router)."""
 
-    #: Startup facts: ``startup_s`` (seconds a real start takes or would take, >= 0);
-    #: where known ``kv_cache_tokens``, ``num_gpu_blocks``, ``max_concurrency``,
-    #: ``vllm_version``, ``log_paths``, ``argv``.
-    info: dict[str, Any]
+    info: StartupInfo
 
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
         """Replay ``load``: one result per request of ``workload``; ``stop(control) -> True``

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -20,6 +20,64 @@ PERCENTILES = (50, 90, 95, 99)
 #: Error kinds of requests a stopped run never finished (never sent, or cancelled in
 #: flight): what the stop did, not failures of the server.
 UNFINISHED = ("not_sent", "cancelled")
+
+
+class StartupInfo(TypedDict, total=False):
+    """What a start found (``Instance.info``, :mod:`tuner.search.backend`). ``startup_s`` is always there; the rest
+    where the backend knows it. The contract suite (:class:`tuner.testing.BackendContract`)
+    checks that an instance reports no fact this does not name, so a new fact is declared
+    here first, where every reader sees it."""
+
+    startup_s: float                # seconds the start took, or would take on the GPU (>= 0)
+    vllm_version: str
+    model_name: str                 # the served model's id (what requests name)
+    endpoints: list[str]            # the replicas' URLs (credentials masked where given)
+    argv: list[Any]                 # each replica's command line ([] when none was started)
+    log_paths: list[str]            # each replica's log file
+    log_lines: list[str]            # the simulator's: the startup lines vLLM would log
+    calibration: str                # the simulator's: the GPU class of its profile
+    cuda_visible_devices: list[str]  # the vllm backend's: each replica's GPUs
+    platform: str                   # the vllm backend's: what vLLM runs on (cuda, cpu)
+    # from the startup log (tuner.backends.vllm_args.parse_startup; vllm_cpu's for the CPU
+    # build) or from /metrics and the model card
+    kv_cache_tokens: int            # "GPU KV cache size: N tokens"
+    num_gpu_blocks: int
+    max_concurrency: float          # "Maximum concurrency for N tokens per request: Xx"
+    max_num_seqs: int
+    max_model_len: int              # the model card's (endpoint)
+    model_load_gib: float           # "Model loading took X GiB"
+    graph_capture_s: float
+    graph_capture_gib: float
+    available_kv_gib: float         # "Available KV cache memory: X GiB"
+    peak_activation_gib: float
+    non_torch_gib: float
+    cudagraph_gib: float
+    host_memory_gib: float          # the CPU build's node memory
+
+class ServerReadings(TypedDict, total=False):
+    """What the server side said of one run (:attr:`RunResult.server`): vLLM's ``/metrics``
+    polled during the replay (:class:`tuner.replay.metrics.MetricsPoller`), or the simulator's
+    own counters. Every key is optional: a server without ``/metrics`` gives ``endpoints``
+    alone. The backend contract (:class:`tuner.testing.BackendContract`) checks that no
+    backend writes a key this does not name."""
+
+    endpoints: list[str]                 # where the run was sent (credentials masked)
+    metrics_samples: int                 # /metrics readings taken during the run
+    metrics_failures: int                # readings that failed
+    num_requests_running_max: float      # over the replicas, summed per reading
+    num_requests_running_mean: float
+    num_requests_waiting_max: float
+    num_requests_waiting_mean: float
+    kv_cache_usage_max: float            # share of the KV cache in use, 0-1
+    kv_cache_usage_mean: float
+    num_preemptions: float               # counter deltas over the run
+    prefix_cache_queries: float
+    prefix_cache_hits: float
+    prefix_cache_hit_rate: float         # hits / queries (NaN when nothing was queried)
+    num_gpu_blocks: int                  # the KV cache's blocks (the smallest replica's)
+    kv_cache_tokens: int                 # tokens the KV cache holds (vLLM's "GPU KV cache size")
+    replicas: int                        # the simulator's: replicas behind its router
+    engine_steps: int                    # the simulator's: scheduler steps run
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +118,7 @@ class RunResult:
     cached_tokens: np.ndarray | None = None
     itl_s: np.ndarray | None = None
     ttft_kernel_s: np.ndarray | None = None
-    server: dict[str, Any] = field(default_factory=dict)
+    server: ServerReadings = field(default_factory=dict)  # type: ignore[assignment]
     stopped_early: bool = False
     load_label: str = ""
     error_detail: dict[str, str] = field(default_factory=dict)

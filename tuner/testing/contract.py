@@ -19,7 +19,7 @@ from tuner.core.errors import ConfigRejected
 from tuner.runtime.control import RunControl
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.load import Concurrency
-from tuner.serving.result import RunResult
+from tuner.serving.result import RunResult, ServerReadings, StartupInfo
 from tuner.testing.processes import no_leftover_processes
 from tuner.traffic.workload import Workload
 
@@ -69,11 +69,16 @@ class BackendContract:
         w = contract_workload()
         instance = backend.start(self.deployment, self.config)
         with instance as inst:
-            assert isinstance(inst.info, dict) and float(inst.info.get("startup_s", 0.0)) >= 0.0
+            assert isinstance(inst.info, dict) and float(inst.info["startup_s"]) >= 0.0
+            # every fact a start reports is one the protocol names (StartupInfo), so callers
+            # read declared keys, not one backend's private ones
+            assert set(inst.info) <= set(StartupInfo.__annotations__), set(inst.info) - set(StartupInfo.__annotations__)
             result = inst.run(w, Concurrency(4))
         instance.close()  # a second close is harmless
         assert isinstance(result, RunResult) and len(result.error) == len(w) and len(result.ttft_s) == len(w)
         assert result.duration_s > 0 and not result.stopped_early
+        assert set(result.server) <= set(ServerReadings.__annotations__), \
+            set(result.server) - set(ServerReadings.__annotations__)
         summary = result.summary()
         assert summary["requests"] == len(w) and summary["tokens_per_s"] >= 0
 
