@@ -42,6 +42,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -303,6 +304,62 @@ def study_job(job: tuple[str, int]) -> dict:
             "copies": copies, "copy_slots": copy_slots(res.study), "reason": "" if conf is None else conf.reason, "repeats": held}
 
 
+# -- what one repeat can tell -----------------------------------------------------------------------
+#: Configurations --spread measures: the best this many distinct truth values (one configuration each).
+SPREAD_TOP = 10
+
+
+def _spread_job(job: tuple[str, str, int]) -> list[float]:
+    """``n`` measurements of one configuration as the race takes them: each a fresh start of
+    the noisy stand-in (its own TTFT and tokens/s factors), round r on the requests
+    reordered with seed r, the edge to the search's tolerance. 0 where it missed the target."""
+    name, key, n = job
+    space, workload = built(name)
+    config = ServeConfig.from_dict(json.loads(key))
+    seed = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    out = []
+    for r in range(1, n + 1):
+        ev = evaluate_config(NoisySim(seed=seed + r), space.deployment, config, workload.reordered(r),
+                             space.workload.target_ttft_s, load_kind=space.workload.load, seed=r)
+        out.append(ev.value if ev.feasible else 0.0)
+    return out
+
+
+def spread(name: str, n: int, jobs: int) -> None:
+    """Per configuration near the top: its noiseless share of the optimum, what the race's
+    repeats estimate (the mean over fresh starts on reordered requests) and how far one
+    start strays (sd), and how many starts each it takes to tell it from the best of them at
+    2 standard errors. Where that exceeds the race's repeats, no decision rule can rank the
+    two on repeats alone."""
+    table = truth_table(BY_NAME[name], jobs)
+    opt = max(r["value"] for r in table.values() if r["feasible"])
+    seen, keys = set(), []
+    for key in sorted((k for k, r in table.items() if r["feasible"]), key=lambda k: -table[k]["value"]):
+        v = round(table[key]["value"] / opt, 3)
+        if v not in seen:
+            seen.add(v)
+            keys.append(key)
+        if len(keys) >= SPREAD_TOP:
+            break
+    with ProcessPoolExecutor(jobs) as pool:
+        values = list(pool.map(_spread_job, [(name, k, n) for k in keys]))
+    stats = []
+    for key, vals in zip(keys, values):
+        ok = [v for v in vals if v > 0]
+        stats.append((key, statistics.fmean(vals), statistics.stdev(ok) / statistics.fmean(ok) if len(ok) > 1 else 0.0,
+                      len(vals) - len(ok)))
+    best = max(stats, key=lambda s: s[1])
+    print(f"{name}: {n} fresh starts per configuration on reordered requests (what the race measures)")
+    print(f"{'truth':>6} {'race mean':>9} {'sd/start':>8} {'missed':>6} {'starts to tell from the best':>28}  configuration")
+    for key, mean, sd, missed in stats:
+        c = json.loads(key)
+        gap = (best[1] - mean) / best[1]
+        need = "-" if key == best[0] else (f"{math.ceil(4 * (sd**2 + best[2] ** 2) / gap**2)}" if gap > 0 else "never")
+        label = (f"tp{c['tensor_parallel_size']}x{c['replicas']} mbt {c['max_num_batched_tokens']} "
+                 f"seqs {c['max_num_seqs']} kv {c['kv_cache_dtype']} gmu {c['gpu_memory_utilization']}")
+        print(f"{table[key]['value'] / opt:>6.1%} {mean / opt:>9.1%} {sd:>8.1%} {missed:>6} {need:>28}  {label}")
+
+
 # -- the table -------------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -314,8 +371,16 @@ def main() -> None:
                         help="write each study's outcome (winner, ties, copies, repeats) to this JSON file")
     parser.add_argument("--rescore", type=Path, default=None,
                         help="score the outcomes of an earlier --results file instead of running the studies")
+    parser.add_argument("--spread", type=int, default=0, metavar="N",
+                        help="instead of the studies: N fresh noisy starts of each of the top configurations, "
+                             "what the race's repeats can tell apart")
     args = parser.parse_args()
     t0 = time.perf_counter()
+    if args.spread:
+        for name in args.families:
+            spread(name, args.spread, args.jobs)
+        print(f"({time.perf_counter() - t0:.0f} s)")
+        return
     for name in args.families:
         truth_table(BY_NAME[name], args.jobs)
     if args.rescore is not None:
