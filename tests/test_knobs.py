@@ -74,3 +74,14 @@ def test_every_knob_set_for_vllm_reads_back_the_same_through_sim_serve(version):
     args = build_parser().parse_args(["qwen2.5-7b", *render_flags(Deployment(), config, version,
                                                                   host="127.0.0.1", port=8000)])
     assert {k.name: getattr(args, k.name) for k in KNOBS} == {k.name: getattr(config, k.name) for k in KNOBS}
+
+
+def test_a_knob_only_some_vllm_lines_have_is_written_only_when_set():
+    """A configuration written before tuner knew a knob reads and writes the same after (its
+    key, the copies and twins found by it, a resumed study's trials)."""
+    late = [k.name for k in KNOBS if k.since is not None]
+    assert late  # long_prefill_token_threshold (vLLM 0.7.2)
+    unset = ServeConfig(max_num_seqs=64)
+    assert not set(late) & set(unset.to_dict()) and ServeConfig.from_dict(unset.to_dict()) == unset
+    given = ServeConfig(max_num_seqs=64, **{name: 2048 for name in late})
+    assert all(given.to_dict()[name] == 2048 for name in late) and ServeConfig.from_dict(given.to_dict()) == given

@@ -104,6 +104,50 @@ def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
     assert not math.isnan(core.t_first[1])
 
 
+
+def test_long_prefill_token_threshold_cuts_a_long_prompt_into_chunks_of_its_size() -> None:
+    # vLLM's scheduler: a request asking more than a positive threshold in one step gets the
+    # threshold. A 40-token prompt under a 16-token budget: 16 + 16 + 8 (3 steps) without it;
+    # 8 x 5 (5 steps) with a threshold of 8.
+    for threshold, chunks in ((0, [16, 16, 8]), (8, [8, 8, 8, 8, 8])):
+        core = EngineCore(small_plan(num_gpu_blocks=200, max_num_batched_tokens=16,
+                                     long_prefill_token_threshold=threshold))
+        core.step_log = []
+        core.add_request("A", 40, 2)
+        for _ in chunks:
+            assert math.isnan(core.t_first[0])
+            core.step()
+        assert [entry[0] for entry in core.step_log] == chunks and not math.isnan(core.t_first[0])
+
+
+def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() -> None:
+    # budget 16; A (40 tokens) then B (6) arrive together. Without a threshold A takes the
+    # whole budget for two steps and B's first token comes in step 3 (A 8 + B 6); with 8,
+    # step 1 holds A's 8 and B's 6, and B's first token comes in step 1.
+    firsts = {}
+    for threshold in (0, 8):
+        core = EngineCore(small_plan(num_gpu_blocks=200, max_num_batched_tokens=16,
+                                     long_prefill_token_threshold=threshold))
+        core.add_request("A", 40, 2)
+        core.add_request("B", 6, 2)
+        steps = 0
+        while math.isnan(core.t_first[1]):
+            core.step()
+            steps += 1
+        firsts[threshold] = steps
+    assert firsts == {0: 3, 8: 1}
+
+
+def test_a_threshold_above_every_prompt_changes_nothing() -> None:
+    plan = small_plan(num_gpu_blocks=400, max_num_batched_tokens=48, max_num_seqs=6)
+    w = random_workload(40, 3, prompt=(5, 60))
+    same = [run_plan(dataclasses.replace(plan, long_prefill_token_threshold=t), w, Concurrency(6)) for t in (0, 60)]
+    assert same[0].server["engine_steps"] == same[1].server["engine_steps"]
+    assert np.array_equal(same[0].ttft_s, same[1].ttft_s)
+    capped = run_plan(dataclasses.replace(plan, long_prefill_token_threshold=8), w, Concurrency(6))
+    assert capped.server["engine_steps"] > same[0].server["engine_steps"]  # long prompts now take more steps
+    assert int(capped.output_tokens.sum()) == int(same[0].output_tokens.sum())  # and every token still comes
+
 def test_max_num_seqs_caps_running() -> None:
     core = EngineCore(small_plan(num_gpu_blocks=500, max_num_seqs=3, max_num_batched_tokens=256))
     for i in range(7):

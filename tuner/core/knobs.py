@@ -92,6 +92,10 @@ KNOBS: tuple[Knob, ...] = (
          "Token budget per step, shared by decodes and prefill chunks, e.g. 8192. Default by GPU memory "
          "(2048 or 8192).",
          sim="tuner.sim.memory.defaults:default_batch_limits", high=MAX_TOKENS),
+    Knob("long_prefill_token_threshold", int, "long-prefill-token-threshold",
+         "Most prompt tokens one request may prefill in a step, e.g. 2048: a long prompt is cut into chunks "
+         "of this size so short requests beside it start sooner (vLLM's default 0: no cap).",
+         sim="tuner.sim.scheduler.policy:prefill_chunk", high=MAX_TOKENS, since="0.7.2"),
     Knob("enable_prefix_caching", bool, "enable-prefix-caching",
          "Reuse KV of shared prompt prefixes (vLLM's default: on).",
          sim="tuner.sim.kvcache:BlockPool", negatable_since="0.7"),

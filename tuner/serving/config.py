@@ -55,6 +55,7 @@ class ServeConfig:
     max_model_len: int | None = None
     block_size: int | None = None
     max_num_batched_tokens: int | None = None
+    long_prefill_token_threshold: int | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
@@ -94,7 +95,14 @@ class ServeConfig:
         return self.tensor_parallel_size * self.replicas
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, but a knob that only some vLLM lines have (its row's ``since``) only when
+        set: a configuration reads the same before and after tuner learns a knob (records,
+        copies and twins found by their configuration, studies resumed across versions)."""
+        data = dataclasses.asdict(self)
+        for k in KNOBS:
+            if k.since is not None and data.get(k.name) is None:
+                del data[k.name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServeConfig:

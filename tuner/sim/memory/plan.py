@@ -44,6 +44,7 @@ class MemoryPlan:
     quantization: str | None = None
     vllm_version: str = ""
     replicas: int = 1
+    long_prefill_token_threshold: int = 0  # vLLM's scheduler cap on one request's prefill per step (0: none)
     attention_backend: str = ""
     engine: str = "V1"                    # "V0" for vLLM < 0.8, or < 0.10.2 below CC 8.0
     notes: tuple[str, ...] = ()           # warnings vLLM would log, and our approximations

@@ -223,7 +223,8 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             page_bytes=page_bytes, num_gpu_blocks=max(0, num_blocks),
             kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
             dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
-            replicas=replicas, attention_backend=backend, engine="V1" if v1 else "V0",
+            replicas=replicas, long_prefill_token_threshold=int(config.long_prefill_token_threshold or 0),
+            attention_backend=backend, engine="V1" if v1 else "V0",
             notes=tuple(notes), error=error, step_weight_bytes=step_weights,
         )
 

@@ -62,6 +62,7 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         self.timer = StepTimer(plan, self.calib)
         self.bs = int(plan.block_size)
         self.budget = int(plan.max_num_batched_tokens)
+        self.chunk_cap = int(plan.long_prefill_token_threshold)  # --long-prefill-token-threshold (0: none)
         self.max_seqs = int(plan.max_num_seqs)
         self.max_model_len = int(plan.max_model_len)
         self.pool = BlockPool(plan.num_gpu_blocks, plan.enable_prefix_caching)

@@ -21,8 +21,12 @@ The policy follows ``vllm/v1/core/sched/scheduler.py::schedule`` (see
 Known simplifications (each small next to step-time error): hits count whole cache units
 (``block_tokens / block_size`` blocks, 32 by default), so a partly evicted unit does not hit
 at all; a prompt's shared units are cached when its
-prefill ends, not chunk by chunk; ``long_prefill_token_threshold``, priority scheduling,
-the free-block watermark and speculative decoding are not modelled.
+prefill ends, not chunk by chunk; priority scheduling, partial-prefill limits
+(``max_num_partial_prefills``), the free-block watermark and speculative decoding are not modelled.
+
+``--long-prefill-token-threshold`` (:func:`prefill_chunk`): a request that asks for more tokens
+in one step than a positive threshold gets the threshold, running or newly admitted, before the
+budget is applied (``if 0 < long_prefill_token_threshold < num_new_tokens``).
 """
 from __future__ import annotations
 
@@ -31,6 +35,14 @@ import math
 import numpy as np
 
 from tuner.sim.scheduler.steps import _EMPTY, _I, Advance
+
+
+def prefill_chunk(tokens, threshold: int):
+    """The tokens a request may compute in one step under vLLM's ``long_prefill_token_threshold``
+    (``v1/core/sched/scheduler.py``: ``if 0 < threshold < num_new_tokens: num_new_tokens =
+    threshold``, for RUNNING and WAITING requests alike, before the step's budget): the smaller of
+    ``tokens`` (an int or an array) and a positive ``threshold``; 0 (vLLM's default) caps nothing."""
+    return np.minimum(tokens, threshold) if threshold > 0 else tokens
 
 
 class SchedulePolicy:
@@ -113,7 +125,7 @@ class SchedulePolicy:
                 if -(-ntok // bs) > free:
                     break
                 waiting.popleft()
-                s = ntok if ntok < left else left
+                s = int(prefill_chunk(min(ntok, left), self.chunk_cap))
                 nb = -(-s // bs)
                 free -= nb
                 owed += nb
@@ -133,7 +145,7 @@ class SchedulePolicy:
                 if own_key is not None and not plan.own_blocks:
                     pool.forget(own_key)
                 hit = plan.hit_blocks * bs
-                s = min(ntok - hit, left)
+                s = int(prefill_chunk(min(ntok - hit, left), self.chunk_cap))
                 nb = max(0, -(-(hit + s) // bs) - plan.cached_blocks)
                 pool.allocate(nb)
                 if plan.units:
@@ -165,7 +177,7 @@ class SchedulePolicy:
         preempted = 0
         if n:
             comp = R[self.COMP]
-            need = R[self.NTOK] - comp
+            need = prefill_chunk(R[self.NTOK] - comp, self.chunk_cap)
             total = int(need.sum())
             if total <= self.budget:
                 sched = need
