@@ -99,10 +99,26 @@ def study_in(folder: Path) -> Any:
     db = study_db(folder)
     if db is None:
         return None
-    url = f"sqlite:///{db}"
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    name = own_studies(optuna.get_all_study_names(url))[0]
-    return optuna.load_study(study_name=name, storage=url)
+    storage = _storage(db)
+    name = own_studies(optuna.get_all_study_names(storage))[0]
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+_STORAGES: dict[tuple[str, int], Any] = {}
+
+
+def _storage(db: Path) -> Any:
+    """One Optuna storage per database file (the same path re-created is another file): the
+    scenarios poll the study while tuner runs, and a storage opened per look costs ~80 ms of
+    CPU that the processes under test need. It reads afresh every time (no cache of its own)."""
+    import optuna
+
+    key = (str(db), db.stat().st_ino)
+    if key not in _STORAGES:
+        _STORAGES.clear()  # one study at a time: the previous scenario's is done with
+        _STORAGES[key] = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    return _STORAGES[key]
 
 
 def trials(folder: Path) -> list[Any]:
