@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic._rows import (
     BACKWARDS,
     MISSING,
