@@ -25,6 +25,12 @@ pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to bu
 DATA_URI = re.compile(r"<img[^>]*src='data:image/png;base64,([A-Za-z0-9+/=]+)'")
 
 
+@pytest.fixture(scope="module")
+def sim_report(sim_study_db, tmp_path_factory) -> Path:  # noqa: F811
+    """The shared study's report, written once into a folder of its own; tests only read it."""
+    return write_report(open_study(sim_study_db), tmp_path_factory.mktemp("sim_report"))
+
+
 def test_report_embeds_every_figure_and_writes_pngs_beside_the_study(sim_study_db):
     study = open_study(sim_study_db)
     path = write_report(study)
@@ -133,11 +139,11 @@ def _chromium(chromium: str, profile, *args: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.parametrize("width", [1400, 800])
-def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_study_db, tmp_path, width):
+def test_report_opens_in_headless_chromium_and_shows_the_plots(sim_report, tmp_path, width):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
-    path = write_report(open_study(sim_study_db), tmp_path / "report")
+    path = sim_report
     shot = tmp_path / f"report-{width}.png"
     run = _chromium(chromium, tmp_path / "chromium", f"--screenshot={shot}", f"--window-size={width},3000",
                     path.resolve().as_uri())
@@ -194,12 +200,12 @@ def test_the_top_configurations_count_trials_that_differ_only_in_knobs_without_e
     assert "<th class=''>max_<wbr>num_<wbr>seqs</th>" in top  # the knob that differs keeps its column
 
 
-def test_the_layout_figure_is_drawn_only_when_the_study_tried_several(prefix_study_db, sim_study_db, tmp_path):
+def test_the_layout_figure_is_drawn_only_when_the_study_tried_several(prefix_study_db, sim_report, tmp_path):
     one = write_report(open_study(prefix_study_db), tmp_path / "one").read_text(encoding="utf-8")
     assert "<figure id='layouts'>" not in one and not (tmp_path / "one" / "layouts.png").exists()
     assert "only one layout was tried (tp1x1)" in one
-    two = write_report(open_study(sim_study_db), tmp_path / "two").read_text(encoding="utf-8")
-    assert "<figure id='layouts'>" in two and (tmp_path / "two" / "layouts.png").is_file()
+    two = sim_report.read_text(encoding="utf-8")
+    assert "<figure id='layouts'>" in two and (sim_report.parent / "layouts.png").is_file()
 
 
 def test_the_report_of_a_study_of_several_slos_names_them_and_colours_by_the_binding_one(tmp_path):

@@ -168,21 +168,31 @@ def _dump(data: Any) -> bytes:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).encode()
 
 
+#: libyaml's emitter where PyYAML has it: for the corpora's thousands of mutants it writes the
+#: same bytes as :func:`_dump` (checked over every shipped file), five times faster. The
+#: generated documents' odd strings keep the pure-Python emitter.
+_CORPUS_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def _dump_corpus(data: Any) -> bytes:
+    return yaml.dump(data, Dumper=_CORPUS_DUMPER, sort_keys=False, allow_unicode=True).encode()
+
+
 def data_mutants(text: str, entries: int | None = None) -> Iterator[tuple[str, bytes]]:
     """Keys deleted, retyped, and numbers made absurd, one at a time."""
     data = yaml.safe_load(text)
     for path in _paths(data, entries=entries):
         where = ".".join(map(str, path))
-        yield f"delete {where}", _dump(_delete(data, path))
+        yield f"delete {where}", _dump_corpus(_delete(data, path))
         value = _get(data, path)
         for new in RETYPES:
             if new != value:
-                yield f"{where} = {new!r}", _dump(_set(data, path, new))
+                yield f"{where} = {new!r}", _dump_corpus(_set(data, path, new))
         if isinstance(value, (int, float)) and not isinstance(value, bool) or value is None:
             for new in NUMBERS:
-                yield f"{where} = {new!r}", _dump(_set(data, path, new))
+                yield f"{where} = {new!r}", _dump_corpus(_set(data, path, new))
         if isinstance(value, dict):  # a list where a map is expected
-            yield f"{where} as a list", _dump(_set(data, path, list(value.items())))
+            yield f"{where} as a list", _dump_corpus(_set(data, path, list(value.items())))
 
 
 def text_mutants(text: str, last_line: int | None = None) -> Iterator[tuple[str, bytes]]:

@@ -108,8 +108,9 @@ def test_parse_gpus():
 def test_every_option_has_help():
     import typer.main
 
-    from tuner.cli import app
+    from tuner.cli import _register, app
 
+    _register()
     main_group = typer.main.get_command(app)
     for name in ("search", "studies"):
         command = main_group.commands[name]

@@ -309,6 +309,7 @@ class VllmBackend:
         (:func:`tuner.runtime.interrupts.current_deadline`)."""
         deadline = current_deadline()
         limit = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining())
+        pause = 0.01  # doubling to 0.2 s: a server up in a second is seen at once, vLLM's minute costs nothing
         while True:
             code = r.proc.poll()
             if code is not None:
@@ -333,7 +334,8 @@ class VllmBackend:
                     err = ConfigRejected("timeout", f"no healthy server after {self.startup_timeout_s:g} s "
                                          "(--startup-timeout); " + err.message, log_path=str(r.log_path))
                 raise err
-            time.sleep(0.2)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.2)
 
     def _is_ours(self, r: _Replica) -> bool:
         """``/v1/models`` lists the replica's marker name (or, when the user named the

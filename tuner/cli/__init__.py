@@ -13,9 +13,11 @@ import typer
 from tuner.cli.app import app
 from tuner.core.errors import TunerError
 
-def _register() -> None:
-    # Each module adds its commands to `app` on import.
-    from tuner.cli import commands  # noqa: F401
+def _register(argv: list[str] | None = None) -> None:
+    """Each module adds its commands to `app` on import: the one ``argv`` names, else all."""
+    from tuner.cli.commands import register
+
+    register(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,8 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     this process started is left running."""
     from tuner.runtime.interrupts import handle_signals, hold_signals
 
-    _register()
     argv = _debug_anywhere(list(sys.argv[1:] if argv is None else argv))
+    _register(argv)
     code: int | str | None = 0
     with handle_signals() as caught:
         try:

@@ -1,14 +1,32 @@
-"""Imports every command module so that each registers on the app.
-Add one line here per new command module."""
+"""Which module of ``tuner.cli`` holds each command; importing the module registers its
+commands on the app. Add one entry here per new command module.
+
+``tuner CMD ...`` imports CMD's module alone: ``tuner sim-serve``, started once per trial,
+does not pay for the others' imports. Help, and a name that is no command, import all."""
 from __future__ import annotations
-from tuner.cli import search  # noqa: F401,E402  tuner search
-from tuner.cli import studies  # noqa: F401,E402  tuner studies, tuner studies show
-from tuner.cli import trace  # noqa: F401,E402  tuner trace stats / convert
-from tuner.cli import estimate  # noqa: F401,E402  tuner estimate
-from tuner.cli import serve  # noqa: F401,E402  tuner sim-serve
-from tuner.cli import plan  # noqa: F401,E402  tuner plan
-from tuner.cli import report  # noqa: F401,E402  tuner report
-from tuner.cli import nightly  # noqa: F401,E402  tuner nightly
-from tuner.cli import calibrate  # noqa: F401,E402  tuner calibrate
-from tuner.cli import doctor  # noqa: F401,E402  tuner doctor
-from tuner.cli import export  # noqa: F401,E402  tuner export
+
+import importlib
+
+#: command -> module of tuner.cli that registers it
+MODULES = {
+    "search": "search",        # tuner search
+    "studies": "studies",      # tuner studies, tuner studies show
+    "trace": "trace",          # tuner trace stats / convert
+    "estimate": "estimate",    # tuner estimate
+    "sim-serve": "serve",      # tuner sim-serve
+    "plan": "plan",            # tuner plan
+    "report": "report",        # tuner report
+    "nightly": "nightly",      # tuner nightly
+    "calibrate": "calibrate",  # tuner calibrate
+    "doctor": "doctor",        # tuner doctor
+    "export": "export",        # tuner export
+}
+
+
+def register(argv: list[str] | None = None) -> None:
+    """Import the module of the command ``argv`` names (its first word that is no option),
+    or every command module when it names none."""
+    command = next((a for a in argv or [] if not a.startswith("-")), None)
+    modules = [MODULES[command]] if command in MODULES else MODULES.values()
+    for module in modules:
+        importlib.import_module(f"tuner.cli.{module}")

@@ -22,6 +22,7 @@ as repeats (:attr:`TrialRecord.is_confirmation`), never as configurations (``tun
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ STUDY_SCHEMA_VERSION = 3
 NOT_MEASURED = ("interrupted", "environment")
 
 
+@functools.cache
 def _fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 

@@ -12,9 +12,9 @@ import csv
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from tuner.core.errors import InputError
 from tuner.traffic._rows import (
@@ -29,6 +29,12 @@ from tuner.traffic._rows import (
 )
 from tuner.traffic.workload import Workload
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas is imported where a table is read, not with the module: every `tuner` command
+# imports the trace readers, and most (sim-serve above all) never read a CSV.
+
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
@@ -42,6 +48,7 @@ class Table:
 
     def column(self, *names: str) -> pd.Series | None:
         """The first column whose name matches one of ``names`` (case and spaces ignored)."""
+        import pandas as pd
         wanted = [_norm(n) for n in names]
         cols = {_norm(str(c)): c for c in reversed(list(self.frame.columns))}
         for w in wanted:
@@ -66,6 +73,7 @@ def read_csv(path: str, bad: BadRows, *, date_column: str | None = None) -> Tabl
     ISO 8601 date-times by the C reader itself, ten times faster than parsing strings
     afterwards; a column with unparseable values comes back as strings and
     :func:`times` finds the bad row."""
+    import pandas as pd
     data = read_bytes(path)
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
@@ -113,6 +121,7 @@ def _date_column(body: bytes, name: str | None) -> list[str] | None:
 
 
 def _read_csv_slow(path: str, text: str, header_line: int, bad: BadRows) -> Table:
+    import pandas as pd
     reader = csv.reader(io.StringIO(text.replace("\x00", "")))
     rows: list[list[str | None]] = []
     lines: list[int] = []
@@ -152,6 +161,7 @@ Check = tuple[np.ndarray, str, Callable[[int], str]]
 
 def numeric(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(values, missing, unparseable)`` for a column of numbers (NaN where not a number)."""
+    import pandas as pd
     if pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s):
         v = s.to_numpy(dtype=np.float64, na_value=np.nan)
         missing = np.isnan(v)
@@ -176,6 +186,7 @@ def numeric(s: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def times(s: pd.Series, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(seconds, missing, unparseable)``: numbers in ``unit`` (``auto`` = seconds) or
     date-times (``datetime``, or ``auto`` when most values are not numbers)."""
+    import pandas as pd
     if pd.api.types.is_datetime64_any_dtype(s):
         missing = s.isna().to_numpy()
         secs = np.full(len(s), np.nan)
@@ -205,6 +216,7 @@ def times(s: pd.Series, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _mostly_numbers(s: pd.Series) -> bool:
+    import pandas as pd
     head = s.dropna().head(200)
     if head.dtype == object:
         head = head.map(lambda x: x if isinstance(x, (int, float, str)) and not isinstance(x, bool) else "?")
@@ -212,6 +224,7 @@ def _mostly_numbers(s: pd.Series) -> bool:
 
 
 def _datetimes(s: pd.Series) -> pd.Series:
+    import pandas as pd
     try:
         return pd.to_datetime(s, format="ISO8601", errors="coerce", utc=True)
     except (ValueError, TypeError, OverflowError):
@@ -222,6 +235,7 @@ def _datetimes(s: pd.Series) -> pd.Series:
 
 
 def _raw(s: pd.Series, i: int) -> str:
+    import pandas as pd
     value = s.iloc[i]
     if isinstance(value, pd.Timestamp):
         return str(value)

@@ -12,7 +12,6 @@ On the command line: ``--format generic --map prompt_tokens=in_len --map output_
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from tuner.core.errors import InputError
 from tuner.traffic._rows import BadRows, dig, iter_jsonl, read_text
@@ -56,6 +55,8 @@ def read(path: str, *, skip_bad: bool = False, mapping: dict[str, str] | None = 
 
 
 def _jsonl_table(path: str, m: dict[str, str], bad: BadRows) -> Table:
+    import pandas as pd  # with the table, not the module (see tuner.traffic._table)
+
     cols = [m[k] for k in ("arrival", "prompt_tokens", "output_tokens", "session", "turn") if m.get(k)]
     lines: list[int] = []
     data: dict[str, list] = {c: [] for c in cols}

@@ -74,6 +74,7 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         self.fe_req = float(getattr(self.calib, "frontend_per_request_s", 0.0))
         self.fe_free = 0.0              # when the front end has done all the work merged so far
         self.fe_queue: deque[tuple[float, float]] = deque()   # requests it took in, not yet merged
+        self._fe_memo: tuple | None = None  # where the last request's fold of fe_queue stopped
         self._emit: tuple | None = None  # a deferred step's tokens, delivered by commit()
         self._last_start = 0.0
         self.last_emitted = _EMPTY      # requests that got a token in the last single step

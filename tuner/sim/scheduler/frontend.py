@@ -13,6 +13,7 @@ the step's end (:meth:`EngineCore.commit`), after any request taken in meanwhile
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 import numpy as np
 
@@ -33,16 +34,28 @@ class FrontEnd:
         queued before it and its own)."""
         if not self.fe_req:
             return t
-        queue = deque(self.fe_queue)
-        fe = self.fe_free
-        if self._run is not None:
-            start, k, _, _, cum, _ = self._run
+        done, n, run = 0, self.R.shape[1], self._run
+        if run is not None:
+            start, k, _, _, cum, _ = run
             ends = start + cum[:k]
             done = int(np.searchsorted(ends, t, side="right"))
+        # Requests come in time order, and each folds in every request queued before it: the
+        # fold of the previous one goes on from where it stopped, the same sums in the same
+        # order, while nothing was merged since (the same run, as far, the same fe_free).
+        memo = self._fe_memo
+        if (memo is not None and memo[0] is run and memo[1] == done and memo[2] == n
+                and memo[3] == self.fe_free and t >= memo[4]):
+            fe, queue = memo[5], deque(islice(self.fe_queue, memo[6], None))
+        else:
+            fe, queue = self.fe_free, deque(self.fe_queue)
             if done:
-                fe = self._fifo_run(fe, ends[:done], self.R.shape[1], queue)[1]
+                fe = self._fifo_run(fe, ends[:done], n, queue)[1]
         fe = self._fifo_queue(fe, t, queue)
+        folded = len(self.fe_queue) - len(queue)
         self.fe_queue.append((t, self.fe_req))
+        # the request just queued joins the fold of the next one (after the run's steps
+        # merged here, unless it came exactly at the last one's end: then start over)
+        self._fe_memo = None if done and t <= ends[done - 1] else (run, done, n, self.fe_free, t, fe, folded)
         return max(fe, t) + self.fe_req
 
     @staticmethod
@@ -86,6 +99,7 @@ class FrontEnd:
         (at once without front-end costs)."""
         if not self.fe_cost and not self.fe_req:
             return end
+        self._fe_memo = None
         if self.fe_queue:
             self.fe_free = self._fifo_queue(self.fe_free, end, self.fe_queue)
         self.fe_free = max(self.fe_free, end) + tokens * self.fe_cost
@@ -95,5 +109,6 @@ class FrontEnd:
         """:meth:`_deliver` for consecutive steps of ``n`` tokens each ending at ``ends``."""
         if not self.fe_cost and not self.fe_req:
             return ends
+        self._fe_memo = None
         out, self.fe_free = self._fifo_run(self.fe_free, ends, n, self.fe_queue)
         return out
