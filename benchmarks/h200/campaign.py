@@ -324,13 +324,15 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
                           env={"VLLM_USE_FLASHINFER_SAMPLER": "0"}, startup_timeout_s=400.0, stop_grace_s=20.0,
                           timeout_s=300.0, platform="cuda")
 
-    def deployment_for(trial: Trial) -> Deployment:
-        return Deployment(model=str(models[trial.model]), gpu="H200", vllm_version=VLLM_VERSION)
-
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else ""
+    gpu = "H100-SXM" if "H100" in smi else "H200"  # the device machine may lend an H100 for an H200
+
+    def deployment_for(trial: Trial) -> Deployment:
+        return Deployment(model=str(models[trial.model]), gpu=gpu, vllm_version=VLLM_VERSION)
+
     first = {"moe-warm": 4, "moe-small": 5, "q7-small": 5, "moe-small-again": 5}
-    meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+    meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
             "design": [{"name": t.name, "model": t.model, "config": t.config.to_dict(), "purpose": t.purpose,
