@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from tuner.config import Deployment, ServeConfig
-from tuner.load import Concurrency
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
 from tuner.sim.calibration import load_calibration
 from tuner.sim.engine import run_plan
 from tuner.sim.hardware import get_gpu

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search_noise as sn  # noqa: E402
 
 from tuner.backends.sim import SimBackend  # noqa: E402
-from tuner.config import ServeConfig  # noqa: E402
 from tuner.search import evaluate_config  # noqa: E402
+from tuner.serving.config import ServeConfig  # noqa: E402
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ table alone (what the simulator knew before any calibration), and prints:
    class table, with the targets beside them; then P99 TPOT and P95 ITL (the tails users
    state as service levels, ``--slo p99:tpot<=30ms``) the same way, held back and all points;
 2. every point (fit and check) with its measured/predicted ratios;
-3. the crossovers measured (tuner.fidelity.H200_CROSSOVERS) with the side each one takes
+3. the crossovers measured (tuner.calibrate.fidelity.H200_CROSSOVERS) with the side each one takes
    (and, where one side was measured again on a fresh start, the ratio against that start);
 4. KV cache tokens per start;
 5. runs in which the real engine stopped for a while (the longest stretch without a first
@@ -44,8 +44,7 @@ from tuner.calibrate import (  # noqa: E402
     simulate_point,
     startups,
 )
-from tuner.config import Deployment  # noqa: E402
-from tuner.fidelity import (  # noqa: E402
+from tuner.calibrate.fidelity import (  # noqa: E402
     COLUMNS,
     H200_CROSSOVERS,
     TAILS,
@@ -58,6 +57,7 @@ from tuner.fidelity import (  # noqa: E402
     with_tails,
     worst,
 )
+from tuner.serving.config import Deployment  # noqa: E402
 from tuner.sim.calibration import load_calibration, profile_section  # noqa: E402
 from tuner.sim.hardware import get_gpu  # noqa: E402
 
@@ -73,8 +73,8 @@ def simulate_tails(point, dep: Deployment, calib=None) -> dict[str, float]:
     import dataclasses
 
     from tuner.calibrate import calibration_workload
-    from tuner.load import Concurrency
-    from tuner.probes import build, load_from
+    from tuner.calibrate.probes import build, load_from
+    from tuner.serving.load import Concurrency
     from tuner.sim.engine import simulate
 
     if point.load is None:

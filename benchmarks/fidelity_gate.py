@@ -30,9 +30,9 @@ from tuner.calibrate import (  # noqa: E402
     read_measurements,
     replicate_pairs,
 )
-from tuner.config import Deployment  # noqa: E402
-from tuner.fidelity import mape  # noqa: E402
-from tuner.gate import TABLE, group_errors, leave_one_out, noise_pairs, read_table, regressions, write_table  # noqa: E402
+from tuner.calibrate.fidelity import mape  # noqa: E402
+from tuner.calibrate.gate import TABLE, group_errors, leave_one_out, noise_pairs, read_table, regressions, write_table  # noqa: E402
+from tuner.serving.config import Deployment  # noqa: E402
 from tuner.sim.calibration import load_calibration  # noqa: E402
 from tuner.sim.hardware import get_gpu  # noqa: E402
 

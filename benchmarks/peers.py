@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.backends.local_server import free_port, start_local_server  # noqa: E402
-from tuner.errors import BackendError, TunerError  # noqa: E402
+from tuner.core.errors import BackendError, TunerError  # noqa: E402
 
 GUIDELLM_VERSION = "0.8.1"
 TORCH_CPU = "torch==2.13.0"  # found as a local CPU wheel on these machines; a plain torch pulls CUDA
@@ -185,8 +185,8 @@ def run_tool(argv: list[str], *, env: dict | None = None, timeout_s: float) -> t
 
 def tuner_client(args) -> None:
     """The replayer as its own process (``--as-tuner``): writes its per-request readings."""
-    from tuner.load import Concurrency
     from tuner.replay import replay
+    from tuner.serving.load import Concurrency
     from tuner.traffic.workload import Workload
 
     n = args.requests

@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from tuner.capacity import max_load_meeting
-from tuner.demand import conversations_per_min
-from tuner.config import Deployment, ServeConfig
 from tuner.plan import Figures, Sweep, plan_capacity, sweep_rows
+from tuner.serving.capacity import max_load_meeting
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.demand import conversations_per_min
 
 # Article 004, section 5: users -> (mean TTFT s, P95 TTFT s, mean E2E s, tokens/s in+out)
 ARTICLE = {

@@ -53,14 +53,14 @@ from pathlib import Path
 import numpy as np
 
 from tuner.backends.sim import SimBackend
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected
-from tuner.load import Concurrency
-from tuner.record import TrialRecord
+from tuner.core.errors import ConfigRejected
 from tuner.search import evaluate_config, num_heads, run_search
 from tuner.search.inputs import build_workload
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
 from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.study import copy_slots, counts_toward_budget, is_copy, repeats
+from tuner.study.record import TrialRecord
 from tuner.traffic import load_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -49,12 +49,12 @@ from pathlib import Path
 import optuna
 
 from tuner.backends.sim import SimBackend
-from tuner.config import ServeConfig
-from tuner.errors import ConfigRejected
-from tuner.load import Concurrency, Poisson
-from tuner.record import TrialRecord
+from tuner.core.errors import ConfigRejected
 from tuner.search import CONSTRAINT, default_trials, evaluate_config, make_sampler, num_heads
+from tuner.serving.config import ServeConfig
+from tuner.serving.load import Concurrency, Poisson
 from tuner.space import SearchSpace, choice_param, load_space, parse_layout
+from tuner.study.record import TrialRecord
 from tuner.traffic.synth import default_workload
 
 CACHE = Path("studies") / "search_quality_grid.json"
@@ -111,7 +111,7 @@ def code_fingerprint() -> str:
     root = Path(tuner.__file__).parent
     h = hashlib.sha256(f"{REQUESTS}{GRID}{FIXED}".encode())
     for path in sorted([*root.glob("sim/*.py"), *root.glob("data/**/*"), root / "backends" / "sim.py",
-                        *root.glob("search/*.py"), root / "confirmation.py", root / "traffic" / "synth.py"]):
+                        *root.glob("search/*.py"), root / "study" / "race.py", root / "traffic" / "synth.py"]):
         if path.is_file():
             h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -256,8 +256,8 @@ def gpu_time_of_study(job: tuple[str, str, int]) -> dict:
     launched, no early stop): GPU seconds of both, trials pruned, best value found."""
     import tempfile
 
-    from tuner.search.prediction import Predictor
     from tuner.search import build_workload, run_search
+    from tuner.search.prediction import Predictor
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu
 

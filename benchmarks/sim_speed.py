@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.config import Deployment, ServeConfig
-from tuner.load import TraceReplay
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import TraceReplay
 from tuner.sim.calibration import load_calibration
 from tuner.sim.engine import run_plan
 from tuner.sim.memory import plan_memory

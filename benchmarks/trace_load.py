@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic import load_trace
 
 

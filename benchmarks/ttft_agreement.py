@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tuner.backends.local_server import free_port, start_local_server  # noqa: E402
-from tuner.load import Concurrency  # noqa: E402
 from tuner.replay import replay  # noqa: E402
+from tuner.serving.load import Concurrency  # noqa: E402
 from tuner.traffic.workload import Workload  # noqa: E402
 
 

@@ -7,11 +7,11 @@ import dataclasses
 
 import numpy as np
 
-from tuner.config import ServeConfig
-from tuner.control import RunControl
-from tuner.errors import BackendError, ConfigRejected
-from tuner.load import Concurrency, Poisson
-from tuner.result import RunResult
+from tuner.core.errors import BackendError, ConfigRejected
+from tuner.runtime.control import RunControl
+from tuner.serving.config import ServeConfig
+from tuner.serving.load import Concurrency, Poisson
+from tuner.serving.result import RunResult
 from tuner.traffic.workload import Workload
 
 

@@ -14,7 +14,7 @@ ENV = "TUNER_TEST_POSTGRES_URL"
 def _admin(url: str):  # noqa: ANN202
     import sqlalchemy
 
-    from tuner.locks import driver_url
+    from tuner.study.locks import driver_url
 
     return sqlalchemy.create_engine(driver_url(url), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
 

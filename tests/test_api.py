@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import tuner
-from tuner.demand import Demand
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.serving.demand import Demand
 
 SPACE = """
 name: api-test

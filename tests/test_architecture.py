@@ -118,9 +118,9 @@ def test_no_module_imports_itself_back_through_others():
 
 def test_the_check_sees_imports_inside_functions_and_skips_type_only_ones(tmp_path):
     src = tmp_path / "m.py"
-    src.write_text("from typing import TYPE_CHECKING\nimport tuner.errors\nif TYPE_CHECKING:\n"
+    src.write_text("from typing import TYPE_CHECKING\nimport tuner.core.errors\nif TYPE_CHECKING:\n"
                    "    from tuner.plan import x\ndef f():\n    from tuner.cli import app\n")
-    assert imports(src) == [("tuner.errors", 2, False), ("tuner.cli.app", 6, True)]
+    assert imports(src) == [("tuner.core.errors", 2, False), ("tuner.cli.app", 6, True)]
 
 
 #: Most lines a module of tuner may have (issue 33: split by noun past that).
@@ -140,7 +140,7 @@ def test_no_module_is_over_400_lines_but_those_being_split():
 
 #: Private attributes of Optuna's objects (``Study``, ``Trial``, ``FrozenTrial``, storages)
 #: that tuner once used, none left; their public counterparts: tuner's own storage handle
-#: (:func:`tuner.storage.storage_of`, or the one the caller passes) and its public methods,
+#: (:func:`tuner.study.storage.storage_of`, or the one the caller passes) and its public methods,
 #: ``study.get_trials``, ``trial.number``, ``GridSampler.is_exhausted``.
 OPTUNA_PRIVATE = re.compile(r"\.(_storage|_trial_id|_study_id|_get_trials|_stop_flag)\b")
 

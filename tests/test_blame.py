@@ -8,12 +8,12 @@ import pytest
 from fakes import FakeBackend, FakeInstance, small_workload
 from optuna.trial import TrialState
 
-from tuner.config import Deployment
-from tuner.errors import ConfigRejected, EnvironmentFault
-from tuner.record import TrialRecord
+from tuner.core.errors import ConfigRejected, EnvironmentFault
 from tuner.search import run_search
+from tuner.serving.config import Deployment
 from tuner.space import parse_space
 from tuner.study import is_copy
+from tuner.study.record import TrialRecord
 
 SPACE = """\
 name: blame

@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.confirmation import prior_sd, ttft_sd
-from tuner.record import LoadRecord, TrialRecord
 from tuner.search import evaluate_config
 from tuner.search.boundary import edge_slope, objective_sd, study_objective_sd
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.study.race import prior_sd, ttft_sd
+from tuner.study.record import LoadRecord, TrialRecord
 
 from fakes import Analytic, small_workload
 

@@ -26,9 +26,9 @@ from tuner.calibrate import (
     write_profile,
     FitResult,
 )
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected, InputError
-from tuner.progress import Observer
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.runtime.progress import Observer
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.calibration import find_profile, load_calibration
 from tuner.sim.hardware import get_gpu
 from tuner.sim.memory import plan_memory

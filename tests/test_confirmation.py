@@ -10,8 +10,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.config import Deployment, ServeConfig
-from tuner.confirmation import (
+from tuner.search import evaluate_config, monotone_crossing, run_search
+from tuner.search.goodput import MAX_REPLAYS
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.study import best_feasible_trial, confirmation, confirmation_study, count_finished
+from tuner.study import repeats as repeats_of
+from tuner.study.race import (
     EQUIVALENT,
     Candidate,
     NoiseFloor,
@@ -23,11 +27,7 @@ from tuner.confirmation import (
     race,
     undecided,
 )
-from tuner.search import evaluate_config, monotone_crossing, run_search
-from tuner.search.goodput import MAX_REPLAYS
-from tuner.record import TrialRecord
-from tuner.study import best_feasible_trial, confirmation, confirmation_study, count_finished
-from tuner.study import repeats as repeats_of
+from tuner.study.record import TrialRecord
 from tuner.traffic.workload import Workload
 
 from fakes import FakeBackend, NoisyBackend, small_workload
@@ -404,11 +404,11 @@ def test_a_configuration_proposed_again_gives_its_slot_to_a_neighbour_of_the_bes
 
 def test_trials_that_differ_only_in_knobs_without_effect_race_once(tmp_path):
     # No prompt shares a prefix and the longest request is ~500 tokens: prefix caching and
-    # max-model-len 4096 vs 8192 cannot change the simulated server (tuner.effective), so
+    # max-model-len 4096 vs 8192 cannot change the simulated server (tuner.study.effective), so
     # four of the eight configurations run one server twice each; only the KV dtype
     # changes speed. A race among the best would otherwise spend its places on copies.
     from tuner.backends.sim import SimBackend
-    from tuner.effective import trial_group
+    from tuner.study.effective import trial_group
 
     space = fake_space("""\
 name: folds
@@ -517,9 +517,9 @@ def test_race_keeps_a_candidate_near_the_target_only_while_its_feasibility_is_ab
 
 def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_and_are_the_studys_replicates(
         monkeypatch):
-    # two trials that differ only in a knob the workload never reached (tuner.effective
+    # two trials that differ only in a knob the workload never reached (tuner.study.effective
     # folds them: stood in here), each measured on its own start with its own noise draw
-    import tuner.effective
+    import tuner.study.effective
     from optuna.trial import create_trial
 
     from tuner.search.confirm import distinct
@@ -530,7 +530,7 @@ def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_an
     for number, t in enumerate(trials):
         t.number = number
     records = {t.number: TrialRecord.from_trial(t) for t in trials}
-    monkeypatch.setattr(tuner.effective, "trial_group", lambda rec, started: ("one server", {}))
+    monkeypatch.setattr(tuner.study.effective, "trial_group", lambda rec, started: ("one server", {}))
     (entrant, members, mean), = distinct(trials, records)
     assert entrant.number == 0 and members == [0, 1]  # named by its best-measured trial
     assert mean == pytest.approx(math.sqrt(1800.0 * 1400.0))  # but entering with the pair's mean, not the luckier

@@ -57,8 +57,8 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Any]:
 
 
 def test_the_dashboard_reads_knob_names_real_values_the_objective_and_feasibility(searched):
-    from tuner.record import TrialRecord
     from tuner.study import COMPANION_SUFFIX
+    from tuner.study.record import TrialRecord
 
     url, out = searched
     app = optuna_dashboard.wsgi(url)
@@ -94,7 +94,7 @@ def test_the_dashboard_reads_knob_names_real_values_the_objective_and_feasibilit
 
 
 def test_the_dashboard_shows_the_recommendation_every_other_reader_shows(searched):
-    from tuner import analysis
+    from tuner.study import analysis
     from tuner.study import open_study
 
     url, out = searched

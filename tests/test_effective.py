@@ -1,10 +1,10 @@
-"""Hand-worked cases of each folding rule of tuner.effective, and of each case where a knob
+"""Hand-worked cases of each folding rule of tuner.study.effective, and of each case where a knob
 must stay as it is."""
 from __future__ import annotations
 
 import pytest
 
-from tuner.effective import ANY, caveat, effective_config, group_key, no_effect
+from tuner.study.effective import ANY, caveat, effective_config, group_key, no_effect
 
 #: vLLM 0.26 on an H200: the V1 engine. The longest request is 3,000 tokens, none share a prefix.
 RUN = {"backend": "sim", "vllm_version": "0.26.0", "hardware": {"gpu": "H200", "gpu_count": 1},

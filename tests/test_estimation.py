@@ -1,4 +1,4 @@
-"""tuner.estimation.fit_map: the MAP estimate and its intervals on cases worked by hand."""
+"""tuner.calibrate.estimation.fit_map: the MAP estimate and its intervals on cases worked by hand."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tuner.estimation import Param, fit_map, prior_starts
+from tuner.calibrate.estimation import Param, fit_map, prior_starts
 
 
 def test_one_measurement_and_one_prior_of_equal_weight_meet_halfway():

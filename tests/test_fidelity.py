@@ -28,8 +28,8 @@ from tuner.calibrate import (
     startups,
     summarize,
 )
-from tuner.config import Deployment
-from tuner.fidelity import H200_CROSSOVERS, by_shape, crossovers, mape, noise_bucket, noise_by_bucket, worst
+from tuner.calibrate.fidelity import H200_CROSSOVERS, by_shape, crossovers, mape, noise_bucket, noise_by_bucket, worst
+from tuner.serving.config import Deployment
 from tuner.sim.calibration import find_profile
 
 from shared_data import need_shared
@@ -232,7 +232,7 @@ def test_the_moe_run_at_64_users_stalled_where_the_simulator_does_not(rows, prof
     # time without a first token or a completion, twice (never over 0.75 s simulated, and at
     # most 0.56 s in the same start's 256-user replay): new batch shapes compiling mid-run
     from tuner.calibrate import load_rows, simulate_point
-    from tuner.fidelity import longest_silence
+    from tuner.calibrate.fidelity import longest_silence
 
     by_name = load_rows(rows)
     moe = next(p for p in load_points(rows) if point_name(p) == "moe-base: mix x192 @ 64 users")

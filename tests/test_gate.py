@@ -1,5 +1,5 @@
 """The fidelity gate over every committed real H200 measurement: no shape group's raw error
-may grow past its noise (tuner.gate; table tuner/data/calibration/h200-vllm-0.26.0/fidelity_gate.csv)."""
+may grow past its noise (tuner.calibrate.gate; table tuner/data/calibration/h200-vllm-0.26.0/fidelity_gate.csv)."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from tuner.calibrate import LoadPoint, campaign_rows, compare_loads, load_points, point_name
-from tuner.config import Deployment, ServeConfig
-from tuner.gate import TABLE, group_errors, group_of, noise_pairs, read_table, regressions
+from tuner.calibrate.gate import TABLE, group_errors, group_of, noise_pairs, read_table, regressions
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.calibration import load_calibration
 from tuner.sim.hardware import get_gpu
 

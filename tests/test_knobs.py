@@ -1,4 +1,4 @@
-"""The knob table (tuner.knobs) and its readers agree: every row is a ServeConfig field with a
+"""The knob table (tuner.core.knobs) and its readers agree: every row is a ServeConfig field with a
 simulator hook, every knob has its option on the commands that take knobs, and a configuration
 rendered as ``vllm serve`` flags reads back the same through sim-serve's parser."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import typer.main
 
 from tuner.backends.vllm_args import render_flags
 from tuner.cli import _register, app
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.knobs import KNOBS, Knob, knob
+from tuner.core.errors import InputError
+from tuner.core.knobs import KNOBS, Knob, knob
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.command import build_parser
 
 LAYOUT = {"tensor_parallel_size", "replicas"}

@@ -11,13 +11,13 @@ import pytest
 from pg_db import pg_url  # noqa: F401  (fixture)
 
 from tuner.cli import main
-from tuner.units import parse_seconds
-from tuner.record import TrialRecord
-from tuner.nightly import Night, compare, latest_window, nights, parse_threshold, workload_shape
+from tuner.core.units import parse_seconds
+from tuner.ops.nightly import Night, compare, latest_window, nights, parse_threshold, workload_shape
 from tuner.study import load_study_by_name, repeats
+from tuner.study.locks import StudyLock
+from tuner.study.record import TrialRecord
 from tuner.traffic import native
 from tuner.traffic.workload import Workload
-from tuner.locks import StudyLock
 
 STUDY = "nightly-test"
 

@@ -56,7 +56,7 @@ def test_notebook_runs_top_to_bottom_on_a_sim_study(sim_study_db, venv_kernel, m
     assert "Not drawn" not in text and "No plan stored" not in text
     assert "vllm serve Qwen/Qwen2.5-7B-Instruct" in text
     # the answer is the study's recommendation, with the confirmed mean tuner studies show prints
-    from tuner import analysis
+    from tuner.study import analysis
 
     said = analysis.recommendation(analysis.open_study(sim_study_db))
     assert said.confirmed and f"Recommended: trial {said.trial}, " in text

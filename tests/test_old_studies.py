@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tuner.result import BENCH_FIELDS
+from tuner.serving.result import BENCH_FIELDS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "study-0.1.0"
 STUDY = "release-0.1.0"
@@ -36,12 +36,12 @@ def _clean(value: Any) -> Any:
 
 
 def facts(study: Any) -> dict[str, Any]:
-    """What the readers of a study find in it: the notebook's tables (:mod:`tuner.analysis`),
+    """What the readers of a study find in it: the notebook's tables (:mod:`tuner.study.analysis`),
     the stored plan (:func:`tuner.plan.load_plan`) and the answer with its serve command."""
-    from tuner import analysis
-    from tuner.config import Deployment
     from tuner.plan import load_plan, summary_rows
     from tuner.search import serve_command
+    from tuner.serving.config import Deployment
+    from tuner.study import analysis
     from tuner.study import trial_config
 
     frame = analysis.trials_frame(study)
@@ -70,17 +70,17 @@ def facts(study: Any) -> dict[str, Any]:
 def old_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A copy of the 0.1.0 study (opening SQLite writes beside the file), read from the
     repository root, where its search space's recorded path leads."""
-    from tuner.analysis import open_study
+    from tuner.study.analysis import open_study
 
     shutil.copy(FIXTURE / "study.db", tmp_path / "study.db")
     monkeypatch.chdir(FIXTURE.parents[2])
     return open_study(tmp_path / "study.db")
 
 
-#: What today's rules derive (tuner.effective: which knobs could not act): a later release
+#: What today's rules derive (tuner.study.effective: which knobs could not act): a later release
 #: may fold more knobs than 0.1.0 did, never fewer, and group no trials apart that it grouped.
 _DERIVED = ("group", "folded", "recommended")
-#: vllm bench serve's names for what the summary holds (tuner.result.bench_fields): derived
+#: vllm bench serve's names for what the summary holds (tuner.serving.result.bench_fields): derived
 #: on read, so an old study has them too (checked against the seconds below); ``completed``
 #: was a column of the summary already.
 _BENCH = tuple(f for f in BENCH_FIELDS if f != "completed")
@@ -125,7 +125,7 @@ def test_the_notebook_functions_and_the_stored_plan_read_what_0_1_0_read(old_stu
 
 
 def test_the_report_of_a_0_1_0_study_shows_its_answer_plan_and_reasons(old_study):
-    from tuner.report import render_report
+    from tuner.report.html import render_report
 
     expected = json.loads((FIXTURE / "facts.json").read_text())
     page, _ = render_report(old_study)
@@ -152,7 +152,7 @@ def test_plan_replays_a_0_1_0_study_on_the_requests_and_configuration_it_recorde
 
 
 def test_the_repeats_a_0_1_0_study_kept_among_its_trials_are_read_as_repeats(old_study):
-    from tuner import analysis
+    from tuner.study import analysis
     from tuner.study import confirmation_study, count_finished, recommendation, repeats
 
     expected = json.loads((FIXTURE / "facts.json").read_text())

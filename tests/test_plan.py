@@ -9,8 +9,13 @@ import optuna
 import pytest
 from fakes import Analytic, LateWatch
 
-from tuner.capacity import CapacityEstimate, max_load_meeting
-from tuner.demand import (
+from tuner.backends.vllm import VllmBackend
+from tuner.core.errors import InputError, NoFeasibleConfig
+from tuner.plan import Figures, Sweep, load_plan, plan_capacity, plan_key, rescale, write_plan_files
+from tuner.search import run_search
+from tuner.serving.capacity import CapacityEstimate, max_load_meeting
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.demand import (
     Demand,
     conversations_per_min,
     cost_figures,
@@ -19,12 +24,7 @@ from tuner.demand import (
     replicas_needed,
     requests_per_conversation,
 )
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError, NoFeasibleConfig
-from tuner.backends.vllm import VllmBackend
-from tuner.plan import Figures, Sweep, load_plan, plan_capacity, plan_key, rescale, write_plan_files
-from tuner.result import RunResult
-from tuner.search import run_search
+from tuner.serving.result import RunResult
 from tuner.space import parse_space
 from tuner.traffic.workload import Workload
 

@@ -6,8 +6,7 @@ import optuna
 import pytest
 from sim_study import TARGET_S, is_blank, sim_study_db  # noqa: F401  (session fixture)
 
-from tuner.analysis import best_trial, open_study, plan_sweep, trials_frame
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.plots import (
     CAPTIONS,
     knob_importances,
@@ -23,6 +22,7 @@ from tuner.plots import (
     png_bytes,
     study_plots,
 )
+from tuner.study.analysis import best_trial, open_study, plan_sweep, trials_frame
 
 pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to build once
 
@@ -102,7 +102,7 @@ def test_an_empty_study_skips_every_figure_with_a_reason():
 def test_importances_name_the_knobs_as_the_search_space_does(sim_study_db):
     import dataclasses
 
-    from tuner.config import ServeConfig
+    from tuner.serving.config import ServeConfig
 
     study = open_study(sim_study_db)
     assert "max_num_seqs" in study.best_trial.params  # an ordered choice is stored under its own name
@@ -184,8 +184,8 @@ def _plot(study, name):
 
 
 def test_ttft_by_load_draws_the_best_configurations_at_the_loads_they_ran(sim_study_db):
-    from tuner.analysis import top_groups
-    from tuner.record import TrialRecord
+    from tuner.study.analysis import top_groups
+    from tuner.study.record import TrialRecord
 
     study = open_study(sim_study_db)
     fig = _plot(study, "ttft_by_load").figure
@@ -207,7 +207,7 @@ def test_ttft_by_load_draws_the_best_configurations_at_the_loads_they_ran(sim_st
 
 
 def test_load_points_reproduce_the_output_throughput_measured_at_the_chosen_load(sim_study_db):
-    from tuner.record import TrialRecord
+    from tuner.study.record import TrialRecord
 
     study = open_study(sim_study_db)
     points = load_points(study)

@@ -9,9 +9,7 @@ from fakes import FakeBackend, small_workload
 from test_search import fake_space
 
 from tuner.backends.sim import SimBackend
-from tuner.config import Deployment, ServeConfig
-from tuner.load import Concurrency
-from tuner.record import TrialRecord
+from tuner.search import MAX_REPLAYS, evaluate_config, run_search
 from tuner.search.prediction import (
     MIN_MATCHED,
     PRUNE_SHARE,
@@ -22,7 +20,9 @@ from tuner.search.prediction import (
     correction,
     sim_predictor,
 )
-from tuner.search import MAX_REPLAYS, evaluate_config, run_search
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
+from tuner.study.record import TrialRecord
 from tuner.traffic.synth import default_workload
 
 
@@ -259,7 +259,7 @@ def test_a_pruned_trial_carries_every_slos_constraint(tmp_path):
 def test_a_pruned_trial_whose_prediction_names_no_slo_is_judged_on_p95_ttft_alone():
     from tuner.search.prediction import Advice
     from tuner.search.pruning import pruned_constraints
-    from tuner.slo import SloSet
+    from tuner.serving.slo import SloSet
 
     slos = SloSet.of(["p95:ttft<=1s", "p99:tpot<=30ms"])
     study = optuna.create_study()
@@ -271,7 +271,7 @@ def test_a_pruned_trial_whose_prediction_names_no_slo_is_judged_on_p95_ttft_alon
 
 
 def test_the_sim_predictor_holds_every_slo_of_the_study():
-    from tuner.slo import SloSet
+    from tuner.serving.slo import SloSet
 
     deployment = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=1)
     wl = default_workload(seed=0, n=120)

@@ -1,4 +1,4 @@
-"""The winner as a serve-params file (tuner.recipe): what vllm bench sweep --serve-params
+"""The winner as a serve-params file (tuner.search.recipe): what vllm bench sweep --serve-params
 makes of it is the vllm serve command tuner prints, and knobs that change answers are noted."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import shlex
 import pytest
 import yaml
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.recipe import output_notes, serve_params, write_recipe
+from tuner.core.errors import InputError
 from tuner.search import serve_command
+from tuner.search.recipe import output_notes, serve_params, write_recipe
+from tuner.serving.config import Deployment, ServeConfig
 
 DEP = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=2)
 CONFIG = ServeConfig(max_num_seqs=256, max_num_batched_tokens=8192, gpu_memory_utilization=0.9,

@@ -7,9 +7,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.record import SCHEMA_VERSION, STUDY_SCHEMA_VERSION, StudyRecord, TrialRecord, migrate
+from tuner.core.errors import InputError
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.study.record import SCHEMA_VERSION, STUDY_SCHEMA_VERSION, StudyRecord, TrialRecord, migrate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "study-0.1.0"
 

@@ -13,12 +13,12 @@ import pytest
 from sim_study import STUDY, TARGET_S, colourful_share, is_blank, sim_study_db  # noqa: F401  (session fixture)
 from test_analysis import prefix_study_db  # noqa: F401  (session fixture)
 
-from tuner.analysis import best_trial, open_study
 from tuner.cli import main
 from tuner.plots import CAPTIONS
-from tuner.report import render_report, write_report
+from tuner.report.html import render_report, write_report
 from tuner.search import serve_command
 from tuner.study import trial_config
+from tuner.study.analysis import best_trial, open_study
 
 pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to build once
 
@@ -40,7 +40,7 @@ def test_report_embeds_every_figure_and_writes_pngs_beside_the_study(sim_study_d
     assert "<figure id='ttft_by_load'>" in page and "<figure id='per_user'>" in page
     assert f"The dashed red line at {TARGET_S:g} s is the target" in page  # captions from the study's values
     assert "src='http" not in page and "<script" not in page  # self-contained
-    from tuner.config import Deployment
+    from tuner.serving.config import Deployment
 
     dep = study.user_attrs["deployment"]
     command = serve_command(Deployment(**{**dep, "gpu_ids": tuple(dep["gpu_ids"])}), trial_config(best_trial(study)))
@@ -57,7 +57,7 @@ def test_the_answer_shows_the_repeats_that_chose_it(sim_study_db):
     page, _ = render_report(study)
     n = len(conf.measurements[conf.winner])
     assert n >= 2
-    # the same rows as the CLI's table (tuner.confirmation.confirmation_rows)
+    # the same rows as the CLI's table (tuner.study.race.confirmation_rows)
     assert (f"<th class='l'>confirmed</th><td class='l'>{conf.mean:,.0f} tok/s mean of {n} "
             f"({conf.band[0]:,.0f}-{conf.band[1]:,.0f})</td>") in page
     tied = ", ".join(f"#{t}" for t in conf.ties) or "none"
@@ -187,9 +187,9 @@ def test_the_report_of_a_study_of_several_slos_names_them_and_colours_by_the_bin
     from fakes import FakeBackend, small_workload
     from test_search import SPACE, fake_space
 
-    from tuner.analysis import trials_frame
     from tuner.plots import plot_tradeoff, study_slos
     from tuner.search import run_search
+    from tuner.study.analysis import trials_frame
 
     space = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
     out = run_search(space, backend=FakeBackend(), workload=small_workload(), budget=4,

@@ -1,4 +1,4 @@
-"""RunResult's summary and its vllm bench serve names (tuner.result.bench_fields), on a
+"""RunResult's summary and its vllm bench serve names (tuner.serving.result.bench_fields), on a
 run small enough to work out by hand."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tuner.load import Concurrency, Poisson, TraceReplay
-from tuner.result import BENCH_FIELDS, RunResult, bench_fields
+from tuner.serving.load import Concurrency, Poisson, TraceReplay
+from tuner.serving.result import BENCH_FIELDS, RunResult, bench_fields
 
 
 def _run(**extra) -> RunResult:

@@ -5,9 +5,9 @@ import pytest
 from fakes import ErrorBackend, FakeBackend, small_workload
 from optuna.trial import TrialState
 
-from tuner.config import Deployment, ServeConfig
-from tuner.control import RunControl
+from tuner.runtime.control import RunControl
 from tuner.search import MAX_REPLAYS, evaluate_config, make_sampler, run_search, serve_command, slo_stop_hook
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.space import parse_space
 from tuner.study import best_feasible_trial, closest_miss, trial_config
 
@@ -117,7 +117,7 @@ def test_resuming_anyway_over_other_choices_of_a_knob_is_refused_in_one_line(tmp
     """Optuna keeps one distribution per parameter in a study: new choices of a knob stored
     as its values cannot join it, even with --resume-anyway; one line before any trial runs,
     not Optuna's ValueError from the first trial."""
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
 
     storage = f"sqlite:///{tmp_path}/s.db"
     kw = dict(backend=FakeBackend(), workload=small_workload(), storage=storage, study="s", seed=3)
@@ -249,7 +249,7 @@ def test_warm_start_enqueues_the_simulator_best_first(tmp_path):
 
 
 def test_gp_sampler_or_a_clear_message():
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
 
     try:
         sampler = make_sampler("gp", seed=0)

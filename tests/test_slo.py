@@ -1,4 +1,4 @@
-"""Service levels (tuner/slo.py): parsing as people write them, which SLO binds, the
+"""Service levels (tuner/serving/slo.py): parsing as people write them, which SLO binds, the
 error-rate allowance, goodput as ``vllm bench serve --goodput`` counts it, and the
 goodput search held to every SLO of a set."""
 from __future__ import annotations
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from fakes import FakeBackend, small_workload
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.record import TrialRecord
-from tuner.result import RunResult
+from tuner.core.errors import InputError
 from tuner.search import evaluate_config
-from tuner.slo import Slo, SloSet, monotone_crossing, parse_slo, split_slos
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.result import RunResult
+from tuner.serving.slo import Slo, SloSet, monotone_crossing, parse_slo, split_slos
 from tuner.space import parse_space
+from tuner.study.record import TrialRecord
 
 
 def test_slos_read_as_people_write_them():
@@ -144,7 +144,7 @@ def test_a_plan_meets_every_slo_and_names_the_one_that_limits_each_load():
 
 
 def test_the_fidelity_table_compares_the_tails_users_state_as_slos():
-    from tuner.fidelity import by_shape, with_tails
+    from tuner.calibrate.fidelity import by_shape, with_tails
 
     table = [{"name": "a", "set": "check", "model": "qwen2.5-7b"}, {"name": "b", "set": "check", "model": "qwen2.5-7b"},
              {"name": "c", "set": "check", "model": "qwen2.5-7b"}]
@@ -200,8 +200,8 @@ def test_the_goodput_objective_scores_requests_meeting_every_slo_at_the_same_edg
 def test_a_goodput_study_is_stamped_so_and_refuses_to_resume_scoring_tokens(tmp_path):
     from test_search import SPACE, fake_space
 
-    from tuner.record import StudyRecord
     from tuner.search import run_search
+    from tuner.study.record import StudyRecord
 
     storage = f"sqlite:///{tmp_path}/s.db"
     space = fake_space(SPACE.replace("requests: 60}", "requests: 60, slos: ['p95:e2el<=1.5s']}"))
@@ -221,7 +221,7 @@ def test_a_goodput_study_is_stamped_so_and_refuses_to_resume_scoring_tokens(tmp_
 
 
 def test_reasons_tell_a_goodput_study_in_requests_per_second():
-    from tuner.confirmation import Candidate, NoiseFloor, confirmation_rows, decide
+    from tuner.study.race import Candidate, NoiseFloor, confirmation_rows, decide
 
     config = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "enforce_eager": False}
     conf = decide([Candidate(3, config, [37.6, 37.8, 37.7])], NoiseFloor(0.01), objective="goodput")
@@ -233,7 +233,7 @@ def test_reasons_tell_a_goodput_study_in_requests_per_second():
 
 
 def test_the_search_and_the_plan_place_the_edge_by_one_fit():
-    from tuner.capacity import max_load_meeting
+    from tuner.serving.capacity import max_load_meeting
 
     # a load measured twice, once over the bound: it fails (its worse value), in both
     points = [(10, 0.25), (20, 0.75), (20, 1.25), (30, 2.25)]
@@ -245,7 +245,7 @@ def test_the_search_and_the_plan_place_the_edge_by_one_fit():
 
 
 def test_a_load_meets_its_slos_by_one_rule_in_the_search_and_the_plan():
-    from tuner.capacity import SweepPoint
+    from tuner.serving.capacity import SweepPoint
 
     slos = SloSet.of(["p95:ttft<=1s", "p99:tpot<=30ms"])
     cases = [({"ttft_p95_s": 0.9, "tpot_p99_s": 0.029, "error_rate": 0.01}, True),

@@ -6,10 +6,10 @@ import textwrap
 import optuna
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.units import parse_seconds
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.space import list_spaces, load_space, parse_layout, parse_space
-from tuner.units import parse_seconds
 
 GOOD = textwrap.dedent(
     """\

@@ -28,10 +28,10 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tuner.config import MAX_GPUS
-from tuner.knobs import MAX_TOKENS
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.knobs import MAX_TOKENS
 from tuner.search import build_workload, num_heads
+from tuner.serving.config import MAX_GPUS
 from tuner.sim.calibration import DATA_DIR, load_calibration, memory_overrides, profile_section
 from tuner.sim.hardware import get_gpu, load_catalog
 from tuner.space import MAX_REQUESTS, MAX_TTFT_S, SEED_LIMIT, list_spaces, load_space

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from tuner import processes
-from tuner.errors import EnvironmentFault
-from tuner.progress import observer_or_headless
+from tuner.core.errors import EnvironmentFault
+from tuner.runtime import processes
+from tuner.runtime.progress import observer_or_headless
 from tuner.search.records import report_stale_servers
 
 LEFT = processes.ServerProcess(pid=4242, pgid=4242, owner_pid=99, host=socket.gethostname(), token="t",

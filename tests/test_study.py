@@ -5,9 +5,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.storage import default_storage
+from tuner.core.errors import InputError
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.study import (
     best_feasible_trial,
     closest_miss,
@@ -19,6 +18,7 @@ from tuner.study import (
     study_name,
     trial_config,
 )
+from tuner.study.storage import default_storage
 
 DIST = {"x": CategoricalDistribution([0, 1, 2, 3, 4, 5])}
 

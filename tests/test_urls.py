@@ -5,8 +5,8 @@ import base64
 
 import pytest
 
-from tuner.errors import InputError
-from tuner.urls import read_api_key, redact, redact_value, split_credentials
+from tuner.core.errors import InputError
+from tuner.core.urls import read_api_key, redact, redact_value, split_credentials
 
 
 @pytest.mark.parametrize(("text", "shown"), [

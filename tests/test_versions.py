@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.versions import parse_version, same_version
 from tuner.sim.calibration import find_profile
-from tuner.sim.memory import uses_v1_engine
 from tuner.sim.hardware import get_gpu
-from tuner.versions import parse_version, same_version
+from tuner.sim.memory import uses_v1_engine
 
 
 def test_short_and_decorated_versions_name_the_release():

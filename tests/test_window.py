@@ -9,8 +9,8 @@ import pytest
 from fakes import FakeBackend, small_workload
 from optuna.trial import TrialState
 
-from tuner.record import RunFacts, TrialRecord
 from tuner.search import driver, run_search
+from tuner.study.record import RunFacts, TrialRecord
 from test_blame import space
 
 

@@ -16,11 +16,11 @@ import pytest
 from optuna.trial import TrialState
 from pg_db import pg_url  # noqa: F401  (fixture)
 
-from tuner.record import TrialRecord
-from tuner.locks import StudyLock, driver_url
-from tuner.storage import RetryOnce, trial_id
 from tuner.study import copy_slots, is_copy, repeats
-from tuner.workers import MEASURING, Worker, budget_used
+from tuner.study.locks import StudyLock, driver_url
+from tuner.study.record import TrialRecord
+from tuner.study.storage import RetryOnce, trial_id
+from tuner.study.workers import MEASURING, Worker, budget_used
 
 STUDY = "workers-test"
 BUDGET = 40
@@ -49,7 +49,7 @@ def load(url: str) -> optuna.Study:
 def check_failures(trials: list, stderr: dict[int, str], dead: frozenset[int] = frozenset()) -> None:
     """Every FAIL is a trial of a killed worker (``dead`` pids) or of a live worker that
     stalled past the grace period on a starved machine, was taken for dead and said so
-    (its ``stderr``, by pid): documented behaviour (tuner/workers.py). Each was retried
+    (its ``stderr``, by pid): documented behaviour (tuner/study/workers.py). Each was retried
     exactly once with its parameters, unless it was itself a retry (one retry at most)."""
     by_number = {t.number: t for t in trials}
     retries = collections.Counter(t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs)

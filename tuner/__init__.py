@@ -11,25 +11,25 @@ The API that the ``tuner`` command and notebooks both call (each imported on fir
   configuration holds at the target (:func:`tuner.plan.plan_capacity`); returns a
   ``CapacityEstimate``.
 * ``tuner.open_study(path_or_name, storage=None)`` — an existing study, to read with
-  :mod:`tuner.analysis` (:func:`tuner.analysis.open_study`).
+  :mod:`tuner.study.analysis` (:func:`tuner.study.analysis.open_study`).
 
 ``tuner.search`` and ``tuner.plan`` are also the packages that implement them: calling the
 package calls its function (each package says how). Progress goes to an optional ``observer``
-(:class:`tuner.progress.Observer`); ``None`` shows nothing.
+(:class:`tuner.runtime.progress.Observer`); ``None`` shows nothing.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import (
+from tuner.core.errors import (
     BackendError,
     ConfigRejected,
     InputError,
     NoFeasibleConfig,
     TunerError,
 )
+from tuner.serving.config import Deployment, ServeConfig
 
 __version__ = "0.1.0"
 
@@ -37,13 +37,13 @@ __version__ = "0.1.0"
 _LAZY = {
     "search": ("tuner.search", None),
     "plan": ("tuner.plan", None),
-    "open_study": ("tuner.analysis", "open_study"),
+    "open_study": ("tuner.study.analysis", "open_study"),
     "SearchSettings": ("tuner.search.driver", "SearchSettings"),
     "Sweep": ("tuner.plan", "Sweep"),
     "Figures": ("tuner.plan", "Figures"),
-    "Observer": ("tuner.progress", "Observer"),
-    "TrialRecord": ("tuner.record", "TrialRecord"),
-    "StudyRecord": ("tuner.record", "StudyRecord"),
+    "Observer": ("tuner.runtime.progress", "Observer"),
+    "TrialRecord": ("tuner.study.record", "TrialRecord"),
+    "StudyRecord": ("tuner.study.record", "StudyRecord"),
 }
 
 

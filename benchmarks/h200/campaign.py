@@ -6,7 +6,7 @@ campaign's one closed-loop shape (see README.md beside this file).
     python benchmarks/h200/campaign.py run --out DIR --budget-s S [--vllm-cmd CMD]   # on the device
     python benchmarks/h200/campaign.py dry-run --out /tmp/c  # the whole thing against tuner sim-serve
 
-Trials (one vLLM start each) and their probes (a workload reference of tuner.probes and a
+Trials (one vLLM start each) and their probes (a workload reference of tuner.calibrate.probes and a
 load), most informative first so that a lease cut short still holds the anchors:
 
 * ``q7-base``: Qwen2.5-7B shape, vLLM's defaults at gmu 0.9 with max-model-len 32768: the
@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tuner.calibrate import Probe, Trial, measure  # noqa: E402
-from tuner.config import Deployment, ServeConfig  # noqa: E402
-from tuner.probes import cache_workload, ref_of, trace_ref  # noqa: E402
+from tuner.calibrate.probes import cache_workload, ref_of, trace_ref  # noqa: E402
+from tuner.serving.config import Deployment, ServeConfig  # noqa: E402
 
 VLLM_VERSION = "0.26.0"
 MODELS = {"q7": "qwen2.5-7b", "q32": "qwen2.5-32b", "moe": "qwen3-30b-a3b", "l8": "llama-3.1-8b",

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner.backends.vllm import VllmBackend  # noqa: E402
 from tuner.calibrate import design_trials, install_sigterm_handler, measure  # noqa: E402
-from tuner.config import Deployment  # noqa: E402
+from tuner.serving.config import Deployment  # noqa: E402
 
 
 def vllm_command() -> str:

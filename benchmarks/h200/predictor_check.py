@@ -25,7 +25,7 @@ SPACE = HERE / "search-space.yaml"
 
 def load_run(path: Path = TRIALS) -> tuple[dict, list[dict]]:
     """The study's facts and its trials, each with its ``record`` (:class:`TrialRecord`)."""
-    from tuner.record import TrialRecord
+    from tuner.study.record import TrialRecord
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for r in rows[1:]:

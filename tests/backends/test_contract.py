@@ -20,7 +20,7 @@ from tuner.backends.endpoint import EndpointBackend
 from tuner.backends.local_server import free_port, start_local_server
 from tuner.backends.sim import SimBackend
 from tuner.backends.vllm import VllmBackend
-from tuner.config import ServeConfig
+from tuner.serving.config import ServeConfig
 from tuner.testing import BackendContract
 
 SIM_SERVE = f"{sys.executable} -m tuner.sim.server --speed 20"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tuner.backends.endpoint import EndpointBackend
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError
-from tuner.load import Concurrency
+from tuner.core.errors import BackendError
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
 from tuner.traffic.workload import Workload
 
 
@@ -54,7 +54,7 @@ def test_replays_against_a_running_server_and_leaves_it_up(server):
 
 
 def test_a_url_that_refuses_connections_is_an_endpoint_fault_naming_it():
-    from tuner.errors import EndpointFault
+    from tuner.core.errors import EndpointFault
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,7 +70,7 @@ def test_a_url_that_refuses_connections_is_an_endpoint_fault_naming_it():
 def test_a_url_that_resets_or_holds_the_connection_is_an_endpoint_fault(behaviour, kind, words):
     """A real process on loopback that accepts and resets (SO_LINGER 0) or accepts and never
     answers: the one line names the URL and the cause."""
-    from tuner.errors import EndpointFault
+    from tuner.core.errors import EndpointFault
 
     stub = subprocess.Popen([sys.executable, str(STUB), behaviour], stdout=subprocess.PIPE, text=True)
     try:
@@ -108,7 +108,7 @@ def keyed():
 
 
 def test_the_key_is_checked_before_a_study_and_sent_with_every_request(keyed):
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
 
     with pytest.raises(InputError) as err:  # no key: one line naming the URL, saying what to do
         EndpointBackend(keyed).preflight(Deployment())
@@ -126,7 +126,7 @@ def test_the_key_is_checked_before_a_study_and_sent_with_every_request(keyed):
 
 
 def test_credentials_in_the_url_are_used_and_masked_in_every_message(keyed):
-    from tuner.errors import EndpointFault, InputError
+    from tuner.core.errors import EndpointFault, InputError
 
     host = keyed.removeprefix("http://")
     backend = EndpointBackend(f"http://user:{KEY}@{host}/v1")

@@ -11,8 +11,8 @@ import pytest
 
 from tuner.backends import gpu_memory
 from tuner.backends.vllm import VllmBackend
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import EnvironmentFault
+from tuner.core.errors import EnvironmentFault
+from tuner.serving.config import Deployment, ServeConfig
 
 UUID0, UUID1 = "GPU-1111aaaa-0000-0000-0000-000000000000", "GPU-2222bbbb-0000-0000-0000-000000000000"
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from tuner.backends.sim import SimBackend
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected
-from tuner.load import Concurrency, Poisson
+from tuner.core.errors import ConfigRejected
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency, Poisson
 from tuner.traffic.workload import Workload
 
 H200 = Deployment(model="qwen2.5-7b", gpu="H200", gpu_count=2)

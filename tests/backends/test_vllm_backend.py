@@ -15,15 +15,15 @@ import pytest
 
 from tuner.backends import get_backend
 from tuner.backends.vllm import VllmBackend
-from tuner.backends.vllm_command import detect_version
-from tuner.processes import group_alive
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
-from tuner.versions import parse_version
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError, ConfigRejected, EnvironmentFault
-from tuner.load import Concurrency
-from tuner.sim.memory import plan_memory
+from tuner.backends.vllm_command import detect_version
+from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault
+from tuner.core.versions import parse_version
+from tuner.runtime.processes import group_alive
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
 from tuner.sim.command import build_parser
+from tuner.sim.memory import plan_memory
 from tuner.traffic.workload import Workload
 
 SIM = f"{sys.executable} -m tuner.sim.server --speed 20"

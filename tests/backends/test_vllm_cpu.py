@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tuner.backends import vllm_cpu
-from tuner.config import ServeConfig
-from tuner.errors import ConfigRejected, InputError
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.serving.config import ServeConfig
 
 DATA = Path(__file__).resolve().parent / "data"
 BLOCK16 = (DATA / "vllm_cpu_0.32.0_block_size_16.log").read_text()
@@ -125,7 +125,7 @@ def test_backend_on_cpu_refused_start_gives_block_size_env_and_cleans_our_dist_f
     recorded refusal: vLLM's own line comes back as ConfigRejected("block_size"), the
     replica saw the CPU environment, and the rendezvous file its log names is removed."""
     from tuner.backends.vllm import VllmBackend
-    from tuner.config import Deployment
+    from tuner.serving.config import Deployment
 
     dist = tmp_path / "vllm_dist_00c0ffee"
     fake = tmp_path / "fake_vllm.py"
@@ -153,7 +153,7 @@ def test_api_server_module_gets_the_model_as_a_flag():
     # `python -m vllm.entrypoints.openai.api_server DIR` ignores DIR and serves its default
     # model from the hub (seen with vllm-cpu 0.32.0); it needs --model DIR.
     from tuner.backends.vllm import VllmBackend
-    from tuner.config import Deployment
+    from tuner.serving.config import Deployment
 
     backend = VllmBackend(vllm_cmd="python -m vllm.entrypoints.openai.api_server", platform="cpu")
     argv = backend.argv(Deployment(model="/models/tiny"), ServeConfig(), port=8000, version="0.32.0")

@@ -9,7 +9,7 @@ from cli_runner import run_cli
 from pg_db import pg_url  # noqa: F401  (fixture)
 from sim_study import sim_study_db  # noqa: F401  (session fixture)
 
-from tuner.analysis import open_study, plan_sweep, trials_frame
+from tuner.study.analysis import open_study, plan_sweep, trials_frame
 
 
 @pytest.mark.slow
@@ -96,7 +96,7 @@ def test_no_study_says_how_to_get_or_name_one(tmp_path, monkeypatch, capsys):
 def test_report_and_export_find_the_newest_study_in_a_server_database(pg_url, tmp_path, capsys):  # noqa: F811
     from test_analysis import _errors_study
 
-    from tuner.locks import driver_url
+    from tuner.study.locks import driver_url
 
     _errors_study(driver_url(pg_url))
     code, text, err = run_cli(["export", "--storage", pg_url, "--out", str(tmp_path / "t.csv")], capsys)
@@ -116,9 +116,9 @@ def _bench_study(storage: str):
     from optuna.trial import create_trial
     from test_result import _run
 
-    from tuner.config import ServeConfig
-    from tuner.jsonsafe import json_safe
-    from tuner.record import TrialRecord
+    from tuner.core.jsonsafe import json_safe
+    from tuner.serving.config import ServeConfig
+    from tuner.study.record import TrialRecord
 
     study = optuna.create_study(direction="maximize", storage=storage)
     dist = {"layout": CategoricalDistribution(["tp1x1"])}

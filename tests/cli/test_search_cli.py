@@ -8,7 +8,7 @@ import yaml
 from cli_runner import run_cli
 
 from tuner.cli.search import parse_gpus
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 
 def test_search_finds_a_feasible_config_and_resumes(tmp_path, monkeypatch, capsys):
@@ -256,8 +256,8 @@ def test_the_study_holds_the_budget_its_companion_the_repeats_and_every_reader_r
         tmp_path, monkeypatch, capsys):
     import html
 
-    from tuner import analysis
-    from tuner.report import render_report
+    from tuner.report.html import render_report
+    from tuner.study import analysis
 
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(["search", "--budget", "2", "--output", "json"], capsys)

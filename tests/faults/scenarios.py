@@ -145,7 +145,7 @@ def measured_configs(folder: Path) -> collections.Counter:
 
 def marked(owner: int | None = None) -> list[psutil.Process]:
     """Live processes carrying tuner's marker (of ``owner``, when given)."""
-    from tuner.processes import marked_processes
+    from tuner.runtime.processes import marked_processes
 
     out = []
     for p in marked_processes():
@@ -446,9 +446,9 @@ def foreign_server(folder: Path) -> Outcome:
     import urllib.request
 
     from tuner.backends import vllm as vllm_backend
-    from tuner.config import Deployment, ServeConfig
-    from tuner.errors import EnvironmentFault
-    from tuner.load import Concurrency
+    from tuner.core.errors import EnvironmentFault
+    from tuner.serving.config import Deployment, ServeConfig
+    from tuner.serving.load import Concurrency
     from tuner.traffic.synth import default_workload
 
     prepare(folder)
@@ -500,7 +500,7 @@ def port_taken(folder: Path) -> Outcome:
     """The chosen port is taken before the server binds it ([Errno 98]): an environment
     fault, retried on another port; nothing is recorded against the configuration."""
     from tuner.backends import vllm as vllm_backend
-    from tuner.config import Deployment, ServeConfig
+    from tuner.serving.config import Deployment, ServeConfig
 
     prepare(folder)
     holder = socket.socket()
@@ -800,7 +800,7 @@ def read_only_study(folder: Path) -> Outcome:
 
 #: ``tuner ARGS`` that imports everything first, then waits for the file ``go``: processes
 #: started with it open their storage within a millisecond of each other.
-AT_ONCE = ("import os, sys, time\nimport optuna, sqlalchemy\nimport tuner.cli, tuner.search, tuner.storage\n"
+AT_ONCE = ("import os, sys, time\nimport optuna, sqlalchemy\nimport tuner.cli, tuner.search, tuner.study.storage\n"
            "while not os.path.exists('go'):\n    time.sleep(0.0005)\n"
            "sys.argv = ['tuner', *sys.argv[1:]]\ntuner.cli.main()\n")
 
@@ -872,7 +872,7 @@ def _bad_answers(folder: Path, mode: str, kind: str, *extra: str) -> Outcome:
     """Every answer of the endpoint is bad in one way (``mode``): no trial is feasible,
     each stores the failed requests under ``kind`` and no tokens; the run exits 3 with one
     line naming the kind (never 'P95 TTFT nan'); tuner studies show counts them."""
-    from tuner.result import describe_errors
+    from tuner.serving.result import describe_errors
 
     prepare(folder)
     left: list[int] = []

@@ -82,7 +82,7 @@ def test_free_space_is_checked_before_each_trial(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple
 
-    from tuner.errors import EnvironmentFault
+    from tuner.core.errors import EnvironmentFault
     from tuner.search import run_search
     from tuner.space import parse_space
 

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from tuner.backends.local_server import free_port, start_local_server
-from tuner.load import Concurrency
 from tuner.replay import replay
+from tuner.serving.load import Concurrency
 from tuner.traffic.workload import Workload
 
 USERS = 256

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from stand_ins import start_stub, stop_stub
 
-from tuner.errors import BackendError, InputError
-from tuner.load import Concurrency, Poisson, TraceReplay, arrival_times
+from tuner.core.errors import BackendError, InputError
 from tuner.replay import replay
 from tuner.replay.bodies import _body
+from tuner.serving.load import Concurrency, Poisson, TraceReplay, arrival_times
 from tuner.traffic.workload import Request, Workload
 
 

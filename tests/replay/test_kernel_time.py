@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tuner.kernel_time import SO_TIMESTAMPNS, KernelStampedSocket, kernel_stamps
+from tuner.runtime.kernel_time import SO_TIMESTAMPNS, KernelStampedSocket, kernel_stamps
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.replay.metrics import MetricsPoller, parse_prometheus, snapshot
-from tuner.routing import Router
+from tuner.runtime.routing import Router
 
 # Two DP engines, in the format vLLM 0.33 exports (v1/metrics/loggers.py names).
 TEXT = """\

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from stand_ins import start_bad, stop_stub
 
-from tuner.errors import BackendError, InputError
-from tuner.load import Concurrency
+from tuner.core.errors import BackendError, InputError
 from tuner.replay import replay
+from tuner.serving.load import Concurrency
 from tuner.traffic.workload import Workload
 
 
@@ -116,7 +116,7 @@ def test_sse_comments_and_other_fields_are_sse_anything_else_is_not():
 
 
 def test_error_counts_leave_out_what_a_stop_left_unfinished():
-    from tuner.result import RunResult, describe_errors
+    from tuner.serving.result import RunResult, describe_errors
 
     nan = np.full(6, np.nan)
     r = RunResult(send_s=nan, ttft_s=nan, e2e_s=nan, prompt_tokens=np.zeros(6, int), output_tokens=np.zeros(6, int),

@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 from stand_ins import start_recorded, stop_stub
 
-from tuner.load import Concurrency
 from tuner.replay import replay_async
+from tuner.serving.load import Concurrency
 from tuner.traffic.workload import Workload
 
 JITTER_S = 0.15

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.load import Concurrency, Poisson, TraceReplay
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency, Poisson, TraceReplay
 from tuner.sim.engine import simulate
 from tuner.traffic.workload import Workload
 
@@ -149,7 +149,7 @@ def test_a_request_arriving_during_a_backlog_waits_for_it_twice() -> None:
     # intake cost it is prefilled at once and its first token waits behind that backlog
     # (TTFT ~0.75 s); taken in by the same front end, it first waits for the backlog to
     # reach the engine, then its first token waits behind what the engine emitted meanwhile
-    from tuner.load import TraceReplay
+    from tuner.serving.load import TraceReplay
 
     w = fixed(5, 200, 1000, arrival=np.array([0.0, 0.0, 0.0, 0.0, 1.0]))
     plain = simulate(H200, H200_CFG, w, TraceReplay(1.0), profile=_front(0.002, 0.0))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.sim.hardware import GiB, get_gpu, list_gpus
 
 REQUIRED = ["V100-16GB-PCIE", "V100-32GB-SXM2", "T4", "A10", "L4", "L40S", "A100-40GB",

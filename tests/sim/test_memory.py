@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected
+from tuner.core.errors import ConfigRejected
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import plan_memory
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.sim.model import PRESETS, load_model
 
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.load import Concurrency, Poisson
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency, Poisson
 from tuner.sim.engine import run_plan
 from tuner.sim.memory import plan_memory
 from tuner.sim.scheduler import EngineCore, shared_units

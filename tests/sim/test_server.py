@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected
+from tuner.core.errors import ConfigRejected
 from tuner.replay.metrics import parse_prometheus
-from tuner.sim.memory import plan_memory
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.command import build_parser, build_server, main
+from tuner.sim.memory import plan_memory
 from tuner.sim.server import SimServer, _block_hashes
 
 _spec = importlib.util.spec_from_file_location(

@@ -225,6 +225,6 @@ def test_profile_overrides_some_constants_and_keeps_the_rest(tmp_path) -> None:
     assert cal.launch_per_layer_s["graph"] == base.launch_per_layer_s["graph"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("hbm_eficiency: 0.9\n")
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
     with pytest.raises(InputError, match="hbm_eficiency"):
         load_calibration(get_gpu("H200"), str(bad))

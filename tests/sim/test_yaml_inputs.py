@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.sim.calibration import find_profile, load_calibration, memory_overrides
 from tuner.sim.hardware import get_gpu, load_catalog
 

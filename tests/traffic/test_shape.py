@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic import article_mix, prompt_token_ids
 from tuner.traffic.shape import closed_loop_order, sample, scale_rate, truncate, window
 from tuner.traffic.stats import prefix_reuse

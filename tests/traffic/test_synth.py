@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic import article_mix, default_workload
 from tuner.traffic.stats import dispersion
 from tuner.traffic.synth import class_counts

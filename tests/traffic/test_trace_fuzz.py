@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner.errors import TunerError
+from tuner.core.errors import TunerError
 from tuner.traffic import READERS, load_trace
 from tuner.traffic.workload import Workload
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic import load_trace, sniff
 
 HINT = "(use --skip-bad to skip bad rows)"
@@ -330,7 +330,7 @@ def test_tokenizer_folder_without_tokenizer_libraries_falls_back_to_labelled_est
 
 
 def test_a_deeply_nested_first_line_is_one_line_of_bad_input_not_a_recursion_error(tmp_path):
-    from tuner.errors import InputError
+    from tuner.core.errors import InputError
     from tuner.traffic import sniff
 
     path = tmp_path / "deep.jsonl"

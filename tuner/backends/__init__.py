@@ -1,4 +1,4 @@
-"""Backends start a deployment with a :class:`~tuner.config.ServeConfig` and run a
+"""Backends start a deployment with a :class:`~tuner.serving.config.ServeConfig` and run a
 load against it. One module each: ``sim`` (embedded simulator), ``vllm`` (real
 processes), ``endpoint`` (a server someone else runs). :func:`get_backend` picks one.
 Each meets the protocol its users declare (:mod:`tuner.search.backend`)."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     from tuner.backends.endpoint import EndpointBackend

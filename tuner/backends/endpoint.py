@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.control import StopHook
 from tuner.backends.local_server import _http
-from tuner.errors import BackendError, EndpointFault, InputError, connection_cause
-from tuner.urls import redact
+from tuner.core.errors import BackendError, EndpointFault, InputError, connection_cause
+from tuner.core.urls import redact
+from tuner.runtime.control import StopHook
 
 if TYPE_CHECKING:
-    from tuner.config import Deployment, ServeConfig
-    from tuner.load import Load
-    from tuner.result import RunResult
+    from tuner.serving.config import Deployment, ServeConfig
+    from tuner.serving.load import Load
+    from tuner.serving.result import RunResult
     from tuner.traffic.workload import Workload
 
 

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tuner.errors import BackendError
+from tuner.core.errors import BackendError
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -1,12 +1,12 @@
 """The log folder's check before a server starts: :func:`check_writable` (it exists, takes
-a file and has :data:`MIN_FREE_BYTES` free; else an :class:`~tuner.errors.EnvironmentFault`)."""
+a file and has :data:`MIN_FREE_BYTES` free; else an :class:`~tuner.core.errors.EnvironmentFault`)."""
 from __future__ import annotations
 
 import os
 import shutil
 from pathlib import Path
 
-from tuner.errors import EnvironmentFault
+from tuner.core.errors import EnvironmentFault
 
 
 #: A start is refused as an environment fault when the log folder has less free space.

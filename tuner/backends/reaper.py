@@ -1,12 +1,12 @@
 """A watchdog that stops this process's servers when it dies, however it dies.
 
-``PR_SET_PDEATHSIG`` (:func:`tuner.processes.die_with_parent`) reaches only the direct
+``PR_SET_PDEATHSIG`` (:func:`tuner.runtime.processes.die_with_parent`) reaches only the direct
 child: a launcher script that does not ``exec`` the server dies on it and leaves the
 server running. So the first server a process starts also starts one *reaper*: ``python
 -m tuner.backends.reaper`` in a session of its own, reading the process groups to watch
 from a pipe (``+PGID`` / ``-PGID`` lines). The pipe's only writer is this process; when
 it ends (an exit, a crash, SIGKILL) the reaper reads end-of-file and stops every group
-still listed (SIGTERM, SIGKILL after the grace), through :func:`tuner.processes.stop_group`,
+still listed (SIGTERM, SIGKILL after the grace), through :func:`tuner.runtime.processes.stop_group`,
 which signals only groups with a member carrying tuner's marker.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def forget(pgid: int) -> None:
 
 def main() -> int:
     """The reaper: read ``+PGID``/``-PGID`` until end-of-file, then stop what is listed."""
-    from tuner.processes import stop_group
+    from tuner.runtime.processes import stop_group
 
     groups: set[int] = set()
     for line in sys.stdin:

@@ -1,7 +1,7 @@
 """The embedded simulator as a backend: no process, no GPU, virtual time.
 
 ``SimBackend().start(deployment, config)`` plans memory exactly as vLLM would at startup
-(raising :class:`~tuner.errors.ConfigRejected` where vLLM refuses) and returns a
+(raising :class:`~tuner.core.errors.ConfigRejected` where vLLM refuses) and returns a
 :class:`SimInstance` whose ``run`` replays a workload in simulated time
 (:func:`tuner.sim.engine.run_plan`); ``RunResult.duration_s`` is simulated seconds.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigRejected
+from tuner.core.errors import ConfigRejected
 
 if TYPE_CHECKING:
-    from tuner.control import StopHook
-    from tuner.config import Deployment, ServeConfig
-    from tuner.load import Load
-    from tuner.result import RunResult
+    from tuner.runtime.control import StopHook
+    from tuner.serving.config import Deployment, ServeConfig
+    from tuner.serving.load import Load
+    from tuner.serving.result import RunResult
     from tuner.sim.calibration import Calibration
     from tuner.sim.memory import MemoryPlan
     from tuner.traffic.workload import Workload

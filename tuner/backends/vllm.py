@@ -13,12 +13,12 @@ Replica ``k`` gets GPUs ``devices[k*TP:(k+1)*TP]`` as ``CUDA_VISIBLE_DEVICES``, 
 port, and a log at ``<log_dir>/<trial>-r<k>.log``. Start = spawn all, wait for
 ``/health`` (``startup_timeout_s``), one tiny warm-up completion, read the startup facts
 from the log and ``/metrics``. A failed start raises :class:`ConfigRejected` with the cause
-classified from exit code and log, or :class:`~tuner.errors.EnvironmentFault` when the
+classified from exit code and log, or :class:`~tuner.core.errors.EnvironmentFault` when the
 machine is at fault (a port another process took, retried on a new port; a full disk; a
 flag the server rejects; no such command). Stop = SIGTERM to each process group, SIGKILL
 after ``stop_grace_s``; only groups this backend created are signalled.
 
-Each replica carries tuner's marker (:mod:`tuner.processes`): the environment variable
+Each replica carries tuner's marker (:mod:`tuner.runtime.processes`): the environment variable
 ``TUNER_SERVER`` and a second served model name ``tuner-<token>``. A trial replays only
 against a port whose ``/v1/models`` lists its token, so a process that happens to answer
 ``/health`` on the chosen port is reported, never measured. Servers are asked to die
@@ -47,7 +47,6 @@ import urllib.error
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner import processes
 from tuner.backends import gpu_memory
 from tuner.backends.local_server import _http, free_port
 from tuner.backends.log_folder import check_writable
@@ -56,11 +55,12 @@ from tuner.backends.vllm_command import detect_version, sim_serve_speed
 from tuner.backends.vllm_cpu import CpuPlatform, resolve_platform
 from tuner.backends.vllm_instance import VllmInstance
 from tuner.backends.vllm_replica import _LIVE, _Replica
-from tuner.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
-from tuner.interrupts import current_deadline
+from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
+from tuner.runtime import processes
+from tuner.runtime.interrupts import current_deadline
 
 if TYPE_CHECKING:
-    from tuner.config import Deployment, ServeConfig
+    from tuner.serving.config import Deployment, ServeConfig
 
 
 DEFAULT_CMD = "vllm serve"
@@ -306,7 +306,7 @@ class VllmBackend:
         that answers without the marker is another process's (found, reported, never
         killed): :class:`EnvironmentFault` ``foreign_server``, retried on another port. The
         wait is bounded by ``startup_timeout_s`` and by the run's deadline
-        (:func:`tuner.interrupts.current_deadline`)."""
+        (:func:`tuner.runtime.interrupts.current_deadline`)."""
         deadline = current_deadline()
         limit = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining())
         while True:

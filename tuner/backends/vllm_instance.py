@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.backends.vllm_args import classify_failure
 from tuner.backends.vllm_replica import _Replica
-from tuner.control import StopHook
-from tuner.errors import BackendError, EnvironmentFault
+from tuner.core.errors import BackendError, EnvironmentFault
+from tuner.runtime.control import StopHook
 
 if TYPE_CHECKING:
     from tuner.backends.vllm import VllmBackend
-    from tuner.load import Load
-    from tuner.result import RunResult
+    from tuner.serving.load import Load
+    from tuner.serving.result import RunResult
     from tuner.traffic.workload import Workload
 
 

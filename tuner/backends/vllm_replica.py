@@ -9,9 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tuner import processes
 from tuner.backends import reaper
 from tuner.backends.vllm_cpu import remove_dist_files
+from tuner.runtime import processes
 
 
 #: Every replica this process started and has not stopped yet (see :func:`stop_all`).

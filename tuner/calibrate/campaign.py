@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.calibrate.measurements import MEASUREMENTS, read_measurements
 from tuner.calibrate.trials import Probe, Trial, calibration_workload, requests_for
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import BackendError, ConfigRejected, EnvironmentFault
-from tuner.jsonsafe import json_safe
-from tuner.load import Concurrency
-from tuner.progress import Observer, observer_or_headless
+from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault
+from tuner.core.jsonsafe import json_safe
+from tuner.runtime.progress import Observer, observer_or_headless
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend
@@ -74,7 +74,7 @@ def measure(
     only if its estimated time fits what is left, and a load run is cut at the budget
     (the rows then say ``stopped_early``). ``deployment_for`` gives the deployment of a
     trial whose ``model`` differs from ``deployment``'s (a campaign over several model
-    shapes). Probe rows carry the workload reference and the load (:mod:`tuner.probes`);
+    shapes). Probe rows carry the workload reference and the load (:mod:`tuner.calibrate.probes`);
     for rows of a shared trace the per-request lengths are not written (the reference
     rebuilds them from the trace). Returns every row of the file."""
     log = observer_or_headless(observer).on_phase
@@ -197,7 +197,7 @@ def measure(
 def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Callable[[dict[str, Any]], None],
                log: Callable[[str], None], stop: Callable[[Any], bool]) -> bool:
     """One probe's replay and its row; False when the trial should stop (an error or the budget)."""
-    from tuner.probes import build, load_from
+    from tuner.calibrate.probes import build, load_from
 
     work = build(probe.workload)
     load = load_from(probe.load)

@@ -12,20 +12,20 @@ import numpy as np
 
 from tuner.calibrate.points import METRICS, REPORTED, LoadPoint, Startup, point_name
 from tuner.calibrate.trials import calibration_workload
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected
-from tuner.load import Concurrency
+from tuner.core.errors import ConfigRejected
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
 
 
 def simulate_point(point: LoadPoint, deployment: Deployment, calib: Any = None) -> Any:
-    """The simulator's run (a :class:`~tuner.result.RunResult`) of the same workload rows and
+    """The simulator's run (a :class:`~tuner.serving.result.RunResult`) of the same workload rows and
     load as ``point``, on the point's own model shape when it names one."""
     from tuner.sim.engine import simulate
 
     if point.load is None:
         work, load = calibration_workload(point.requests, offset=point.offset), Concurrency(point.users)
     else:
-        from tuner.probes import load_from
+        from tuner.calibrate.probes import load_from
 
         work, load = _built(point.workload), load_from(point.load)
     return simulate(_dep_model(deployment, point.model), point.config, work, load, profile=calib)
@@ -46,10 +46,10 @@ _BUILT: dict[str, Any] = {}
 
 
 def _built(ref: dict[str, Any] | None) -> Any:
-    """:func:`tuner.probes.build`, once per reference (a fit simulates each point often)."""
+    """:func:`tuner.calibrate.probes.build`, once per reference (a fit simulates each point often)."""
     import json
 
-    from tuner.probes import build
+    from tuner.calibrate.probes import build
 
     key = json.dumps(ref, sort_keys=True)
     if key not in _BUILT:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 MEASUREMENTS = "measurements.jsonl"
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from tuner.calibrate.points import Startup
-from tuner.config import Deployment
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.serving.config import Deployment
 
 
 GiB = 1 << 30
@@ -45,10 +45,10 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     of one configuration with the same KV cache mean 0)."""
     from scipy.optimize import least_squares
 
+    from tuner.core.versions import parse_version
     from tuner.sim.hardware import get_gpu
     from tuner.sim.memory import EMPIRICAL, default_batch_limits
     from tuner.sim.memory.planner import _cudagraph_sizes
-    from tuner.versions import parse_version
     from tuner.sim.model import load_model
 
     gpu = get_gpu(deployment.gpu)

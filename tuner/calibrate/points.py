@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.config import ServeConfig
+from tuner.serving.config import ServeConfig
 
 
 #: The metrics fitted and checked per load point (RunResult.summary() keys).
@@ -20,7 +20,7 @@ REPORTED = METRICS + ("tokens_per_s", "ttft_mean_s")
 class LoadPoint:
     """One measured load: a trial's config at ``users`` closed-loop users over rows
     ``offset .. offset+requests`` of :func:`calibration_workload`, or (a probe) the
-    workload reference and load of :mod:`tuner.probes`; ``model`` when not the fit's."""
+    workload reference and load of :mod:`tuner.calibrate.probes`; ``model`` when not the fit's."""
 
     trial: str
     config: ServeConfig
@@ -54,7 +54,7 @@ class LoadPoint:
     def label(self) -> str:
         if self.load is None:
             return f"uniform x{self.requests} @ {self.users} users"
-        from tuner.probes import label
+        from tuner.calibrate.probes import label
 
         return label(self.workload or {}, self.load)
 

@@ -13,8 +13,8 @@ from tuner.calibrate.comparison import compare_loads, compare_startups, summariz
 from tuner.calibrate.memory_fit import fit_memory
 from tuner.calibrate.points import load_points, point_name, startups
 from tuner.calibrate.step_time import fit_step_time
-from tuner.config import Deployment
-from tuner.progress import Observer
+from tuner.runtime.progress import Observer
+from tuner.serving.config import Deployment
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, Any], *, match: dict[s
         doc["match"] = match
     doc.update(extra)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from tuner.files import write_atomic
+    from tuner.core.files import write_atomic
 
     write_atomic(path, yaml.safe_dump(doc, sort_keys=False, width=110))
 
@@ -176,7 +176,7 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
                        for k, v in d.items()}
     how = {}
     if step:
-        how = {"method": "maximum a posteriori least squares, run to convergence (tuner.estimation.fit_map)",
+        how = {"method": "maximum a posteriori least squares, run to convergence (tuner.calibrate.estimation.fit_map)",
                "noise": {k: round(float(v), 4) for k, v in (step.get("noise") or {}).items()},
                "reduced_chi2": round(float(step.get("reduced_chi2", math.nan)), 3),
                "starts": int(step.get("starts", 1)),

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 
 from tuner.calibrate.comparison import predict_load
+from tuner.calibrate.estimation import Param, fit_map, prior_starts
 from tuner.calibrate.noise import DEFAULT_NOISE
 from tuner.calibrate.points import METRICS, LoadPoint
-from tuner.config import Deployment
-from tuner.estimation import Param, fit_map, prior_starts
+from tuner.serving.config import Deployment
 
 
 #: Step-time constants the fit moves: (name, scale of x, lower, upper, prior sd in units of
@@ -66,7 +66,7 @@ def _params_of(calib: Any) -> np.ndarray:
 
 
 def step_params(prior: Any) -> list[Param]:
-    """The fitted constants as :class:`tuner.estimation.Param`, their priors centred on
+    """The fitted constants as :class:`tuner.calibrate.estimation.Param`, their priors centred on
     ``prior`` (a :class:`~tuner.sim.calibration.Calibration`, normally the class table)."""
     return [Param(name, scale, lo, hi, float(x), sd)
             for (name, scale, lo, hi, sd), x in zip(STEP_PARAMS, _params_of(prior))]
@@ -77,7 +77,7 @@ def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any
                   noise: dict[str, float] | None = None, starts: int = 1, seed: int = 0,
                   max_nfev: int | None = None, log: Callable[[str], None] | None = None,
                   start: Any | None = None) -> tuple[Any, dict[str, Any]]:
-    """MAP fit (:func:`tuner.estimation.fit_map`) of the step-time constants to the
+    """MAP fit (:func:`tuner.calibrate.estimation.fit_map`) of the step-time constants to the
     measured load points, run to convergence: residuals are the log ratios
     predicted/measured of :data:`METRICS`, each over its run-to-run ``noise``; priors are
     centred on ``base``. ``starts`` > 1 also starts from draws of the priors (the info

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected, InputError
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.serving.config import Deployment, ServeConfig
 
 if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
@@ -24,7 +24,7 @@ WORKLOAD_SEED = 2026
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One measured load on a started configuration: a workload reference and the load
-    it is offered under, both as JSON (:mod:`tuner.probes`)."""
+    it is offered under, both as JSON (:mod:`tuner.calibrate.probes`)."""
 
     workload: dict[str, Any]
     load: dict[str, Any]
@@ -32,7 +32,7 @@ class Probe:
 
     @property
     def label(self) -> str:
-        from tuner.probes import label
+        from tuner.calibrate.probes import label
 
         return label(self.workload, self.load)
 
@@ -63,8 +63,8 @@ class Trial:
 def calibration_workload(n: int, *, seed: int = WORKLOAD_SEED, offset: int = 0) -> Workload:
     """``n`` requests (rows ``offset .. offset+n`` of one seeded sequence) with uniform
     prompt and output lengths (:data:`PROMPT_RANGE`, :data:`OUTPUT_RANGE`); arrivals are
-    all 0 (closed-loop loads ignore them). The ``uniform`` shape of :mod:`tuner.probes`."""
-    from tuner.probes import synthetic
+    all 0 (closed-loop loads ignore them). The ``uniform`` shape of :mod:`tuner.calibrate.probes`."""
+    from tuner.calibrate.probes import synthetic
 
     return synthetic("uniform", n, seed=seed, offset=offset)
 

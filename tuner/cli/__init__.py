@@ -11,7 +11,7 @@ import sys
 import typer
 
 from tuner.cli.app import app
-from tuner.errors import TunerError
+from tuner.core.errors import TunerError
 
 def _register() -> None:
     # Each module adds its commands to `app` on import.
@@ -20,11 +20,11 @@ def _register() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point. Typer handles usage errors itself (exit 2); TunerError becomes one
-    line. SIGINT, SIGTERM and SIGHUP stop the run cleanly (:mod:`tuner.interrupts`): the
+    line. SIGINT, SIGTERM and SIGHUP stop the run cleanly (:mod:`tuner.runtime.interrupts`): the
     trial in progress is stopped with its servers and not counted, one line says so, and
     the exit status is 128 + the signal (130, 143, 129). Whatever the exit, no server
     this process started is left running."""
-    from tuner.interrupts import handle_signals, hold_signals
+    from tuner.runtime.interrupts import handle_signals, hold_signals
 
     _register()
     argv = _debug_anywhere(list(sys.argv[1:] if argv is None else argv))
@@ -40,19 +40,19 @@ def main(argv: list[str] | None = None) -> None:
         except TunerError as err:
             if os.environ.get("TUNER_DEBUG"):
                 raise
-            from tuner.urls import redact
+            from tuner.core.urls import redact
 
             print(f"tuner: {redact(str(err))}", file=sys.stderr)
             code = err.exit_code
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
             code = err.code
         except Exception as err:  # a study database that cannot be read or written, anywhere
-            from tuner.storage import storage_fault
+            from tuner.study.storage import storage_fault
 
             fault = storage_fault(err, _storage_arg(argv))
             if fault is None or os.environ.get("TUNER_DEBUG"):
                 raise
-            from tuner.urls import redact
+            from tuner.core.urls import redact
 
             print(f"tuner: {redact(str(fault))}", file=sys.stderr)
             code = fault.exit_code

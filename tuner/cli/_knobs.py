@@ -1,4 +1,4 @@
-"""The vLLM knobs every command takes, read from :data:`tuner.knobs.KNOBS`: :data:`KNOB_FLAGS` has
+"""The vLLM knobs every command takes, read from :data:`tuner.core.knobs.KNOBS`: :data:`KNOB_FLAGS` has
 each knob's ``vllm serve`` flag and help, :func:`knob_option` makes the typer option of one (``None``
 when not given: the command resolves its own default) and :func:`with_knob_options` one of each
 for a command, and :func:`pins` turns the flags
@@ -15,11 +15,11 @@ from typing import Any, Optional
 
 import typer
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.knobs import KNOBS, knob
+from tuner.core.errors import InputError
+from tuner.core.knobs import KNOBS, knob
+from tuner.serving.config import Deployment, ServeConfig
 
-#: Knob (a :class:`ServeConfig` field, a row of :data:`tuner.knobs.KNOBS`) → its ``vllm serve``
+#: Knob (a :class:`ServeConfig` field, a row of :data:`tuner.core.knobs.KNOBS`) → its ``vllm serve``
 #: flag (booleans take ``--no-<flag>`` too) and what it does.
 KNOB_FLAGS: dict[str, tuple[str, str]] = {k.name: (k.flag, k.help) for k in KNOBS}
 
@@ -39,7 +39,7 @@ def knob_option(name: str, more: str = "") -> Any:
 
 
 def with_knob_options(more: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A typer command with one option per row of :data:`tuner.knobs.KNOBS` (:func:`knob_option`,
+    """A typer command with one option per row of :data:`tuner.core.knobs.KNOBS` (:func:`knob_option`,
     ``more`` added to each help), placed before its ``set_`` parameter; the command receives them
     as one ``knob_flags`` mapping (knob -> value, None when not given), as :func:`pins` takes it.
     A knob added to the table is an option of every command so made."""

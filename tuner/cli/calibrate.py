@@ -9,8 +9,8 @@ import typer
 
 from tuner.cli.app import app
 from tuner.cli.options import CalibrationBackend, old_spelling, renamed
-from tuner.errors import InputError
-from tuner.progress import Observer
+from tuner.core.errors import InputError
+from tuner.runtime.progress import Observer
 
 
 class _Lines(Observer):
@@ -92,11 +92,11 @@ def calibrate(
         replicate_pairs,
         write_profile,
     )
+    from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment
     from tuner.sim.calibration import profile_section
-    from tuner.config import DEFAULT_VLLM_VERSION, Deployment
     from tuner.sim.hardware import get_gpu
 
-    from tuner.units import parse_seconds
+    from tuner.core.units import parse_seconds
 
     timeout = renamed(timeout, budget_s, "--budget-s")
     seconds = parse_seconds(timeout, what="--timeout") if timeout else None

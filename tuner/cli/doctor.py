@@ -29,8 +29,8 @@ def doctor_cmd(
       tuner doctor --kill-stale
     """
     from tuner.cli.output import console, fit, table
-    from tuner.doctor import diagnose, stop_stale
-    from tuner.urls import redact
+    from tuner.core.urls import redact
+    from tuner.ops.doctor import diagnose, stop_stale
 
     d = diagnose(storage=storage)
     stopped = stop_stale(d) if kill_stale else []

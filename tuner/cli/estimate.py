@@ -9,18 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tuner.cli.app import app
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
+from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed
-from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
-from tuner.errors import ConfigRejected, InputError
-from tuner.load import Concurrency, Load, Poisson
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+from tuner.serving.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
 from tuner.traffic.workload import Request, Workload
 
 if TYPE_CHECKING:
-    from tuner.progress import Observer
+    from tuner.runtime.progress import Observer
 
 LOAD_KEYS = ("ttft_mean_s", "ttft_p95_s", "tpot_mean_s", "tokens_per_s", "output_tokens_per_s",
              "requests_per_s")
@@ -65,10 +65,10 @@ def build_workload(trace: str | None, input_len: int | None, output_len: int | N
 def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
               loads: list[Load], router: str = "round_robin", observer: Observer | None = None) -> list[dict[str, Any]]:
     """One simulated run per load; rows with tuner's aggregates (seconds) and the same under
-    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`, milliseconds).
+    ``vllm bench serve``'s names (:func:`tuner.serving.result.bench_fields`, milliseconds).
     ``observer`` sees a phase a load (``None``: headless)."""
-    from tuner.progress import observer_or_headless
-    from tuner.result import bench_fields
+    from tuner.runtime.progress import observer_or_headless
+    from tuner.serving.result import bench_fields
     from tuner.sim.engine import simulate  # the engine module arrives separately
 
     obs = observer_or_headless(observer)

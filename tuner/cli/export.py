@@ -1,5 +1,5 @@
 """``tuner export``: a study's trials or capacity sweeps as a CSV (or Parquet) file, a
-thin shell over :mod:`tuner.export`."""
+thin shell over :mod:`tuner.report.export`."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ from enum import Enum
 import typer
 
 from tuner.cli.app import app
-from tuner.export import TABLES, formats
+from tuner.report.export import TABLES, formats
 
 #: The formats this installation can write (Parquet needs pyarrow), as --format's choices.
 Format = Enum("Format", {f: f for f in formats()}, type=str)  # type: ignore[misc]
@@ -34,7 +34,7 @@ def export_cmd(
     """Write a study's trials, or the load sweeps of its capacity plans, as a file.
 
     For pandas and spreadsheets: pandas.read_csv (or read_json for --format json) reads
-    it back with the columns of tuner.analysis.trials_frame (or plan_sweep, with the plan
+    it back with the columns of tuner.study.analysis.trials_frame (or plan_sweep, with the plan
     each row belongs to). Trial rows carry vllm bench serve's names beside tuner's:
     request_throughput, output_throughput, total_token_throughput,
     mean/median/std/p90/p95/p99 of ttft, tpot, itl and e2el in ms (_ms), and
@@ -49,8 +49,8 @@ def export_cmd(
       tuner export --out - | head
     """
     from tuner.cli.storage import study_argument
-    from tuner.errors import InputError
-    from tuner.export import export, table, to_bytes
+    from tuner.core.errors import InputError
+    from tuner.report.export import export, table, to_bytes
 
     kind, fmt_name = what.value, fmt.value
     st = study_argument(study, storage, "export")

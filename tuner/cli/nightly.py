@@ -1,12 +1,12 @@
 """``tuner nightly``: resume the deployment's standing study on the latest traffic and
-flag throughput regressions (exit 4). The work is :func:`tuner.nightly.run_nightly`."""
+flag throughput regressions (exit 4). The work is :func:`tuner.ops.nightly.run_nightly`."""
 from __future__ import annotations
 
 import typer
 
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, old_spelling, renamed
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 
 
@@ -46,15 +46,15 @@ def nightly_cmd(
       tuner nightly --trials 10 --timeout 2h --threshold 5%
     """
     from tuner.cli.search import backend_options, deployment_changes
-    from tuner.nightly import (
+    from tuner.cli.trace import bad_rows_advice
+    from tuner.core.units import parse_seconds
+    from tuner.ops.nightly import (
         RegressionDetected,
         latest_window,
         parse_threshold,
         run_nightly,
     )
-    from tuner.cli.trace import bad_rows_advice
     from tuner.search import prepare
-    from tuner.units import parse_seconds
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     limit = parse_threshold(threshold)

@@ -11,17 +11,17 @@ import typer
 from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
-from tuner.errors import InputError
-from tuner.knobs import KNOBS
+from tuner.core.errors import InputError
+from tuner.core.knobs import KNOBS
 
-#: The options that describe a configuration (a deployment and every knob of tuner.knobs).
+#: The options that describe a configuration (a deployment and every knob of tuner.core.knobs).
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
     from tuner.cli._knobs import build_deployment_config
     from tuner.cli.search import parse_gpus
-    from tuner.config import DEFAULT_VLLM_VERSION
+    from tuner.serving.config import DEFAULT_VLLM_VERSION
     from tuner.sim.hardware import get_gpu
 
     tp, replicas = (1 if v[k] is None else v[k] for k in ("tensor_parallel_size", "replicas"))
@@ -134,8 +134,8 @@ def plan_cmd(
     from tuner.cli.estimate import parse_list
     from tuner.cli.search import backend_options
     from tuner.cli.storage import readable_storage
-    from tuner.demand import parse_fraction
     from tuner.plan import Figures, Sweep, write_plan_files
+    from tuner.serving.demand import parse_fraction
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
@@ -192,7 +192,7 @@ def _write_files(est: Any, out: str | None) -> Any:
         return write_plan_files(est, out)
     except OSError as err:
         if out is not None or err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            from tuner.files import write_fault
+            from tuner.core.files import write_fault
 
             raise write_fault(Path(err.filename or out or "."), err) from None
         print(f"tuner: warning: {err.filename or 'the study folder'} is read-only: the plan's files were not "
@@ -203,7 +203,7 @@ def _write_files(est: Any, out: str | None) -> Any:
 def _print(est: Any, paths: Any) -> None:
     from tuner.cli.output import console, fit, table
     from tuner.plan import summary_rows, sweep_rows, workload_line
-    from tuner.slo import parse_slo
+    from tuner.serving.slo import parse_slo
 
     out = console()
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731

@@ -1,5 +1,5 @@
 """How the commands show progress: a rich bar on stderr with the steps done, what runs
-now, the time spent and the time left (ETA), as :class:`tuner.progress.Observer` hooks.
+now, the time spent and the time left (ETA), as :class:`tuner.runtime.progress.Observer` hooks.
 
 stdout is never touched, so ``--output json`` stays one JSON object; the bar is drawn only
 when stderr is a terminal (:func:`shown`), else the observer is headless and only
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from tuner.progress import Observer
+from tuner.runtime.progress import Observer
 
 
 def shown() -> bool:
@@ -19,7 +19,7 @@ def shown() -> bool:
 
 def warn(text: str) -> None:
     """One line on stderr, as every tuner message (credentials masked)."""
-    from tuner.urls import redact
+    from tuner.core.urls import redact
 
     print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
 
@@ -69,7 +69,7 @@ class Bar(Observer):
             self.progress.update(self.task, total=task.completed + 1)
         self.progress.update(self.task, advance=1, phase=phase)
 
-    # tuner.progress.Observer hooks
+    # tuner.runtime.progress.Observer hooks
     def on_start(self, name: str, finished: int, budget: int) -> None:
         # a resumed study starts part-way: a reset keeps the ETA to the speed seen from now on
         self.progress.reset(self.task, total=budget, completed=min(finished, budget), phase=f"study {name}")
@@ -78,7 +78,7 @@ class Bar(Observer):
         self.progress.update(self.task, phase=text)
 
     def on_trial(self, trial: Any, best: Any, finished: int) -> None:
-        from tuner.slo import value_text
+        from tuner.serving.slo import value_text
 
         text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
         total = self.progress.tasks[0].total
@@ -86,7 +86,7 @@ class Bar(Observer):
                              phase="")
 
     def on_warning(self, text: str) -> None:
-        from tuner.urls import redact
+        from tuner.core.urls import redact
 
         if self.progress.disable:
             warn(text)

@@ -36,7 +36,7 @@ def report_cmd(
     """
     from tuner.cli.storage import study_argument
     from tuner.plots import CAPTIONS
-    from tuner.report import write_report
+    from tuner.report.html import write_report
 
     from tuner.cli.progress import Bar
 

@@ -10,10 +10,10 @@ import typer
 from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import Backend, Output, Sampler
-from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
-from tuner.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.cli.progress import Bar
-from tuner.record import TrialRecord
+from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
+from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
+from tuner.study.record import TrialRecord
 
 def parse_gpus(text: str) -> tuple[int, tuple[int, ...]]:
     """``"8"`` → 8 GPUs; ``"0-3"``, ``"0,2,5"`` or ``"0-1,4"`` → those device ids."""
@@ -57,9 +57,9 @@ def backend_options(backend: str, *, vllm_cmd: str | None = None,
     """Constructor options of the chosen backend (``tuner search``, ``plan``, ``nightly``):
     ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations;
     the endpoint's API key from ``--api-key-file`` or the environment
-    (:func:`tuner.urls.read_api_key`: ``OPENAI_API_KEY``, ``VLLM_API_KEY``)."""
-    from tuner.units import parse_seconds
-    from tuner.urls import read_api_key
+    (:func:`tuner.core.urls.read_api_key`: ``OPENAI_API_KEY``, ``VLLM_API_KEY``)."""
+    from tuner.core.units import parse_seconds
+    from tuner.core.urls import read_api_key
 
     if api_key_file and backend != "endpoint":
         raise InputError(f"--api-key-file is for --backend endpoint, not {backend}",
@@ -155,10 +155,10 @@ def search_cmd(
     """
     import tuner
     from tuner.cli.trace import bad_rows_advice
-    from tuner.interrupts import alarm
+    from tuner.core.units import parse_seconds
+    from tuner.runtime.interrupts import alarm
     from tuner.search import SearchSettings
     from tuner.study import closest_miss, miss_explanation
-    from tuner.units import parse_seconds
 
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
@@ -173,7 +173,7 @@ def search_cmd(
     target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
     slos = list(slo or ())
     if slos:
-        from tuner.slo import split_slos
+        from tuner.serving.slo import split_slos
 
         ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
         target, slos = ttft or target, list(others)
@@ -189,8 +189,8 @@ def search_cmd(
             observer=progress, pin=pinned, pin_where=where)
     alarm(None)
     dep = outcome.deployment
+    from tuner.core.urls import redact, redact_value
     from tuner.study import error_totals, recommendation
-    from tuner.urls import redact, redact_value
 
     best = outcome.best
     recommended = recommendation(outcome.study)
@@ -240,7 +240,7 @@ def search_cmd(
 
 def _print_report(report: dict[str, Any]) -> None:
     from tuner.cli.output import console
-    from tuner.result import describe_errors
+    from tuner.serving.result import describe_errors
 
     out = console()
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731

@@ -1,11 +1,11 @@
 """Checks a ``--storage`` URL before a command reads studies from it, so that a typo, a
 missing driver, a server that is down or refuses the credentials is one line (exit 2),
-the same line ``tuner search`` gives (:func:`tuner.storage.storage_open_error`)."""
+the same line ``tuner search`` gives (:func:`tuner.study.storage.storage_open_error`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     import optuna
@@ -19,9 +19,9 @@ def readable_storage(storage: str | None) -> None:
         return
     import optuna
 
-    from tuner.locks import driver_url, sqlite_path
-    from tuner.storage import storage_open_error
-    from tuner.urls import redact
+    from tuner.core.urls import redact
+    from tuner.study.locks import driver_url, sqlite_path
+    from tuner.study.storage import storage_open_error
 
     shown = redact(storage)
     if "://" not in storage:
@@ -46,8 +46,8 @@ def study_argument(study: str | None, storage: str | None, command: str) -> optu
     studies/NAME.db file or a storage URL, in ``storage`` when given; the newest study
     when ``study`` is None. A missing study or storage is one line naming what to give
     ``command``."""
-    from tuner.analysis import open_study
     from tuner.plan import newest_study
+    from tuner.study.analysis import open_study
 
     readable_storage(storage)
     if study is not None and "://" in study:

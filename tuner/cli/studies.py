@@ -10,14 +10,14 @@ import typer
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output
 from tuner.cli.output import console, fit, print_json, table
-from tuner.record import StudyRecord, TrialRecord
-from tuner.slo import OBJECTIVES, value_text
+from tuner.serving.slo import OBJECTIVES, value_text
+from tuner.study.record import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.config import Deployment
+    from tuner.serving.config import Deployment
 
 studies_app = typer.Typer(
     help="List the studies in studies/ (or in --storage), or show one.\n\n"
@@ -31,7 +31,7 @@ app.add_typer(studies_app, name="studies", short_help="List the studies, or show
 
 def deployment_of(study: optuna.Study) -> Deployment:
     """The deployment ``tuner search`` stamped on the study (the default one when none)."""
-    from tuner.config import Deployment
+    from tuner.serving.config import Deployment
 
     return StudyRecord.from_study(study).deployment or Deployment()
 
@@ -40,11 +40,11 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     """What ``tuner search`` and ``tuner studies show`` say of the best feasible trial
     (``--output json``'s ``best``): its throughput, P95 TTFT, load, configuration, failed
     requests and ``vllm serve`` command, and beside them the same measurement under
-    ``vllm bench serve``'s names (:func:`tuner.result.bench_fields`: ``total_token_throughput``,
+    ``vllm bench serve``'s names (:func:`tuner.serving.result.bench_fields`: ``total_token_throughput``,
     ``p95_ttft_ms``, ``max_concurrency``, ...)."""
-    from tuner.recipe import output_notes
-    from tuner.result import bench_fields
     from tuner.search import serve_command
+    from tuner.search.recipe import output_notes
+    from tuner.serving.result import bench_fields
     from tuner.study import trial_config
 
     config = trial_config(best)
@@ -63,7 +63,7 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
 def slo_readings(rec: TrialRecord) -> dict[str, Any]:
     """Each SLO of the trial's study with what the chosen load measured:
     ``{"p99:tpot<=30ms": {"measured_s": 0.027, "margin": 0.1}}`` (margin: 1 - measured/bound)."""
-    from tuner.slo import SloSet
+    from tuner.serving.slo import SloSet
 
     if not rec.slos and rec.target_ttft_s is None:
         return {}
@@ -101,8 +101,8 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     """The best trial's table (:func:`best_record`; ``conf``: :func:`confirmation_record`,
     told in the study's ``objective`` unit), the recommendation and the ``vllm serve``
     command, unwrapped so that it can be copied."""
-    from tuner.confirmation import confirmation_rows
-    from tuner.result import describe_errors
+    from tuner.serving.result import describe_errors
+    from tuner.study.race import confirmation_rows
 
     out = console()
     tbl = table(f"best feasible trial #{best['trial']}")
@@ -153,8 +153,8 @@ RECIPE_HELP = ("Write the recommended configuration to FILE as a serve-params fi
 
 def write_recipe_of(path: str, best: Any, deployment: Deployment, study: str) -> None:
     """``--recipe FILE`` of ``tuner search`` and ``tuner studies show``: the best trial's
-    configuration through :func:`tuner.recipe.write_recipe`, and one line saying where."""
-    from tuner.recipe import write_recipe
+    configuration through :func:`tuner.search.recipe.write_recipe`, and one line saying where."""
+    from tuner.search.recipe import write_recipe
     from tuner.study import trial_config
 
     rec = TrialRecord.from_trial(best)
@@ -188,8 +188,8 @@ def studies_list(
     if ctx.invoked_subcommand is not None:
         return
     from tuner.cli.storage import readable_storage
+    from tuner.core.urls import redact
     from tuner.study import list_studies
-    from tuner.urls import redact
 
     readable_storage(storage)
     rows = list_studies(storage)
@@ -267,7 +267,8 @@ def studies_show(
     from optuna.trial import TrialState
 
     from tuner.cli.storage import readable_storage
-    from tuner.result import describe_errors
+    from tuner.core.urls import redact_value
+    from tuner.serving.result import describe_errors
     from tuner.study import (
         best_feasible_trial,
         closest_miss,
@@ -279,7 +280,6 @@ def studies_show(
         recommendation,
         repeats,
     )
-    from tuner.urls import redact_value
 
     readable_storage(storage)
     st = load_study_by_name(name, storage)

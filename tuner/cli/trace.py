@@ -11,7 +11,7 @@ import typer
 
 from tuner.cli.app import app
 from tuner.cli.options import Output
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic import READERS, load_trace, trace_stats
 from tuner.traffic.workload import Workload
 

@@ -13,12 +13,12 @@ trial, or one given directly), starts it once on a backend, and sweeps the load:
    :data:`~tuner.plan.sweep.MAX_REQUESTS`) and the sweep goes on, so the edge is bracketed
    rather than reported as "at least"; when even the lowest misses it halves down to 1 user.
 2. **Interpolate.** The largest load meeting the target by monotone (PCHIP)
-   interpolation of P95 TTFT against load (:func:`tuner.capacity.max_load_meeting`).
+   interpolation of P95 TTFT against load (:func:`tuner.serving.capacity.max_load_meeting`).
 3. **Verify.** One more run at that load (users rounded down). If it misses, the point
    joins the curve, the answer is interpolated again below it (at most 3 tries), else
    the largest measured load that met the target; the notes say so.
 4. **Figures.** Conversations per minute, replicas for a demand, cost
-   (:mod:`tuner.demand`); ``Sweep.repeats`` > 1 reruns 1-3 with other seeds (another sample
+   (:mod:`tuner.serving.demand`); ``Sweep.repeats`` > 1 reruns 1-3 with other seeds (another sample
    of the synthetic mix, or 90% of a trace's rows) and gives each figure a (min, max) range.
 
 **Workload.** Plan replays the requests the study searched on: the file it read
@@ -30,7 +30,7 @@ picked itself that is not the study's is refused (InputError); one given on purp
 records what was replayed and how it stands to the study's.
 
 The estimate is stored in the study (``plan/trial-<n>/ttft-<t>s``, JSON:
-:func:`tuner.capacity.store_plan`) so that notebooks read it back with :func:`load_plan`,
+:func:`tuner.serving.capacity.store_plan`) so that notebooks read it back with :func:`load_plan`,
 and can be written as Markdown and a PNG (:func:`write_plan_files`).
 
 The package, one noun a module: :mod:`~tuner.plan.planner` (:func:`plan_capacity`, and
@@ -50,7 +50,6 @@ import sys
 import types
 from typing import Any
 
-from tuner.capacity import CapacityEstimate, SweepPoint, list_plans, plan_key, store_plan
 from tuner.plan.files import (
     default_out_dir,
     plot_plan,
@@ -63,6 +62,7 @@ from tuner.plan.files import (
 from tuner.plan.planner import DEFAULT_TARGET_S, Figures, load_plan, plan_capacity
 from tuner.plan.sweep import ARTICLE_LEVELS, MAX_EXTENSIONS, Sweep, rescale
 from tuner.plan.workload import PLAN_REQUESTS, find_newest_study, newest_study
+from tuner.serving.capacity import CapacityEstimate, SweepPoint, list_plans, plan_key, store_plan
 
 
 

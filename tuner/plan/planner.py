@@ -9,21 +9,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.capacity import RANGED, CapacityEstimate, ReplayedWorkload, SweepPoint, store_plan, stored_plan
-from tuner.config import Deployment, ServeConfig
-from tuner.demand import Demand, parse_demand, requests_per_conversation
-from tuner.errors import InputError, NoFeasibleConfig
+from tuner.core.errors import InputError, NoFeasibleConfig
 from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_growing
 from tuner.plan.workload import PLAN_REQUESTS, Chosen, Studied, find_newest_study, given, resample, study_workload
-from tuner.progress import observer_or_headless
-from tuner.record import StudyRecord
-from tuner.slo import SloSet, split_slos
+from tuner.runtime.progress import observer_or_headless
+from tuner.serving.capacity import RANGED, CapacityEstimate, ReplayedWorkload, SweepPoint, store_plan, stored_plan
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.demand import Demand, parse_demand, requests_per_conversation
+from tuner.serving.slo import SloSet, split_slos
+from tuner.study.record import StudyRecord
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.progress import Observer
+    from tuner.runtime.progress import Observer
     from tuner.search.backend import Backend
     from tuner.traffic.workload import Workload
 
@@ -33,7 +33,7 @@ DEFAULT_TARGET_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class Figures:
-    """What a capacity means for the traffic to serve (:mod:`tuner.demand`).
+    """What a capacity means for the traffic to serve (:mod:`tuner.serving.demand`).
 
     ``tokens_per_conversation`` (in+out, as article 004's 300; default: requests per
     conversation from the workload's session ids, else its mean tokens per request);
@@ -111,9 +111,9 @@ def plan_capacity(
     feasible trial, or even the lowest load misses the target), ConfigRejected (the
     configuration does not start). The estimate is stored in the study unless ``store``
     is False or there is no study."""
+    from tuner.core.units import parse_seconds
     from tuner.search import get_backend_by_name
     from tuner.study import load_study_by_name, trial_config
-    from tuner.units import parse_seconds
 
     obs = observer_or_headless(observer)
     notes: list[str] = []
@@ -165,7 +165,7 @@ def plan_capacity(
         workload=dataclasses.replace(est.workload, study_fingerprint=None if studied is None else studied.fingerprint,
                                      study_requests=None if studied is None else studied.requests))
     if store and st is not None:
-        from tuner.storage import storage_fault
+        from tuner.study.storage import storage_fault
 
         try:
             store_plan(st, est)
@@ -254,7 +254,7 @@ def load_plan(study: optuna.Study | str, *, trial: int | None = None, target_ttf
               storage: str | None = None) -> CapacityEstimate | None:
     """The stored plan for ``trial`` at ``target_ttft_s`` (either may be left out: then
     the newest matching plan), or ``None``. ``study`` is an Optuna study or a name
-    (:func:`tuner.capacity.stored_plan` reads it)."""
+    (:func:`tuner.serving.capacity.stored_plan` reads it)."""
     from tuner.study import load_study_by_name
 
     st = load_study_by_name(study, storage) if isinstance(study, str) else study

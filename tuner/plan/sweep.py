@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tuner.capacity import SweepPoint, max_load_meeting
-from tuner.demand import Demand, conversations_per_min, cost_figures, replicas_needed
-from tuner.errors import InputError, NoFeasibleConfig
-from tuner.slo import MAX_ERROR_RATE
+from tuner.core.errors import InputError, NoFeasibleConfig
+from tuner.serving.capacity import SweepPoint, max_load_meeting
+from tuner.serving.demand import Demand, conversations_per_min, cost_figures, replicas_needed
+from tuner.serving.slo import MAX_ERROR_RATE
 
 if TYPE_CHECKING:
-    from tuner.progress import Observer
-    from tuner.result import RunResult
-    from tuner.slo import SloSet
+    from tuner.runtime.progress import Observer
+    from tuner.serving.result import RunResult
+    from tuner.serving.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Article 004's concurrency levels (section 5).

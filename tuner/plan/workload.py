@@ -1,5 +1,5 @@
 """Which requests a plan replays, and how they stand to the study's (its requests are
-checked by fingerprint; :class:`~tuner.capacity.ReplayedWorkload` records the answer).
+checked by fingerprint; :class:`~tuner.serving.capacity.ReplayedWorkload` records the answer).
 
 Plan replays the requests the study searched on: the file it read (``workload_file`` of
 the trial's run; never a log path recorded inside a converted file), or its synthetic mix
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tuner.errors import InputError
-from tuner.record import StudyRecord, TrialRecord
-from tuner.storage import STUDIES_DIR
+from tuner.core.errors import InputError
+from tuner.study.record import StudyRecord, TrialRecord
+from tuner.study.storage import STUDIES_DIR
 
 if TYPE_CHECKING:
     import optuna
@@ -41,7 +41,7 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
-        from tuner.locks import driver_url  # postgresql:// with the driver that is installed
+        from tuner.study.locks import driver_url  # postgresql:// with the driver that is installed
 
         names = own_studies(optuna.get_all_study_names(driver_url(storage)))
         if not names:
@@ -95,7 +95,7 @@ class Chosen:
     sample of a synthetic mix (``None``: repeats replay 90% of ``base``'s rows),
     ``sized(seed, n)`` for ``n`` requests of that mix (``None`` for a file's rows: it
     cannot grow), the file read, how it stands to the study's
-    (:data:`tuner.capacity.MATCHES`) and what to say."""
+    (:data:`tuner.serving.capacity.MATCHES`) and what to say."""
 
     base: Workload
     build: Callable[[int], Workload] | None = None

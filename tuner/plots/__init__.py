@@ -24,16 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tuner.analysis import best_trial, plan_sweep, target_ttft_s, top_groups, trials_frame
-from tuner.errors import InputError
-from tuner.plots._captions import CAPTIONS, TITLES, Facts, caption
+from tuner.core.errors import InputError
 from tuner.plots._capacity import plot_capacity
+from tuner.plots._captions import CAPTIONS, TITLES, Facts, caption
 from tuner.plots._history import knob_importances, knob_name, plot_history, plot_importances, value_label
 from tuner.plots._loads import load_points, per_user_front, plot_per_user_front, plot_ttft_by_load
 from tuner.plots._style import SLO_COLORS, STATUS_COLORS, STYLE, png_bytes
 from tuner.plots._tradeoff import plot_layouts, plot_tradeoff
-from tuner.record import StudyRecord
-from tuner.slo import SloSet
+from tuner.serving.slo import SloSet
+from tuner.study.analysis import best_trial, plan_sweep, target_ttft_s, top_groups, trials_frame
+from tuner.study.record import StudyRecord
 
 if TYPE_CHECKING:
     import optuna

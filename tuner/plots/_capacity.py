@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.plots._style import SLO_COLORS, figure, styled
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
     """The capacity curve of ``tuner plan``: P95 TTFT (left axis) and tokens/s (right
     axis) against load, the target line, and the largest load meeting it; for a plan of
     several SLOs each run's marker is in the colour of the SLO that limits it. ``sweep`` is
-    :func:`tuner.analysis.plan_sweep`."""
+    :func:`tuner.study.analysis.plan_sweep`."""
     if sweep.empty:
         raise InputError("the study holds no capacity plan", hint="run tuner plan on the study")
     at = sweep.attrs

@@ -5,10 +5,10 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.plots._style import adopt, figure, style, styled
-from tuner.record import StudyRecord
 from tuner.study import is_feasible
+from tuner.study.record import StudyRecord
 
 if TYPE_CHECKING:
     import optuna

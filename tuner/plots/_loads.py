@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tuner.analysis import pareto_mask
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.plots._style import CONFIG_COLORS, figure, styled
-from tuner.record import TrialRecord
+from tuner.study.analysis import pareto_mask
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna

@@ -6,9 +6,9 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.analysis import pareto_mask
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.plots._style import SLO_COLORS, STATUS_COLORS, figure, styled
+from tuner.study.analysis import pareto_mask
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def _by_binding_slo(ax: Any, measured: pd.DataFrame, slos: Sequence[str]) -> None:
     """Each trial's marker in the colour of the SLO that binds it (the smallest margin at
-    its scored load: :attr:`tuner.record.TrialRecord.binding_slo`), one legend entry per
+    its scored load: :attr:`tuner.study.record.TrialRecord.binding_slo`), one legend entry per
     SLO with its count; the marker's shape is still its status (o feasible, x not)."""
     binding = measured["binding_slo"] if "binding_slo" in measured else measured["number"].map(lambda _: None)
     groups = [(text, SLO_COLORS[i % len(SLO_COLORS)], measured[binding == text], f"{text} binds")
@@ -40,9 +40,9 @@ def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int 
     """tokens/s against P95 TTFT, one marker per measured trial (colour: status; for a
     study of several SLOs, ``slos`` as typed, the SLO that binds it), the target as a
     vertical line, the Pareto front as a step line, the best feasible trial
-    starred: trial ``best`` (the study's recommendation, :func:`tuner.analysis.best_trial`,
+    starred: trial ``best`` (the study's recommendation, :func:`tuner.study.analysis.best_trial`,
     which a confirmation may have chosen over a luckier single measurement), or the
-    fastest feasible one. ``frame`` is :func:`tuner.analysis.trials_frame`."""
+    fastest feasible one. ``frame`` is :func:`tuner.study.analysis.trials_frame`."""
     target = target_s if target_s is not None else frame.attrs.get("target_ttft_s")
     measured = frame[frame["tokens_per_s"].notna() & frame["ttft_p95_s"].notna()]
     if measured.empty:

@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import numpy as np
 
-from tuner.control import RunControl, StopHook
-from tuner.errors import InputError
-from tuner.load import Load, arrival_times
+from tuner.core.errors import InputError
+from tuner.core.urls import redact
 from tuner.replay.bodies import _request
 from tuner.replay.endpoints import _endpoints, fetch_model
 from tuner.replay.metrics import MetricsPoller
 from tuner.replay.stamping import _StampingConnector, trace_config
 from tuner.replay.stream import _Outcome, stream_request
-from tuner.result import RunResult
-from tuner.routing import Router
-from tuner.urls import redact
+from tuner.runtime.control import RunControl, StopHook
+from tuner.runtime.routing import Router
+from tuner.serving.load import Load, arrival_times
+from tuner.serving.result import RunResult
 
 if TYPE_CHECKING:
     from tuner.traffic.workload import Workload

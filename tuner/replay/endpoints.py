@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from tuner.errors import BackendError, InputError
-from tuner.urls import bearer, redact, split_credentials
+from tuner.core.errors import BackendError, InputError
+from tuner.core.urls import bearer, redact, split_credentials
 
 
 async def fetch_model(session: aiohttp.ClientSession, base: str, headers: dict[str, str] | None = None) -> str:
@@ -42,7 +42,7 @@ def _normalise(endpoints: Sequence[str] | str) -> list[str]:
 def _endpoints(endpoints: Sequence[str] | str, api_key: str | None = None) -> list[tuple[str, dict[str, str]]]:
     """``(base URL, headers)`` per endpoint: the base without ``/v1`` and without the
     credentials a URL carried; the headers carry ``api_key`` as a bearer token, or else
-    the URL's credentials (:func:`tuner.urls.split_credentials`)."""
+    the URL's credentials (:func:`tuner.core.urls.split_credentials`)."""
     if isinstance(endpoints, str):
         endpoints = [endpoints]
     out = []

@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from tuner.kernel_time import KernelStampedSocket, kernel_stamps
+from tuner.runtime.kernel_time import KernelStampedSocket, kernel_stamps
 
 
 class _StampedBuffer(collections.deque):

@@ -12,7 +12,7 @@ throughput divides by the run's wall time (:func:`~tuner.replay.client.replay_as
 when the scheduler started the request (never before its scheduled time, in schedule
 order). Beside them, ``ttft_kernel_s`` is tuner's own, closer reading: from when the
 request body was handed to the socket to the kernel's receive stamp of the first chunk
-(:mod:`tuner.kernel_time`), so neither connection set-up nor a busy event loop
+(:mod:`tuner.runtime.kernel_time`), so neither connection set-up nor a busy event loop
 adds to it.
 
 Each request forces its logged output length: ``max_tokens = min_tokens = output`` and
@@ -23,7 +23,7 @@ each ``data:`` payload parsed with ``json.loads``, so 256 concurrent streams fit
 Success is stricter than ``vllm bench serve``'s (HTTP 200 and at least one ``choices``
 chunk, nothing raised while reading): a request only counts when its whole answer is a
 well-formed stream. Otherwise it is an error of its kind
-(:class:`~tuner.result.RunResult`): ``stream_error`` for a line that is not SSE, a
+(:class:`~tuner.serving.result.RunResult`): ``stream_error`` for a line that is not SSE, a
 payload that is not JSON or has no ``choices`` list, a choice without a completion's
 ``text`` (chat: ``delta``), an error object mid-stream, data after ``[DONE]``, a stream
 that ends without ``[DONE]``, no usage chunk, or token counts that do not add up (more
@@ -46,9 +46,9 @@ from typing import Any
 
 import aiohttp
 
-from tuner.kernel_time import kernel_stamps
+from tuner.core.urls import redact
 from tuner.replay.stamping import _StampedBuffer
-from tuner.urls import redact
+from tuner.runtime.kernel_time import kernel_stamps
 
 
 #: A stream is plausible only if its tokens take the time a decoder takes. Chunks alone do

@@ -29,7 +29,7 @@ proposes again is not relaunched: the trial copies the earlier result (``repeat_
 A new TPE/GP study first runs vLLM's defaults at each layout (:func:`default_trials`).
 
 Stored per trial (``trial.user_attrs``, written and read as a
-:class:`~tuner.record.TrialRecord`): ``config``, ``feasible``, ``constraint``,
+:class:`~tuner.study.record.TrialRecord`): ``config``, ``feasible``, ``constraint``,
 ``tokens_per_s``, ``output_tokens_per_s``, ``summary`` (every percentile of the chosen
 load point), ``server`` (server readings), ``loads`` (every load point tried, each with
 its ``errors``), ``errors`` (failed requests per kind at the chosen load, or at the
@@ -46,7 +46,7 @@ The package, one noun a module, each importing only those below it:
   :mod:`~tuner.search.setup`; :mod:`~tuner.search.settings`, :mod:`~tuner.search.outcome`
   what it takes and leaves);
 * :mod:`~tuner.search.confirm` — the winner's repeat measurements (decided by
-  :mod:`tuner.confirmation`);
+  :mod:`tuner.study.race`);
 * :mod:`~tuner.search.pruning` and :mod:`~tuner.search.prediction` — the simulator as
   predictor: start loads, pruning, proposals;
 * :mod:`~tuner.search.objective` — one configuration's score;
@@ -70,9 +70,6 @@ from tuner.search.command import serve_command
 from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
 from tuner.search.defaults import default_trials
 from tuner.search.driver import SearchRun
-from tuner.search.outcome import SearchOutcome
-from tuner.search.run import run_search, warm_start_configs
-from tuner.search.settings import SearchSettings
 from tuner.search.goodput import (
     EDGE_TOLERANCE,
     MAX_ERROR_RATE,
@@ -86,7 +83,10 @@ from tuner.search.goodput import (
 )
 from tuner.search.inputs import build_workload, get_backend_by_name, num_heads, workload_facts
 from tuner.search.objective import CONSTRAINT, Evaluation, evaluate_config, planner_precheck
+from tuner.search.outcome import SearchOutcome
+from tuner.search.run import run_search, warm_start_configs
 from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
+from tuner.search.settings import SearchSettings
 from tuner.search.workflow import Prepared, backend_for, prepare, search
 
 

@@ -2,8 +2,8 @@
 (:mod:`tuner.backends`) and every stand-in meet it without importing it, and one contract
 suite (``tests/backends/test_contract.py``) checks each against it.
 
-A :class:`Backend` turns a :class:`~tuner.config.ServeConfig` into a running
-:class:`Instance` (``start``), or raises :class:`~tuner.errors.ConfigRejected` when vLLM
+A :class:`Backend` turns a :class:`~tuner.serving.config.ServeConfig` into a running
+:class:`Instance` (``start``), or raises :class:`~tuner.core.errors.ConfigRejected` when vLLM
 refuses, or would refuse, to start. ``precheck`` answers the same question without
 starting anything and costs no GPU time; ``preflight`` checks, before any study is
 written, what must hold for every trial (a command that exists, a URL that answers).
@@ -31,10 +31,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tuner.config import Deployment, ServeConfig
-    from tuner.control import StopHook
-    from tuner.load import Load
-    from tuner.result import RunResult
+    from tuner.runtime.control import StopHook
+    from tuner.serving.config import Deployment, ServeConfig
+    from tuner.serving.load import Load
+    from tuner.serving.result import RunResult
     from tuner.traffic.workload import Workload
 
 
@@ -66,8 +66,8 @@ class Backend(Protocol):
     time_scale: float
 
     def preflight(self, deployment: Deployment) -> None:
-        """Before any study is written; raises :class:`~tuner.errors.EnvironmentFault` or
-        :class:`~tuner.errors.InputError` when no trial could run."""
+        """Before any study is written; raises :class:`~tuner.core.errors.EnvironmentFault` or
+        :class:`~tuner.core.errors.InputError` when no trial could run."""
         ...
 
     def precheck(self, deployment: Deployment, config: ServeConfig) -> dict[str, Any]:

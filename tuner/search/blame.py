@@ -13,7 +13,7 @@ knob) is judged against the study's other trials, by two rules:
   after a start of another configuration crashed with it says the cause is common to both
   (the first is stored as that configuration's crash: nothing could tell otherwise yet).
 
-Either way :func:`environment_fault` returns an :class:`~tuner.errors.EnvironmentFault`
+Either way :func:`environment_fault` returns an :class:`~tuner.core.errors.EnvironmentFault`
 the driver raises: the trial is not stored infeasible, not counted, not shown to the
 sampler, and two in a row stop the run (exit 2).
 """
@@ -22,13 +22,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from tuner.errors import EnvironmentFault
-from tuner.record import TrialRecord
+from tuner.core.errors import EnvironmentFault
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.config import ServeConfig
+    from tuner.serving.config import ServeConfig
 
 #: Refusal kinds the log could not pin on a knob of the configuration.
 UNPINNED = ("timeout", "crash")

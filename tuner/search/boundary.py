@@ -12,7 +12,7 @@ load can go no lower, no search of the edge can buy margin: what decides is the 
   request alone on its server); None elsewhere (a lower load, not measured, could pass).
 * :func:`upper_p95` — a pessimistic estimate of the true P95 there, from the measured
   P95s (one per start) and the per-start noise prior (:func:`ttft_sd`): the geometric
-  mean x exp(:data:`tuner.confirmation.Z_FEASIBLE` x sd / sqrt(n)).
+  mean x exp(:data:`tuner.study.race.Z_FEASIBLE` x sd / sqrt(n)).
 * :func:`feasibility` — the probability that the true P95 there meets the target.
 * :func:`objective_sd` — the noise of one measurement of the objective (tokens/s at the
   edge): a start's TTFT factor moves the edge along the trial's own P95-vs-load curve, so
@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from tuner.confirmation import feasibility, prior_sd, ttft_sd, upper_p95
+from tuner.study.race import feasibility, prior_sd, ttft_sd, upper_p95
 
 
 def lowest_p95(rec: Any) -> float | None:
@@ -84,8 +84,8 @@ def edge_slope(rec: Any) -> float | None:
 
 def objective_sd(rec: Any, simulated: bool) -> float:
     """Relative sd of one measurement of ``rec``'s objective on a fresh start: the tokens/s
-    noise (:func:`~tuner.confirmation.prior_sd`) and the edge's move with a start's TTFT
-    factor (:func:`edge_slope` x :func:`~tuner.confirmation.ttft_sd`), independent."""
+    noise (:func:`~tuner.study.race.prior_sd`) and the edge's move with a start's TTFT
+    factor (:func:`edge_slope` x :func:`~tuner.study.race.ttft_sd`), independent."""
     slope = edge_slope(rec) or 0.0
     return math.hypot(prior_sd(simulated), slope * ttft_sd(simulated))
 
@@ -109,7 +109,7 @@ def sampler_constraint(rec: Any, target_s: float, simulated: bool) -> float | No
 def unsure(trial: Any) -> bool:
     """A trial that met the target only within the noise of a start (its record's
     ``boundary`` says so): not the incumbent the next trials refine against."""
-    from tuner.record import TrialRecord
+    from tuner.study.record import TrialRecord
 
     return TrialRecord.from_trial(trial).boundary is not None
 

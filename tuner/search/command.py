@@ -1,7 +1,7 @@
 """The ``vllm serve`` command line a user copies."""
 from __future__ import annotations
 
-from tuner.config import Deployment, ServeConfig
+from tuner.serving.config import Deployment, ServeConfig
 
 def serve_command(deployment: Deployment, config: ServeConfig) -> str:
     """The ``vllm serve`` command line of ``config`` for the deployment's vLLM version

@@ -1,4 +1,4 @@
-"""Confirming a study's winner on repeats (the decision is :mod:`tuner.confirmation`'s):
+"""Confirming a study's winner on repeats (the decision is :mod:`tuner.study.race`'s):
 the candidates' repeat measurements, stored as trials of the study's companion
 (:func:`tuner.study.confirmation_study`), outside the study and its budget."""
 from __future__ import annotations
@@ -6,17 +6,17 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.confirmation import FEASIBILITY, Candidate, candidates, race
-from tuner.errors import EnvironmentFault
-from tuner.record import RunFacts, TrialRecord, write_confirmation
+from tuner.core.errors import EnvironmentFault
+from tuner.core.urls import redact
+from tuner.runtime.progress import Observer, observer_or_headless
 from tuner.search.boundary import lowest_p95, study_objective_sd
 from tuner.search.constraints import CONSTRAINTS_ATTR, constraint_list
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import CONSTRAINT, evaluate_config
-from tuner.slo import SloSet
-from tuner.progress import Observer, observer_or_headless
-from tuner.urls import redact
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.slo import SloSet
+from tuner.study.race import FEASIBILITY, Candidate, candidates, race
+from tuner.study.record import RunFacts, TrialRecord, write_confirmation
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -60,16 +60,16 @@ def p95_of(rec: TrialRecord) -> float | None:
 
 
 def effective_key(rec: TrialRecord) -> str:
-    """The configuration ``rec`` ran as the workload could tell it (:func:`tuner.effective.trial_group`:
+    """The configuration ``rec`` ran as the workload could tell it (:func:`tuner.study.effective.trial_group`:
     knobs without effect folded), or its whole configuration."""
-    from tuner.effective import trial_group
+    from tuner.study.effective import trial_group
 
     return trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())
 
 
 def distinct(originals: list[optuna.trial.FrozenTrial],
              records: dict[int, TrialRecord]) -> list[tuple[optuna.trial.FrozenTrial, list[int], float]]:
-    """One entrant per effective configuration (:mod:`tuner.effective`: knobs that could
+    """One entrant per effective configuration (:mod:`tuner.study.effective`: knobs that could
     not change throughput on this workload folded): its best-measured trial, with the
     group's trial numbers and the group's mean value (geometric; each member was its own
     start, so the mean is the group's measurement of the configuration). Trials that differ only in such knobs ran the same server as far
@@ -104,16 +104,16 @@ def closeness(conf: Any) -> tuple[float, float]:
 
 
 def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None) -> Any:
-    """The study's :class:`~tuner.confirmation.NoiseFloor`: the objective of every feasible
-    measurement grouped by effective configuration (:mod:`tuner.effective`: trials that
+    """The study's :class:`~tuner.study.race.NoiseFloor`: the objective of every feasible
+    measurement grouped by effective configuration (:mod:`tuner.study.effective`: trials that
     differ only in knobs this workload cannot tell apart ran the same server as far as
     the traffic could tell, each on its own start, so they are the study's own replicates),
     with the confirmation repeats (the companion's) in their original's group. Copies of an
     earlier trial are left out (no start of their own)."""
     from optuna.trial import TrialState
 
-    from tuner.confirmation import noise_floor
     from tuner.study import repeats
+    from tuner.study.race import noise_floor
 
     groups: dict[str, list[float]] = {}
     records = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
@@ -141,9 +141,9 @@ def confirm_winner(
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (up to ``max_rounds`` while one that differs from the leader in a
-    speed knob is still tied with it, :func:`~tuner.confirmation.undecided`) (fresh start; round r replays the requests in another order,
+    speed knob is still tied with it, :func:`~tuner.study.race.undecided`) (fresh start; round r replays the requests in another order,
     :meth:`Workload.reordered`, and draws arrivals with seed + r; the same sample for
-    every candidate) and store the decision (:mod:`tuner.confirmation`) as the study's
+    every candidate) and store the decision (:mod:`tuner.study.race`) as the study's
     ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` in the study's
     companion (:func:`~tuner.study.confirmation_study`), outside its trials, written when measured: an interrupted confirmation keeps its repeats and
     the next run reuses them. ``may_start`` is asked before each repeat is started; when it
@@ -151,7 +151,7 @@ def confirm_winner(
     from optuna.trial import TrialState, create_trial
 
     from tuner.study import confirmation, confirmation_study, count_finished, is_feasible, repeats
-    from tuner.workers import identity
+    from tuner.study.workers import identity
 
     obs = observer_or_headless(observer)
     fresh = confirmation(study)

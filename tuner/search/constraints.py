@@ -5,7 +5,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from tuner.storage import trial_id
+from tuner.study.storage import trial_id
 
 if TYPE_CHECKING:
     import optuna

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
-from tuner.errors import ConfigRejected, InputError
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.serving.config import ServeConfig
 
 if TYPE_CHECKING:
     from tuner.space import SearchSpace

@@ -6,9 +6,9 @@ first, and runs a :class:`SearchRun`: per trial the sampler proposes a configura
 configuration already measured is copied (``repeat_of``), the predictor may prune it
 (:mod:`tuner.search.pruning`), else :func:`~tuner.search.objective.evaluate_config`
 measures it. Trials that measure nothing (interrupted, failed by the environment) do not
-use the budget and are queued again (:mod:`tuner.recovery`); two environment faults in a
+use the budget and are queued again (:mod:`tuner.study.recovery`); two environment faults in a
 row stop the run. Several processes may share one server-database study
-(:mod:`tuner.workers`).
+(:mod:`tuner.study.workers`).
 """
 from __future__ import annotations
 
@@ -17,27 +17,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
-from tuner.errors import EndpointFault, EnvironmentFault
-from tuner.interrupts import Deadline, Interrupted, deadline_scope
-from tuner.jsonsafe import json_safe
-from tuner.record import QUEUED, RunFacts, TrialRecord, write
-from tuner.search.confirm import WindowFull, confirm_winner, study_noise
+from tuner.core.errors import EndpointFault, EnvironmentFault
+from tuner.core.jsonsafe import json_safe
+from tuner.runtime.interrupts import Deadline, Interrupted, deadline_scope
+from tuner.runtime.progress import Observer, observer_or_headless
 from tuner.search.blame import environment_fault
-from tuner.search.window import trial_estimate
+from tuner.search.boundary import incumbent as sure_incumbent
+from tuner.search.boundary import lowest_p95, sampler_constraint
+from tuner.search.confirm import WindowFull, confirm_winner, study_noise
+from tuner.search.constraints import tell_constraints
 from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config
-from tuner.progress import Observer, observer_or_headless
+from tuner.search.outcome import SearchOutcome
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
-from tuner.search.outcome import SearchOutcome
 from tuner.search.records import check_gpu, mark_trial_failed, same_config
 from tuner.search.settings import SearchSettings
 from tuner.search.setup import StudySetup
-from tuner.search.boundary import incumbent as sure_incumbent
-from tuner.search.boundary import lowest_p95, sampler_constraint
-from tuner.search.constraints import tell_constraints
+from tuner.search.window import trial_estimate
+from tuner.serving.config import ServeConfig
 from tuner.study import best_feasible_trial, count_finished, study_name
+from tuner.study.record import QUEUED, RunFacts, TrialRecord, write
 
 if TYPE_CHECKING:
     import optuna
@@ -262,9 +262,9 @@ class SearchRun(StudySetup):
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
-        from tuner.recovery import requeue
         from tuner.study import best_feasible_trial, confirmation
-        from tuner.workers import Worker
+        from tuner.study.recovery import requeue
+        from tuner.study.workers import Worker
 
         s, st = self.settings, self.study
         if not self.backend.restarts:  # an endpoint: what runs there is the operator's, one thing to measure
@@ -322,8 +322,8 @@ class SearchRun(StudySetup):
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
         several workers, the one that takes the study's confirm lock does it."""
-        from tuner.locks import StudyLock
-        from tuner.workers import budget_used
+        from tuner.study.locks import StudyLock
+        from tuner.study.workers import budget_used
 
         s, st, worker = self.settings, self.study, self.worker
         used, running = budget_used(st, shared=worker.shared)

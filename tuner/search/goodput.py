@@ -16,16 +16,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
-from tuner.interrupts import current_deadline
-from tuner.load import Concurrency, Load, Poisson, TraceReplay
-from tuner.result import describe_errors
-from tuner.slo import MAX_ERROR_RATE, SloSet, monotone_crossing
+from tuner.runtime.interrupts import current_deadline
+from tuner.serving.config import ServeConfig
+from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
+from tuner.serving.result import describe_errors
+from tuner.serving.slo import MAX_ERROR_RATE, SloSet, monotone_crossing
 
 if TYPE_CHECKING:
-    from tuner.control import RunControl, StopHook
-    from tuner.progress import Observer
-    from tuner.result import RunResult
+    from tuner.runtime.control import RunControl, StopHook
+    from tuner.runtime.progress import Observer
+    from tuner.serving.result import RunResult
     from tuner.traffic.workload import Workload
 
 #: A load point whose replay has more than this share of all requests over the target fails.

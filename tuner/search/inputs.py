@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment
+from tuner.serving.config import Deployment
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend

@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected, InputError
-from tuner.jsonsafe import json_safe
-from tuner.progress import Observer, observer_or_headless
-from tuner.record import Edge, LoadRecord, RunFacts, TrialRecord
-from tuner.slo import OBJECTIVES as OBJECTIVE_UNITS
-from tuner.slo import SloSet
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.core.jsonsafe import json_safe
+from tuner.core.urls import redact, redact_value
+from tuner.runtime.progress import Observer, observer_or_headless
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS, LoadPoint, edge_width, goodput_search, max_users
-from tuner.urls import redact, redact_value
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.slo import OBJECTIVES as OBJECTIVE_UNITS
+from tuner.serving.slo import SloSet
+from tuner.study.record import Edge, LoadRecord, RunFacts, TrialRecord
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 #: Every SLO of a set is a constraint of its own, named :func:`constraint_name`.
 CONSTRAINT = "p95_ttft_over_target"
 
-#: What a trial scores at its edge (:data:`tuner.slo.OBJECTIVES`, with their units).
+#: What a trial scores at its edge (:data:`tuner.serving.slo.OBJECTIVES`, with their units).
 OBJECTIVES = tuple(OBJECTIVE_UNITS)
 
 
@@ -90,7 +90,7 @@ def evaluate_config(
     objective: str = "tokens",
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
-    crashes (:class:`~tuner.errors.BackendError` and the like); refusals are results.
+    crashes (:class:`~tuner.core.errors.BackendError` and the like); refusals are results.
 
     ``incumbent`` is the best value the study has so far: once a passing load is found,
     refining stops when even the failing load above it could not beat the incumbent.

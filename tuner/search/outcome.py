@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment
+from tuner.serving.config import Deployment
 
 if TYPE_CHECKING:
     import optuna
@@ -26,7 +26,7 @@ class SearchOutcome:
     gpu_s: float  # startup + replay seconds of this session's trials
     notes: list[str] = field(default_factory=list)
     timed_out: bool = False
-    confirmation: Any = None  # tuner.confirmation.Confirmation of the study's winner, when made
+    confirmation: Any = None  # tuner.study.race.Confirmation of the study's winner, when made
     deployment: Deployment | None = None
     target_ttft_s: float | None = None
     backend: str | None = None  # the backend's name
@@ -35,7 +35,7 @@ class SearchOutcome:
 
     def slo_text(self) -> str:
         """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
-        from tuner.slo import SloSet
+        from tuner.serving.slo import SloSet
 
         if len(self.slos) > 1:
             return SloSet.of(self.slos).describe()

@@ -25,16 +25,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigRejected, InputError
-from tuner.record import TrialRecord
-from tuner.slo import value_text
+from tuner.core.errors import ConfigRejected, InputError
+from tuner.serving.slo import value_text
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.config import Deployment, ServeConfig
+    from tuner.serving.config import Deployment, ServeConfig
+    from tuner.serving.slo import SloSet
     from tuner.sim.calibration import Calibration
-    from tuner.slo import SloSet
     from tuner.traffic.workload import Workload
 
 #: Replays the predictor's own goodput search may take (simulated: cheap); enough to
@@ -88,7 +88,7 @@ class Correction:
 
 class Predictor:
     """Predictions of the embedded simulator for one deployment, workload and target
-    (a P95 TTFT bound in seconds, or the study's whole :class:`~tuner.slo.SloSet`).
+    (a P95 TTFT bound in seconds, or the study's whole :class:`~tuner.serving.slo.SloSet`).
 
     ``profile`` replaces the calibration the simulator would pick for the deployment's
     GPU (the benchmarks use it to give the predictor deliberately wrong constants)."""
@@ -216,7 +216,7 @@ def advise(trials: Sequence[FrozenTrial], config: ServeConfig, pred: Prediction 
     and a *predicted twin* (:func:`predicted_twins`) of a trial that measured under
     ``twin_share`` of the best (within it, a twin may be the best by noise), or of
     ``TWINS_MEASURED`` trials already measured. ``objective``: the unit of the trials'
-    values and ``best`` in the reasons (:func:`tuner.slo.value_text`)."""
+    values and ``best`` in the reasons (:func:`tuner.serving.slo.value_text`)."""
     if pred is None:  # the simulator cannot model it, or vLLM would refuse it: the pre-check's call
         return Advice()
     corr = correction(trials)

@@ -1,5 +1,5 @@
 """Optuna kept quiet while a study runs: the search reports failures itself, in one
-line, through its observer (:class:`tuner.progress.Observer`)."""
+line, through its observer (:class:`tuner.runtime.progress.Observer`)."""
 from __future__ import annotations
 
 

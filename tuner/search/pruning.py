@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.config import ServeConfig
-from tuner.jsonsafe import json_safe
-from tuner.record import RunFacts, TrialRecord, write
+from tuner.core.jsonsafe import json_safe
 from tuner.search.constraints import tell_constraints
 from tuner.search.defaults import snapped_grid
 from tuner.search.objective import CONSTRAINT, slo_constraints
+from tuner.serving.config import ServeConfig
+from tuner.study.record import RunFacts, TrialRecord, write
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.search.prediction import Advice, Predictor
-    from tuner.slo import SloSet
+    from tuner.serving.slo import SloSet
     from tuner.space import SearchSpace
 
 def untried_neighbours(study: optuna.Study, space: SearchSpace) -> list[dict]:

@@ -5,26 +5,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
-from tuner.record import RunFacts, StudyRecord, TrialRecord, write
-from tuner.urls import redact
+from tuner.core.errors import InputError
+from tuner.core.urls import redact
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.study.record import RunFacts, StudyRecord, TrialRecord, write
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from tuner.runtime.progress import Observer
     from tuner.search.backend import Backend
-    from tuner.progress import Observer
     from tuner.space import SearchSpace
 
 
 def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFacts, kind: str, reason: str,
                       *, gpu_s: float = 0.0) -> None:
     """What a trial that is about to FAIL stores: its config, why (``fail_kind``:
-    interrupted, environment or crash; :mod:`tuner.recovery`), the run facts and the
+    interrupted, environment or crash; :mod:`tuner.study.recovery`), the run facts and the
     seconds its server held the GPUs (``gpu_s``: thrown away, nothing was measured)."""
-    from tuner.recovery import failure
+    from tuner.study.recovery import failure
 
     reason = redact(reason)  # a message may name an endpoint with its credentials
     write(trial.set_user_attr, TrialRecord(config=config, run=run_facts, gpu_s=gpu_s,
@@ -50,11 +50,11 @@ def report_stale_servers(obs: Observer, kill: bool = True) -> None:
     """Stop the servers a dead tuner run left on this host, before anything starts: they are
     provably tuner's (the marker names this host and an owner that is gone, or a pid reused
     by a process younger than the server) and hold GPUs the study needs. One that will not
-    stop is :class:`~tuner.errors.EnvironmentFault` ``stale_server`` (exit 2): the run
+    stop is :class:`~tuner.core.errors.EnvironmentFault` ``stale_server`` (exit 2): the run
     refuses to start beside it. ``kill`` is kept for callers of the old ``--kill-stale``;
     servers of runs still alive are never touched."""
-    from tuner.errors import EnvironmentFault
-    from tuner.processes import stale_servers, stop_group
+    from tuner.core.errors import EnvironmentFault
+    from tuner.runtime.processes import stale_servers, stop_group
 
     for server in stale_servers():
         if not stop_group(server.pgid):

@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
-from tuner.confirmation import FEASIBILITY
-from tuner.progress import Observer
+from tuner.runtime.progress import Observer
 from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS
 from tuner.search.driver import SearchRun
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.outcome import SearchOutcome
 from tuner.search.settings import SearchSettings
-from tuner.storage import guard_storage
+from tuner.serving.config import ServeConfig
 from tuner.study import top_feasible_trials
+from tuner.study.race import FEASIBILITY
+from tuner.study.storage import guard_storage
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend
@@ -53,7 +53,7 @@ def run_search(
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
     ``precheck`` is always the simulator's memory planner when the backend has one.
-    Several processes may run it on one server-database study (:mod:`tuner.workers`:
+    Several processes may run it on one server-database study (:mod:`tuner.study.workers`:
     the budget is global). ``tags`` are stamped on every new trial, and a configuration
     is only reused from a trial with the same tags and workload.
 
@@ -63,7 +63,7 @@ def run_search(
     at the predicted load, and a configuration predicted below ``PRUNE_SHARE`` of the best
     is pruned without a launch); ``None`` turns it off; or a :class:`Predictor`.
 
-    Trials that measure nothing (:mod:`tuner.recovery`) — interrupted by a signal or by
+    Trials that measure nothing (:mod:`tuner.study.recovery`) — interrupted by a signal or by
     ``timeout_s`` (which also cuts a hung start or replay), or failed by the environment
     — do not use the budget and are queued again when the study resumes; two
     environment faults in a row stop the run (:class:`EnvironmentFault`). Servers a
@@ -76,7 +76,7 @@ def run_search(
     best are measured ``confirm`` more times each on new samples (and up to
     ``confirm_max`` times while one that differs from the leader in a knob that changes
     speed is still tied with it), and the study's recommendation is made on those repeats
-    (:mod:`tuner.confirmation`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
+    (:mod:`tuner.study.race`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
     trial must come (share of the load, closed loop at least one user). ``objective``: what a
     trial scores at its edge, ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO,
     as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``)."""

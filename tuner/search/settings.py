@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.confirmation import FEASIBILITY
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.objective import OBJECTIVES
+from tuner.study.race import FEASIBILITY
 
 
 @dataclass(frozen=True, slots=True)

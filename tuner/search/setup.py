@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tuner.config import ServeConfig
-from tuner.errors import InputError
-from tuner.record import StudyRecord, TrialRecord
+from tuner.core.errors import InputError
 from tuner.search.constraints import named_constraints
 from tuner.search.defaults import default_trials
 from tuner.search.objective import OBJECTIVE_UNITS
 from tuner.search.records import report_stale_servers, stamp_study
 from tuner.search.samplers import make_sampler
+from tuner.serving.config import ServeConfig
 from tuner.study import count_finished, open_study
+from tuner.study.record import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -39,7 +39,7 @@ class StudySetup:
         return predictor
 
     def _open(self) -> optuna.Study:
-        from tuner.workers import worker_seed
+        from tuner.study.workers import worker_seed
 
         s = self.settings
         st = open_study(self.name, self.storage)

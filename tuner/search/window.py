@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.record import TrialRecord
 from tuner.search.blame import started
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna

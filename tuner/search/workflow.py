@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.search.inputs import build_workload, get_backend_by_name, num_heads
 from tuner.search.outcome import SearchOutcome
 from tuner.search.run import run_search, warm_start_configs
 from tuner.search.settings import SearchSettings
-from tuner.search.inputs import build_workload, get_backend_by_name, num_heads
 
 if TYPE_CHECKING:
-    from tuner.progress import Observer
+    from tuner.runtime.progress import Observer
     from tuner.search.backend import Backend
     from tuner.space import SearchSpace
     from tuner.traffic.workload import Workload
@@ -47,7 +47,7 @@ def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[
             workload: Mapping[str, Any] | None = None, requests: Workload | None = None,
             pin: Mapping[str, Any] | None = None, pin_where: Mapping[str, str] | None = None) -> Prepared:
     """The search space (a shipped name, a YAML file, or a :class:`SearchSpace`) with
-    ``deployment`` changes (fields of :class:`~tuner.config.Deployment`: ``model``, ``gpu``,
+    ``deployment`` changes (fields of :class:`~tuner.serving.config.Deployment`: ``model``, ``gpu``,
     ``gpu_count``, ``gpu_ids``, ``quantization``, ``calibration``, ...) and ``workload``
     changes (of its workload section: ``target_ttft_s`` in seconds or as ``"2s"``,
     ``trace``, ``load``, ``requests``, ...; ``None`` leaves a field as the space says),
@@ -56,9 +56,9 @@ def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[
     ``tensor_parallel_size`` and ``replicas`` keep the layouts with that value:
     :meth:`~tuner.space.SearchSpace.pinned`, a study of its own); ``pin_where`` names, per
     knob, what the user wrote (``--tensor-parallel-size``), for messages."""
+    from tuner.core.units import parse_seconds
+    from tuner.serving.slo import split_slos
     from tuner.space import SearchSpace, load_space
-    from tuner.slo import split_slos
-    from tuner.units import parse_seconds
 
     trace = (workload or {}).get("trace")
     sp = space if isinstance(space, SearchSpace) else load_space(space, trace=trace)
@@ -105,10 +105,10 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
     the same call resumes the same study in ``storage`` (default ``studies/<study>.db``).
     ``predict``: let the simulator guide trials that cost GPU time. ``warm_start``: for a
     backend whose trials cost GPU time, run a simulator study first and try its best
-    configurations first. ``observer`` (:class:`~tuner.progress.Observer`) sees progress;
+    configurations first. ``observer`` (:class:`~tuner.runtime.progress.Observer`) sees progress;
     ``None`` is headless. Returns the :class:`SearchOutcome`; ``outcome.best`` is the
     recommendation (``None`` when nothing met the target)."""
-    from tuner.progress import observer_or_headless
+    from tuner.runtime.progress import observer_or_headless
 
     s = settings or SearchSettings()
     prepared = prepare(space, deployment=deployment, workload=workload, requests=requests, pin=pin,

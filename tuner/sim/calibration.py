@@ -15,13 +15,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.values import is_number, shown
-from tuner.errors import InputError
-from tuner.versions import same_version
+from tuner.core.errors import InputError
+from tuner.core.values import is_number, shown
+from tuner.core.versions import same_version
 
 if TYPE_CHECKING:
+    from tuner.core.yamlfile import YamlDoc
     from tuner.sim.hardware import GPU
-    from tuner.yamlfile import YamlDoc
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 
@@ -136,7 +136,7 @@ EXTRA_SECTIONS = ("memory", "match", "fit", "fit_error", "errors", "notes", "met
 
 
 def _read_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    from tuner.yamlfile import read_yaml
+    from tuner.core.yamlfile import read_yaml
 
     doc = read_yaml(path, what="calibration profile")
     raw = doc.data
@@ -252,7 +252,7 @@ def _gpu_key(name: str) -> str:
 
 @lru_cache(maxsize=128)
 def _profile_doc(path: str, mtime: float) -> YamlDoc:
-    from tuner.yamlfile import read_yaml
+    from tuner.core.yamlfile import read_yaml
 
     return read_yaml(path, what="calibration profile")
 

@@ -8,7 +8,7 @@ import time
 
 from aiohttp import web
 
-from tuner.knobs import KNOBS
+from tuner.core.knobs import KNOBS
 from tuner.sim.server import SimServer
 
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="Port to listen on (default 8000).")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="Model name(s) clients use (default: the MODEL argument); responses carry the first.")
-    for knob in KNOBS:  # vllm serve's knob flags (tuner.knobs); unset: vLLM's default for the version
+    for knob in KNOBS:  # vllm serve's knob flags (tuner.core.knobs); unset: vLLM's default for the version
         flag = f"--{knob.flag}"
         if knob.type is bool and knob.negatable_since is not None:
             p.add_argument(flag, dest=knob.name, action=argparse.BooleanOptionalAction, default=None, help=knob.help)
@@ -58,14 +58,14 @@ def _log(line: str, stream=sys.stdout) -> None:
 
 def build_server(args: argparse.Namespace) -> SimServer:
     """Plan memory and build the engine for parsed flags; raises ConfigRejected/InputError."""
-    from tuner.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+    from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
     from tuner.sim.engine import EngineCore
     from tuner.sim.memory import plan_memory
 
     version = args.vllm_version or DEFAULT_VLLM_VERSION
     prefix = args.enable_prefix_caching
     if prefix is None:
-        from tuner.versions import parse_version
+        from tuner.core.versions import parse_version
 
         prefix = parse_version(version) >= (0, 7)  # V0 (0.6 line) left it off by default
     deployment = Deployment(model=args.model, gpu=args.gpu, gpu_count=args.tensor_parallel_size,
@@ -90,7 +90,7 @@ def build_server(args: argparse.Namespace) -> SimServer:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tuner sim-serve``, ``python -m tuner.sim.command`` and ``python -m tuner.sim.server``."""
-    from tuner.errors import ConfigRejected, TunerError
+    from tuner.core.errors import ConfigRejected, TunerError
 
     args = build_parser().parse_args(argv)  # bad flags: argparse's message, exit 2, like vLLM
     if not args.speed > 0:

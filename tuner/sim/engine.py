@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tuner.control import RunControl, StopHook
-from tuner.errors import ConfigRejected
-from tuner.load import Concurrency, arrival_times
-from tuner.result import RunResult
-from tuner.routing import Router
+from tuner.core.errors import ConfigRejected
+from tuner.runtime.control import RunControl, StopHook
+from tuner.runtime.routing import Router
+from tuner.serving.load import Concurrency, arrival_times
+from tuner.serving.result import RunResult
 from tuner.sim.calibration import Calibration, load_calibration
 from tuner.sim.scheduler import EngineCore, StepOutput  # noqa: F401  (EngineCore is part of this module's API)
 
 if TYPE_CHECKING:
-    from tuner.config import Deployment, ServeConfig
-    from tuner.load import Load
+    from tuner.serving.config import Deployment, ServeConfig
+    from tuner.serving.load import Load
     from tuner.sim.memory import MemoryPlan
     from tuner.traffic.workload import Workload
 

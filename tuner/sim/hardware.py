@@ -17,11 +17,11 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.values import is_int, is_number, shown
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.values import is_int, is_number, shown
 
 if TYPE_CHECKING:
-    from tuner.yamlfile import YamlDoc
+    from tuner.core.yamlfile import YamlDoc
 
 GB = 1e9
 GiB = 1 << 30
@@ -187,7 +187,7 @@ def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None
 
 def load_catalog(path: str | Path) -> dict[str, GPU]:
     """Read one catalog YAML: ``{name: {field: value}}``. Raises InputError naming file and line."""
-    from tuner.yamlfile import read_yaml
+    from tuner.core.yamlfile import read_yaml
 
     doc = read_yaml(path, what="GPU catalog")
     data = doc.data

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 #: Weight-only int4 methods (AWQ, GPTQ and their Marlin kernels): 4-bit weights plus one
 #: fp16 scale and one packed zero point per group of ``group_size`` input channels.

@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tuner.kernel_time import kernel_stamps
+from tuner.runtime.kernel_time import kernel_stamps
 from tuner.traffic._text import estimate_tokens
 
 TIMINGS_KEPT = 200_000

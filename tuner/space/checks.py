@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.values import shown
+from tuner.core.values import shown
 
 if TYPE_CHECKING:
     from tuner.space.search_space import SearchSpace

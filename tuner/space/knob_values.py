@@ -7,12 +7,12 @@ import re
 from dataclasses import fields
 from typing import Any
 
-from tuner.config import ServeConfig
-from tuner.errors import InputError
-from tuner.knobs import KNOBS as KNOB_ROWS, knob
-from tuner.values import is_int, is_number, shown
+from tuner.core.errors import InputError
+from tuner.core.knobs import KNOBS as KNOB_ROWS, knob
+from tuner.core.values import is_int, is_number, shown
+from tuner.serving.config import ServeConfig
 
-#: Knobs a space may vary, with their Python type (the rows of :data:`tuner.knobs.KNOBS`).
+#: Knobs a space may vary, with their Python type (the rows of :data:`tuner.core.knobs.KNOBS`).
 KNOBS: dict[str, type] = {k.name: k.type for k in KNOB_ROWS}
 
 #: Knobs whose ``null`` means "vLLM's default" (ServeConfig fields that default to None).

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import MAX_GPUS
-from tuner.errors import InputError
-from tuner.values import shown
+from tuner.core.errors import InputError
+from tuner.core.values import shown
+from tuner.serving.config import MAX_GPUS
 
 if TYPE_CHECKING:
     import optuna

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import ServeConfig
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.values import shown
+from tuner.serving.config import ServeConfig
 from tuner.space.checks import check_keys
 from tuner.space.knob_values import DEFAULT_NONE, KNOBS, as_float, knob_problem, numeric, own_message, whole
 from tuner.space.param import Param, choice_param, parse_layout
-from tuner.values import shown
 
 if TYPE_CHECKING:
     from tuner.space.search_space import SearchSpace

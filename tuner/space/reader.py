@@ -7,17 +7,17 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from tuner.config import Deployment
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.units import parse_seconds
+from tuner.core.values import is_number, shown
+from tuner.core.yamlfile import YamlDoc, parse_yaml, read_yaml
+from tuner.serving.config import Deployment
+from tuner.serving.slo import split_slos
 from tuner.space.checks import check_keys, kind
 from tuner.space.knob_values import as_float, numeric, own_message, whole
 from tuner.space.parameters import parse_layouts, parse_parameters
 from tuner.space.search_space import SearchSpace
 from tuner.space.workload import WorkloadSpec
-from tuner.slo import split_slos
-from tuner.units import parse_seconds
-from tuner.values import is_number, shown
-from tuner.yamlfile import YamlDoc, parse_yaml, read_yaml
 
 _TOP_KEYS = ("name", "description", "deployment", "workload", "parameters", "layouts")
 _DEPLOYMENT_KEYS = {f.name for f in fields(Deployment)} | {"gpus"}

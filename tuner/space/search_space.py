@@ -6,15 +6,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import InputError
+from tuner.core.errors import InputError
+from tuner.core.values import shown
+from tuner.core.yamlfile import line_of
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.space.knob_values import KNOBS, pin_value
 from tuner.space.param import (
     LAYOUT_PINS, MISSING, Param, choice_param, index_key, layout_name, parse_layout, pin_layout_value,
 )
 from tuner.space.workload import WorkloadSpec
-from tuner.values import shown
-from tuner.yamlfile import line_of
 
 if TYPE_CHECKING:
     import optuna
@@ -105,7 +105,7 @@ class SearchSpace:
     def content(self) -> dict[str, Any]:
         """What the space searches, as data: each knob's kind and range or choices, the fixed
         values and the layouts (not its name, comments, order or file). Part of a study's identity."""
-        from tuner.jsonsafe import json_safe
+        from tuner.core.jsonsafe import json_safe
 
         knobs = {}
         for p in sorted(self.params, key=lambda p: p.name):

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.errors import InputError
-from tuner.slo import Slo, SloSet, parse_slo
-from tuner.values import is_int, is_number, shown
+from tuner.core.errors import InputError
+from tuner.core.values import is_int, is_number, shown
+from tuner.serving.slo import Slo, SloSet, parse_slo
 
 LOAD_KINDS = ("concurrency", "rate", "trace")
 
-# The ranges a workload may take (see also tuner.config's MAX_GPUS, tuner.knobs' MAX_TOKENS). Beyond
+# The ranges a workload may take (see also tuner.serving.config's MAX_GPUS, tuner.core.knobs' MAX_TOKENS). Beyond
 # them the value is a typo that would cost gigabytes or hours before the first trial.
 #: Synthetic requests: every trial replays them a few times; 10M rows are ~0.5 GB of
 #: columns, a day of busy traffic.

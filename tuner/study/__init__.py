@@ -4,7 +4,7 @@ trials the search wrote (see ``tuner.search`` for what each trial stores).
 Storage defaults to ``sqlite:///studies/<name>.db`` (one file per study, relative to the
 working directory); any SQLAlchemy URL works (``postgresql://...`` lets several
 ``tuner search`` workers share one study). Every trial keeps its results in
-``trial.user_attrs``, read through :class:`tuner.record.TrialRecord`: ``feasible`` says
+``trial.user_attrs``, read through :class:`tuner.study.record.TrialRecord`: ``feasible`` says
 whether the configuration met the TTFT target and ``constraint`` repeats Optuna's
 constraint value (<= 0 feasible).
 
@@ -12,7 +12,7 @@ Budget: ``--budget N`` counts the study's *finished* trials, whatever their stat
 (COMPLETE, PRUNED, FAIL); infeasible configurations are COMPLETE trials with a
 violated constraint. Trials left RUNNING by a killed process are not counted.
 On a server database (``postgresql://``) several workers share the budget, and trials
-running on other workers count too; see :mod:`tuner.workers`.
+running on other workers count too; see :mod:`tuner.study.workers`.
 
 The package, one module per noun: ``naming`` (:func:`study_name`, companions' names),
 ``budget`` (which trials count against ``--budget``), ``companion`` (:func:`confirmation_study`,

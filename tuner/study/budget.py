@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.record import TrialRecord
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -24,7 +24,7 @@ FREE_COPIES = 40
 
 def count_finished(study: optuna.Study) -> int:
     """Trials that count against ``--budget``: finished, except failures that measured
-    nothing (interrupted, environment faults: :mod:`tuner.recovery`) and, up to
+    nothing (interrupted, environment faults: :mod:`tuner.study.recovery`) and, up to
     :data:`FREE_COPIES`, copies of a configuration measured before."""
     trials = study.get_trials(deepcopy=False, states=finished_states())
     counted = [t for t in trials if counts_toward_budget(t)]
@@ -34,7 +34,7 @@ def count_finished(study: optuna.Study) -> int:
 def counts_toward_budget(trial: Any) -> bool:
     """Whether one finished trial is counted by :func:`count_finished` before the copies
     it lets go free (:func:`free_copies`)."""
-    from tuner.recovery import not_measured
+    from tuner.study.recovery import not_measured
 
     return not not_measured(trial) and not is_confirmation(trial)
 
@@ -60,5 +60,5 @@ def copy_slots(study: optuna.Study) -> int:
 
 def is_confirmation(trial: Any) -> bool:
     """A repeat measurement of an earlier trial's configuration made to confirm the
-    study's winner (:mod:`tuner.confirmation`): not sampled, not counted in the budget."""
+    study's winner (:mod:`tuner.study.race`): not sampled, not counted in the budget."""
     return TrialRecord.from_trial(trial).is_confirmation

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
-from tuner.record import StudyRecord
-from tuner.storage import opened, storage_of
+from tuner.core.errors import InputError
 from tuner.study.budget import count_finished, is_confirmation
 from tuner.study.naming import companion_name, name_objective
+from tuner.study.record import StudyRecord
+from tuner.study.storage import opened, storage_of
 
 if TYPE_CHECKING:
     import optuna
@@ -19,7 +19,7 @@ def storage_handle(study: optuna.Study, storage: Any = None) -> Any:
     """The storage ``study`` was opened on; its companion is opened on the same one (the same
     database, connection and cache: also a read-only file, or a server shared by workers).
 
-    A study tuner opened (``tuner.open_study``, :func:`tuner.analysis.open_study`) has it
+    A study tuner opened (``tuner.open_study``, :func:`tuner.study.analysis.open_study`) has it
     kept; one opened with optuna itself has no public handle to it, so the caller passes
     ``storage``: the URL, or the optuna storage it opened the study with."""
     if storage is not None and not isinstance(storage, str):
@@ -35,11 +35,11 @@ def storage_handle(study: optuna.Study, storage: Any = None) -> Any:
 def confirmation_study(study: optuna.Study, *, create: bool = False, storage: Any = None) -> optuna.Study | None:
     """The companion study holding ``study``'s confirmation repeats (:data:`COMPANION_SUFFIX`),
     or None when it has none. ``create``: make it when missing and link it from the study
-    (:attr:`~tuner.record.StudyRecord.confirmation_study`), as the confirmation does before its
+    (:attr:`~tuner.study.record.StudyRecord.confirmation_study`), as the confirmation does before its
     first repeat. ``storage``: see :func:`storage_handle`."""
     import optuna
 
-    from tuner.record import write_confirmation
+    from tuner.study.record import write_confirmation
 
     linked = StudyRecord.from_study(study).confirmation_study
     if linked is None and not create:
@@ -69,9 +69,9 @@ def repeats(study: optuna.Study, storage: Any = None) -> list[FrozenTrial]:
 
 
 def confirmation(study: optuna.Study) -> Any:
-    """The study's :class:`~tuner.confirmation.Confirmation`, or None when it has none or
+    """The study's :class:`~tuner.study.race.Confirmation`, or None when it has none or
     trials finished after it was made (it no longer covers them)."""
-    from tuner.confirmation import Confirmation
+    from tuner.study.race import Confirmation
 
     data = StudyRecord.from_study(study).confirmation
     if not data or int(data.get("finished", -1)) != count_finished(study):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.config import Deployment
+    from tuner.serving.config import Deployment
 
 
 def study_name(deployment: Deployment, workload_fingerprint: str, space_name: str = "default",
@@ -17,7 +17,7 @@ def study_name(deployment: Deployment, workload_fingerprint: str, space_name: st
     """``1xH100-SXM.qwen2.5-7b.default.3f9a1c2b.ttft2s``: deployment label, space, workload
     fingerprint (first 8 hex digits), the P95 TTFT target (feasibility depends on it, so
     two targets never share a study), and the backend unless it is the simulator (so a
-    real study and its simulator warm start stay apart). ``slos`` (:meth:`tuner.slo.SloSet.key`)
+    real study and its simulator warm start stay apart). ``slos`` (:meth:`tuner.serving.slo.SloSet.key`)
     names the service levels beyond P95 TTFT: another set is another study. Safe as a file name."""
     raw = f"{deployment.label()}.{space_name}.{workload_fingerprint[:8]}"
     if target_ttft_s is not None:

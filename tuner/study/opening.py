@@ -5,12 +5,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import InputError
-from tuner.record import StudyRecord
-from tuner.storage import STUDIES_DIR, check_study_name, opened, optuna_storage, storage_fault, storage_open_error
+from tuner.core.errors import InputError
 from tuner.study.budget import count_finished, counts_toward_budget, finished_states, is_copy
 from tuner.study.companion import confirmation_study, storage_handle
 from tuner.study.naming import name_objective, own_studies
+from tuner.study.record import StudyRecord
+from tuner.study.storage import STUDIES_DIR, check_study_name, opened, optuna_storage, storage_fault, storage_open_error
 from tuner.study.trials import best_feasible_trial, is_feasible
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     """Create the study, or load it when it exists (resume)."""
     import optuna
 
-    from tuner.urls import redact
+    from tuner.core.urls import redact
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_study_name(name)
@@ -46,7 +46,7 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
         raise storage_open_error(err, shown) from err  # type: ignore[misc]  # never None for these
     except OSError as err:  # the studies/ folder cannot be made or written
-        from tuner.files import write_fault
+        from tuner.core.files import write_fault
 
         raise write_fault(Path(err.filename or STUDIES_DIR), err) from err
     except Exception as err:
@@ -86,7 +86,7 @@ class StudySummary:
     feasible: int
     best_value: float | None
     best_trial: int | None
-    objective: str | None = None  #: what ``best_value`` scores (:data:`tuner.slo.OBJECTIVES`)
+    objective: str | None = None  #: what ``best_value`` scores (:data:`tuner.serving.slo.OBJECTIVES`)
 
 
 def summarize(study: optuna.Study, storage: str) -> StudySummary:
@@ -108,7 +108,7 @@ def list_studies(storage: str | None = None) -> list[StudySummary]:
     urls = [storage] if storage else [f"sqlite:///{p}" for p in sorted(STUDIES_DIR.glob("*.db"))]
     out = []
     for url in urls:
-        store = optuna_storage(url, "")  # the driver that is installed (tuner.workers.driver_url)
+        store = optuna_storage(url, "")  # the driver that is installed (tuner.study.workers.driver_url)
         for name in own_studies(optuna.get_all_study_names(store)):
             out.append(summarize(optuna.load_study(study_name=name, storage=store), url))
     return out

@@ -14,13 +14,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Recommendation:
     """What a study recommends, as every reader tells it (``tuner search`` and ``tuner studies
-    show``, the report, the notebook, :func:`tuner.analysis.recommendation`): the trial
+    show``, the report, the notebook, :func:`tuner.study.analysis.recommendation`): the trial
     (:func:`best_feasible_trial`), what that trial measured, and the confirmation that chose it
     (None when none did: ``--confirm 0``, or trials finished after it)."""
 
     trial: int
     value: float                 #: the trial's own measurement (the objective's unit)
-    confirmation: Any = None     #: tuner.confirmation.Confirmation whose winner is ``trial``
+    confirmation: Any = None     #: tuner.study.race.Confirmation whose winner is ``trial``
 
     @property
     def confirmed(self) -> bool:

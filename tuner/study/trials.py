@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.errors import InputError
-from tuner.record import TrialRecord
+from tuner.core.errors import InputError
 from tuner.study.budget import is_confirmation
 from tuner.study.companion import confirmation
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.config import ServeConfig
+    from tuner.serving.config import ServeConfig
 
 
 def is_feasible(trial: FrozenTrial) -> bool:
@@ -108,7 +108,7 @@ def gpu_time(study: optuna.Study) -> dict[str, float]:
 def miss_explanation(trial: FrozenTrial) -> str:
     """One line: why this trial was infeasible, and by how much it missed (for one that
     errors failed: how many requests failed, of which kinds)."""
-    from tuner.urls import redact
+    from tuner.core.urls import redact
 
     rec = TrialRecord.from_trial(trial)
     target = rec.target_ttft_s

@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from tuner.config import Deployment, ServeConfig
-from tuner.control import RunControl
-from tuner.errors import ConfigRejected
-from tuner.load import Concurrency
-from tuner.result import RunResult
+from tuner.core.errors import ConfigRejected
+from tuner.runtime.control import RunControl
+from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
+from tuner.serving.result import RunResult
 from tuner.testing.processes import no_leftover_processes
 from tuner.traffic.workload import Workload
 

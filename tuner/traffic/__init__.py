@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic import azure, burstgpt, generic, mooncake, native, openai_log, sharegpt, vllm_bench
 from tuner.traffic._rows import read_bytes
 from tuner.traffic.workload import Request, Workload
@@ -40,7 +40,7 @@ def load_trace(
     """Read a request log into a :class:`Workload`.
 
     ``format`` is one of :data:`READERS` (sniffed when None). Bad rows raise
-    :class:`~tuner.errors.InputError` naming ``file:line``; with ``skip_bad`` they are
+    :class:`~tuner.core.errors.InputError` naming ``file:line``; with ``skip_bad`` they are
     dropped and counted in ``Workload.notes``. ``mapping`` names columns for the
     ``generic`` format; ``tokenizer`` is a local model folder used to count tokens of
     text logs (ShareGPT, vLLM bench, OpenAI logs) exactly.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic._rows import (
     BACKWARDS,
     MISSING,

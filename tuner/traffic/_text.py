@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 CJK_CHARS_PER_TOKEN = 1.4
 OTHER_CHARS_PER_TOKEN = 4.0

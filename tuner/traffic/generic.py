@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic._rows import BadRows, dig, iter_jsonl, read_text
 from tuner.traffic._table import TIME_UNITS, Table, read_csv, to_workload
 from tuner.traffic.workload import Workload

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic._rows import (
     BAD_VALUE,
     UNPARSEABLE_TIME,

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 from tuner.traffic._prefix import mix as _mix
 from tuner.traffic.stats import trace_stats
 from tuner.traffic.workload import Workload

@@ -26,7 +26,7 @@ Qwen2.5 chat request with its default system prompt).
 
 Arrivals: ``rate=None`` puts every request at t=0 (closed loop: N users send in order);
 otherwise gamma inter-arrivals of mean ``1/rate`` with shape ``burstiness`` (1.0 is
-Poisson, lower is burstier), as :class:`tuner.load.Poisson` defines them.
+Poisson, lower is burstier), as :class:`tuner.serving.load.Poisson` defines them.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ import math
 
 import numpy as np
 
-from tuner.errors import InputError
-from tuner.load import Poisson, arrival_times
+from tuner.core.errors import InputError
+from tuner.serving.load import Poisson, arrival_times
 from tuner.traffic._text import CJK_CHARS_PER_TOKEN
 from tuner.traffic.workload import Workload
 

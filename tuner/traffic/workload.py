@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tuner.errors import InputError
+from tuner.core.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)

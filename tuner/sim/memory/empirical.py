@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.config import Deployment
+from tuner.serving.config import Deployment
 from tuner.sim.hardware import GiB
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.errors import ConfigRejected, InputError
+from tuner.core.errors import ConfigRejected, InputError
 from tuner.sim.hardware import GPU, GiB
 from tuner.sim.model import ModelSpec
 

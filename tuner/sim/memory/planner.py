@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 
-from tuner.config import Deployment, ServeConfig
-from tuner.errors import ConfigRejected
-from tuner.knobs import KNOBS
+from tuner.core.errors import ConfigRejected
+from tuner.core.knobs import KNOBS
+from tuner.core.versions import parse_version
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.hardware import get_gpu
 from tuner.sim.memory.defaults import (
     CUDAGRAPH_ESTIMATE_SINCE,
@@ -28,7 +29,6 @@ from tuner.sim.memory.support import (
     resolve_dtype,
 )
 from tuner.sim.model import load_model
-from tuner.versions import parse_version
 
 
 _DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
@@ -62,7 +62,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     """vLLM's startup decision for ``config`` on ``deployment``.
 
     Resolves ``None`` knobs to the vLLM version's defaults. Raises
-    :class:`~tuner.errors.ConfigRejected` with vLLM's own message where vLLM refuses to
+    :class:`~tuner.core.errors.ConfigRejected` with vLLM's own message where vLLM refuses to
     start. With ``strict=False`` the memory refusals (no memory for the cache, max-model-len
     does not fit) come back in ``plan.error`` with the rest of the plan filled in, so a
     what-if can show the arithmetic; other refusals still raise.

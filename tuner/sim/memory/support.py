@@ -4,8 +4,8 @@ backend (:func:`attention_backend`, :func:`check_attention`) and the block size
 (:func:`check_block_size`)."""
 from __future__ import annotations
 
-from tuner.config import Deployment
-from tuner.errors import ConfigRejected
+from tuner.core.errors import ConfigRejected
+from tuner.serving.config import Deployment
 from tuner.sim.hardware import GPU
 from tuner.sim.memory.defaults import uses_v1_engine
 from tuner.sim.model import ModelSpec
