@@ -205,7 +205,40 @@ def plan4() -> list[Trial]:
     ]
 
 
-PLANS = {"2": plan, "3": plan3, "4": plan4}
+def plan5() -> list[Trial]:
+    """Campaign 5 (issue 30): the MoE shape at small batches, where a 1-user step took 4.09 ms
+    and the simulator's bytes give 2.66 ms. Decode-heavy closed loops (prompts 64-256, outputs
+    384-768 tokens, so TPOT is nearly all decode steps of the named batch) at 1, 2, 4, 8, 16 and
+    32 users on the Qwen3-30B-A3B shape of campaign 4's ``moe-warm`` (gmu 0.9, max-model-len
+    8192), after warm-up probes (Triton JIT-compiles fused_moe kernels on first use of a batch
+    shape: a 32-user round whose tail drains the batch from 32 to 1, then one short round at each
+    measured size, and campaign 4's mixed warm-up); campaign 2's MoE mix x4 @ 1 once more; then
+    the same decode loads on the Qwen2.5-7B shape (dense, no expert kernels) as the control that
+    separates the MoE path's cost from the host's; and the MoE start again (replicate noise).
+    The probes named ``warm`` are a warm-up, not data: list them in excluded_points.txt."""
+    short = ServeConfig(gpu_memory_utilization=0.9, max_model_len=8192)
+    sizes = (1, 2, 4, 8, 16, 32)
+
+    def ladder(seed: int, slow: float) -> tuple[Probe, ...]:
+        return tuple(Probe(ref_of("decode", max(3, 2 * u), seed=seed + i), c(u), (6 + u / 8) * slow)
+                     for i, u in enumerate(sizes))
+
+    def warm(seed: int) -> tuple[Probe, ...]:
+        return (Probe(ref_of("decode", 48, seed=seed), c(32), 7),                     # warm
+                *(Probe(ref_of("decode", u, seed=seed + 1 + i), c(u), 3) for i, u in enumerate(sizes)),  # warm
+                Probe(ref_of("mix", 64, seed=71), c(64), 10))                          # warm
+
+    return [
+        Trial("moe-small", short, model=MODELS["moe"], start_s=170, purpose="MoE decode at 1-32 users, warm",
+              probes=(*warm(90), *ladder(100, 1.0), Probe(ref_of("mix", 4, seed=31), c(1), 12))),
+        Trial("q7-small", short, model=MODELS["q7"], start_s=100, purpose="dense control: the same decode loads",
+              probes=(Probe(ref_of("decode", 48, seed=90), c(32), 6), *ladder(100, 1.2))),  # first: warm
+        Trial("moe-small-again", short, model=MODELS["moe"], start_s=170, purpose="moe-small started again",
+              probes=(*warm(90), *ladder(100, 1.0))),
+    ]
+
+
+PLANS = {"2": plan, "3": plan3, "4": plan4, "5": plan5}
 
 
 def estimate(trials: list[Trial]) -> float:
@@ -291,12 +324,15 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
                           env={"VLLM_USE_FLASHINFER_SAMPLER": "0"}, startup_timeout_s=400.0, stop_grace_s=20.0,
                           timeout_s=300.0, platform="cuda")
 
-    def deployment_for(trial: Trial) -> Deployment:
-        return Deployment(model=str(models[trial.model]), gpu="H200", vllm_version=VLLM_VERSION)
-
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else ""
-    meta = {"campaign": 4 if trials[0].name == "moe-warm" else int(trials[0].name.startswith(("l8", "nemo"))) + 2, "gpu": "H200", "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+    gpu = "H100-SXM" if "H100" in smi else "H200"  # the device machine may lend an H100 for an H200
+
+    def deployment_for(trial: Trial) -> Deployment:
+        return Deployment(model=str(models[trial.model]), gpu=gpu, vllm_version=VLLM_VERSION)
+
+    first = {"moe-warm": 4, "moe-small": 5, "q7-small": 5, "moe-small-again": 5}
+    meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
             "design": [{"name": t.name, "model": t.model, "config": t.config.to_dict(), "purpose": t.purpose,

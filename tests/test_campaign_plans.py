@@ -1,0 +1,36 @@
+"""The H200 campaigns' plans (benchmarks/h200/campaign.py): a probe is named by its label in
+the rows, the resumption and excluded_points.txt, so two probes of one trial must differ."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "h200" / "campaign.py"
+
+
+@pytest.fixture(scope="module")
+def campaign():
+    spec = importlib.util.spec_from_file_location("h200_campaign", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_probe_of_a_trial_has_its_own_label(campaign):
+    for number, plan in campaign.PLANS.items():
+        for trial in plan():
+            labels = [p.label for p in trial.probes]
+            assert len(labels) == len(set(labels)), (number, trial.name, labels)
+
+
+def test_campaign_5_warms_each_batch_before_measuring_it(campaign, tmp_path):
+    trials = campaign.read_plan(campaign.write_plan(campaign.PLANS["5"](), tmp_path))
+    moe = next(t for t in trials if t.name == "moe-small")
+    users = [p.load["users"] for p in moe.probes]
+    first_data = [p.label for p in moe.probes].index("decode x3 @ 1 users")
+    # every concurrency measured after the warm-ups was run once before them
+    assert set(users[first_data:]) <= set(users[:first_data])
+    assert sorted({p.load["users"] for p in moe.probes[first_data:] if p.workload["kind"] == "decode"}) == \
+        [1, 2, 4, 8, 16, 32]
