@@ -179,23 +179,6 @@ def test_moe_expert_flops_run_at_their_own_efficiency() -> None:
     assert slow.matmul_time(t, 1) == pytest.approx(dense + slow.s_expert_flops * rows, rel=1e-9)
 
 
-def test_the_routed_experts_take_at_least_the_moe_floor_per_layer() -> None:
-    # moe_layer_s: the expert kernels' least time per MoE layer (a few hundred programs, each
-    # one expert slice's stream): 10 layers x 1 ms = 10 ms. One token reads a quarter of the
-    # experts' 1.6e9 bytes at 5e11 B/s (3.2 ms x (1 - 0.75)), under the floor; a large batch
-    # reads them all (3.2 ms) and computes its padded rows, over it: the floor is hidden
-    base, floor = CAL, CAL.replace(moe_layer_s=1e-3)
-    one = StepTimer(plan(model=MoE()), floor)
-    assert one.matmul_time(1, 1) - StepTimer(plan(model=MoE()), base).matmul_time(1, 1) == \
-        pytest.approx(10e-3 - 3.2e-3 * 0.25, rel=1e-9)
-    big = 100_000
-    assert one.matmul_time(big, 1) == StepTimer(plan(model=MoE()), base).matmul_time(big, 1)
-    # a dense model has no routed experts: the constant changes nothing
-    for tokens in (1, 64):
-        assert StepTimer(plan(), floor).step(tokens, tokens, True, 100.0, 100.0) == \
-            StepTimer(plan(), base).step(tokens, tokens, True, 100.0, 100.0)
-
-
 def test_decode_run_equals_repeated_steps() -> None:
     for model in (Model(), MoE()):
         t = StepTimer(plan(model=model), CAL)

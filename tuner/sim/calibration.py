@@ -33,7 +33,7 @@ LAUNCH_MODES = ("graph", "piecewise", "compiled", "eager")
 
 _EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency", "moe_flops_efficiency")
 _SECONDS = ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s",
-            "frontend_per_token_s", "frontend_per_request_s", "moe_layer_s")
+            "frontend_per_token_s", "frontend_per_request_s")
 #: Upper bound of every per-step or per-request cost, seconds: real ones are micro- to
 #: milliseconds, so seconds mean a unit slip (ms written as s) or a failed fit.
 MAX_COST_S = 10.0
@@ -89,10 +89,6 @@ class Calibration:
     # Routed-expert GEMMs of an MoE layer (grouped, few tokens per expert) reach this share
     # of what the dense GEMMs reach (flops_efficiency); 1.0: the same.
     moe_flops_efficiency: float = 1.0
-    # Least GPU time of one MoE layer's routed experts in a step: at a few tokens the fused-MoE
-    # Triton kernels run a grid of a few hundred programs, each streaming one expert slice, and
-    # take as long as one program's stream, not the bytes over the bandwidth (0: not modelled).
-    moe_layer_s: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
 

@@ -22,13 +22,10 @@ flops_efficiency``):
   vLLM's fused MoE kernel sorts the ``T × k`` token-expert pairs by expert and pads each
   expert's share to a multiple of its tile height BLOCK_SIZE_M (``moe_align_block_size``), so
   the expert GEMMs compute the padded rows, at ``flops_efficiency × moe_flops_efficiency``:
-  twice the real rows around a thousand tokens, nearly none extra at eight thousand. At a few
-  tokens neither bound holds: the expert kernels' grid is a few hundred programs, each streaming
-  one expert's 64-column slice through a 16-row tile with one real row (``fused_moe.py``:
-  ``invoke_fused_moe_triton_kernel``, "optimize for small batch_size"), so the layer takes as
-  long as one program's stream, whatever the batch: the experts take at least
-  ``moe_layer_s`` per MoE layer (a floor, hidden once the batch's bytes take longer; 0: not
-  modelled until campaign 5 of ``benchmarks/h200`` measures it);
+  twice the real rows around a thousand tokens, nearly none extra at eight thousand. Not
+  modelled: what the fused-MoE path costs per token-expert pair at a few tokens (its
+  small-batch grid, one 16-row tile a pair): campaign 5 of ``benchmarks/h200`` measured ~1.4 ms
+  a step missing at 1-4 users, fading to none by 32;
 * launch = CPU time to launch the step's kernels: layers × a per-layer cost that depends
   on the mode (full CUDA graph for decode-only batches up to the capture size, piecewise
   graphs for mixed batches within it, compiled code above it, eager with
@@ -125,8 +122,6 @@ class StepTimer:
         # FLOPs of one token's pass through one routed expert (all layers)
         self.s_expert_flops = 2.0 * expert_active / model.num_experts_per_tok / tp / moe_fl if model.is_moe else 0.0
         self.num_experts = model.num_experts
-        # the routed experts of a step take at least this long (moe_layer_s per MoE layer)
-        self.s_moe_floor = model.num_layers * getattr(calib, "moe_layer_s", 0.0) if model.is_moe else 0.0
         self.experts_per_tok = model.num_experts_per_tok
         heads_rank = max(1, model.num_heads // tp)
         self.s_attn_pair = 4.0 * model.num_layers * heads_rank * model.head_dim / fl
@@ -165,7 +160,7 @@ class StepTimer:
         t = max(self.s_weights, self.s_token_flops * num_tokens + self.s_seq_flops * num_seqs)
         if self.s_experts:
             read = self.s_experts * (1.0 - self.moe_keep ** num_tokens)
-            t += max(read, self.s_expert_flops * self.expert_rows(num_tokens), self.s_moe_floor)
+            t += max(read, self.s_expert_flops * self.expert_rows(num_tokens))
         return t
 
     def step(self, num_tokens: int, num_seqs: int, decode_only: bool,
