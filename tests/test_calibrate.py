@@ -226,3 +226,49 @@ def test_written_profile_is_found_by_gpu_and_version_and_feeds_the_planner(tmp_p
     after = plan_memory(dep, ServeConfig(gpu_memory_utilization=0.9))
     assert after.weight_bytes - before.weight_bytes == int(0.5 * GiB)
     assert after.num_gpu_blocks < before.num_gpu_blocks
+
+
+def test_report_only_recomputes_the_errors_for_the_constants_as_they_stand(tmp_path):
+    # a constant set from other measurements (the MoE layer's, from campaign 5) changes what
+    # the profile's report must say; --report-only rewrites the report, never a constant
+    import shutil
+
+    import yaml
+
+    from tuner.calibrate import campaign_rows
+    from tuner.calibrate.profile import rewrite_report
+
+    folder = tmp_path / "h200"
+    shutil.copytree(DATA, folder, ignore=shutil.ignore_patterns("logs"))
+    path = folder / "profile.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["moe_layer_s"]["value"] = 0.0          # as before the MoE layers' fixed cost was modelled
+    doc["moe_hbm_efficiency"]["value"] = doc["hbm_efficiency"]["value"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    rows = campaign_rows(folder)
+    without = rewrite_report(folder, rows, H200, why="MoE terms off")["check"]["output_tokens_per_s_mape"]
+    after = yaml.safe_load(path.read_text())
+    assert after["moe_layer_s"]["value"] == 0.0 and after["fit"]["report"] == "MoE terms off"
+    assert after["fit"]["errors"]["check"]["output_tokens_per_s_mape"] == pytest.approx(without, abs=1e-3)
+    shipped = yaml.safe_load((DATA / "profile.yaml").read_text())
+    for name in ("moe_layer_s", "moe_hbm_efficiency"):
+        after[name]["value"] = shipped[name]["value"]
+    path.write_text(yaml.safe_dump(after, sort_keys=False))
+    with_moe = rewrite_report(folder, rows, H200, why="MoE terms on")["check"]["output_tokens_per_s_mape"]
+    # the held-back MoE 1-user mix alone moves the held-back MAPE by about a point (53 % -> 2 %)
+    assert without > 5.0 >= with_moe
+    assert with_moe == pytest.approx(shipped["fit"]["errors"]["check"]["output_tokens_per_s_mape"], abs=1e-3)
+    assert yaml.safe_load(path.read_text())["hbm_efficiency"] == shipped["hbm_efficiency"]
+
+
+def test_report_only_without_a_profile_says_so(tmp_path, capsys):
+    from tuner.cli import main
+
+    try:
+        main(["calibrate", "--model", "qwen2.5-7b", "--gpu", "H200", "--vllm-version", "0.26.0",
+              "--out", str(tmp_path), "--report-only", "why"])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert code != 0 and "no profile to report on" in out + err and "profile.yaml" in out + err

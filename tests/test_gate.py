@@ -44,6 +44,17 @@ def test_a_worsened_constant_fails_the_gate_naming_the_groups(setup):
     assert bad and all(": " in line and "committed" in line for line in bad)
 
 
+def test_the_moe_layers_fixed_cost_is_held_by_the_gate(setup):
+    # campaign 5's term (an H100 fit, carried to the H200): off or doubled, the MoE groups the
+    # H200 measured get worse than the committed table by more than their noise, the dense ones do not
+    shipped = load_calibration(get_gpu("H200"), str(DATA / "profile.yaml"))
+    assert shipped.moe_layer_s > 0 and shipped.moe_hbm_efficiency
+    for worse in (shipped.replace(moe_layer_s=0.0), shipped.replace(moe_layer_s=2 * shipped.moe_layer_s)):
+        bad = regressions(errors(setup, worse), read_table(DATA / TABLE))
+        assert any(line.startswith("MoE mix closed 1 bf16: tokens/s") for line in bad), bad
+        assert all(line.startswith("MoE ") for line in bad), bad
+
+
 def test_campaign_rows_read_every_campaign_file_and_folder_in_order(tmp_path):
     for rel, trial in (("measurements.jsonl", "c1"), ("campaign2.jsonl", "c2"),
                        ("campaign3/measurements.jsonl", "c3"), ("replicate.jsonl", "again")):
@@ -85,18 +96,18 @@ def loso(key):
 
 def test_leave_one_shape_out_p95_ttft_within_15_percent():
     mean, _ = loso("ttft_p95_loso")
-    assert mean <= 15.0   # achieved 11.9 % over 83 points
+    assert mean <= 15.0   # achieved 12.1 % over 83 points
 
 
-@pytest.mark.xfail(strict=True, reason="leave-one-shape-out tokens/s MAPE 5.7 % measured against the 5 % target: "
-                   "MoE mix 1 user 53 %, 7B eager 1 user 28 % and 17-64 users 26 %, see README")
+@pytest.mark.xfail(strict=True, reason="leave-one-shape-out tokens/s MAPE 5.1 % measured against the 5 % target: "
+                   "7B eager 1 user 28 % and 17-64 users 26 % (four starts of one probe 11-23 ms), see README")
 def test_leave_one_shape_out_tokens_per_s_within_5_percent():
     mean, _ = loso("tokens_per_s_loso")
     assert mean <= 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="7 groups past 8 % leave-one-shape-out tokens/s, worst MoE mix 1 user "
-                   "53 % (TPOT 4.09 ms against 2.66 ms), see README")
+@pytest.mark.xfail(strict=True, reason="5 groups past 8 % leave-one-shape-out tokens/s, worst 7B eager 1 user "
+                   "28 % (the host's kernel launches differ by start), see README")
 def test_leave_one_shape_out_tokens_per_s_within_8_percent_in_every_group():
     _, groups = loso("tokens_per_s_loso")
     assert not [g.group for g in groups if g.tokens_per_s_loso > 8.0]

@@ -179,9 +179,32 @@ def test_moe_expert_flops_run_at_their_own_efficiency() -> None:
     assert slow.matmul_time(t, 1) == pytest.approx(dense + slow.s_expert_flops * rows, rel=1e-9)
 
 
+def test_an_moe_layer_costs_its_fixed_time_and_the_experts_stream_at_their_own_efficiency() -> None:
+    # 10 MoE layers x 30 us = 0.3 ms on every step; the experts' bytes at 0.8 of the 1e12 B/s
+    # peak instead of the dense 0.5: one token reads 0.4e9 B dense at 5e11 (0.8 ms) and
+    # 0.4e9 B of experts at 8e11 (0.5 ms): 1.3 ms + 0.3 ms + the 1 ms fixed step overhead
+    cal = CAL.replace(moe_layer_s=30e-6, moe_hbm_efficiency=0.8)
+    moe = StepTimer(plan(model=MoE()), cal)
+    assert moe.step(1, 1, True, 0, 0) == pytest.approx(0.0008 + 0.0005 + 0.0003 + 0.001, rel=1e-9)
+    # 64 tokens read every expert: 1.6e9 B at 8e11 = 2 ms, under the experts' FLOPs now (their
+    # padded rows at 1.2e-5 s a row, 3.07 ms), which bind; plus the same 0.3 ms
+    dense_part = max(0.0008, 2 * (1e9 - 8e6 - 6e8) * 64 / 5e13 + 2 * 8e6 * 64 / 5e13)
+    flops = moe.s_expert_flops * moe.expert_rows(64)
+    assert moe.s_experts == pytest.approx(0.002, rel=1e-12) and flops > 0.003
+    assert moe.matmul_time(64, 64) == pytest.approx(dense_part + flops + 0.0003, rel=1e-6)
+    # the fixed time is the same at every batch, so it weighs most where the experts' bytes are
+    # fewest (one user: a fifth of the step here), and a dense model pays none of it
+    base = StepTimer(plan(model=MoE()), CAL.replace(moe_hbm_efficiency=0.8))
+    assert [moe.step(n, n, True, 0, 0) - base.step(n, n, True, 0, 0) for n in (1, 4, 64)] == \
+        pytest.approx([0.0003] * 3, rel=1e-9)
+    assert StepTimer(plan(), cal).step(4, 4, True, 0, 0) == StepTimer(plan(), CAL).step(4, 4, True, 0, 0)
+    # unset, the experts stream at hbm_efficiency, as before
+    assert StepTimer(plan(model=MoE()), CAL).s_experts == pytest.approx(1.6e9 / 5e11, rel=1e-12)
+
+
 def test_decode_run_equals_repeated_steps() -> None:
     for model in (Model(), MoE()):
-        t = StepTimer(plan(model=model), CAL)
+        t = StepTimer(plan(model=model), CAL.replace(moe_layer_s=20e-6, moe_hbm_efficiency=0.7))
         n, ctx0, k = 37, 37 * 500, 200
         run = t.decode_run(n, ctx0, k)
         one_by_one = [t.step(n, n, True, ctx0 + n * (s + 1), ctx0 + n * (s + 1)) for s in range(k)]

@@ -81,11 +81,24 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
         dep = _dep_with(deployment, str(prof))
         calib, step_info = fit_step_time([p for p in loads if in_fit(p)], dep, base, noise=noise,
                                          starts=starts, max_nfev=max_nfev, log=log, start=start)
-        table = []
-        for pt, row in zip(loads, compare_loads(loads, dep, calib)):
-            row["set"] = "fit" if in_fit(pt) else "check"
-            table.append(row)
-        kv_table = compare_startups(started, dep)
+        table, kv_table, errors = _report(loads, started, in_fit, fit_set, dep, calib)
+    return FitResult(calibration=calib.replace(calibrated=True), memory=memory, fit_trials=tuple(fit_trials),
+                     check_trials=check, table=table, kv_table=kv_table, errors=errors,
+                     info={"memory": mem_info, "step_time": step_info,
+                           **({"fit_points": list(fit_points)} if fit_points is not None else {}),
+                           **({"excluded": list(exclude)} if exclude else {})})
+
+
+
+def _report(loads: Sequence[Any], started: Sequence[Any], in_fit: Any, fit_set: set[str], dep: Deployment,
+            calib: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """Every load point and start compared with the simulator under ``calib``, each marked
+    ``fit`` or ``check``, and the errors of each set (the profile's ``fit.errors``)."""
+    table = []
+    for pt, row in zip(loads, compare_loads(loads, dep, calib)):
+        row["set"] = "fit" if in_fit(pt) else "check"
+        table.append(row)
+    kv_table = compare_startups(started, dep)
     for row in kv_table:
         row["set"] = "fit" if row["trial"] in fit_set else "check"
     errors = {name: summarize([r for r in table if r["set"] == name]) for name in ("fit", "check")
@@ -98,12 +111,36 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
                     "starts": float(len(kv_err)),
                     "refusals_matched": float(sum(1 for r in kv_table if not r["measured_ok"] and not r["predicted_ok"])),
                     "refusal_max_model_len_error_pct": max(refusal_err) if refusal_err else math.nan}
-    return FitResult(calibration=calib.replace(calibrated=True), memory=memory, fit_trials=tuple(fit_trials),
-                     check_trials=check, table=table, kv_table=kv_table, errors=errors,
-                     info={"memory": mem_info, "step_time": step_info,
-                           **({"fit_points": list(fit_points)} if fit_points is not None else {}),
-                           **({"excluded": list(exclude)} if exclude else {})})
+    return table, kv_table, errors
 
+
+def rewrite_report(folder: str | Path, rows: Sequence[dict[str, Any]], deployment: Deployment, *, why: str) -> dict[str, Any]:
+    """Recompute the ``fit.errors`` of the profile in ``folder`` for its constants as they
+    stand and write them back, the constants untouched: after a constant was set from other
+    measurements (``why`` says which, kept as ``fit.report``) rather than refitted with the
+    rest. The same points are fit and check as in the fit the profile records. Returns the errors."""
+    import yaml
+
+    from tuner.core.files import write_atomic
+    from tuner.sim.calibration import load_calibration
+    from tuner.sim.hardware import get_gpu
+
+    path = Path(folder) / "profile.yaml"
+    doc = yaml.safe_load(path.read_text())
+    record = doc.get("fit") or {}
+    dropped = set(record.get("excluded") or [])
+    chosen = set(record.get("fit_points") or record.get("fit_trials") or [])
+    loads = [p for p in load_points(rows) if point_name(p) not in dropped]
+    fit_set = {p.trial for p in loads if p.trial in chosen or point_name(p) in chosen} | {t for t in chosen if ":" not in t}
+    dep = _dep_with(deployment, str(path))
+    calib = load_calibration(get_gpu(deployment.gpu), str(path))
+    _, _, errors = _report(loads, startups(rows), lambda p: p.trial in chosen or point_name(p) in chosen, fit_set,
+                           dep, calib)
+    clean = {k: {m: (None if isinstance(v, float) and math.isnan(v) else round(v, 4)) for m, v in e.items()}
+             for k, e in errors.items()}
+    doc["fit"] = {**record, "errors": clean, "report": why}
+    write_atomic(path, yaml.safe_dump(doc, sort_keys=False, width=110))
+    return errors
 
 
 def _dep_with(deployment: Deployment, calibration: str | None) -> Deployment:
@@ -133,7 +170,9 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, Any], *, match: dict[s
     doc: dict[str, Any] = {"gpu_class": calib.gpu_class, "calibrated": True}
     for name in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
                  "request_latency_s", "frontend_per_token_s", "frontend_per_request_s", "moe_flops_efficiency",
-                 "allreduce_latency_s", "link_efficiency"):
+                 "moe_layer_s", "moe_hbm_efficiency", "allreduce_latency_s", "link_efficiency"):
+        if getattr(calib, name) is None:  # moe_hbm_efficiency unset: hbm_efficiency's
+            continue
         doc[name] = {"value": _round(getattr(calib, name)), **interval(name),
                      "source": src.get(name, calib.sources.get(name, ""))}
     launch: dict[str, Any] = {"value": {k: _round(v) for k, v in calib.launch_per_layer_s.items()}}

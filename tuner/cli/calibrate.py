@@ -62,6 +62,10 @@ def calibrate(
     trials: str | None = typer.Option(None, "--trials", help="Comma-separated subset of the design "
                                       "(base, eager, refuse, seqs64, kvlimited, seqs16, mbt1024, eager128, mml8k, bs32)."),
     fit_only: bool = typer.Option(False, "--fit-only", help="Measure nothing; fit what --out already holds."),
+    report_only: str | None = typer.Option(None, "--report-only", metavar="WHY", help="Measure and fit nothing: "
+                                           "recompute the profile's errors for its constants as they stand (after a "
+                                           "constant was set from other measurements, WHY says which) and write them "
+                                           "into --out's profile.yaml."),
     fit_trials: str | None = typer.Option(None, "--fit-trials", help="Trials the fit sees (default: the first "
                                           "half of those with loads); the others are held back and checked."),
     fit_points: Path | None = typer.Option(None, "--fit-points", help="File of the load points (or whole trials) the "
@@ -120,6 +124,19 @@ def calibrate(
         if unknown:
             raise InputError(f"unknown trial(s) {', '.join(unknown)}", hint=f"known: {', '.join(t.name for t in design)}")
         design = [t for t in design if t.name in keep]
+    if report_only is not None:
+        from tuner.calibrate.profile import rewrite_report
+
+        if not (folder / "profile.yaml").is_file():
+            raise InputError(f"no profile to report on: {folder / 'profile.yaml'}", hint="fit one first (--fit-only)")
+        errors = rewrite_report(folder, campaign_rows(folder), dep, why=report_only)
+        for name in ("fit", "check"):
+            if name in errors:
+                e = errors[name]
+                console.print(f"{name}: tokens/s MAPE {e['output_tokens_per_s_mape']:.1f} %, P95 TTFT "
+                              f"{e['ttft_p95_s_mape']:.1f} %, TPOT {e['tpot_mean_s_mape']:.1f} %")
+        console.print(f"profile: {folder / 'profile.yaml'} (constants untouched)")
+        return
     if not fit_only:
         if backend == "sim":
             from tuner.backends.sim import SimBackend

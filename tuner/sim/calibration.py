@@ -31,9 +31,9 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "calibration"
 #: capture size); ``eager``: ``--enforce-eager`` (no compile, no graphs).
 LAUNCH_MODES = ("graph", "piecewise", "compiled", "eager")
 
-_EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency", "moe_flops_efficiency")
+_EFFICIENCIES = ("hbm_efficiency", "flops_efficiency", "link_efficiency", "moe_flops_efficiency", "moe_hbm_efficiency")
 _SECONDS = ("step_overhead_s", "per_seq_overhead_s", "allreduce_latency_s", "request_latency_s",
-            "frontend_per_token_s", "frontend_per_request_s")
+            "frontend_per_token_s", "frontend_per_request_s", "moe_layer_s")
 #: Upper bound of every per-step or per-request cost, seconds: real ones are micro- to
 #: milliseconds, so seconds mean a unit slip (ms written as s) or a failed fit.
 MAX_COST_S = 10.0
@@ -56,6 +56,8 @@ def _problem(name: str, value: Any) -> str | None:
             if not is_number(seconds) or not 0 <= seconds <= MAX_COST_S:
                 return f"launch_per_layer_s.{mode} must be in 0-{MAX_COST_S:g} s, got {shown(seconds)}"
         return None
+    if name == "moe_hbm_efficiency" and value is None:
+        return None  # the routed experts stream at hbm_efficiency
     if name in _EFFICIENCIES:
         if not is_number(value) or not 0.0 < value <= 1.0:
             return f"calibration {name} must be in (0, 1], got {shown(value)}"
@@ -89,6 +91,15 @@ class Calibration:
     # Routed-expert GEMMs of an MoE layer (grouped, few tokens per expert) reach this share
     # of what the dense GEMMs reach (flops_efficiency); 1.0: the same.
     moe_flops_efficiency: float = 1.0
+    # An MoE layer's fixed GPU time per step, seconds: the small kernels the bytes and FLOPs
+    # do not account for (router GEMM, top-k softmax, the fused-MoE kernels' latency at a few
+    # hundred programs, the sum of the k experts' outputs). A dense layer's are folded into
+    # hbm_efficiency; an MoE layer's cannot be, since the expert bytes a step reads vary
+    # sixteen-fold with the batch (0: not modelled).
+    moe_layer_s: float = 0.0
+    # The share of HBM peak the routed experts' weights stream at, once moe_layer_s carries
+    # the MoE layers' fixed costs (None: hbm_efficiency, which folds a dense layer's).
+    moe_hbm_efficiency: float | None = None
     sources: dict[str, str] = field(default_factory=dict)
     path: str = ""
 

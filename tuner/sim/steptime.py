@@ -22,10 +22,14 @@ flops_efficiency``):
   vLLM's fused MoE kernel sorts the ``T × k`` token-expert pairs by expert and pads each
   expert's share to a multiple of its tile height BLOCK_SIZE_M (``moe_align_block_size``), so
   the expert GEMMs compute the padded rows, at ``flops_efficiency × moe_flops_efficiency``:
-  twice the real rows around a thousand tokens, nearly none extra at eight thousand. Not
-  modelled: what the fused-MoE path costs per token-expert pair at a few tokens (its
-  small-batch grid, one 16-row tile a pair): campaign 5 of ``benchmarks/h200`` measured ~1.4 ms
-  a step missing at 1-4 users, fading to none by 32;
+  twice the real rows around a thousand tokens, nearly none extra at eight thousand. Each
+  MoE layer also costs a fixed ``moe_layer_s`` a step (its small kernels: router GEMM, top-k
+  softmax, the fused-MoE kernels' latency at a few hundred programs, the sum of the k
+  outputs), and the expert weights stream at their own ``moe_hbm_efficiency``: a dense
+  layer's fixed costs are folded into ``hbm_efficiency`` (the dense weights are read whole
+  every step), an MoE layer's cannot be (the expert bytes a step reads grow sixteen-fold
+  from one user to all experts). Campaign 5 of ``benchmarks/h200`` (an H100, two starts,
+  decode at 1-32 users) determines both: 35 us a layer, 0.89 of peak;
 * launch = CPU time to launch the step's kernels: layers × a per-layer cost that depends
   on the mode (full CUDA graph for decode-only batches up to the capture size, piecewise
   graphs for mixed batches within it, compiled code above it, eager with
@@ -107,7 +111,11 @@ class StepTimer:
         step = getattr(plan, "step_weight_bytes", None)
         weights = plan.weight_bytes if step is None else step
         self.s_weights = (weights - expert_bytes - lookup) / bw   # read by every step
-        self.s_experts = expert_bytes / bw                                  # read in the share the step touches
+        # read in the share the step touches, at the experts' own streaming efficiency
+        moe_bw = gpu.hbm_bandwidth * (calib.moe_hbm_efficiency or calib.hbm_efficiency)
+        self.s_experts = expert_bytes / moe_bw
+        # the MoE layers' fixed kernel time, every step
+        self.moe_fixed = model.num_layers * calib.moe_layer_s if model.is_moe else 0.0
         self.moe_keep = 1.0 - model.num_experts_per_tok / model.num_experts if model.is_moe else 1.0
         self.s_kv_token = model.kv_bytes_per_token(tp, plan.kv_cache_dtype_bytes) / bw
         expert_active = model.active_expert_params()
@@ -160,7 +168,7 @@ class StepTimer:
         t = max(self.s_weights, self.s_token_flops * num_tokens + self.s_seq_flops * num_seqs)
         if self.s_experts:
             read = self.s_experts * (1.0 - self.moe_keep ** num_tokens)
-            t += max(read, self.s_expert_flops * self.expert_rows(num_tokens))
+            t += max(read, self.s_expert_flops * self.expert_rows(num_tokens)) + self.moe_fixed
         return t
 
     def step(self, num_tokens: int, num_seqs: int, decode_only: bool,
