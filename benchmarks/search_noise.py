@@ -357,7 +357,9 @@ def spread(name: str, n: int, jobs: int) -> None:
     start strays (sd), and how many starts each it takes to tell it from the best of them at
     2 standard errors. Where that exceeds the race's repeats, no decision rule can rank the
     two on repeats alone."""
-    table = crossing_table(BY_NAME[name], jobs)
+    located = truth_table(BY_NAME[name], jobs)
+    near = sorted((k for k, r in located.items() if r["feasible"]), key=lambda k: -located[k]["value"])
+    table = crossing_table(BY_NAME[name], jobs, near[:3 * SPREAD_TOP])  # a crossing for each near the top
     opt = max(r["value"] for r in table.values() if r["feasible"])
     seen, keys = set(), []
     for key in sorted((k for k, r in table.items() if r["feasible"]), key=lambda k: -table[k]["value"]):
