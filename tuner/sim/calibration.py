@@ -181,7 +181,7 @@ def _read_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
                              hint="see tuner/data/calibration/hopper.yaml for the layout")
         if key == "launch_per_layer_s":
             value = {k: float(v) for k, v in value.items()}
-        values[key] = float(value) if key in _EFFICIENCIES + _SECONDS else value
+        values[key] = float(value) if key in _EFFICIENCIES + _SECONDS and value is not None else value
     return values, sources
 
 
