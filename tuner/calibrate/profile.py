@@ -89,7 +89,6 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
                            **({"excluded": list(exclude)} if exclude else {})})
 
 
-
 def _report(loads: Sequence[Any], started: Sequence[Any], in_fit: Any, fit_set: set[str], dep: Deployment,
             calib: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, float]]]:
     """Every load point and start compared with the simulator under ``calib``, each marked
@@ -131,16 +130,19 @@ def rewrite_report(folder: str | Path, rows: Sequence[dict[str, Any]], deploymen
     dropped = set(record.get("excluded") or [])
     chosen = set(record.get("fit_points") or record.get("fit_trials") or [])
     loads = [p for p in load_points(rows) if point_name(p) not in dropped]
-    fit_set = {p.trial for p in loads if p.trial in chosen or point_name(p) in chosen} | {t for t in chosen if ":" not in t}
     dep = _dep_with(deployment, str(path))
     calib = load_calibration(get_gpu(deployment.gpu), str(path))
-    _, _, errors = _report(loads, startups(rows), lambda p: p.trial in chosen or point_name(p) in chosen, fit_set,
-                           dep, calib)
-    clean = {k: {m: (None if isinstance(v, float) and math.isnan(v) else round(v, 4)) for m, v in e.items()}
-             for k, e in errors.items()}
-    doc["fit"] = {**record, "errors": clean, "report": why}
+    _, _, errors = _report(loads, startups(rows), lambda p: p.trial in chosen or point_name(p) in chosen,
+                           set(record.get("fit_trials") or []), dep, calib)
+    doc["fit"] = {**record, "errors": _errors_doc(errors), "report": why}
     write_atomic(path, yaml.safe_dump(doc, sort_keys=False, width=110))
     return errors
+
+
+def _errors_doc(errors: dict[str, dict[str, float]]) -> dict[str, dict[str, Any]]:
+    """``fit.errors`` as the profile YAML holds them: floats to 4 decimals, NaN as null."""
+    return {name: {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4) if isinstance(v, float) else v)
+                   for k, v in e.items()} for name, e in errors.items()}
 
 
 def _dep_with(deployment: Deployment, calibration: str | None) -> Deployment:
@@ -211,8 +213,6 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
     sources = {k: fitted for k in ("hbm_efficiency", "flops_efficiency", "step_overhead_s", "per_seq_overhead_s",
                                    "request_latency_s", "frontend_per_token_s", "frontend_per_request_s",
                                    "moe_flops_efficiency", "launch_per_layer_s")}
-    clean = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else round(v, 4) if isinstance(v, float) else v)  # noqa: E731
-                       for k, v in d.items()}
     how = {}
     if step:
         how = {"method": "maximum a posteriori least squares, run to convergence (tuner.calibrate.estimation.fit_map)",
@@ -225,7 +225,7 @@ def write_profile(result: FitResult, path: str | Path, *, gpu: str, vllm_version
                "evaluations": int(step.get("evaluations", 0))}
     chosen = {k: result.info[k] for k in ("fit_points", "excluded") if k in result.info}
     extra = {"fit": {"fit_trials": list(result.fit_trials), "check_trials": list(result.check_trials), **chosen, **how,
-                     "errors": {k: clean(v) for k, v in result.errors.items()},
+                     "errors": _errors_doc(result.errors),
                      **({"meta": meta} if meta else {})}}
     _write_yaml(p, result.calibration, result.memory, match={"gpu": gpu, "vllm_version": vllm_version},
                 extra=extra, sources=sources, estimates=step.get("estimates"))
