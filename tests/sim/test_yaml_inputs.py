@@ -2,9 +2,14 @@
 file and the line of the key at fault; a profile named explicitly reports every section."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import warnings
+
 import pytest
 
-from tuner.core.errors import InputError
+from tuner.core.errors import InputError, TunerWarning
 from tuner.sim.calibration import find_profile, load_calibration, memory_overrides
 from tuner.sim.hardware import get_gpu, load_catalog
 
@@ -66,8 +71,34 @@ def test_finding_profiles_passes_over_broken_ones(tmp_path, monkeypatch):
                        ("deep", b"match: " + b"[" * 500 + b"\n")]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "profile.yaml").write_bytes(data)
+    (tmp_path / "nomatch").mkdir()  # a profile without a match section is no profile for a GPU: not broken
+    (tmp_path / "nomatch" / "profile.yaml").write_text("memory: {weight_overhead_bytes: 1}\n")
     monkeypatch.setenv("TUNER_CALIBRATION_DIR", str(tmp_path))
-    assert find_profile("H200", "0.26.0").endswith("h200-vllm-0.26.0/profile.yaml")  # the shipped one
+    with pytest.warns(TunerWarning) as said:
+        assert find_profile("H200", "0.26.0").endswith("h200-vllm-0.26.0/profile.yaml")  # the shipped one
+    lines = sorted(str(w.message) for w in said)
+    # each broken one is said once, on one line, with its file (and line where YAML has one)
+    assert len(lines) == 4 and all("\n" not in m for m in lines)
+    assert [m.split(str(tmp_path) + "/")[1].split("/")[0] for m in lines] == ["deep", "junk", "list", "match"]
+    assert any("match/profile.yaml:1: match must be a mapping" in m for m in lines)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same files again: nothing said twice
+        assert find_profile("H200", "0.26.0").endswith("h200-vllm-0.26.0/profile.yaml")
+
+
+def test_a_broken_profile_is_one_warning_line_from_the_command(tmp_path):
+    """From the command line, the file passed over is one line (tuner: warning: ...),
+    and the command goes on with the shipped profile."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "profile.yaml").write_text("match:\n  gpu: 'H200\n  vllm_version: 0.26.0\n")
+    env = {**os.environ, "TUNER_CALIBRATION_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "tuner", "estimate", "--model", "qwen2.5-7b", "--gpu", "H200",
+                          "--vllm-version", "0.26.0"], capture_output=True, text=True, env=env, timeout=300)
+    warned = [ln for ln in out.stderr.splitlines() if "passing over" in ln]
+    assert out.returncode == 0, out.stderr
+    assert warned == [ln for ln in warned if ln.startswith(f"tuner: warning: passing over calibration profile "
+                                                          f"{tmp_path}/mine/profile.yaml:")]
+    assert len(warned) == 1 and "not valid YAML" in warned[0]
 
 
 @pytest.mark.parametrize(

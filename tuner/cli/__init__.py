@@ -11,7 +11,7 @@ import sys
 import typer
 
 from tuner.cli.app import app
-from tuner.core.errors import TunerError
+from tuner.core.errors import TunerError, TunerWarning
 
 def _register(argv: list[str] | None = None) -> None:
     """Each module adds its commands to `app` on import: the one ``argv`` names, else all."""
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     from tuner.runtime.interrupts import handle_signals, hold_signals
 
     argv = _debug_anywhere(list(sys.argv[1:] if argv is None else argv))
+    _one_line_warnings()
     _register(argv)
     code: int | str | None = 0
     with handle_signals() as caught:
@@ -67,6 +68,25 @@ def main(argv: list[str] | None = None) -> None:
         print(f"tuner: {_interrupted_line(caught.interrupt)}", file=sys.stderr)
         code = getattr(caught.interrupt, "exit_code", 130)
     sys.exit(code)
+
+
+def _one_line_warnings() -> None:
+    """A :class:`TunerWarning` prints as one line, ``tuner: warning: ...``, not as Python's
+    two lines with our source file; other warnings keep Python's form."""
+    import warnings
+
+    shown = warnings.showwarning
+    if getattr(shown, "tuner", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, TunerWarning):
+            print(f"tuner: warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.tuner = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 def _usage_error(err: typer.TyperException) -> int:

@@ -15,6 +15,11 @@ class TunerError(Exception):
     exit_code = 1
 
 
+class TunerWarning(UserWarning):
+    """Something the run went on without, said once on one line (``tuner: warning: ...``):
+    a file it passed over, with its ``file:line``."""
+
+
 class InputError(TunerError):
     """Bad input: a malformed trace row, a bad search space, an unknown flag value.
 

@@ -10,12 +10,13 @@ profile (``Deployment.calibration`` or ``path=``) is a YAML file with the same k
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.errors import InputError
+from tuner.core.errors import InputError, TunerWarning
 from tuner.core.values import is_number, shown
 from tuner.core.versions import same_version
 
@@ -350,11 +351,30 @@ def find_profile(gpu_name: str, vllm_version: str) -> str | None:
             continue
         for file in sorted(d.glob(f"*/{PROFILE_FILE}")):
             match = profile_section(file, "match")
+            if not match:
+                _warn_unreadable(file)
             gpu, version = match.get("gpu"), match.get("vllm_version")
             if (isinstance(gpu, str) and isinstance(version, str) and _gpu_key(gpu) == want_gpu
                     and same_version(str(version), str(vllm_version))):
                 return str(file)
     return None
+
+
+def _warn_unreadable(file: Path) -> None:
+    """A profile passed over because it does not parse is said once per file version (a
+    broken file in the calibration folder must not break runs, nor go unnoticed)."""
+    try:
+        _unreadable_once(str(file), file.stat().st_mtime)
+    except OSError:
+        pass
+
+
+@lru_cache(maxsize=64)
+def _unreadable_once(path: str, mtime: float) -> None:
+    try:
+        _profile_section(path, mtime, "match", True)
+    except InputError as err:
+        warnings.warn(f"passing over calibration profile {err}", TunerWarning, stacklevel=4)
 
 
 def memory_overrides(gpu_name: str, vllm_version: str, path: str | None = None) -> dict[str, Any]:
