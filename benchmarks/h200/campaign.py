@@ -238,7 +238,38 @@ def plan5() -> list[Trial]:
     ]
 
 
-PLANS = {"2": plan, "3": plan3, "4": plan4, "5": plan5}
+def plan6() -> list[Trial]:
+    """Campaign 6 (issue 30): the starts campaign 4 could not measure (its stream check stopped
+    the 256-user decode probe; 2f5f142 fixed the check), for the groups leave-one-shape-out
+    puts past 8 %: the 7B decode-heavy probe at 256 users (two starts gave 14,315 and 19,282
+    tokens/s: is one of them the outlier, or do starts spread that wide?), measured twice on
+    each of two fresh starts (within a start against between starts); and the 7B eager probes
+    at 1 and 32 users (four starts gave TPOT 11.1-22.7 ms) on two more starts. Interleaved so
+    that a call cut short still has one start of each."""
+    q7 = ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768)
+    eager = ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096, enforce_eager=True)
+    eager128 = eager.replace(gpu_memory_utilization=0.7, max_num_seqs=128, max_num_batched_tokens=512)
+
+    def decode(name: str) -> Trial:
+        return Trial(name, q7, model=MODELS["q7"], start_s=110, purpose="decode-heavy at 256 users, twice on one start",
+                     probes=(Probe(ref_of("uniform", 128, seed=82), c(32), 8),   # the graph twin of the eager 32-user probe
+                             Probe(ref_of("decode", 384, seed=17), c(256), 20),   # campaign 2's probe
+                             Probe(ref_of("decode", 320, seed=18), c(256), 18)))  # again on this start, other requests
+
+    def eager_probes(seed: int) -> tuple[Probe, ...]:
+        return (Probe(ref_of("uniform", 5, seed=seed), c(1), 12), Probe(ref_of("uniform", 128, seed=seed + 1), c(32), 14))
+
+    return [
+        decode("q7-decode-r"),
+        Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a fifth start", probes=eager_probes(81)),
+        decode("q7-decode-r2"),
+        Trial("eager128-r", eager128, model=MODELS["q7"], start_s=70, purpose="eager at 128 seqs / 512 tokens, again",
+              probes=eager_probes(81)),
+        Trial("eager-r3", eager, model=MODELS["q7"], start_s=70, purpose="eager, a sixth start", probes=eager_probes(81)),
+    ]
+
+
+PLANS = {"2": plan, "3": plan3, "4": plan4, "5": plan5, "6": plan6}
 
 
 def estimate(trials: list[Trial]) -> float:
@@ -331,7 +362,8 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
     def deployment_for(trial: Trial) -> Deployment:
         return Deployment(model=str(models[trial.model]), gpu=gpu, vllm_version=VLLM_VERSION)
 
-    first = {"moe-warm": 4, "moe-small": 5, "q7-small": 5, "moe-small-again": 5}
+    first = {"moe-warm": 4, "moe-small": 5, "q7-small": 5, "moe-small-again": 5, "q7-decode-r": 6, "eager-r2": 6,
+             "q7-decode-r2": 6, "eager128-r": 6, "eager-r3": 6}
     meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
