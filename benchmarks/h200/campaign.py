@@ -328,6 +328,16 @@ def make_models(root: Path, kit: Path, presets: set[str]) -> dict[str, Path]:
     return out
 
 
+def _cpu_model() -> str:
+    """The host CPU (eager-mode and streaming costs are the host's: a start on another host
+    is told apart by it)."""
+    try:
+        return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
 def vllm_command() -> str:
     exe = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
     return f"{exe} serve" if Path(exe).exists() else f"{sys.executable} -m vllm.entrypoints.cli.main serve"
@@ -366,6 +376,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
              "q7-decode-r2": 6, "eager128-r": 6, "eager-r3": 6}
     meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
+            "cpu": _cpu_model(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
             "design": [{"name": t.name, "model": t.model, "config": t.config.to_dict(), "purpose": t.purpose,
                         "probes": [p.label for p in t.probes]} for t in trials]}

@@ -201,7 +201,7 @@ def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Ca
 
     work = build(probe.workload)
     load = load_from(probe.load)
-    t_run = time.monotonic()
+    t_run, cpu_run = time.monotonic(), time.process_time()
     try:
         res = instance.run(work, load, stop=stop)
     except BackendError as err:
@@ -214,7 +214,10 @@ def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Ca
         "kind": "load", "trial": trial.name, "config": trial.config.to_dict(), "model": trial.model,
         "workload": probe.workload, "load": probe.load, "requests": len(work), "ok": True,
         "stopped_early": res.stopped_early, "wall_s": time.monotonic() - t_run, "summary": summ,
-        "server": res.server, "send_s": res.send_s, "ttft_s": res.ttft_s, "e2e_s": res.e2e_s, "error": res.error}
+        "server": res.server, "send_s": res.send_s, "ttft_s": res.ttft_s, "e2e_s": res.e2e_s, "error": res.error,
+        # the host as the replay left it: a start whose host was busier (other tenants' load,
+        # the replayer's own CPU time) is told apart from one whose engine was slower
+        "host": {"loadavg_1m": os.getloadavg()[0], "client_cpu_s": time.process_time() - cpu_run}}
     if probe.workload.get("kind") != "trace":  # a trace's lengths stay in the trace
         row.update(prompt_tokens=res.prompt_tokens, output_tokens=res.output_tokens)
     emit(row)
