@@ -244,16 +244,19 @@ def plan6() -> list[Trial]:
     puts past 8 %: the 7B decode-heavy probe at 256 users (two starts gave 14,315 and 19,282
     tokens/s: is one of them the outlier, or do starts spread that wide?), measured twice on
     each of two fresh starts (within a start against between starts); and the 7B eager probes
-    at 1 and 32 users (four starts gave TPOT 11.1-22.7 ms) on two more starts. Interleaved so
-    that a call cut short still has one start of each."""
+    at 1 and 32 users (four starts gave TPOT 11.1-22.7 ms) on three more starts; and the decode
+    probes with ``--api-server-count 4``: the simulator says one API server's per-token work caps
+    the 256-user decode (what a host's CPU does to it would then be the starts' spread).
+    Interleaved so that a call cut short still has one start of each."""
     q7 = ServeConfig(gpu_memory_utilization=0.9, max_model_len=32768)
     eager = ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096, enforce_eager=True)
     eager128 = eager.replace(gpu_memory_utilization=0.7, max_num_seqs=128, max_num_batched_tokens=512)
 
-    def decode(name: str) -> Trial:
-        return Trial(name, q7, model=MODELS["q7"], start_s=110, purpose="decode-heavy at 256 users, twice on one start",
+    def decode(name: str, config: ServeConfig = q7, purpose: str = "decode-heavy at 256 users, twice on one start") -> Trial:
+        return Trial(name, config, model=MODELS["q7"], start_s=110, purpose=purpose,
                      probes=(Probe(ref_of("uniform", 128, seed=82), c(32), 8),   # the graph twin of the eager 32-user probe
                              Probe(ref_of("decode", 384, seed=17), c(256), 20),   # campaign 2's probe
+                             Probe(ref_of("mix", 512, seed=13), c(256), 17),      # campaign 2's mix at 256 users
                              Probe(ref_of("decode", 320, seed=18), c(256), 18)))  # again on this start, other requests
 
     def eager_probes(seed: int) -> tuple[Probe, ...]:
@@ -261,6 +264,9 @@ def plan6() -> list[Trial]:
 
     return [
         decode("q7-decode-r"),
+        # the simulator puts 256 decode-heavy users on one API server at its per-token cost (72 us a token,
+        # fitted): four processes share that work; the same probes on the same host say whether it is so
+        decode("q7-api4", q7.replace(api_server_count=4), "the same probes with --api-server-count 4"),
         Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a fifth start", probes=eager_probes(81)),
         decode("q7-decode-r2"),
         Trial("eager128-r", eager128, model=MODELS["q7"], start_s=70, purpose="eager at 128 seqs / 512 tokens, again",
@@ -373,7 +379,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
         return Deployment(model=str(models[trial.model]), gpu=gpu, vllm_version=VLLM_VERSION)
 
     first = {"moe-warm": 4, "moe-small": 5, "q7-small": 5, "moe-small-again": 5, "q7-decode-r": 6, "eager-r2": 6,
-             "q7-decode-r2": 6, "eager128-r": 6, "eager-r3": 6}
+             "q7-decode-r2": 6, "eager128-r": 6, "eager-r3": 6, "q7-api4": 6}
     meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "cpu": _cpu_model(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),

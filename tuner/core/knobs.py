@@ -30,6 +30,8 @@ MAX_TOKENS = 10_000_000
 MAX_NUM_SEQS = 65_536
 #: block_size in tokens: vLLM's --block-size choices stop at a few hundred.
 MAX_BLOCK_SIZE = 1024
+#: api_server_count: one process (and a CPU core) each; no host has more cores than this.
+MAX_API_SERVERS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,14 @@ KNOBS: tuple[Knob, ...] = (
          "auto (the model's dtype) or fp8 (half the KV bytes, twice the blocks; changes model outputs slightly), "
          "e.g. --kv-cache-dtype fp8.",
          sim="tuner.sim.memory.planner:plan_memory", unset="auto", choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    # vLLM PR #17546 (May 2025, vLLM 0.9.0): "a new --api-server-count arg to vllm serve can be used to
+    # specify an arbitrary number of API servers to run"; RFC #12705: "the API server runs in a single
+    # process, utilizing a single CPU"
+    Knob("api_server_count", int, "api-server-count",
+         "API server processes in front of the engine, e.g. 4 (vLLM's default 1): each takes in and streams its "
+         "share of the requests (detokenise, frame, send), so a few lift the cap one process puts on tokens/s "
+         "at high concurrency; each needs a free CPU core.",
+         sim="tuner.sim.scheduler.frontend:FrontEnd", high=MAX_API_SERVERS, since="0.9.0"),
 )
 
 #: Each knob by its name.

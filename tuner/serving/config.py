@@ -59,6 +59,7 @@ class ServeConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
+    api_server_count: int | None = None
     tensor_parallel_size: int = 1
     replicas: int = 1
 

@@ -45,6 +45,7 @@ class MemoryPlan:
     vllm_version: str = ""
     replicas: int = 1
     long_prefill_token_threshold: int = 0  # vLLM's scheduler cap on one request's prefill per step (0: none)
+    api_server_count: int = 1             # API server processes per replica (--api-server-count)
     attention_backend: str = ""
     engine: str = "V1"                    # "V0" for vLLM < 0.8, or < 0.10.2 below CC 8.0
     notes: tuple[str, ...] = ()           # warnings vLLM would log, and our approximations

@@ -224,6 +224,7 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
             dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
             replicas=replicas, long_prefill_token_threshold=int(config.long_prefill_token_threshold or 0),
+            api_server_count=int(config.api_server_count or 1),
             attention_backend=backend, engine="V1" if v1 else "V0",
             notes=tuple(notes), error=error, step_weight_bytes=step_weights,
         )
