@@ -157,3 +157,30 @@ def test_a_request_arriving_during_a_backlog_waits_for_it_twice() -> None:
     assert plain.queue_s[4] < 0.005 and 0.6 < plain.ttft_s[4] < 0.9
     assert taken.queue_s[4] == pytest.approx(plain.ttft_s[4], rel=0.05)    # it reached the engine after the backlog
     assert taken.ttft_s[4] > 2.5 * plain.ttft_s[4]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_api_servers_share_the_front_ends_work(fast: bool) -> None:
+    # the 4-user case above (a step's 4 tokens x 5 ms = 20 ms of front end, so a token every
+    # 20 ms per user): with 2 API server processes each streams half the tokens, a token every
+    # 10 ms; with 8 the engine's own ~5 ms step is the pace again, as without a front-end cost
+    def tpot(servers: int | None, cost: float = 0.005) -> float:
+        res = simulate(H200, H200_CFG.replace(api_server_count=servers), fixed(8, 200, 30), Concurrency(4),
+                       profile=_with_front_end(cost), fast=fast)
+        assert all(e is None for e in res.error)
+        return float(np.nanmedian(res.tpot_s))
+
+    assert tpot(None) == pytest.approx(0.020, rel=0.05) and tpot(1) == pytest.approx(tpot(None), rel=1e-9)
+    assert tpot(2) == pytest.approx(0.010, rel=0.05)
+    engine = tpot(None, 0.0)
+    assert engine < 0.006 and tpot(8) == pytest.approx(max(engine, 0.005 * 4 / 8), rel=0.1)
+
+
+def test_api_servers_take_requests_in_side_by_side() -> None:
+    # 8 users at once, 10 ms of intake each: one process lets the k-th in at (k+1) x 10 ms; four
+    # let them in four at a time (as one queue four times as fast: the k-th at (k+1) x 2.5 ms)
+    res = simulate(H200, H200_CFG.replace(api_server_count=4), fixed(8, 200, 5), Concurrency(8),
+                   profile=_front(0.0, 0.010))
+    q = np.sort(res.queue_s)
+    taken_in = 0.0025 * np.arange(1, 9)
+    assert np.all(q >= taken_in - 1e-9) and q[-1] < 0.010 * 8 / 2
