@@ -115,6 +115,21 @@ def test_fewer_sequences_then_cuda_graphs_break_a_tie_at_equal_memory():
     assert "CUDA graphs instead of eager" in decide([eager, graphs], noise).reason
 
 
+def test_fewer_api_servers_break_a_tie_last_and_a_real_gain_keeps_them():
+    # four API server processes that measure the same as one (a workload the front end never
+    # caps) cost three CPU cores for nothing; where they measured more, they stay
+    noise = NoiseFloor(0.01)
+    four = Candidate(1, {**cfg(seqs=64), "api_server_count": 4}, [1000.0, 1000.0])
+    one = Candidate(2, cfg(seqs=64), [999.0, 999.0])
+    conf = decide([four, one], noise)
+    assert conf.leader == 1 and conf.winner == 2 and "1 API server process(es) instead of 4" in conf.reason
+    # the headroom knobs come first: fewer max-num-seqs wins over fewer API servers
+    fewer_seqs = Candidate(3, {**cfg(seqs=32), "api_server_count": 4}, [998.0, 998.0])
+    assert decide([four, one, fewer_seqs], noise).winner == 3
+    faster = Candidate(4, {**cfg(seqs=64), "api_server_count": 4}, [1200.0, 1200.0])
+    assert decide([faster, one], noise).winner == 4
+
+
 def test_a_tie_that_differs_in_a_speed_knob_or_whose_cap_bound_is_not_traded_for_headroom():
     noise = NoiseFloor(0.01)
     lead = Candidate(7, {**cfg(gmu=0.95), "kv_cache_dtype": "fp8"}, [1000.0, 1004.0, 996.0])

@@ -107,17 +107,18 @@ class Candidate:
         return (min(self.values), max(self.values)) if self.values else (0.0, 0.0)
 
 
-def headroom_key(config: dict[str, Any]) -> tuple[float, float, int]:
+def headroom_key(config: dict[str, Any]) -> tuple[float, float, int, int]:
     """Sorts the configuration with the most headroom first: lower gpu-memory-utilization
     (memory left to other work and to fragmentation), fewer max-num-seqs (less preemption
-    risk on longer requests), CUDA graphs rather than eager."""
+    risk on longer requests), CUDA graphs rather than eager, fewer API server processes
+    (CPU cores left to the host)."""
     return (float(config.get("gpu_memory_utilization") or 1.0), float(config.get("max_num_seqs") or 1e9),
-            int(bool(config.get("enforce_eager"))))
+            int(bool(config.get("enforce_eager"))), int(config.get("api_server_count") or 1))
 
 
 #: The knobs :func:`headroom_key` weighs; a tie is traded for headroom only where nothing
 #: else differs.
-HEADROOM_KNOBS = ("gpu_memory_utilization", "max_num_seqs", "enforce_eager")
+HEADROOM_KNOBS = ("gpu_memory_utilization", "max_num_seqs", "enforce_eager", "api_server_count")
 
 
 def headroom_tie(c: Candidate, leader: Candidate) -> bool:
@@ -221,7 +222,10 @@ def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
         a, b = chosen.get(key), other.get(key)
         if a != b:
             return f"{label} {a} vs {b}"
-    return "CUDA graphs instead of eager"
+    if bool(chosen.get("enforce_eager")) != bool(other.get("enforce_eager")):
+        return "CUDA graphs instead of eager"
+    return (f"{chosen.get('api_server_count') or 1} API server process(es) instead of "
+            f"{other.get('api_server_count') or 1} (CPU cores left to the host)")
 
 
 def confirmation_rows(mean: float, count: int, band: Sequence[float], ties: Sequence[int],
