@@ -122,7 +122,7 @@ def test_fewer_api_servers_break_a_tie_last_and_a_real_gain_keeps_them():
     four = Candidate(1, {**cfg(seqs=64), "api_server_count": 4}, [1000.0, 1000.0])
     one = Candidate(2, cfg(seqs=64), [999.0, 999.0])
     conf = decide([four, one], noise)
-    assert conf.leader == 1 and conf.winner == 2 and "1 API server process(es) instead of 4" in conf.reason
+    assert conf.leader == 1 and conf.winner == 2 and "1 API server process instead of 4 (CPU cores left to the host)" in conf.reason
     # the headroom knobs come first: fewer max-num-seqs wins over fewer API servers
     fewer_seqs = Candidate(3, {**cfg(seqs=32), "api_server_count": 4}, [998.0, 998.0])
     assert decide([four, one, fewer_seqs], noise).winner == 3

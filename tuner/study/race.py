@@ -224,8 +224,8 @@ def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
             return f"{label} {a} vs {b}"
     if bool(chosen.get("enforce_eager")) != bool(other.get("enforce_eager")):
         return "CUDA graphs instead of eager"
-    return (f"{chosen.get('api_server_count') or 1} API server process(es) instead of "
-            f"{other.get('api_server_count') or 1} (CPU cores left to the host)")
+    a, b = int(chosen.get("api_server_count") or 1), int(other.get("api_server_count") or 1)
+    return f"{a} API server process{'es' * (a > 1)} instead of {b} (CPU cores left to the host)"
 
 
 def confirmation_rows(mean: float, count: int, band: Sequence[float], ties: Sequence[int],
