@@ -1,0 +1,41 @@
+"""``tuner estimate`` says when vLLM's API server, not the GPU, sets a load's pace, and what lifts it."""
+from __future__ import annotations
+
+import re
+
+from cli_runner import run_cli
+
+DECODE = ["estimate", "--gpu", "H200", "--vllm-version", "0.26.0", "--input-len", "128", "--output-len", "512",
+          "-n", "512"]
+
+
+def test_a_load_the_api_server_caps_gets_a_note_that_names_the_knob(capsys):
+    code, out, _ = run_cli([*DECODE, "-c", "8,256"], capsys)
+    notes = [ln for ln in out.splitlines() if "API server" in ln]
+    assert code == 0 and len(notes) == 1
+    # the H200 profile's 72 us a token: at most 13,9xx output tokens/s from one process; 8 users are far below
+    assert re.search(r"at concurrency 256 the API server streams [\d,]+ of the 13,[89]\d\d output tokens/s", notes[0])
+    assert "--api-server-count 4" in notes[0]
+    rows = {int(ln.split()[0]): ln.split() for ln in out.splitlines() if re.match(r"\s+\d+\s+\d+ms", ln)}
+    assert float(rows[256][-2]) >= 0.9 * 13_891 > float(rows[8][-2])
+
+
+def test_four_api_servers_lift_the_cap_and_the_note_goes(capsys):
+    code, one, _ = run_cli([*DECODE, "-c", "256", "--output", "json"], capsys)
+    code4, four, _ = run_cli([*DECODE, "-c", "256", "--api-server-count", "4"], capsys)
+    assert code == code4 == 0 and "API server" not in four
+    import json
+
+    before = json.loads(one)["load"][0]["output_tokens_per_s"]
+    after = float(next(ln for ln in four.splitlines() if re.match(r"\s+256\s", ln)).split()[-2])
+    assert after > 1.2 * before
+
+
+def test_a_vllm_line_without_the_flag_is_told_which_line_has_it(capsys):
+    code, out, _ = run_cli(["estimate", "--gpu", "H200", "--vllm-version", "0.8.5", "--input-len", "128",
+                            "--output-len", "512", "-n", "512", "-c", "256"], capsys)
+    notes = [ln for ln in out.splitlines() if "API server" in ln]
+    assert code == 0
+    # no fitted profile for 0.8.5: the class table's 60 us a token, and no flag to suggest
+    assert len(notes) == 1 and "16,667 output tokens/s it can (60 us a token" in notes[0]
+    assert "vLLM 0.9.0 and later can run more of them" in notes[0] and "--api-server-count 4" not in notes[0]
