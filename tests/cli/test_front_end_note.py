@@ -39,3 +39,29 @@ def test_a_vllm_line_without_the_flag_is_told_which_line_has_it(capsys):
     # no fitted profile for 0.8.5: the class table's 60 us a token, and no flag to suggest
     assert len(notes) == 1 and "16,667 output tokens/s it can (60 us a token" in notes[0]
     assert "vLLM 0.9.0 and later can run more of them" in notes[0] and "--api-server-count 4" not in notes[0]
+
+
+def _decode_heavy(folder) -> None:
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16T18:00:{i // 20:02d}.{(i % 20) * 50:03d},128,512" for i in range(1000)]
+    (folder / "decode.csv").write_text("\n".join(rows) + "\n")
+    (folder / "space.yaml").write_text("name: decode-heavy\ndeployment: {model: qwen2.5-7b, gpu: H200, gpus: 1}\n"
+                                       "workload: {target_ttft_s: 2s, requests: 1000}\n"
+                                       "parameters:\n  max_num_seqs: {choices: [256]}\nlayouts: [tp1x1]\n")
+
+
+def test_a_recommendation_the_api_server_caps_says_so_and_four_lift_it(tmp_path, capsys, monkeypatch):
+    import json
+
+    _decode_heavy(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["search", "--space", "space.yaml", "--trace", "decode.csv", "--budget", "1", "--sampler", "grid",
+            "--confirm", "0", "--output", "json"]
+    code, out, _ = run_cli(args, capsys)
+    best = json.loads(out)["best"]
+    assert code == 0 and best["front_end_note"].startswith(f"at {best['load']} the API server streams")
+    assert "--api-server-count 4" in best["front_end_note"]
+    code, out, _ = run_cli([*args, "--api-server-count", "4"], capsys)
+    four = json.loads(out)["best"]
+    assert code == 0 and four["front_end_note"] is None and "--api-server-count 4" in four["command"]
+    assert four["tokens_per_s"] > 1.2 * best["tokens_per_s"]

@@ -161,37 +161,21 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-#: The share of the API server's own tokens/s cap at which it, not the GPU, sets the pace.
-FRONT_END_BOUND = 0.9
+def front_end_notes(deployment: Deployment, config: ServeConfig, rows: list[dict[str, Any]]) -> list[str]:
+    """One note where loads' output tokens/s reach what the API server processes can stream
+    (:func:`tuner.search.recipe.front_end_note`, for the fastest of them)."""
+    from tuner.search.recipe import FRONT_END_BOUND, front_end_cap, front_end_note
 
-
-def front_end_notes(plan: MemoryPlan, deployment: Deployment, rows: list[dict[str, Any]]) -> list[str]:
-    """One note where a load's output tokens/s reach :data:`FRONT_END_BOUND` of what the API
-    server processes can stream (the profile's ``frontend_per_token_s`` each, per replica):
-    the front end caps that load, and ``--api-server-count`` shares it."""
-    from tuner.core.knobs import knob
-    from tuner.core.versions import parse_version
-    from tuner.sim.calibration import load_calibration
-
-    calib = load_calibration(plan.gpu, deployment.calibration, vllm_version=deployment.vllm_version)
-    per_token = float(getattr(calib, "frontend_per_token_s", 0.0) or 0.0)
-    if per_token <= 0 or not rows:
+    cap = front_end_cap(deployment, config) if rows else None
+    if cap is None:
         return []
-    servers = plan.api_server_count
-    cap = plan.replicas * servers / per_token
     key = "concurrency" if "concurrency" in rows[0] else "rate"
-    bound = [r for r in rows if r["output_tokens_per_s"] >= FRONT_END_BOUND * cap]
+    bound = [r for r in rows if r["output_tokens_per_s"] >= FRONT_END_BOUND * cap[2]]
     if not bound:
         return []
-    where = ", ".join(f"{r[key]:g}" for r in bound)
-    since = knob("api_server_count").since or "0"
-    more = (f"--api-server-count {servers * 4} shares it (a free CPU core each)"
-            if parse_version(deployment.vllm_version) >= parse_version(since)
-            else f"vLLM {since} and later can run more of them (--api-server-count)")
-    return [f"note: at {key} {where} the API server{'s' * (servers > 1)} stream{'s' * (servers == 1)} "
-            f"{max(r['output_tokens_per_s'] for r in bound):,.0f} of the {cap:,.0f} output tokens/s "
-            f"{'they' if servers > 1 else 'it'} can ({per_token * 1e6:.0f} us a token, {servers} a replica): "
-            f"the front end, not the GPU, sets the pace; {more}"]
+    where = f"at {key} " + ", ".join(f"{r[key]:g}" for r in bound)
+    note = front_end_note(deployment, config, max(r["output_tokens_per_s"] for r in bound), where)
+    return [f"note: {note}"] if note else []
 
 
 @app.command("estimate", short_help="vLLM's memory plan and a load table for one configuration.")
@@ -284,8 +268,7 @@ def estimate_cmd(
         if rows:
             typer.echo("")
             typer.echo("\n".join(render_loads(rows)))
-            if plan is not None:
-                for line in front_end_notes(plan, deployment, rows):
-                    typer.echo(line)
+            for line in front_end_notes(deployment, config, rows):
+                typer.echo(line)
     if error is not None:
         sys.exit(1)

@@ -43,7 +43,7 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     ``vllm bench serve``'s names (:func:`tuner.serving.result.bench_fields`: ``total_token_throughput``,
     ``p95_ttft_ms``, ``max_concurrency``, ...)."""
     from tuner.search import serve_command
-    from tuner.search.recipe import output_notes
+    from tuner.search.recipe import front_end_note, output_notes
     from tuner.serving.result import bench_fields
     from tuner.study import trial_config
 
@@ -57,6 +57,8 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
         "errors": dict(rec.errors or {}), "edge": None if rec.edge is None else rec.edge.to_dict(),
         "goodput_requests_per_s": rec.goodput_requests_per_s, "binding_slo": rec.binding_slo,
         "slos": slo_readings(rec), "output_notes": output_notes(deployment, config),
+        "front_end_note": front_end_note(deployment, config, rec.output_tokens_per_s,
+                                         f"at {rec.chosen_load}" if rec.chosen_load else "at its load"),
     }
 
 
@@ -139,7 +141,7 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     out.print(fit(tbl, out))
     if conf:
         out.print(f"recommendation: {conf['reason']}", markup=False, highlight=False)
-    for note in best.get("output_notes") or []:
+    for note in [*(best.get("output_notes") or []), *([best["front_end_note"]] if best.get("front_end_note") else [])]:
         out.print(f"note: {note}", markup=False, highlight=False)
     out.print("vllm serve command:", style="bold")
     print(best["command"])

@@ -35,6 +35,48 @@ def output_notes(deployment: Deployment, config: ServeConfig) -> list[str]:
     return notes
 
 
+#: The share of the API server's own output tokens/s cap at which it, not the GPU, sets the pace.
+FRONT_END_BOUND = 0.9
+
+
+def front_end_cap(deployment: Deployment, config: ServeConfig) -> tuple[float, int, float] | None:
+    """(seconds a token, API servers a replica, output tokens/s they can stream in all) for
+    ``config``: the calibration's per-token front-end cost (the profile's, else the GPU class
+    table's) shared by ``--api-server-count`` processes per replica; None where none is known."""
+    from tuner.sim.calibration import load_calibration
+    from tuner.sim.hardware import get_gpu
+
+    calib = load_calibration(get_gpu(deployment.gpu), deployment.calibration, vllm_version=deployment.vllm_version)
+    per_token = float(getattr(calib, "frontend_per_token_s", 0.0) or 0.0)
+    if per_token <= 0:
+        return None
+    servers = int(config.api_server_count or 1)
+    return per_token, servers, config.replicas * servers / per_token
+
+
+def front_end_note(deployment: Deployment, config: ServeConfig, output_tokens_per_s: float | None,
+                   where: str) -> str | None:
+    """A sentence where ``output_tokens_per_s`` (measured or simulated ``where``) reaches
+    :data:`FRONT_END_BOUND` of what the API server processes can stream: there vLLM's front end,
+    not the GPU, sets the pace, and ``--api-server-count`` shares it (benchmarks/h200/campaign6:
+    four servers gave x1.18-1.21 tokens/s at 256 decode-heavy users on an H100)."""
+    from tuner.core.knobs import knob
+    from tuner.core.versions import parse_version
+
+    cap = front_end_cap(deployment, config) if output_tokens_per_s else None
+    if cap is None or not output_tokens_per_s or output_tokens_per_s < FRONT_END_BOUND * cap[2]:
+        return None
+    per_token, servers, limit = cap
+    since = knob("api_server_count").since or "0"
+    more = (f"--api-server-count {servers * 4} shares it (a free CPU core each)"
+            if parse_version(deployment.vllm_version) >= parse_version(since)
+            else f"vLLM {since} and later can run more of them (--api-server-count)")
+    many = servers > 1
+    return (f"{where} the API server{'s' * many} stream{'s' * (not many)} {output_tokens_per_s:,.0f} of the "
+            f"{limit:,.0f} output tokens/s {'they' if many else 'it'} can ({per_token * 1e6:.0f} us a token, "
+            f"{servers} a replica): the front end, not the GPU, sets the pace; {more}")
+
+
 def _value(text: str) -> Any:
     for kind in (int, float):
         try:
