@@ -65,3 +65,19 @@ def test_a_recommendation_the_api_server_caps_says_so_and_four_lift_it(tmp_path,
     four = json.loads(out)["best"]
     assert code == 0 and four["front_end_note"] is None and "--api-server-count 4" in four["command"]
     assert four["tokens_per_s"] > 1.2 * best["tokens_per_s"]
+
+
+def test_the_note_is_never_a_failure(tmp_path):
+    """A run on real vLLM may never have read its profile: one that cannot be read gives no note,
+    not an error at the end of a study; nor does a load far under the cap."""
+    from tuner.search.recipe import front_end_note
+    from tuner.serving.config import Deployment, ServeConfig
+
+    broken = tmp_path / "profile.yaml"
+    broken.write_text("frontend_per_token_s: [\n")
+    assert front_end_note(Deployment(gpu="H200", vllm_version="0.26.0", calibration=str(broken)), ServeConfig(),
+                          20_000.0, "at 256 users") is None
+    plain = Deployment(gpu="H200", vllm_version="0.26.0")
+    assert front_end_note(plain, ServeConfig(), 5_000.0, "at 32 users") is None
+    assert front_end_note(plain, ServeConfig(), None, "at its load") is None
+    assert "13,000 of the 13,891" in front_end_note(plain, ServeConfig(), 13_000.0, "at 256 users")

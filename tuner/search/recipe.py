@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.errors import InputError
+from tuner.core.errors import InputError, TunerError
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig
@@ -46,7 +46,10 @@ def front_end_cap(deployment: Deployment, config: ServeConfig) -> tuple[float, i
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu
 
-    calib = load_calibration(get_gpu(deployment.gpu), deployment.calibration, vllm_version=deployment.vllm_version)
+    try:  # a note, never a failure: a run on real vLLM may never have read its profile
+        calib = load_calibration(get_gpu(deployment.gpu), deployment.calibration, vllm_version=deployment.vllm_version)
+    except TunerError:
+        return None
     per_token = float(getattr(calib, "frontend_per_token_s", 0.0) or 0.0)
     if per_token <= 0:
         return None
