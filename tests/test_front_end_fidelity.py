@@ -6,33 +6,26 @@ gave tokens/s x1.18-1.21 and P95 TTFT x0.37-0.41. ``api_server_count`` has no co
 (N processes as one front-end queue N times as fast), so this checks the mechanism, not a fit."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tuner.backends.sim import SimBackend
-from tuner.serving.config import Deployment, ServeConfig
-from tuner.serving.load import Concurrency
-from tuner.traffic.workload import Workload
+from tuner.calibrate import compare_loads, load_points, read_measurements
+from tuner.serving.config import Deployment
 
 ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "h200" / "campaign6" / "measurements.jsonl"
+METRICS = ("tokens_per_s", "ttft_p95_s")
 
 
 def _decode_at_256() -> dict[tuple[int, int], list[tuple[dict, dict]]]:
-    """(API servers, requests) -> [(measured summary, predicted summary)] of the 256-user decode probes."""
+    """(API servers, requests) -> [(measured, predicted)] of the 256-user decode probes, each the
+    probe replayed on the simulator (:func:`tuner.calibrate.compare_loads`) on the H100 it ran on."""
+    points = [p for p in load_points(read_measurements(ROWS)) if (p.workload or {}).get("kind") == "decode"]
     out: dict[tuple[int, int], list[tuple[dict, dict]]] = {}
-    for line in ROWS.read_text().splitlines():
-        r = json.loads(line)
-        if r.get("kind") != "load" or r.get("workload", {}).get("kind") != "decode":
-            continue
-        config = ServeConfig.from_dict(r["config"])
-        w = Workload(arrival_s=np.zeros(r["requests"]), prompt_tokens=np.array(r["prompt_tokens"]),
-                     output_tokens=np.array(r["output_tokens"]))
-        with SimBackend().start(Deployment(model=r["model"], gpu="H100-SXM", vllm_version="0.26.0"), config) as inst:
-            predicted = inst.run(w, Concurrency(r["load"]["users"])).summary()
-        out.setdefault((config.api_server_count or 1, r["requests"]), []).append((r["summary"], predicted))
+    for p, r in zip(points, compare_loads(points, Deployment(model="qwen2.5-7b", gpu="H100-SXM", vllm_version="0.26.0"))):
+        pair = ({k: r[f"{k}_measured"] for k in METRICS}, {k: r[f"{k}_predicted"] for k in METRICS})
+        out.setdefault((p.config.api_server_count or 1, p.requests), []).append(pair)
     return out
 
 
