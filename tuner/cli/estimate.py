@@ -174,7 +174,7 @@ def front_end_notes(deployment: Deployment, config: ServeConfig, rows: list[dict
     if not bound:
         return []
     where = f"at {key} " + ", ".join(f"{r[key]:g}" for r in bound)
-    note = front_end_note(deployment, config, max(r["output_tokens_per_s"] for r in bound), where)
+    note = front_end_note(deployment, config, max(r["output_tokens_per_s"] for r in bound), where, cap)
     return [f"note: {note}"] if note else []
 
 

@@ -58,16 +58,19 @@ def front_end_cap(deployment: Deployment, config: ServeConfig) -> tuple[float, i
 
 
 def front_end_note(deployment: Deployment, config: ServeConfig, output_tokens_per_s: float | None,
-                   where: str) -> str | None:
+                   where: str, cap: tuple[float, int, float] | None = None) -> str | None:
     """A sentence where ``output_tokens_per_s`` (measured or simulated ``where``) reaches
-    :data:`FRONT_END_BOUND` of what the API server processes can stream: there vLLM's front end,
-    not the GPU, sets the pace, and ``--api-server-count`` shares it (benchmarks/h200/campaign6:
-    four servers gave x1.18-1.21 tokens/s at 256 decode-heavy users on an H100)."""
+    :data:`FRONT_END_BOUND` of what the API server processes can stream (``cap``, else
+    :func:`front_end_cap`): there vLLM's front end, not the GPU, sets the pace, and
+    ``--api-server-count`` shares it (benchmarks/h200/campaign6: four servers gave x1.18-1.21
+    tokens/s at 256 decode-heavy users on an H100)."""
     from tuner.core.knobs import knob
     from tuner.core.versions import parse_version
 
-    cap = front_end_cap(deployment, config) if output_tokens_per_s else None
-    if cap is None or not output_tokens_per_s or output_tokens_per_s < FRONT_END_BOUND * cap[2]:
+    if not output_tokens_per_s:
+        return None
+    cap = cap or front_end_cap(deployment, config)
+    if cap is None or output_tokens_per_s < FRONT_END_BOUND * cap[2]:
         return None
     per_token, servers, limit = cap
     since = knob("api_server_count").since or "0"

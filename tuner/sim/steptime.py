@@ -29,7 +29,7 @@ flops_efficiency``):
   layer's fixed costs are folded into ``hbm_efficiency`` (the dense weights are read whole
   every step), an MoE layer's cannot be (the expert bytes a step reads grow sixteen-fold
   from one user to all experts). Campaign 5 of ``benchmarks/h200`` (an H100, two starts,
-  decode at 1-32 users) determines both: 35 us a layer, 0.89 of peak;
+  decode at 1-32 users) determines both: 32.3 us a layer, 0.870 of peak;
 * launch = CPU time to launch the step's kernels: layers × a per-layer cost that depends
   on the mode (full CUDA graph for decode-only batches up to the capture size, piecewise
   graphs for mixed batches within it, compiled code above it, eager with

@@ -72,7 +72,7 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         self.now = 0.0
         # --api-server-count N: N processes share the requests and their tokens, each on its own
         # core; as one queue N times as fast (their work spread evenly over them)
-        servers = max(1, int(getattr(plan, "api_server_count", 1) or 1))
+        servers = plan.api_server_count
         self.fe_cost = float(getattr(self.calib, "frontend_per_token_s", 0.0)) / servers
         self.fe_req = float(getattr(self.calib, "frontend_per_request_s", 0.0)) / servers
         self.fe_free = 0.0              # when the front end has done all the work merged so far
