@@ -141,7 +141,8 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     out.print(fit(tbl, out))
     if conf:
         out.print(f"recommendation: {conf['reason']}", markup=False, highlight=False)
-    for note in [*(best.get("output_notes") or []), *([best["front_end_note"]] if best.get("front_end_note") else [])]:
+    notes = [*(best.get("output_notes") or []), best.get("front_end_note")]
+    for note in filter(None, notes):
         out.print(f"note: {note}", markup=False, highlight=False)
     out.print("vllm serve command:", style="bold")
     print(best["command"])
