@@ -282,8 +282,10 @@ def estimate(trials: list[Trial]) -> float:
     return sum((t.start_s or 105) + sum(p.expected_s for p in t.probes) for t in trials)
 
 
-def write_plan(trials: list[Trial], folder: Path) -> Path:
-    """plan.json (trials as JSON) and the trace rows their probes need, for the device."""
+def write_plan(trials: list[Trial], folder: Path, campaign: int | None = None) -> Path:
+    """plan.json (the campaign's number and its trials as JSON) and the trace rows their
+    probes need, for the device. The number stamps every row the run writes: two plans may
+    share trial names (plan 4's and 6's ``q7-decode-r``), so a run cannot tell it from them."""
     folder.mkdir(parents=True, exist_ok=True)
     for t in trials:
         for p in t.probes:
@@ -293,15 +295,19 @@ def write_plan(trials: list[Trial], folder: Path) -> Path:
             "purpose": t.purpose, "expect_refusal": t.expect_refusal, "probes": [{"workload": p.workload, "load": p.load, "expected_s": p.expected_s}
                                              for p in t.probes]} for t in trials]
     path = folder / "plan.json"
-    path.write_text(json.dumps(doc, indent=1))
+    path.write_text(json.dumps({"campaign": campaign, "trials": doc}, indent=1))
     return path
 
 
-def read_plan(path: Path) -> list[Trial]:
-    return [Trial(d["name"], ServeConfig.from_dict(d["config"]), model=d["model"], start_s=d["start_s"],
-                  purpose=d["purpose"], expect_refusal=d.get("expect_refusal", False), probes=tuple(Probe(p["workload"], p["load"], p["expected_s"])
-                                                     for p in d["probes"]))
-            for d in json.loads(path.read_text())]
+def read_plan(path: Path) -> tuple[int | None, list[Trial]]:
+    """The campaign's number (None in a plan written before plans carried it: a bare list)
+    and its trials."""
+    data = json.loads(path.read_text())
+    number, doc = (None, data) if isinstance(data, list) else (data.get("campaign"), data["trials"])
+    return number, [Trial(d["name"], ServeConfig.from_dict(d["config"]), model=d["model"], start_s=d["start_s"],
+                          purpose=d["purpose"], expect_refusal=d.get("expect_refusal", False),
+                          probes=tuple(Probe(p["workload"], p["load"], p["expected_s"]) for p in d["probes"]))
+                    for d in doc]
 
 
 def make_models(root: Path, kit: Path, presets: set[str]) -> dict[str, Path]:
@@ -355,7 +361,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
 
     install_sigterm_handler()
     out = Path(args.out)
-    trials = read_plan(Path(args.plan)) if args.plan else PLANS[args.campaign]()
+    number, trials = read_plan(Path(args.plan)) if args.plan else (int(args.campaign), PLANS[args.campaign]())
     if args.trials:
         keep = args.trials.split(",")
         trials = [t for t in trials if t.name in keep]
@@ -378,9 +384,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
     def deployment_for(trial: Trial) -> Deployment:
         return Deployment(model=str(models[trial.model]), gpu=gpu, vllm_version=VLLM_VERSION)
 
-    first = {"moe-warm": 4, "moe-small": 5, "q7-small": 5, "moe-small-again": 5, "q7-decode-r": 6, "eager-r2": 6,
-             "q7-decode-r2": 6, "eager128-r": 6, "eager-r3": 6, "q7-api4": 6}
-    meta = {"campaign": first.get(trials[0].name, int(trials[0].name.startswith(("l8", "nemo"))) + 2), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+    meta = {"campaign": number if number is not None else int(args.campaign), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "cpu": _cpu_model(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,
@@ -407,7 +411,8 @@ def main() -> None:
         r.add_argument("--budget-s", type=float, default=540.0)
         r.add_argument("--plan", default=None, help="plan.json written by prepare (default: plan())")
         r.add_argument("--trials", default="")
-        r.add_argument("--campaign", choices=sorted(PLANS), default="2", help="without --plan: which design")
+        r.add_argument("--campaign", choices=sorted(PLANS), default="2",
+                       help="without --plan: which design; with a plan that carries no number: the number its rows get")
         r.add_argument("--vllm-cmd", default=None)
         r.add_argument("--models", default="/root/models")
         r.add_argument("--kit", default="/root/kit/p6")
@@ -421,7 +426,7 @@ def main() -> None:
                 print(f"    ~{p.expected_s:3.0f} s  {p.label}")
         print(f"in all ~{estimate(trials):.0f} s of device time for starts and replays")
     elif a.cmd == "prepare":
-        print(write_plan(PLANS[a.campaign](), Path(a.folder)))
+        print(write_plan(PLANS[a.campaign](), Path(a.folder), int(a.campaign)))
     else:
         if a.cmd == "run" and os.environ.get("TUNER_WORKLOAD_CACHE") is None and a.plan:
             os.environ["TUNER_WORKLOAD_CACHE"] = str(Path(a.plan).parent / "workloads")
