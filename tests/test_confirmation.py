@@ -103,6 +103,12 @@ def test_a_statistical_tie_beyond_one_percent_is_listed_but_not_recommended():
     assert conf.winner == 1 and conf.ties == [2] and conf.equivalent == []
     assert 3 in conf.out and "beyond the noise band" in conf.out[3]
     assert 0.025 > EQUIVALENT
+    # the reason says what the race could tell: 2 x 3 % x sqrt(1/3 + 1/3) = 4.9 %
+    assert "(noise sd 3.0%; 3 measurements each tell gaps over 4.9%)" in conf.reason
+    # fewer measurements of the tie (ruled out of nothing, measured less): the band widens to
+    # 2 x 3 % x sqrt(1/3 + 1/2) = 5.5 %
+    conf = decide([lead, Candidate(2, cfg(gmu=0.80), [975.0, 975.0])], noise)
+    assert "2-3 measurements each tell gaps over 5.5%" in conf.reason
 
 
 def test_fewer_sequences_then_cuda_graphs_break_a_tie_at_equal_memory():
