@@ -144,3 +144,32 @@ def test_what_the_search_writes_reads_back_whole_and_holds_no_key_the_record_doe
     assert stamp.confirmation_study == out.name + ".confirm" and stamp.confirmation["winner"] == out.best.number
     assert StudyRecord.from_study(out.study).schema_version == STUDY_SCHEMA_VERSION
     assert StudyRecord.from_study(out.study).objective == "tokens"
+
+
+def test_a_finished_trial_is_read_once_and_a_running_one_every_look(tmp_path):
+    import copy
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(storage=storage, study_name="s")
+    running = study.ask()
+    for seqs in (64, 128):  # a running trial's attrs change: every look reads them anew
+        for key, value in TrialRecord(config=ServeConfig(max_num_seqs=seqs)).to_attrs().items():
+            running.set_user_attr(key, value)
+        live = study.get_trials(deepcopy=False)[0]
+        assert TrialRecord.from_trial(live).config.max_num_seqs == seqs
+    study.tell(running, 1.0)
+    done = study.get_trials(deepcopy=False)[0]
+    first = TrialRecord.from_trial(done)
+    assert first.config.max_num_seqs == 128
+    assert TrialRecord.from_trial(study.get_trials(deepcopy=False)[0]) is first  # the storage's same object
+    # another object of the same trial (a copy, another process's study) is read on its own, equal
+    other = copy.deepcopy(done)
+    assert TrialRecord.from_trial(other) == first and TrialRecord.from_trial(other) is not first
+    # a finished trial of another study, whatever object it is, never gets this one's record
+    again = optuna.create_study(storage=f"sqlite:///{tmp_path}/t.db", study_name="t")
+    t = again.ask()
+    for key, value in TrialRecord(config=ServeConfig(max_num_seqs=8)).to_attrs().items():
+        t.set_user_attr(key, value)
+    again.tell(t, 2.0)
+    del done, other, study
+    assert TrialRecord.from_trial(again.get_trials(deepcopy=False)[0]).config.max_num_seqs == 8
