@@ -307,12 +307,10 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
                   f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
     tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
     if tied_numbers:
-        # the resolution of the race: the smallest gap its measurements could tell from noise
-        counts = [len(c.values) for c in (leader, *ties, *equivalent)]
+        counts = [len(c.values) for c in (leader, *ties, *equivalent)]  # what the race could tell
         low, high = min(counts), max(counts)
-        each = f"{low}" if low == high else f"{low}-{high}"
         reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
-                   f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%}; {each} measurements each "
+                   f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%}; {low}{f'-{high}' * (high > low)} measurements each "
                    f"tell gaps over {noise.band(low, high):.1%})")
     worst = max(winner.p95s, default=None)
     if margin := margin_text(worst, len(winner.p95s), target):

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.core.jsonsafe import json_safe
+from tuner.core.memo import once_per_object
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.slo import OBJECTIVES
 
@@ -160,11 +160,6 @@ class RunFacts:
         return self.replace(**{k: v for k, v in _set(start).items() if k in START})
 
 
-#: Records read from finished trials, by the trial object's id (with a weak reference that
-#: drops the entry when the object goes): :meth:`TrialRecord.from_trial`.
-_READ: dict[int, tuple[weakref.ref, TrialRecord]] = {}
-
-
 @dataclass(frozen=True, slots=True)
 class TrialRecord:
     """One trial as the search stored it (see :mod:`tuner.search` for what each field
@@ -226,27 +221,11 @@ class TrialRecord:
     # -- reading ----------------------------------------------------------------------------
     @classmethod
     def from_trial(cls, trial: Any) -> TrialRecord:
-        """The record of an Optuna trial (frozen or running), of any schema version.
-
-        A finished trial's attrs can no longer change (Optuna refuses to update a finished
-        trial), and the storages hand out the same FrozenTrial object for it look after look:
-        its record is read once per object (:data:`_READ`), not on every look (a study's
-        loop looks at every trial after each one, so that parse grew with the square of
-        the trials)."""
+        """The record of an Optuna trial (frozen or running), of any schema version; a finished
+        trial's is read once per trial object (:func:`tuner.core.memo.once_per_object`)."""
+        read = functools.partial(cls.from_attrs, trial.user_attrs, trial=getattr(trial, "number", None))
         state = getattr(trial, "state", None)
-        if state is None or not state.is_finished():
-            return cls.from_attrs(trial.user_attrs, trial=getattr(trial, "number", None))
-        key = id(trial)
-        hit = _READ.get(key)
-        if hit is not None and hit[0]() is trial:
-            return hit[1]
-        record = cls.from_attrs(trial.user_attrs, trial=getattr(trial, "number", None))
-        try:
-            ref = weakref.ref(trial, lambda _ref, key=key: _READ.pop(key, None))
-        except TypeError:  # an object without weak references: read each time
-            return record
-        _READ[key] = (ref, record)
-        return record
+        return once_per_object(trial, read) if state is not None and state.is_finished() else read()
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], *, trial: int | None = None) -> TrialRecord:
