@@ -173,3 +173,41 @@ def test_a_finished_trial_is_read_once_and_a_running_one_every_look(tmp_path):
     again.tell(t, 2.0)
     del done, other, study
     assert TrialRecord.from_trial(again.get_trials(deepcopy=False)[0]).config.max_num_seqs == 8
+
+
+def test_a_study_reads_each_trial_a_bounded_number_of_times_not_once_per_look(tmp_path):
+    """The search looks at every trial after each one (budget, copies, boundary, feasibility):
+    were each look to parse every trial's attrs, the parses would grow with the square of
+    the trials (8,536 at 36 trials against 1,164 at 12, measured with the memo bypassed)."""
+    from unittest import mock
+
+    from fakes import FakeBackend, small_workload
+    from test_search import fake_space
+
+    from tuner.search import run_search
+
+    space = fake_space("""\
+name: fake
+deployment: {model: qwen2.5-7b, gpu: H100-SXM, gpus: 2}
+workload: {target_ttft_s: 1s, requests: 60}
+parameters:
+  gpu_memory_utilization: {choices: [0.8, 0.85, 0.9, 0.92, 0.95]}
+  max_num_seqs: {choices: [16, 32, 64, 128, 256]}
+  enforce_eager: {choices: [false, true]}
+layouts: [tp1x2, tp2x1]
+""")
+    read = TrialRecord.from_attrs.__func__
+    parses = {}
+    for budget in (12, 36):
+        count = [0]
+
+        def counting(cls, *args, count=count, **kw):
+            count[0] += 1
+            return read(cls, *args, **kw)
+
+        with mock.patch.object(TrialRecord, "from_attrs", classmethod(counting)):
+            run_search(space, backend=FakeBackend(), workload=small_workload(), budget=budget,
+                       storage=f"sqlite:///{tmp_path}/{budget}.db", seed=1)
+        parses[budget] = count[0]
+    assert parses[36] < 3.5 * parses[12], parses  # linear: x3 the trials, about x3 the parses
+    assert parses[36] < 10 * 36, parses
