@@ -3,6 +3,7 @@ the rows, the resumption and excluded_points.txt, so two probes of one trial mus
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,6 @@ def test_a_plan_carries_its_campaign_number_though_plans_share_trial_names(campa
         assert [t.name for t in trials] == [t.name for t in campaign.PLANS[number]()]
     # a plan written before plans carried their number (a bare list) still reads, with none
     old = tmp_path / "old.json"
-    import json
     old.write_text(json.dumps(json.loads((tmp_path / "6" / "plan.json").read_text())["trials"]))
     got, trials = campaign.read_plan(old)
     assert got is None and trials[0].name == campaign.PLANS["6"]()[0].name

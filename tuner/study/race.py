@@ -307,7 +307,7 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
                   f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
     tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
     if tied_numbers:
-        counts = [len(c.values) for c in (leader, *ties, *equivalent)]  # what the race could tell
+        counts = [len(c.values) for c in (leader, *ties)]  # what the race could tell (equivalent ones are ties)
         low, high = min(counts), max(counts)
         reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
                    f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%}; {low}{f'-{high}' * (high > low)} measurements each "
