@@ -18,7 +18,8 @@ transcript preceded by ``<!-- output: keep -->``.
     python benchmarks/readme_outputs.py --write    # write README.md
     python benchmarks/readme_outputs.py --list     # the commands, and which would be kept
 
-``../shared`` (the traces the README reads) is linked into the temporary folder; files
+The checkout's ``tuner/`` is linked into the temporary folder, as a clone has it (README reads the
+traces shipped in ``tuner/data/traces``); files
 the README assumes but does not show (``bad.csv``) are written there first.
 """
 from __future__ import annotations
@@ -133,9 +134,7 @@ def run(transcripts: list[Transcript], *, timeout_s: float) -> None:
     with tempfile.TemporaryDirectory(prefix="readme-outputs-") as tmp:
         work = Path(tmp) / "tuner"
         work.mkdir()
-        shared = ROOT.parent / "shared"
-        if shared.is_dir():
-            (Path(tmp) / "shared").symlink_to(shared)
+        (work / "tuner").symlink_to(ROOT / "tuner")  # a clone's package folder: README reads its data/traces
         for name, text in FIXTURES.items():
             (work / name).write_text(text, encoding="utf-8")
         env = _env(bin_dir)

@@ -1,8 +1,8 @@
 """Does the search recommend a configuration that holds its target when measurements are as
 noisy as real vLLM's, and spend its budget on different configurations?
 
-Three scenario families, built from shipped presets and the shared traces (never copied
-into the repository):
+Three scenario families, built from shipped presets and the traces shipped in
+tuner/data/traces:
 
 * ``4xl40s-boundary``: 4 x L40S, Qwen2.5-14B, the Mooncake trace's first 400 requests up
   to 16k tokens, layouts tp1x4/tp2x2/tp4x1; the P95 TTFT target is set so that tp1x4, the
@@ -71,9 +71,9 @@ from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.study import copy_slots, counts_toward_budget, is_copy, repeats
 from tuner.study.record import TrialRecord
 from tuner.traffic import load_trace
+from tuner.calibrate.probes import TRACES, TRACES_DIR
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-MOONCAKE = TRACES / "mooncake_fast25_synthetic" / "synthetic_trace.jsonl"
+MOONCAKE = TRACES_DIR / TRACES["mooncake_fast25_synthetic"]
 CACHE = Path("studies")
 REQUESTS = 400
 BUDGET = 40

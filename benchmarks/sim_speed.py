@@ -1,7 +1,7 @@
 """Simulator speed: simulated requests per CPU-second at saturation.
 
 The Azure LLM inference trace 2023 (conversation service, 19,366 requests;
-``../shared/traces/azure_llm_2023_conv/``) replayed 1000x faster than logged (all of it
+``tuner/data/traces/azure_llm_2023_conv/``, shipped with tuner) replayed 1000x faster than logged (all of it
 within 3.5 s, far beyond what one GPU serves, so the engine is saturated throughout)
 against Qwen2.5-7B on one H100-SXM with vLLM's defaults. Beside it, a naive per-token
 loop of the same model (same scheduler policy and step-time formula, one Python object
@@ -27,7 +27,7 @@ from tuner.sim.memory import plan_memory
 from tuner.sim.steptime import StepTimer
 from tuner.traffic.workload import Workload
 
-TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "azure_llm_2023_conv" / \
+TRACE = Path(__file__).resolve().parents[1] / "tuner" / "data" / "traces" / "azure_llm_2023_conv" / \
     "AzureLLMInferenceTrace_conv.csv"
 DEPLOYMENT = Deployment(model="qwen2.5-7b", gpu="H100-SXM")
 CONFIG = ServeConfig()
@@ -140,7 +140,7 @@ def naive_simulate(plan, timer: StepTimer, w: Workload, arrivals: np.ndarray) ->
 
 def main() -> int:
     if not TRACE.exists():
-        print(f"trace not found: {TRACE} (the benchmark needs ../shared/traces beside the repo)")
+        print(f"trace not found: {TRACE} (shipped in tuner/data/traces: a checkout of this repository has it)")
         return 2
     w = load()
     load_ = TraceReplay(COMPRESSION)

@@ -32,8 +32,6 @@ from tuner.calibrate.fidelity import H200_CROSSOVERS, by_shape, crossovers, mape
 from tuner.serving.config import Deployment
 from tuner.sim.calibration import find_profile
 
-from shared_data import need_shared
-
 DATA = Path(__file__).resolve().parents[1] / "tuner" / "data" / "calibration" / "h200-vllm-0.26.0"
 DEP = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0")
 
@@ -52,7 +50,6 @@ def profile():
 def table(rows, profile):
     """Every load point (the excluded one left out), predicted with the shipped profile (the
     deployment names none: it must be found by GPU and version), marked fit or check."""
-    need_shared()  # the trace-driven points re-read their rows from ../shared/traces
     chosen = set(profile["fit"]["fit_points"])
     excluded = set(profile["fit"].get("excluded") or [])
     points = [p for p in load_points(rows) if point_name(p) not in excluded]
@@ -346,7 +343,6 @@ def test_a_refit_on_the_committed_data_agrees_with_the_shipped_profile_within_it
     A simulator or library change that moves this data's optimum fails here, where the
     profile must be fitted again. (From the priors, as ``tuner calibrate`` fits, it takes
     ~190 evaluations instead of a few dozen: ``python benchmarks/fidelity.py --refit``.)"""
-    need_shared()  # the refit replays the trace-driven points too
     from tuner.calibrate import fit
     from tuner.sim.calibration import load_calibration
     from tuner.sim.hardware import get_gpu

@@ -16,8 +16,7 @@ from tuner.search import run_search
 from tuner.space import load_space
 from tuner.study import best_feasible_trial
 
-from shared_data import AZURE_CONV as AZURE
-from shared_data import need_shared
+from trace_data import AZURE_CONV as AZURE
 LOG_ROWS = 300  # the "original log": the first 300 requests of the Azure conversation trace
 SAMPLE = 60  # the converted file the study searches on: 60 of them
 
@@ -35,7 +34,6 @@ layouts: [tp1x1]
 def converted_study(folder: Path, capsys) -> tuple[Path, Path, str]:
     """(original log, converted file, storage URL) of a one-trial simulator study
     searched on ``SAMPLE`` requests converted from a ``LOG_ROWS``-request log."""
-    need_shared(AZURE)
     with AZURE.open(encoding="utf-8") as f:
         head = [next(f) for _ in range(LOG_ROWS + 1)]
     log = folder / "azure-excerpt.csv"  # a real log of its own, in the test's folder

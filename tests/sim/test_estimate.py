@@ -122,9 +122,8 @@ def test_rate_table(capsys):
 
 def test_trace_replay_uses_the_first_rows(capsys):
     pytest.importorskip("tuner.sim.engine")
-    from shared_data import AZURE_CONV, need_shared
+    from trace_data import AZURE_CONV as trace
 
-    trace = need_shared(AZURE_CONV)
     code, out, _ = run(capsys, "--gpu", "h100", "--model", "qwen2.5-7b", "--trace", str(trace),
                        "-n", "200", "--rate", "2", "-o", "json")
     rows = json.loads(out)["load"]

@@ -1,5 +1,5 @@
-"""The shared real traces (../shared/traces beside the repo): `tuner trace stats` agrees
-with the READMEs beside the files; conversion to the tuner's JSONL is lossless;
+"""The real traces tuner ships (tuner/data/traces): `tuner trace stats` agrees
+with the README beside the files; conversion to the tuner's JSONL is lossless;
 fingerprints are stable and content-sensitive."""
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 from tuner.cli import main
 from tuner.traffic import load_trace, native, trace_stats
 
-from shared_data import AZURE_CONV as AZURE
-from shared_data import MOONCAKE
-from shared_data import need_shared as need
+from trace_data import AZURE_CONV as AZURE
+from trace_data import MOONCAKE
 
 
 def run(*args: str) -> int:
@@ -33,7 +32,7 @@ def cli_json(capsys, *args: str) -> dict:
 
 
 def test_azure_stats_match_readme(capsys):
-    s = cli_json(capsys, str(need(AZURE)))
+    s = cli_json(capsys, str(AZURE))
     # README.txt: 19,366 rows; span 3,501.7 s; mean 5.53 req/s; dispersion 1.39;
     # input mean 1154.7 / p50 1020 / p95 4083 / max 14050; output mean 211.1 / p50 129 / p95 451 / max 1000
     assert s["count"] == 19366
@@ -46,7 +45,7 @@ def test_azure_stats_match_readme(capsys):
 
 
 def test_mooncake_ideal_prefix_hit_ratio_matches_readme(capsys):
-    s = cli_json(capsys, str(need(MOONCAKE)))
+    s = cli_json(capsys, str(MOONCAKE))
     # README.txt: 3,993 rows, span 1,022.0 s, input mean 15325, ideal prefix block hit ratio 64.0 %
     assert s["count"] == 3993
     assert s["span_s"] == pytest.approx(1022.0, abs=0.05)
@@ -56,7 +55,7 @@ def test_mooncake_ideal_prefix_hit_ratio_matches_readme(capsys):
 
 
 def test_stats_table_prints(capsys):
-    assert run("trace", "stats", str(need(AZURE))) == 0
+    assert run("trace", "stats", str(AZURE)) == 0
     out = capsys.readouterr().out
     assert "19,366" in out and "3,501.7 s" in out
 
@@ -78,7 +77,7 @@ def assert_same(a, b, *, converted_from: str | None = None) -> None:
 @pytest.mark.parametrize("trace", [AZURE, MOONCAKE], ids=["azure", "mooncake"])
 def test_convert_reads_back_losslessly(tmp_path, capsys, trace):
     out = tmp_path / "w.jsonl"
-    assert run("trace", "convert", str(need(trace)), str(out)) == 0
+    assert run("trace", "convert", str(trace), str(out)) == 0
     back = load_trace(out)
     assert_same(back, load_trace(trace), converted_from=str(trace))
     assert back.source == str(out)  # the file replayed, never the log behind it
@@ -112,7 +111,7 @@ def test_a_file_converted_before_origin_was_named_is_its_own_source(tmp_path):
 
 
 def test_fingerprint_stable_and_content_sensitive(tmp_path):
-    a = load_trace(need(AZURE))
+    a = load_trace(AZURE)
     copy = tmp_path / "renamed.csv"
     copy.write_bytes(AZURE.read_bytes())
     assert load_trace(copy).fingerprint() == a.fingerprint()  # same content, other path
@@ -124,7 +123,7 @@ def test_fingerprint_stable_and_content_sensitive(tmp_path):
 
 
 def test_stats_on_skip_bad_reports_skips(tmp_path, capsys):
-    lines = need(AZURE).read_text().splitlines(keepends=True)
+    lines = AZURE.read_text().splitlines(keepends=True)
     lines[10] = lines[10].replace(",", ",-", 1)
     bad = tmp_path / "bad.csv"
     bad.write_text("".join(lines))
@@ -138,7 +137,7 @@ def test_stats_on_skip_bad_reports_skips(tmp_path, capsys):
 
 def test_convert_shapes_on_the_way(tmp_path, capsys):
     out = tmp_path / "s.jsonl"
-    assert run("trace", "convert", str(need(AZURE)), str(out), "--start", "60", "--end", "1860",
+    assert run("trace", "convert", str(AZURE), str(out), "--start", "60", "--end", "1860",
                "--sample", "500", "--multiplier", "2", "--max-model-len", "4096") == 0
     printed = capsys.readouterr().out
     w = load_trace(out)

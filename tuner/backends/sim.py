@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # Estimated wall time of a real ``vllm serve`` start, seconds. Anchor: vLLM 0.26.0 on one
 # H200 (Qwen2.5-7B shape, dummy weights) took 50-105 s from process start to a healthy
-# /health, with "Graph capturing finished in 3 secs" (../shared/tools/h200-vllm/README.md).
+# /health, with "Graph capturing finished in 3 secs" (benchmarks/h200/README.md).
 STARTUP_BASE_S = 35.0            # interpreter, imports, CUDA/NCCL init, profile run, API server
 STARTUP_COMPILE_S = 20.0         # torch.compile (cache warm) — skipped by --enforce-eager
 STARTUP_GRAPHS_S = 3.0           # CUDA graph capture (H200 log: 3 s)

@@ -3,9 +3,8 @@ offered, written down so that the simulator can offer exactly the same later.
 
 A *workload reference* is a small dict: ``{"kind": "prefill", "n": 64, "seed": 3}`` for a
 synthetic shape, or ``{"kind": "trace", "trace": "azure_llm_2023_conv", "rows": [0, 400]}``
-for rows of a shared trace (the rows are re-read from ``../shared/traces`` where they live,
-never copied into the repository; the reference carries the rows' fingerprint so a
-changed file is noticed). :func:`build` turns a reference into a
+for rows of a shipped trace (``tuner/data/traces``, read from the installed package; the
+reference carries the rows' fingerprint so a changed file is noticed). :func:`build` turns a reference into a
 :class:`~tuner.traffic.workload.Workload`; :func:`load_spec` / :func:`load_from` do the
 same for the :data:`tuner.serving.load.Load` it was offered under.
 
@@ -29,8 +28,8 @@ import numpy as np
 from tuner.core.errors import InputError
 from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
 
-#: Where the shared traces live, relative to the repository (``../shared/traces``).
-TRACES_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces"
+#: Where the traces tuner ships live: inside the package (``tuner/data/traces``, with their sources and licences).
+TRACES_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
 TRACES = {
     "azure_llm_2023_conv": "azure_llm_2023_conv/AzureLLMInferenceTrace_conv.csv",
     "mooncake_fast25_synthetic": "mooncake_fast25_synthetic/synthetic_trace.jsonl",
@@ -75,7 +74,7 @@ def synthetic(kind: str, n: int, seed: int = 0, offset: int = 0) -> Any:
 
 def trace_rows(trace: str, rows: tuple[int, int], *, max_tokens: int | None = None,
                folder: Path | None = None, groups: int | None = None) -> Any:
-    """Rows ``[start, stop)`` of a shared trace (after dropping requests longer than
+    """Rows ``[start, stop)`` of a shipped trace (after dropping requests longer than
     ``max_tokens`` prompt + output, when given), arrivals rebased to 0. With ``groups``,
     the rows are counted among the requests whose first prefix block is one of the
     ``groups`` most shared first blocks (ties by block id): a prefix-sharing subset."""
@@ -83,10 +82,10 @@ def trace_rows(trace: str, rows: tuple[int, int], *, max_tokens: int | None = No
 
     rel = TRACES.get(trace)
     if rel is None:
-        raise InputError(f"unknown shared trace {trace!r}", hint=f"known: {', '.join(TRACES)}")
+        raise InputError(f"unknown trace {trace!r}", hint=f"known: {', '.join(TRACES)}")
     path = (folder or TRACES_DIR) / rel
     if not path.is_file():
-        raise InputError("shared trace not found (tests and benchmarks read ../shared/traces beside the checkout)",
+        raise InputError(f"trace {trace!r} not found (the package's data/traces is incomplete: reinstall tuner)",
                          path=path)
     w = load_trace(path)
     if max_tokens is not None:
@@ -103,8 +102,8 @@ def trace_rows(trace: str, rows: tuple[int, int], *, max_tokens: int | None = No
     return w.take(slice(rows[0], rows[1]))
 
 
-#: A folder of trace workloads written by :func:`cache_workload` (for a machine without
-#: ``../shared/traces``, such as a GPU host the rows were carried to).
+#: A folder of trace workloads written by :func:`cache_workload` (rows carried to a machine as built
+#: workloads, such as a GPU host, so a probe needs no trace reading there).
 CACHE_ENV = "TUNER_WORKLOAD_CACHE"
 
 

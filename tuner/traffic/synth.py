@@ -1,5 +1,5 @@
-"""The built-in workload: the request mix of article 004 (``../shared/seeds/004_*.txt``,
-section 4.1, a V100 vLLM load test drawn from the business's historical logs):
+"""The built-in workload: the request mix of article 004 (a Chinese write-up of an
+eight-V100 deployment, section 4.1, a V100 vLLM load test drawn from the business's historical logs):
 
 =========  =====  ======================  ======================
 class      share  input (Chinese chars)   output (tokens)

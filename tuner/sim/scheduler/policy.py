@@ -2,8 +2,8 @@
 :class:`~tuner.sim.scheduler.engine_core.EngineCore`): the running loop, preemption,
 FCFS admission and retiring finished requests.
 
-The policy follows ``vllm/v1/core/sched/scheduler.py::schedule`` (see
-``../shared/reference/vllm-facts.md`` section 2):
+The policy follows ``vllm/v1/core/sched/scheduler.py::schedule`` (vLLM 0.33.0's
+scheduler, read from its wheel):
 
 * RUNNING requests first, in order; each asks ``num_tokens - num_computed_tokens`` tokens
   (1 for a decode, the rest of the prompt for a prefill) and gets at most what is left of
