@@ -19,11 +19,25 @@ def _quick_start_commands() -> list[str]:
     return re.findall(r"```bash\n(.+?)\n```", quick)
 
 
-def test_readme_installs_pinned_versions_and_ci_runs_its_test_command():
+def test_readme_installs_pinned_versions_and_ci_runs_its_two_commands():
+    """CI runs README's commands as README shows them: .ci/run calls the newcomer job, which reads the two
+    commands out of README's quick start (the same two this test finds) and types them into a terminal."""
     commands = _quick_start_commands()
     assert len(commands) == 2 and all(" -c constraints.txt " in c for c in commands), commands
-    test_command = next(c for c in commands if c.endswith("&& pytest -q"))
-    assert test_command in REPO.joinpath(".ci/run").read_text().splitlines()
+    assert commands[1].endswith("&& pytest -q") and commands[0].endswith("&& tuner search --budget 40")
+    run = [line.strip() for line in REPO.joinpath(".ci/run").read_text().splitlines()]
+    assert any(line.startswith("python3 .ci/newcomer.py") for line in run), "the newcomer job is not run by CI"
+    newcomer = _load_newcomer()
+    assert list(newcomer.readme_commands()) == commands
+
+
+def _load_newcomer():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("newcomer", REPO / ".ci" / "newcomer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_constraints_pin_every_dependency_exactly_and_not_tuner():
