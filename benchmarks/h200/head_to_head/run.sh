@@ -45,12 +45,14 @@ if ! python3 -c 'import vllm, optuna, tuner' >>"$RES/install.log" 2>&1; then
   log "vllm, optuna or tuner does not import; see install.log"; tail -30 "$RES/install.log"; pack; exit 1
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$RES/nvidia-smi.txt"
+# the card lent names the deployment (the spaces say H100-SXM): an H200's studies are H200 studies
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in *H200*) GPU=H200 ;; *) GPU=H100-SXM ;; esac
 VLLM="$(dirname "$(command -v python3)")/vllm"
 LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 BUDGET_TRIALS=1; [ "$STRATEGY" = tuner ] && BUDGET_TRIALS=${TRIALS:-8}
-log "ready after $(( $(date +%s) - T0 )) s; $STRATEGY for $LEFT s"
+log "ready after $(( $(date +%s) - T0 )) s; $STRATEGY on $GPU for $LEFT s"
 timeout -k 8 -s TERM $(( LEFT - 5 )) python3 -m tuner search --backend vllm \
-  --vllm-cmd "$VLLM serve --load-format dummy" --model "$MODELS/qwen2.5-14b" --space "$HERE/space-$STRATEGY.yaml" \
+  --vllm-cmd "$VLLM serve --load-format dummy" --model "$MODELS/qwen2.5-14b" --gpu "$GPU" --space "$HERE/space-$STRATEGY.yaml" \
   --budget "$BUDGET_TRIALS" --timeout $(( LEFT - 20 )) --storage "sqlite:///$RES/h2h.db" --study "h2h-$STRATEGY" \
   --output json > "$RES/$STRATEGY-$(date +%s).json" 2>> "$RES/driver.log"
 log "$STRATEGY search exit $?"
