@@ -53,10 +53,10 @@ BUDGET_TRIALS=1; [ "$STRATEGY" = tuner ] && BUDGET_TRIALS=${TRIALS:-8}
 log "ready after $(( $(date +%s) - T0 )) s; $STRATEGY on $GPU for $LEFT s"
 timeout -k 8 -s TERM $(( LEFT - 5 )) python3 -m tuner search --backend vllm \
   --vllm-cmd "$VLLM serve --load-format dummy" --model "$MODELS/qwen2.5-14b" --gpu "$GPU" --space "$HERE/space-$STRATEGY.yaml" \
-  --budget "$BUDGET_TRIALS" --timeout $(( LEFT - 20 )) --storage "sqlite:///$RES/h2h.db" --study "h2h-$STRATEGY" \
+  --budget "$BUDGET_TRIALS" --timeout $(( LEFT - 20 )) --storage "sqlite:///$RES/h2h.db" --study "h2h-$GPU-$STRATEGY" \
   --output json > "$RES/$STRATEGY-$(date +%s).json" 2>> "$RES/driver.log"
 log "$STRATEGY search exit $?"
-python3 -m tuner studies show "h2h-$STRATEGY" --storage "sqlite:///$RES/h2h.db" > "$RES/show-$STRATEGY.txt" 2>&1
+python3 -m tuner studies show "h2h-$GPU-$STRATEGY" --storage "sqlite:///$RES/h2h.db" > "$RES/show-$STRATEGY.txt" 2>&1
 log "GPU processes left: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l);" \
     "vllm serve processes left: $(ps -eo args | grep -c '[v]llm serve')"
 cp -r studies "$RES/" 2>/dev/null

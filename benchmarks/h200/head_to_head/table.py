@@ -1,6 +1,6 @@
 """The head-to-head table (README.md beside this file) from the studies the device calls wrote:
 
-    python benchmarks/h200/head_to_head/table.py [--db results/res/h2h.db]
+    python benchmarks/h200/head_to_head/table.py [--db results/res/h2h.db] [--gpu H100-SXM|H200]
 
 One row a strategy: its pick (the flags it sets), tokens/s at the P95 TTFT edge on three fresh starts (mean and
 range: the trial and the confirmation race's repeats, tuner's replayer), the ratio to vLLM's defaults, the
@@ -56,8 +56,8 @@ def wall_s(study: str, db: Path) -> float | None:
     return (max(end for _, end in stamps) - min(start for start, _ in stamps)).total_seconds()
 
 
-def row(letter: str, strategy: str, label: str, db: Path, base: float | None) -> tuple[list[str], float | None]:
-    info = show(f"h2h-{strategy}", db) if db.exists() else None
+def row(letter: str, study: str, label: str, db: Path, base: float | None) -> tuple[list[str], float | None]:
+    info = show(study, db) if db.exists() else None
     if not info or not info.get("best"):
         return [letter, label, "not measured yet", "", "", "", ""], None
     conf = info.get("confirmation") or {}
@@ -65,7 +65,7 @@ def row(letter: str, strategy: str, label: str, db: Path, base: float | None) ->
     lo, hi = conf.get("band_tokens_per_s") or (mean, mean)
     n = conf.get("measurements") or 1
     g = info["gpu_time"]
-    wall = wall_s(f"h2h-{strategy}", db)
+    wall = wall_s(study, db)
     return [letter, label, pick(info["best"]["config"]), f"{mean:,.0f} ({lo:,.0f}-{hi:,.0f}, n={n})",
             f"x{mean / base:.3f}" if base else "-",
             f"{g['total_s']:,.0f} (starts {g['start_s']:,.0f}, loads {g['replay_s']:,.0f}, thrown {g['wasted_s']:,.0f})",
@@ -75,10 +75,13 @@ def row(letter: str, strategy: str, label: str, db: Path, base: float | None) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", type=Path, default=HERE / "results" / "res" / "h2h.db")
-    db = parser.parse_args().db
+    parser.add_argument("--gpu", default="H100-SXM", help="the card the studies ran on (run.sh names them h2h-GPU-...)")
+    args = parser.parse_args()
+    db = args.db
+    print(f"{args.gpu}, vLLM 0.26.0, Qwen2.5-14B (dummy weights), azure-conv-1800-1830.jsonl, P95 TTFT <= 1 s")
     rows, base = [], None
     for letter, strategy, label in STRATEGIES:
-        cells, mean = row(letter, strategy, label, db, base)
+        cells, mean = row(letter, f"h2h-{args.gpu}-{strategy}", label, db, base)
         if strategy == "defaults":
             base = mean
             cells[4] = "x1.000" if mean else ""
