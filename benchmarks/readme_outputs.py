@@ -1,21 +1,25 @@
-"""Regenerate the command outputs pasted in README.md from the current code.
+"""Regenerate, or check, the command outputs pasted in README.md and the docs/ pages from the current code.
 
-Every ``text`` block of README.md whose lines start with ``$ `` is a transcript: each
+Every ``text`` block of a page whose lines start with ``$ `` is a transcript: each
 ``$`` line is a command (continued by a trailing backslash, or by a heredoc up to its
 ``EOF``), the lines up to the next ``$`` line its output. This script runs the commands
-of all transcripts in README order, in one fresh temporary folder (so that ``tuner plan``
-finds the study the ``tuner search`` above it made), on the simulator, with
-``COLUMNS=80``, stdout and stderr together as a terminal shows them, and puts what each
-printed in place of what the README says it printed.
+of all transcripts in reading order (README.md, then the pages of :data:`PAGES`, then any other
+page), in one fresh temporary folder (so that ``tuner plan`` finds the study the ``tuner search``
+before it made), on the simulator, with ``COLUMNS=80``, stdout and stderr together as a terminal
+shows them, and puts what each printed in place of what the page says it printed.
 
 A command is left as it is (the README's output kept, the reason listed) when it cannot
 run here unattended: a server that runs until stopped (``tuner sim-serve``, ``curl`` to
 it), a benchmark of its own (``python benchmarks/...``, minutes to hours: run it and paste
 by hand), a database server in the URL, an elided ``...`` in the command line, or a
-transcript preceded by ``<!-- output: keep -->``.
+transcript preceded by ``<!-- output: keep -->``. A transcript preceded by ``<!-- output: real time -->``
+(a search against ``tuner sim-serve`` in real time, whose figures are the machine's) is regenerated
+but not compared by ``--check``.
 
-    python benchmarks/readme_outputs.py            # a unified diff of README.md against now
-    python benchmarks/readme_outputs.py --write    # write README.md
+    python benchmarks/readme_outputs.py            # a unified diff of the pages against now
+    python benchmarks/readme_outputs.py --write    # write them
+    python benchmarks/readme_outputs.py --check    # exit 1 naming each output that differs (run time masked;
+                                                   # real-time runs not compared): what tests/test_docs.py runs
     python benchmarks/readme_outputs.py --list     # the commands, and which would be kept
 
 The checkout's ``tuner/`` is linked into the temporary folder, as a clone has it (README reads the
@@ -36,7 +40,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: The docs pages in the order a reader meets them (a later page's commands use an earlier one's study).
+PAGES = ("study", "traffic", "capacity", "fleet", "real-gpus", "inspect", "nightly", "simulator", "benchmarks",
+         "development")
 KEEP_MARK = "<!-- output: keep -->"
+REAL_TIME_MARK = "<!-- output: real time -->"
+#: A run time printed by a command ("42 new in 28.6 s", "in 0.4 s"): the machine's, masked by --check.
+DURATION = re.compile(r"\b(in )\d[\d,]*(?:\.\d+)? s\b")
 #: Files the README's commands read without showing how they were made.
 FIXTURES = {
     # an Azure trace whose second data row (line 3) has a token count that is not a number
@@ -61,6 +71,7 @@ class Command:
     lines: list[str]  # as written, "$ " included
     output: list[str] = field(default_factory=list)
     keep: str | None = None  # why it is not run
+    real_time: bool = False  # run, but its figures are the machine's: not compared by --check
     new_output: list[str] | None = None
 
     @property
@@ -111,11 +122,12 @@ def parse(lines: list[str]) -> list[Transcript]:
             commands.append(cmd)
             k += 1
         if commands:
-            kept = start > 0 and lines[start - 1].strip() == KEEP_MARK
+            mark = lines[start - 1].strip() if start > 0 else ""
             for cmd in commands:
                 first = cmd.lines[0][2:].strip()
-                cmd.keep = "marked <!-- output: keep -->" if kept else next(
+                cmd.keep = "marked <!-- output: keep -->" if mark == KEEP_MARK else next(
                     (why for pattern, why in KEEP if pattern.search(first)), None)
+                cmd.real_time = mark == REAL_TIME_MARK
             found.append(Transcript(start, end, commands))
         i = end + 1
     return found
@@ -161,33 +173,73 @@ def rewrite(lines: list[str], transcripts: list[Transcript]) -> list[str]:
     return out
 
 
+@dataclass
+class Page:
+    """One page (README.md or a docs page) and its transcripts."""
+
+    path: Path
+    lines: list[str]
+    transcripts: list[Transcript]
+
+    @property
+    def name(self) -> str:
+        return str(self.path.relative_to(ROOT)) if self.path.is_relative_to(ROOT) else str(self.path)
+
+
+def pages(paths: list[Path] | None = None) -> list[Page]:
+    """README.md and the docs pages in reading order (:data:`PAGES`, then the rest by name), or ``paths``."""
+    if paths is None:
+        docs = sorted((ROOT / "docs").glob("*.md"))
+        order = {name: k for k, name in enumerate(PAGES)}
+        paths = [README] + sorted(docs, key=lambda d: (order.get(d.stem, len(PAGES)), d.stem))
+    out = []
+    for path in paths:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        out.append(Page(path, lines, parse(lines)))
+    return out
+
+
+def masked(lines: list[str] | None) -> list[str] | None:
+    return None if lines is None else [DURATION.sub(r"\1N s", line) for line in lines]
+
+
+def differences(page: Page, *, compare_real_time: bool = True) -> list[str]:
+    """``page:line: command`` for each command run whose output differs from the page's (run times masked)."""
+    return [f"{page.name}:{t.start + 1}: {cmd.lines[0][2:]}" for t in page.transcripts for cmd in t.commands
+            if cmd.new_output is not None and (compare_real_time or not cmd.real_time)
+            and masked(cmd.new_output) != masked(cmd.output)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help="write README.md (default: print a diff)")
+    parser.add_argument("--write", action="store_true", help="write the pages (default: print a diff)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if an output differs (run times masked, real-time runs not compared)")
     parser.add_argument("--list", action="store_true", help="list the commands, and which are kept; run nothing")
-    parser.add_argument("--readme", type=Path, default=README, help="the README to regenerate")
+    parser.add_argument("--page", type=Path, action="append", help="only these pages, in this order (repeatable)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one command may take")
     args = parser.parse_args(argv)
-    lines = args.readme.read_text(encoding="utf-8").splitlines()
-    transcripts = parse(lines)
+    docs = pages([p.resolve() for p in args.page] if args.page else None)
     if args.list:
-        for t in transcripts:
-            for cmd in t.commands:
-                print(f"README.md:{t.start + 1}: {cmd.lines[0][2:]}" + (f"   [kept: {cmd.keep}]" if cmd.keep else ""))
+        for page in docs:
+            for t in page.transcripts:
+                for cmd in t.commands:
+                    why = f"   [kept: {cmd.keep}]" if cmd.keep else "   [real time]" if cmd.real_time else ""
+                    print(f"{page.name}:{t.start + 1}: {cmd.lines[0][2:]}{why}")
         return 0
-    run(transcripts, timeout_s=args.timeout)
-    new = rewrite(lines, transcripts)
-    changed = [f"README.md:{t.start + 1}: {cmd.lines[0][2:]}" for t in transcripts for cmd in t.commands
-               if cmd.new_output is not None and cmd.new_output != cmd.output]
-    print(f"{len(changed)} command outputs differ from README.md:", file=sys.stderr)
+    run([t for page in docs for t in page.transcripts], timeout_s=args.timeout)
+    changed = [d for page in docs for d in differences(page, compare_real_time=not args.check)]
+    print(f"{len(changed)} command outputs differ:", file=sys.stderr)
     for line in changed:
         print(f"  {line}", file=sys.stderr)
-    if args.write:
-        args.readme.write_text("\n".join(new) + "\n", encoding="utf-8")
-    else:
-        sys.stdout.writelines(difflib.unified_diff([x + "\n" for x in lines], [x + "\n" for x in new],
-                                                   "README.md", "README.md (regenerated)"))
-    return 0
+    for page in docs:
+        new = rewrite(page.lines, page.transcripts)
+        if args.write:
+            page.path.write_text("\n".join(new) + "\n", encoding="utf-8")
+        elif not args.check:
+            sys.stdout.writelines(difflib.unified_diff([x + "\n" for x in page.lines], [x + "\n" for x in new],
+                                                       page.name, f"{page.name} (regenerated)"))
+    return 1 if args.check and changed else 0
 
 
 if __name__ == "__main__":
