@@ -296,3 +296,29 @@ def test_the_study_holds_the_budget_its_companion_the_repeats_and_every_reader_r
     assert f"recommended trial #{trial}" in page and f"{said['mean']:,.0f} tok/s mean of {said['measurements']}" in page
     assert f"2 trials (" in page and f"; {len(companion.trials)} confirmation repeats outside them" in page
     assert html.escape(conf["reason"][1:]) in page
+
+
+@pytest.mark.parametrize("command", [["search", "--budget", "1"], ["nightly", "--trials", "1"],
+                                     ["plan", "--gpu", "L4", "--model", "qwen2.5-7b", "--target-ttft", "1s"],
+                                     ["estimate", "-c", "1"]])
+def test_a_missing_trace_is_blamed_on_the_flag_that_named_it(tmp_path, monkeypatch, capsys, command):
+    """--trace came from the command line: the message names it and the file, not the search
+    space's workload.trace line nor the space folder's rule for relative paths."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli([*command, "--trace", "missing.jsonl"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "'--trace'" in err and "missing.jsonl" in err and "no such file" in err
+    assert "default.yaml" not in err and "space file" not in err and "workload.trace" not in err
+    assert not (tmp_path / "studies").exists() or not any((tmp_path / "studies").iterdir())  # nothing begun
+
+
+def test_a_trace_given_to_the_library_is_not_blamed_on_the_space(tmp_path):
+    from tuner.space import load_space
+
+    space = load_space("default", trace=str(tmp_path / "missing.jsonl"))  # the space's own is not checked
+    assert space.workload.trace.endswith("missing.jsonl")
+    with pytest.raises(InputError) as caught:
+        import tuner
+
+        tuner.search(workload={"trace": str(tmp_path / "missing.jsonl")}, settings=None)
+    assert "missing.jsonl" in str(caught.value) and "default.yaml" not in str(caught.value)

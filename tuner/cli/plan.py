@@ -10,7 +10,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
+from tuner.cli.options import OUTPUT_HELP, Backend, Output, existing_file, old_spelling, renamed
 from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS
 
@@ -59,7 +59,7 @@ def plan_cmd(
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
                                           "knob flags do (not with --study/--trial)."),
-    trace: str = typer.Option(None, "--trace", help="Request log to replay instead of the study's workload (any "
+    trace: str = typer.Option(None, "--trace", callback=existing_file, help="Request log to replay instead of the study's workload (any "
                               "format tuner trace reads), on purpose: when it is not the study's, plan says so in "
                               "one warning line and replays it. Default: the requests the study searched on (the "
                               "file it read, checked by fingerprint: plan refuses, exit 2, when that file now "

@@ -8,7 +8,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, parse_gpus, pins, quantization_flag, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output, Sampler
+from tuner.cli.options import Backend, Output, Sampler, existing_file
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
@@ -78,7 +78,7 @@ def search_cmd(
     quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
-    trace: str | None = typer.Option(None, "--trace", help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
+    trace: str | None = typer.Option(None, "--trace", callback=existing_file, help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
     slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),
     objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
