@@ -322,3 +322,54 @@ def test_a_trace_given_to_the_library_is_not_blamed_on_the_space(tmp_path):
 
         tuner.search(workload={"trace": str(tmp_path / "missing.jsonl")}, settings=None)
     assert "missing.jsonl" in str(caught.value) and "default.yaml" not in str(caught.value)
+
+
+def test_a_layout_that_leaves_a_gpu_idle_says_which_one(tmp_path, monkeypatch, capsys):
+    """--gpus 3 --tensor-parallel-size 2 can only run TP2 x 1: the run goes on (three GPUs are
+    what the host has) and one line says that GPU 2 sits idle, live and in the report."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--gpus", "3",
+                              "--tensor-parallel-size", "2", "--output", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    said = [n for n in report["notes"] if "idle" in n]
+    assert len(said) == 1 and "GPU 2 sits idle" in said[0] and "2 of the 3 GPUs (0,1)" in said[0], report["notes"]
+    assert err.count("GPU 2 sits idle") == 1  # said once, as the run starts
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--gpus", "1,4,6",
+                              "--tensor-parallel-size", "2", "--output", "json"], capsys)
+    assert code == 0 and any("GPU 6 sits idle" in n for n in json.loads(out)["notes"]), out
+
+
+def test_the_winner_says_so_exactly_when_its_layout_leaves_a_gpu_idle(tmp_path, monkeypatch, capsys):
+    """On 3 GPUs the auto layouts are TP1 x 3 (all used) and TP2 x 1 (GPU 2 idle): nothing is said
+    as the run starts, and the report's note names the idle GPU iff the winner is the latter."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "3", "--confirm", "0", "--gpus", "3", "--output", "json"], capsys)
+    assert code == 0 and "idle" not in err, err
+    report = json.loads(out)
+    best = report["best"]["config"]
+    fills = best["tensor_parallel_size"] * best["replicas"] == 3
+    said = [n for n in report["notes"] if "idle" in n]
+    assert said == ([] if fills else [said[0]]) and (fills or said[0].startswith("the winner, TP2 x 1 replica"))
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--gpus", "4",
+                              "--tensor-parallel-size", "2", "--output", "json"], capsys)
+    assert code == 0 and not [n for n in json.loads(out)["notes"] if "idle" in n] and "idle" not in err
+
+
+def test_a_deployment_names_the_devices_a_layout_leaves_idle():
+    from tuner.serving.config import Deployment
+
+    dep = Deployment(gpu_count=3)
+    assert dep.idle_devices(1, 3) == () and dep.idle_devices(2, 1) == (2,) and dep.idle_devices(1, 1) == (1, 2)
+    assert "GPUs 1,2 sit idle" in dep.idle_note(1, 1) and dep.idle_note(1, 3) is None
+    assert Deployment(gpu_count=3, gpu_ids=(1, 4, 6)).idle_devices(2, 1) == (6,)
+
+
+def test_estimate_says_the_idle_gpu_as_search_does(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["estimate", "--gpus", "3", "--tensor-parallel-size", "2"], capsys)
+    assert code == 0 and "note: TP2 x 1 replica uses 2 of the 3 GPUs (0,1), GPU 2 sits idle" in out
+    code, out, _ = run_cli(["estimate", "--gpus", "3", "--tensor-parallel-size", "2", "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["idle_gpus"] == [2]
+    code, out, _ = run_cli(["estimate", "--gpus", "2", "--tensor-parallel-size", "2", "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["idle_gpus"] == []

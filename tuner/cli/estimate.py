@@ -253,15 +253,18 @@ def estimate_cmd(
         with Runs(len(loads)) as progress:
             rows = run_loads(deployment, config, workload, loads, observer=progress)
 
+    idle = deployment.idle_devices(config.tensor_parallel_size, config.replicas)  # as tuner search says it
     if output is Output.json:
         memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {
             "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
         memory["error"] = None if error is None else error.message
         memory["error_kind"] = None if error is None else error.kind
-        typer.echo(json.dumps({"memory": memory, "load": rows}, indent=2))
+        typer.echo(json.dumps({"memory": memory, "load": rows, "idle_gpus": list(idle)}, indent=2))
     else:
         if plan is not None:
             typer.echo("\n".join(render_plan(plan)))
+        if idle:
+            typer.echo(f"note: {deployment.idle_note(config.tensor_parallel_size, config.replicas)}")
         if plan is None or plan.error is None:
             if error is not None:
                 typer.echo(f"vLLM refuses to start ({error.kind}): {error.message}")
