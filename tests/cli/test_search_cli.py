@@ -373,3 +373,21 @@ def test_estimate_says_the_idle_gpu_as_search_does(tmp_path, monkeypatch, capsys
     assert code == 0 and json.loads(out)["idle_gpus"] == [2]
     code, out, _ = run_cli(["estimate", "--gpus", "2", "--tensor-parallel-size", "2", "-o", "json"], capsys)
     assert code == 0 and json.loads(out)["idle_gpus"] == []
+
+
+def test_timeout_does_what_search_help_says(tmp_path, monkeypatch, capsys):
+    """--help said --timeout 'exits normally' and listed exit 124 for it: it prints the best so
+    far as a finished run does and exits 124 while trials of the budget are left, 0 once none is."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    _, text, _ = run_cli(["search", "--help"], capsys)
+    text = " ".join(text.split())
+    assert "exits normally" not in text
+    assert "124 --timeout ended the run before the budget was used" in text
+    assert "--timeout stops one still running at the limit" in text and "exits 124 while" in text
+    code, out, err = run_cli(["search", "--budget", "40", "--timeout", "2", "--study", "t", "-o", "json"], capsys)
+    report = json.loads(out)  # the report is printed, as a finished run prints it
+    assert code == 124 and report["timed_out"] and report["finished_trials"] < 40, err
+    code, out, _ = run_cli(["search", "--budget", str(max(report["finished_trials"], 1)), "--study", "t",
+                            "--timeout", "1h", "-o", "json"], capsys)
+    assert code == 0 and not json.loads(out)["timed_out"]  # the budget used within the window: a normal exit
