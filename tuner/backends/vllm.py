@@ -73,6 +73,18 @@ REQUEST_TIMEOUT_S = 600.0
 PORT_ATTEMPTS = 3
 
 
+def server_tmpdir() -> Path:
+    """A temporary folder of one server's own, its ``TMPDIR`` and ``VLLM_RPC_BASE_PATH``: vLLM
+    binds its ZMQ ipc sockets at ``$VLLM_RPC_BASE_PATH/<uuid4>`` (default: the temporary folder,
+    vllm/envs.py) and the CPU build its ``vllm_dist_*`` file there; a server that is stopped
+    leaves them, so the folder goes with it (:meth:`_Replica.stop`). Under ``/tmp`` when the
+    temporary folder's path is too long for a socket (sockaddr_un holds 107 bytes)."""
+    import tempfile
+
+    parent = tempfile.gettempdir()  # + /tuner-vllm-XXXXXXXX/ + a uuid4: 57 bytes more
+    return Path(tempfile.mkdtemp(prefix="tuner-vllm-", dir=parent if len(parent) <= 50 else "/tmp"))
+
+
 class VllmBackend:
     """Starts ``vllm serve`` replicas per trial. Constructor arguments:
 
@@ -251,7 +263,9 @@ class VllmBackend:
                 # VLLM_API_KEY would make the server demand a key tuner does not send (and
                 # /v1/models answer 401 to the check that the server is ours)
                 inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-                env = {**inherited, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
+                tmp = server_tmpdir()
+                env = {**inherited, "TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), **self.env,
+                       "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
                        processes.MARKER_ENV: processes.marker(token)}
                 where = f"CUDA_VISIBLE_DEVICES={gpus}"
                 if self.platform() == "cpu":
@@ -265,6 +279,7 @@ class VllmBackend:
                         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
                 except OSError as err:
+                    shutil.rmtree(tmp, ignore_errors=True)
                     if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
                         raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
                                                f"cannot write the vLLM log {log_path}: {err.strerror}",
@@ -272,7 +287,7 @@ class VllmBackend:
                     raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
                                            path=argv[0]) from err
                 replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
-                                         token=token, port=port))
+                                         token=token, port=port, tmpdir=tmp))
             for r in replicas:
                 self._wait_healthy(r, t_start)
             model_name = self._model_name(replicas[0])

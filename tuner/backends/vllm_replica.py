@@ -4,6 +4,7 @@ not stopped (:func:`stop_all`, the CLI's last act on any exit)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -29,7 +30,7 @@ def stop_all(grace_s: float = 5.0) -> int:
 
 class _Replica:
     def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, argv: list[str], gpus: str,
-                 token: str = "", port: int = 0) -> None:
+                 token: str = "", port: int = 0, tmpdir: Path | None = None) -> None:
         self.proc = proc
         self.pgid = proc.pid  # start_new_session=True: the child leads its own group
         self.url = url
@@ -38,6 +39,7 @@ class _Replica:
         self.gpus = gpus
         self.token = token
         self.port = port
+        self.tmpdir = tmpdir  # its TMPDIR (vLLM's ipc sockets): removed once it is stopped
         _LIVE.add(self)
         reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
 
@@ -85,3 +87,5 @@ class _Replica:
             _LIVE.discard(self)
             reaper.forget(self.pgid)
             remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
+            if self.tmpdir is not None:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
