@@ -88,7 +88,7 @@ def test_a_server_killed_from_outside_leaves_nothing_once_stopped(backend, tmpdi
 def test_a_temporary_folder_too_deep_for_a_socket_path_gives_way_to_tmp(monkeypatch, tmp_path):
     import shutil
 
-    from tuner.backends.vllm import server_tmpdir
+    from tuner.backends.vllm_replica import server_tmpdir
 
     deep = tmp_path / ("d" * 60)
     deep.mkdir()

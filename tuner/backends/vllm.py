@@ -54,7 +54,7 @@ from tuner.backends.vllm_args import classify_failure, parse_startup, place_mode
 from tuner.backends.vllm_command import detect_version, sim_serve_speed
 from tuner.backends.vllm_cpu import CpuPlatform, resolve_platform
 from tuner.backends.vllm_instance import VllmInstance
-from tuner.backends.vllm_replica import _LIVE, _Replica
+from tuner.backends.vllm_replica import _LIVE, _Replica, server_tmpdir
 from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.runtime import processes
 from tuner.runtime.interrupts import current_deadline
@@ -71,18 +71,6 @@ STARTUP_TIMEOUT_S = 1800.0
 REQUEST_TIMEOUT_S = 600.0
 #: Attempts at a start whose port another process took in the meantime.
 PORT_ATTEMPTS = 3
-
-
-def server_tmpdir() -> Path:
-    """A temporary folder of one server's own, its ``TMPDIR`` and ``VLLM_RPC_BASE_PATH``: vLLM
-    binds its ZMQ ipc sockets at ``$VLLM_RPC_BASE_PATH/<uuid4>`` (default: the temporary folder,
-    vllm/envs.py) and the CPU build its ``vllm_dist_*`` file there; a server that is stopped
-    leaves them, so the folder goes with it (:meth:`_Replica.stop`). Under ``/tmp`` when the
-    temporary folder's path is too long for a socket (sockaddr_un holds 107 bytes)."""
-    import tempfile
-
-    parent = tempfile.gettempdir()  # + /tuner-vllm-XXXXXXXX/ + a uuid4: 57 bytes more
-    return Path(tempfile.mkdtemp(prefix="tuner-vllm-", dir=parent if len(parent) <= 50 else "/tmp"))
 
 
 class VllmBackend:

@@ -15,6 +15,18 @@ from tuner.backends.vllm_cpu import remove_dist_files
 from tuner.runtime import processes
 
 
+def server_tmpdir() -> Path:
+    """A temporary folder of one server's own, its ``TMPDIR`` and ``VLLM_RPC_BASE_PATH``: vLLM
+    binds its ZMQ ipc sockets at ``$VLLM_RPC_BASE_PATH/<uuid4>`` (default: the temporary folder,
+    vllm/envs.py) and the CPU build its ``vllm_dist_*`` file there; a server that is stopped
+    leaves them, so the folder goes with it (:meth:`_Replica.stop`). Under ``/tmp`` when the
+    temporary folder's path is too long for a socket (sockaddr_un holds 107 bytes)."""
+    import tempfile
+
+    parent = tempfile.gettempdir()  # + /tuner-vllm-XXXXXXXX/ + a uuid4: 57 bytes more
+    return Path(tempfile.mkdtemp(prefix="tuner-vllm-", dir=parent if len(parent) <= 50 else "/tmp"))
+
+
 #: Every replica this process started and has not stopped yet (see :func:`stop_all`).
 _LIVE: set[_Replica] = set()
 
