@@ -365,7 +365,7 @@ def test_a_deployment_names_the_devices_a_layout_leaves_idle():
     assert Deployment(gpu_count=3, gpu_ids=(1, 4, 6)).idle_devices(2, 1) == (6,)
 
 
-def test_estimate_says_the_idle_gpu_as_search_does(tmp_path, monkeypatch, capsys):
+def test_estimate_and_plan_say_the_idle_gpu_as_search_does(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(["estimate", "--gpus", "3", "--tensor-parallel-size", "2"], capsys)
     assert code == 0 and "note: TP2 x 1 replica uses 2 of the 3 GPUs (0,1), GPU 2 sits idle" in out
@@ -373,6 +373,9 @@ def test_estimate_says_the_idle_gpu_as_search_does(tmp_path, monkeypatch, capsys
     assert code == 0 and json.loads(out)["idle_gpus"] == [2]
     code, out, _ = run_cli(["estimate", "--gpus", "2", "--tensor-parallel-size", "2", "-o", "json"], capsys)
     assert code == 0 and json.loads(out)["idle_gpus"] == []
+    code, out, _ = run_cli(["plan", "--gpus", "3", "--tensor-parallel-size", "2", "--target-ttft", "2s", "-c", "2,4",
+                            "-n", "40", "--no-files", "--no-store", "-o", "json"], capsys)
+    assert code == 0 and "TP2 x 1 replica uses 2 of the 3 GPUs (0,1), GPU 2 sits idle" in json.loads(out)["notes"]
 
 
 def test_timeout_does_what_search_help_says(tmp_path, monkeypatch, capsys):

@@ -155,6 +155,8 @@ def plan_capacity(
     target = ttft or target
     slo_set = SloSet.of((f"p95:ttft<={target}s",) + others)
     deployment = deployment or Deployment()
+    idle = deployment.idle_note(config.tensor_parallel_size, config.replicas)  # as search and estimate say it
+    notes += [idle] if idle else []
     if workload is not None:
         chosen_workload = given(workload, studied, obs.on_warning)
     elif chosen_workload is None:  # a configuration given directly: the built-in mix
