@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -146,7 +147,8 @@ def test_linear_server_gives_the_exact_crossing_and_verifies_it():
     assert est.max_concurrency == 100 and est.bound == "interpolated" and est.verified
     assert est.ttft_p95_s <= 5.0
     verify = [p for p in est.sweep if p.role == "verify"]
-    assert [p.level for p in verify] == [100]
+    # 100 (the crossing) held; 120 broke: 105, a quarter of the gap up, broke within 5 % of 100
+    assert [p.level for p in verify] == [100, 105] and not verify[1].meets(5.0)
     assert est.tokens_per_s == pytest.approx(100 * 100)  # the analytic server's 100 tok/s per user
     # workload mean is 300 tokens per request: one conversation = one request
     assert est.conversations_per_min == pytest.approx(est.tokens_per_s * 60 / 300)
@@ -157,6 +159,38 @@ def test_a_missed_verification_steps_down_and_says_so():
     assert est.max_concurrency < 85 and est.ttft_p95_s <= 5.0
     assert any("missed" in n and "stepped down" in n for n in est.notes)
     assert sum(p.role == "verify" for p in est.sweep) >= 2
+
+
+def _no_gap(est, target: float = 5.0) -> None:
+    """The answer is a load that was run and held, and a load that was run and broke lies
+    within the search's edge width above it (5 %, at least one user): nothing left unverified
+    between the last load that held and the first that broke."""
+    from tuner.search import edge_width
+
+    answer = next(p for p in est.sweep if p.level == est.max_load)
+    assert answer.meets(target), est.sweep
+    broke = min(p.level for p in est.sweep if not p.meets(target) and p.level > est.max_load)
+    assert broke - est.max_load <= edge_width(est.max_load, est.load_kind), sorted(p.level for p in est.sweep)
+
+
+def test_an_interpolation_that_lands_on_the_load_that_held_still_looks_between_it_and_the_break():
+    """The issue's shape: P95 TTFT flat near the target up to 13 users, then a cliff. 5, 10
+    and 20 users are run; the curve crosses the target right after 10, where the plan used to
+    answer without running anything in between (10 users where 13 hold)."""
+    est = plan(lambda u: 4.9 if u <= 13 else 40.0, sweep=Sweep(levels=[5, 10, 20]))
+    assert est.max_concurrency == 13 and est.verified
+    _no_gap(est)
+
+
+def test_a_coarse_ladder_leaves_no_gap_between_the_answer_and_the_first_load_that_broke():
+    knee = lambda u: 0.5 + 0.01 * u if u <= 13 else 1.64 + 4.0 * (u - 14)  # noqa: E731  # 14 holds, 15 breaks
+    for levels in ([5, 10, 20], [1, 100], [2, 40], [5, 50]):
+        est = plan(knee, target=2.0, sweep=Sweep(levels=levels))
+        assert est.max_concurrency == 14, (levels, sorted(p.level for p in est.sweep))
+        _no_gap(est, 2.0)
+    est = plan(lambda r: 0.5 * r, sweep=Sweep(rates=[1, 64]))  # open loop: 5 s at 10 req/s
+    assert est.max_load == pytest.approx(10, rel=0.05) and est.max_load <= 10
+    _no_gap(est)
 
 
 def test_a_server_that_never_breaks_is_extended_then_reported_as_a_lower_bound():
@@ -419,3 +453,34 @@ def test_a_request_count_given_is_kept_and_the_note_says_to_raise_it():
     est = plan_capacity(5.0, config=ServeConfig(), backend=Analytic(lambda u: 0.1), sweep=Sweep(requests=300))
     assert est.bound == "at_least" and est.workload.requests == 300 and est.max_concurrency >= 150
     assert any("give a larger -n" in n for n in est.notes)
+
+
+# -- the plan of a study's trial agrees with the search on it --------------------------------
+PREFILL_HEAVY = Path(__file__).parent / "fixtures" / "prefill-heavy-100.jsonl"
+
+
+@pytest.mark.parametrize("levels", [None, [5, 50], [1, 100]], ids=["default", "5,50", "1,100"])
+def test_plan_agrees_with_the_search_on_the_trial_it_plans(tmp_path, levels):
+    """A 100-request window of a prefill-heavy trace: the search's winner held its edge at some
+    users; plan on that study and trial finds the same load within the 5 % both locate it to,
+    and tokens/s there within the noise the search states for its winner (its confirmation
+    band, widened by two run-to-run sd), whatever ladder it started from."""
+    import tuner
+    from tuner.search import SearchSettings, edge_width
+    from tuner.study.record import TrialRecord
+
+    storage = f"sqlite:///{tmp_path}/p.db"
+    out = tuner.search(workload={"trace": str(PREFILL_HEAVY)}, storage=storage, study="p",
+                       settings=SearchSettings(budget=6, seed=0))
+    rec = TrialRecord.from_trial(out.best)
+    assert rec.edge is not None and rec.edge.located, rec.edge
+    est = tuner.plan(study="p", storage=storage, trial=out.best.number,
+                     sweep=Sweep(levels=levels) if levels else Sweep(), store=False)
+    assert est.workload.matches_study and est.verified
+    assert abs(est.max_load - rec.edge.level) <= edge_width(rec.edge.level, "concurrency"), (est.max_load, rec.edge)
+    conf = out.confirmation
+    lo, hi = conf.band
+    assert lo * (1 - 2 * conf.noise.rel_sd) <= est.tokens_per_s <= hi * (1 + 2 * conf.noise.rel_sd)
+    assert any(n.startswith(f"the search held {rec.edge.level:g} users on trial {out.best.number}") and "agrees" in n
+               for n in est.notes), est.notes
+    _no_gap(est, est.target_ttft_s)

@@ -96,3 +96,15 @@ def test_the_sampler_choices_are_the_samplers_search_knows():
     from tuner.search import SAMPLERS
 
     assert [s.value for s in Sampler] == list(SAMPLERS)
+
+
+def test_version_is_one_line_and_the_version_of_the_package(capsys):
+    import tomllib
+    from pathlib import Path
+
+    import tuner
+
+    code, out, err = run_cli(["--version"], capsys)
+    project = tomllib.loads((Path(tuner.__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert code == 0 and err == "" and out.count("\n") == 1
+    assert out.startswith(f"tuner {project['version']} (") and tuner.__version__ == project["version"]

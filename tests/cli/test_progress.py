@@ -50,3 +50,25 @@ def test_a_resumed_study_starts_the_bar_part_way():
         bar.on_start("s", finished=30, budget=60)
         task = bar.progress.tasks[0]
         assert (task.completed, task.total) == (30, 60)
+
+
+@pytest.mark.parametrize("make", [lambda: Bar("trials", 4, enabled=False, best=True),
+                                  lambda: Bar("report", None, enabled=False), lambda: Runs(2, enabled=False)],
+                         ids=["search", "spinner", "plan"])
+def test_every_hook_leaves_every_column_its_field(make):
+    """Each hook, in any order, leaves the bar drawable: rich's reset replaces a task's fields
+    with those it is given, and a column whose field is gone raises KeyError on the next redraw."""
+    import io
+
+    from rich.console import Console
+
+    bar = make()
+    hooks = [lambda: bar.on_start("s", 1, 4), lambda: bar.on_phase("repeat 1: sweep run at 8 users"),
+             lambda: bar.on_trial(None, None, 2), lambda: bar.on_warning("w"), lambda: bar.step("x")]
+    with bar:
+        for order in (hooks, hooks[::-1]):
+            for hook in order:
+                hook()
+                Console(file=io.StringIO(), width=80).print(bar.progress.get_renderable())
+    with pytest.raises(TypeError, match="no column shows"):
+        bar._set(bets="typo")  # a field no column shows is a typo, said at once

@@ -296,3 +296,101 @@ def test_the_study_holds_the_budget_its_companion_the_repeats_and_every_reader_r
     assert f"recommended trial #{trial}" in page and f"{said['mean']:,.0f} tok/s mean of {said['measurements']}" in page
     assert f"2 trials (" in page and f"; {len(companion.trials)} confirmation repeats outside them" in page
     assert html.escape(conf["reason"][1:]) in page
+
+
+@pytest.mark.parametrize("command", [["search", "--budget", "1"], ["nightly", "--trials", "1"],
+                                     ["plan", "--gpu", "L4", "--model", "qwen2.5-7b", "--target-ttft", "1s"],
+                                     ["estimate", "-c", "1"]])
+def test_a_missing_trace_is_blamed_on_the_flag_that_named_it(tmp_path, monkeypatch, capsys, command):
+    """--trace came from the command line: the message names it and the file, not the search
+    space's workload.trace line nor the space folder's rule for relative paths."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli([*command, "--trace", "missing.jsonl"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "'--trace'" in err and "missing.jsonl" in err and "no such file" in err
+    assert "default.yaml" not in err and "space file" not in err and "workload.trace" not in err
+    assert not (tmp_path / "studies").exists() or not any((tmp_path / "studies").iterdir())  # nothing begun
+
+
+def test_a_trace_given_to_the_library_is_not_blamed_on_the_space(tmp_path):
+    from tuner.space import load_space
+
+    space = load_space("default", trace=str(tmp_path / "missing.jsonl"))  # the space's own is not checked
+    assert space.workload.trace.endswith("missing.jsonl")
+    with pytest.raises(InputError) as caught:
+        import tuner
+
+        tuner.search(workload={"trace": str(tmp_path / "missing.jsonl")}, settings=None)
+    assert "missing.jsonl" in str(caught.value) and "default.yaml" not in str(caught.value)
+
+
+def test_a_layout_that_leaves_a_gpu_idle_says_which_one(tmp_path, monkeypatch, capsys):
+    """--gpus 3 --tensor-parallel-size 2 can only run TP2 x 1: the run goes on (three GPUs are
+    what the host has) and one line says that GPU 2 sits idle, live and in the report."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--gpus", "3",
+                              "--tensor-parallel-size", "2", "--output", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    said = [n for n in report["notes"] if "idle" in n]
+    assert len(said) == 1 and "GPU 2 sits idle" in said[0] and "2 of the 3 GPUs (0,1)" in said[0], report["notes"]
+    assert err.count("GPU 2 sits idle") == 1  # said once, as the run starts
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--gpus", "1,4,6",
+                              "--tensor-parallel-size", "2", "--output", "json"], capsys)
+    assert code == 0 and any("GPU 6 sits idle" in n for n in json.loads(out)["notes"]), out
+
+
+def test_the_winner_says_so_exactly_when_its_layout_leaves_a_gpu_idle(tmp_path, monkeypatch, capsys):
+    """On 3 GPUs the auto layouts are TP1 x 3 (all used) and TP2 x 1 (GPU 2 idle): nothing is said
+    as the run starts, and the report's note names the idle GPU iff the winner is the latter."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(["search", "--budget", "3", "--confirm", "0", "--gpus", "3", "--output", "json"], capsys)
+    assert code == 0 and "idle" not in err, err
+    report = json.loads(out)
+    best = report["best"]["config"]
+    fills = best["tensor_parallel_size"] * best["replicas"] == 3
+    said = [n for n in report["notes"] if "idle" in n]
+    assert said == ([] if fills else [said[0]]) and (fills or said[0].startswith("the winner, TP2 x 1 replica"))
+    code, out, err = run_cli(["search", "--budget", "1", "--confirm", "0", "--gpus", "4",
+                              "--tensor-parallel-size", "2", "--output", "json"], capsys)
+    assert code == 0 and not [n for n in json.loads(out)["notes"] if "idle" in n] and "idle" not in err
+
+
+def test_a_deployment_names_the_devices_a_layout_leaves_idle():
+    from tuner.serving.config import Deployment
+
+    dep = Deployment(gpu_count=3)
+    assert dep.idle_devices(1, 3) == () and dep.idle_devices(2, 1) == (2,) and dep.idle_devices(1, 1) == (1, 2)
+    assert "GPUs 1,2 sit idle" in dep.idle_note(1, 1) and dep.idle_note(1, 3) is None
+    assert Deployment(gpu_count=3, gpu_ids=(1, 4, 6)).idle_devices(2, 1) == (6,)
+
+
+def test_estimate_and_plan_say_the_idle_gpu_as_search_does(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(["estimate", "--gpus", "3", "--tensor-parallel-size", "2"], capsys)
+    assert code == 0 and "note: TP2 x 1 replica uses 2 of the 3 GPUs (0,1), GPU 2 sits idle" in out
+    code, out, _ = run_cli(["estimate", "--gpus", "3", "--tensor-parallel-size", "2", "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["idle_gpus"] == [2]
+    code, out, _ = run_cli(["estimate", "--gpus", "2", "--tensor-parallel-size", "2", "-o", "json"], capsys)
+    assert code == 0 and json.loads(out)["idle_gpus"] == []
+    code, out, _ = run_cli(["plan", "--gpus", "3", "--tensor-parallel-size", "2", "--target-ttft", "2s", "-c", "2,4",
+                            "-n", "40", "--no-files", "--no-store", "-o", "json"], capsys)
+    assert code == 0 and "TP2 x 1 replica uses 2 of the 3 GPUs (0,1), GPU 2 sits idle" in json.loads(out)["notes"]
+
+
+def test_timeout_does_what_search_help_says(tmp_path, monkeypatch, capsys):
+    """--help said --timeout 'exits normally' and listed exit 124 for it: it prints the best so
+    far as a finished run does and exits 124 while trials of the budget are left, 0 once none is."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    _, text, _ = run_cli(["search", "--help"], capsys)
+    text = " ".join(text.split())
+    assert "exits normally" not in text
+    assert "124 --timeout ended the run before the budget was used" in text
+    assert "--timeout stops one still running at the limit" in text and "exits 124 while" in text
+    code, out, err = run_cli(["search", "--budget", "40", "--timeout", "2", "--study", "t", "-o", "json"], capsys)
+    report = json.loads(out)  # the report is printed, as a finished run prints it
+    assert code == 124 and report["timed_out"] and report["finished_trials"] < 40, err
+    code, out, _ = run_cli(["search", "--budget", str(max(report["finished_trials"], 1)), "--study", "t",
+                            "--timeout", "1h", "-o", "json"], capsys)
+    assert code == 0 and not json.loads(out)["timed_out"]  # the budget used within the window: a normal exit

@@ -107,7 +107,7 @@ def _storage(workdir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def searched(workdir, vllm_python):
-    before = set(glob.glob("/tmp/vllm_dist_*"))
+    before = set(glob.glob("/tmp/vllm_dist_*")) | _tmp_leftovers()
     cmd = f"{vllm_python} -m vllm.entrypoints.openai.api_server"
     done = _tuner(["search", "--backend", "vllm", "--vllm-cmd", cmd, "--space", str(workdir / "space.yaml"),
                    "--model", str(workdir / "tiny-llama"), "--budget", "3", "--sampler", "grid",
@@ -121,7 +121,22 @@ def searched(workdir, vllm_python):
 
     study = optuna.load_study(study_name="live-cpu", storage=_storage(workdir))
     return {"report": report, "trials": study.trials, "before": before,
-            "after": set(glob.glob("/tmp/vllm_dist_*")), "procs": _our_processes()}
+            "after": set(glob.glob("/tmp/vllm_dist_*")) | _tmp_leftovers(), "procs": _our_processes()}
+
+
+def _tmp_leftovers() -> set[str]:
+    """What a vLLM server can leave in /tmp: its ZMQ ipc sockets (``$VLLM_RPC_BASE_PATH/<uuid4>``,
+    zero-byte socket files) and the folder tuner gives each server for them."""
+    import stat
+
+    found = set()
+    for entry in os.scandir("/tmp"):
+        try:
+            if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode) or entry.name.startswith("tuner-vllm-"):
+                found.add(entry.path)
+        except OSError:
+            continue
+    return found
 
 
 def test_search_trials_measure_real_vllm(searched, workdir):
@@ -173,7 +188,7 @@ def test_search_leaves_no_process_or_dist_file(searched, workdir):
 
 
 def test_plan_against_real_vllm(searched, workdir, vllm_python):
-    before = set(glob.glob("/tmp/vllm_dist_*"))
+    before = set(glob.glob("/tmp/vllm_dist_*")) | _tmp_leftovers()
     cmd = f"{vllm_python} -m vllm.entrypoints.openai.api_server"
     done = _tuner(["plan", "--study", "live-cpu", "--storage", _storage(workdir), "--backend", "vllm", "--vllm-cmd", cmd,
                    "--concurrency", "1,4", "--output", "json", "--no-files"], workdir, timeout=600)
@@ -187,7 +202,7 @@ def test_plan_against_real_vllm(searched, workdir, vllm_python):
         assert point["ttft_p95_s"] > 0
         assert point["tokens_per_s"] > point["output_tokens_per_s"] > 0
     assert _our_processes() == []
-    assert sorted(set(glob.glob("/tmp/vllm_dist_*")) - before) == []
+    assert sorted((set(glob.glob("/tmp/vllm_dist_*")) | _tmp_leftovers()) - before) == []
 
 
 def _wrapper(workdir: Path, vllm_python: str) -> Path:

@@ -54,7 +54,7 @@ from tuner.backends.vllm_args import classify_failure, parse_startup, place_mode
 from tuner.backends.vllm_command import detect_version, sim_serve_speed
 from tuner.backends.vllm_cpu import CpuPlatform, resolve_platform
 from tuner.backends.vllm_instance import VllmInstance
-from tuner.backends.vllm_replica import _LIVE, _Replica
+from tuner.backends.vllm_replica import _LIVE, _Replica, server_tmpdir
 from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
 from tuner.runtime import processes
 from tuner.runtime.interrupts import current_deadline
@@ -251,7 +251,9 @@ class VllmBackend:
                 # VLLM_API_KEY would make the server demand a key tuner does not send (and
                 # /v1/models answer 401 to the check that the server is ours)
                 inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-                env = {**inherited, **self.env, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
+                tmp = server_tmpdir()
+                env = {**inherited, "TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), **self.env,
+                       "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
                        processes.MARKER_ENV: processes.marker(token)}
                 where = f"CUDA_VISIBLE_DEVICES={gpus}"
                 if self.platform() == "cpu":
@@ -265,6 +267,7 @@ class VllmBackend:
                         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
                 except OSError as err:
+                    shutil.rmtree(tmp, ignore_errors=True)
                     if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
                         raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
                                                f"cannot write the vLLM log {log_path}: {err.strerror}",
@@ -272,7 +275,7 @@ class VllmBackend:
                     raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
                                            path=argv[0]) from err
                 replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
-                                         token=token, port=port))
+                                         token=token, port=port, tmpdir=tmp))
             for r in replicas:
                 self._wait_healthy(r, t_start)
             model_name = self._model_name(replicas[0])

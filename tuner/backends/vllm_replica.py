@@ -4,6 +4,7 @@ not stopped (:func:`stop_all`, the CLI's last act on any exit)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -12,6 +13,18 @@ from pathlib import Path
 from tuner.backends import reaper
 from tuner.backends.vllm_cpu import remove_dist_files
 from tuner.runtime import processes
+
+
+def server_tmpdir() -> Path:
+    """A temporary folder of one server's own, its ``TMPDIR`` and ``VLLM_RPC_BASE_PATH``: vLLM
+    binds its ZMQ ipc sockets at ``$VLLM_RPC_BASE_PATH/<uuid4>`` (default: the temporary folder,
+    vllm/envs.py) and the CPU build its ``vllm_dist_*`` file there; a server that is stopped
+    leaves them, so the folder goes with it (:meth:`_Replica.stop`). Under ``/tmp`` when the
+    temporary folder's path is too long for a socket (sockaddr_un holds 107 bytes)."""
+    import tempfile
+
+    parent = tempfile.gettempdir()  # + /tuner-vllm-XXXXXXXX/ + a uuid4: 57 bytes more
+    return Path(tempfile.mkdtemp(prefix="tuner-vllm-", dir=parent if len(parent) <= 50 else "/tmp"))
 
 
 #: Every replica this process started and has not stopped yet (see :func:`stop_all`).
@@ -29,7 +42,7 @@ def stop_all(grace_s: float = 5.0) -> int:
 
 class _Replica:
     def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, argv: list[str], gpus: str,
-                 token: str = "", port: int = 0) -> None:
+                 token: str = "", port: int = 0, tmpdir: Path | None = None) -> None:
         self.proc = proc
         self.pgid = proc.pid  # start_new_session=True: the child leads its own group
         self.url = url
@@ -38,6 +51,7 @@ class _Replica:
         self.gpus = gpus
         self.token = token
         self.port = port
+        self.tmpdir = tmpdir  # its TMPDIR (vLLM's ipc sockets): removed once it is stopped
         _LIVE.add(self)
         reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
 
@@ -85,3 +99,5 @@ class _Replica:
             _LIVE.discard(self)
             reaper.forget(self.pgid)
             remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)
+            if self.tmpdir is not None:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point. Typer handles usage errors itself (exit 2); TunerError becomes one
     line. SIGINT, SIGTERM and SIGHUP stop the run cleanly (:mod:`tuner.runtime.interrupts`): the
     trial in progress is stopped with its servers and not counted, one line says so, and
-    the exit status is 128 + the signal (130, 143, 129). Whatever the exit, no server
-    this process started is left running."""
+    the exit status is 128 + the signal (130, 143, 129). A reader of stdout that went away
+    (``tuner ... | head``) ends it as ``cat`` ends: quietly, by SIGPIPE (141 in the shell).
+    Whatever the exit, no server this process started is left running."""
     from tuner.runtime.interrupts import handle_signals, hold_signals
 
     argv = _debug_anywhere(list(sys.argv[1:] if argv is None else argv))
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             result = app(args=argv, prog_name="tuner", standalone_mode=False)
             code = result if isinstance(result, int) else 0  # typer.Exit and --help return their code
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at interpreter exit
         except typer.TyperException as err:  # click's usage errors (a bad choice, a missing argument)
             code = _usage_error(err)
         except typer.Abort:
@@ -48,7 +50,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"tuner: {redact(str(err))}", file=sys.stderr)
             code = err.exit_code
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
-            code = err.code
+            code = _PIPE if _closed_pipe(err) else err.code  # click exits 1 on EPIPE
+        except BrokenPipeError:
+            code = _PIPE
         except Exception as err:  # a study database that cannot be read or written, anywhere
             from tuner.study.storage import storage_fault
 
@@ -67,7 +71,42 @@ def main(argv: list[str] | None = None) -> None:
     if caught.interrupt is not None:
         print(f"tuner: {_interrupted_line(caught.interrupt)}", file=sys.stderr)
         code = getattr(caught.interrupt, "exit_code", 130)
+    if code is _PIPE:
+        _die_of_sigpipe()
     sys.exit(code)
+
+
+#: The exit of a command whose stdout reader went away (:func:`_die_of_sigpipe`).
+_PIPE = "closed pipe"
+
+
+def _closed_pipe(err: BaseException) -> bool:
+    """``err`` (or what it was raised while handling: click turns EPIPE into ``exit(1)``)
+    is a write to a pipe nobody reads any more."""
+    import errno
+
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.EPIPE:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _die_of_sigpipe() -> None:
+    """End as ``cat`` does when its reader is gone: stdout is pointed at /dev/null (so that
+    Python's last flush does not complain), and the process is killed by SIGPIPE."""
+    import signal
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sigpipe = getattr(signal, "SIGPIPE", None)
+    if sigpipe is None:  # no such signal (Windows): the shell's code for it
+        sys.exit(128 + 13)
+    sys.stderr.flush()
+    signal.signal(sigpipe, signal.SIG_DFL)
+    os.kill(os.getpid(), sigpipe)
+    sys.exit(128 + sigpipe)  # not reached once the signal is delivered
 
 
 def _one_line_warnings() -> None:

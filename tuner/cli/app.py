@@ -28,9 +28,27 @@ app = typer.Typer(
 )
 
 
+def _version(shown: bool) -> None:
+    """``tuner --version``: one line, what a bug report needs (tuner, the vLLM version the
+    simulator defaults to, Python, Optuna), then exit 0."""
+    if not shown:
+        return
+    import platform
+    from importlib.metadata import version
+
+    from tuner import __version__
+    from tuner.serving.config import DEFAULT_VLLM_VERSION
+
+    typer.echo(f"tuner {__version__} (simulates vLLM {DEFAULT_VLLM_VERSION} by default; Python "
+               f"{platform.python_version()}, optuna {version('optuna')})")
+    raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                 help="Show tuner's version and exit."),
 ) -> None:
     if debug:
         os.environ["TUNER_DEBUG"] = "1"

@@ -9,18 +9,21 @@ import typer
 
 from tuner.cli.app import app
 from tuner.cli.options import CalibrationBackend, old_spelling, renamed
+from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
-from tuner.runtime.progress import Observer
 
 
-class _Lines(Observer):
-    """Calibration's progress, a line a step, on the command's console."""
+class _Lines(Bar):
+    """Calibration's progress: a line a step on the command's console (stdout, kept by a
+    log), and on a terminal a spinner below them with the time spent (a fit runs for minutes
+    without a line)."""
 
     def __init__(self, console: Any) -> None:
+        super().__init__("calibrate", None)
         self.console = console
 
     def on_phase(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(text)  # on a terminal, rich prints it above the spinner
 
 
 @app.command(
@@ -147,9 +150,10 @@ def calibrate(
 
             runner = VllmBackend(vllm_cmd=vllm_cmd, vllm_version=version, log_dir=folder / "logs",
                                  extra_args=shlex.split(extra_args))
-        measure(runner, dep, design, folder, budget_s=seconds, observer=_Lines(console),
-                meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
-                      "extra_args": extra_args, "model": model})
+        with _Lines(console) as lines:
+            measure(runner, dep, design, folder, budget_s=seconds, observer=lines,
+                    meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
+                          "extra_args": extra_args, "model": model})
     rows = campaign_rows(folder)
     done = {r["trial"] for r in rows if r.get("kind") == "trial_end"}
     left = [t.name for t in design if t.name not in done]
@@ -165,9 +169,10 @@ def calibrate(
     # any; an excluded point is no replicate of anything
     noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"),
                               pairs=replicate_pairs(rows, read_names(excluded_file) if excluded_file else ()))
-    result = fit(rows, dep, fit_trials=chosen, fit_points=read_names(points_file) if points_file else None,
-                 exclude=read_names(excluded_file) if excluded_file else (), noise=noise, starts=starts,
-                 max_nfev=max_evals, graph_fraction=graph_kv_fraction, observer=_Lines(console))
+    with _Lines(console) as lines:
+        result = fit(rows, dep, fit_trials=chosen, fit_points=read_names(points_file) if points_file else None,
+                     exclude=read_names(excluded_file) if excluded_file else (), noise=noise, starts=starts,
+                     max_nfev=max_evals, graph_fraction=graph_kv_fraction, observer=lines)
     old_meta = profile_section(folder / "profile.yaml", "fit").get("meta")
     meta = old_meta or next(({k: v for k, v in r.items() if k not in ("kind", "design")}
                              for r in rows if r.get("kind") == "meta"), None)

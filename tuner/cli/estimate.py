@@ -11,7 +11,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed
+from tuner.cli.options import OUTPUT_HELP, Output, existing_file, old_spelling, renamed
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.serving.load import Concurrency, Load, Poisson
@@ -202,7 +202,7 @@ def estimate_cmd(
                                     "comma-separated users in flight, e.g. 5,10,20."),
     rate: str = typer.Option(None, "--rate", help="Open-loop load table: comma-separated Poisson "
                              "request rates in req/s, e.g. 1,2,4."),
-    trace: str = typer.Option(None, "--trace", help="Request log to replay (any format `tuner trace "
+    trace: str = typer.Option(None, "--trace", callback=existing_file, help="Request log to replay (any format `tuner trace "
                               "stats` reads). Default: the built-in 40/40/20 mix of article 004."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
                                   "stopping at the first (a note says how many and why)."),
@@ -253,15 +253,18 @@ def estimate_cmd(
         with Runs(len(loads)) as progress:
             rows = run_loads(deployment, config, workload, loads, observer=progress)
 
+    idle = deployment.idle_devices(config.tensor_parallel_size, config.replicas)  # as tuner search says it
     if output is Output.json:
         memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {
             "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
         memory["error"] = None if error is None else error.message
         memory["error_kind"] = None if error is None else error.kind
-        typer.echo(json.dumps({"memory": memory, "load": rows}, indent=2))
+        typer.echo(json.dumps({"memory": memory, "load": rows, "idle_gpus": list(idle)}, indent=2))
     else:
         if plan is not None:
             typer.echo("\n".join(render_plan(plan)))
+        if idle:
+            typer.echo(f"note: {deployment.idle_note(config.tensor_parallel_size, config.replicas)}")
         if plan is None or plan.error is None:
             if error is not None:
                 typer.echo(f"vLLM refuses to start ({error.kind}): {error.message}")

@@ -5,14 +5,14 @@ from __future__ import annotations
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output, old_spelling, renamed
+from tuner.cli.options import Backend, Output, existing_file, old_spelling, renamed
 from tuner.core.errors import InputError
 
 
 
 @app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.")
 def nightly_cmd(
-    trace: str | None = typer.Option(None, "--trace", help="Request log of the deployment (any format tuner trace reads). Default: the built-in synthetic mix."),
+    trace: str | None = typer.Option(None, "--trace", callback=existing_file, help="Request log of the deployment (any format tuner trace reads). Default: the built-in synthetic mix."),
     window: str | None = typer.Option(None, "--window", help="Only the last part of --trace: 24h, 90m, 1d. Default: the whole log."),
     space: str = typer.Option("default", "--space", help="Search space: a shipped name or a YAML file (as tuner search)."),
     model: str | None = typer.Option(None, "--model", help="Model preset or local folder with config.json. Default: the space's."),

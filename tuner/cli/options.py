@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -74,4 +75,18 @@ def renamed(value: Any, old_value: Any, old: str) -> Any:
     return old_value
 
 
-__all__ = ["OUTPUT_HELP", "RENAMED", "Backend", "CalibrationBackend", "Output", "Sampler", "old_spelling", "renamed"]
+def existing_file(value: str | None) -> str | None:
+    """An option's callback: the file it names exists, else click's one line names the flag,
+    the file, and where a relative path was looked for (the working directory: a path typed on
+    the command line is never read from a search space's folder)."""
+    if value is None:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        why = "a folder, not a file" if path.is_dir() else "no such file"
+        where = "" if path.is_absolute() else f" in {Path.cwd()}"
+        raise typer.BadParameter(f"{value}: {why}{where}")
+    return value
+
+
+__all__ = ["OUTPUT_HELP", "existing_file", "RENAMED", "Backend", "CalibrationBackend", "Output", "Sampler", "old_spelling", "renamed"]

@@ -10,7 +10,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Backend, Output, old_spelling, renamed
+from tuner.cli.options import OUTPUT_HELP, Backend, Output, existing_file, old_spelling, renamed
 from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS
 
@@ -59,7 +59,7 @@ def plan_cmd(
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
                                           "knob flags do (not with --study/--trial)."),
-    trace: str = typer.Option(None, "--trace", help="Request log to replay instead of the study's workload (any "
+    trace: str = typer.Option(None, "--trace", callback=existing_file, help="Request log to replay instead of the study's workload (any "
                               "format tuner trace reads), on purpose: when it is not the study's, plan says so in "
                               "one warning line and replays it. Default: the requests the study searched on (the "
                               "file it read, checked by fingerprint: plan refuses, exit 2, when that file now "
@@ -112,8 +112,11 @@ def plan_cmd(
 
     Sweeps the load on the study's best feasible configuration (or --trial, or a
     configuration given with tuner estimate's flags), finds the largest load meeting the
-    target by monotone interpolation, verifies it with one more run, and reports max
-    concurrency, requests/s, tokens/s, conversations/min, replicas for --demand, cost.
+    target by monotone interpolation, verifies it with a run there and runs between the
+    last load that held and the first that broke until the two are within 5 % (one
+    user), as the search locates a trial's edge, and reports max concurrency,
+    requests/s, tokens/s, conversations/min, replicas for --demand, cost. On a study's
+    trial a note sets the plan beside the search's figure for it.
     It replays the requests the study searched on (the file it read, or more requests
     of its synthetic mix), checked by fingerprint; --trace FILE replays another
     workload on purpose. The plan records which workload it replayed.
@@ -163,7 +166,8 @@ def plan_cmd(
 
     from tuner.cli.progress import Runs
 
-    # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions add runs
+    # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions and
+    # the runs between the last load that held and the first that broke grow the total
     runs = repeats * (len(sweep.grid) + 1)
     with bad_rows_advice(None), Runs(runs) as progress:  # the study's own file, read whole (--skip-bad is for --trace)
         est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,

@@ -53,7 +53,9 @@ class Bar(Observer):
             columns += [TextColumn("left"), TimeRemainingColumn()]
         self.progress = Progress(*columns, console=Console(stderr=True), transient=False,
                                  disable=not (shown() if enabled is None else enabled))
-        self.task = self.progress.add_task(unit, total=total, best="-", phase="")
+        #: every field a column renders, handed whole to rich on each change (:meth:`_set`)
+        self.fields: dict[str, str] = {"best": "-", "phase": ""}
+        self.task = self.progress.add_task(unit, total=total, **self.fields)
 
     def __enter__(self) -> Bar:
         self.progress.__enter__()
@@ -62,28 +64,41 @@ class Bar(Observer):
     def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(*exc)
 
+    def _set(self, *, reset: bool = False, **changes: Any) -> None:
+        """The one way the task changes: rich's own arguments (``total``, ``completed``,
+        ``advance``) go through, and the fields always go whole, so that no hook can leave a
+        column without its field (rich's ``reset`` replaces the fields it is given, 15.0.0
+        and before: passing one alone dropped ``best`` and the next redraw raised KeyError)."""
+        unknown = set(changes) - set(self.fields) - {"total", "completed", "advance"}
+        if unknown:
+            raise TypeError(f"no column shows {sorted(unknown)}")
+        self.fields.update({k: str(changes.pop(k)) for k in list(changes) if k in self.fields})
+        if reset:
+            self.progress.reset(self.task, **changes, **self.fields)
+        else:
+            self.progress.update(self.task, **changes, **self.fields)
+
     def step(self, phase: str = "") -> None:
         """One more unit done; the total grows when the work turns out longer."""
         task = self.progress.tasks[0]
         if task.total is not None and task.completed + 1 > task.total:
-            self.progress.update(self.task, total=task.completed + 1)
-        self.progress.update(self.task, advance=1, phase=phase)
+            self._set(total=task.completed + 1)
+        self._set(advance=1, phase=phase)
 
     # tuner.runtime.progress.Observer hooks
     def on_start(self, name: str, finished: int, budget: int) -> None:
         # a resumed study starts part-way: a reset keeps the ETA to the speed seen from now on
-        self.progress.reset(self.task, total=budget, completed=min(finished, budget), phase=f"study {name}")
+        self._set(reset=True, total=budget, completed=min(finished, budget), phase=f"study {name}")
 
     def on_phase(self, text: str) -> None:
-        self.progress.update(self.task, phase=text)
+        self._set(phase=text)
 
     def on_trial(self, trial: Any, best: Any, finished: int) -> None:
         from tuner.serving.slo import value_text
 
         text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
         total = self.progress.tasks[0].total
-        self.progress.update(self.task, completed=finished if total is None else min(finished, total), best=text,
-                             phase="")
+        self._set(completed=finished if total is None else min(finished, total), best=text, phase="")
 
     def on_warning(self, text: str) -> None:
         from tuner.core.urls import redact
@@ -114,7 +129,7 @@ class Runs(Bar):
     def __exit__(self, *exc: object) -> None:
         if self.running and exc[0] is None:
             task = self.progress.tasks[0]
-            self.progress.update(self.task, total=task.completed + 1, completed=task.completed + 1, phase="done")
+            self._set(total=task.completed + 1, completed=task.completed + 1, phase="done")
         super().__exit__(*exc)
 
 

@@ -8,7 +8,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, parse_gpus, pins, quantization_flag, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output, Sampler
+from tuner.cli.options import Backend, Output, Sampler, existing_file
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
@@ -78,13 +78,13 @@ def search_cmd(
     quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
-    trace: str | None = typer.Option(None, "--trace", help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
+    trace: str | None = typer.Option(None, "--trace", callback=existing_file, help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
     slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),
     objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
     load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
     budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
-    timeout: str | None = typer.Option(None, "--timeout", help="Stop starting new trials after this long of wall time: 2h, 45m or 3600 (seconds)."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Wall time of this run: 2h, 45m or 3600 (seconds). No trial starts that would not finish in time; the best so far is printed, and the exit is 124 while the budget is not used (the same command goes on)."),
     storage: str | None = typer.Option(None, "--storage", help="Optuna storage (SQLAlchemy URL). Default: sqlite:///studies/<study>.db."),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
     sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
@@ -118,7 +118,7 @@ def search_cmd(
 
     Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
 
-    A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129; --timeout stops it too and exits normally. Such a trial, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
+    A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129. --timeout starts a trial only when the study's longest trial fits in the time left, and --timeout stops one still running at the limit the same way; the run then prints the best so far, as a finished run does, and exits 124 while trials of the budget (or the winner's confirmation) are left, 0 once none is. A trial stopped either way, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
 
     Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 5 the --endpoint server cannot be talked to (refused, reset, no answer in time, implausible streams; the URL and the cause are named), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
 

@@ -35,7 +35,7 @@ def readable_storage(storage: str | None) -> None:
     try:
         optuna.get_all_study_names(driver_url(storage))
     except Exception as err:
-        fault = storage_open_error(err, shown)
+        fault = storage_open_error(err, shown, storage)
         if fault is None:
             raise
         raise fault from err

@@ -210,6 +210,9 @@ def studies_list(
         tbl.add_row(s.name, f"{s.finished:,}", f"{s.feasible:,}", best if mixed else best.removesuffix(" tok/s"),
                     "-" if s.best_trial is None else f"#{s.best_trial}")
     out.print(fit(tbl, out))
+    out.print("trials: finished trials as --budget counts them; feasible: of those, the ones that met the target "
+              "(tuner studies show NAME counts the others: copies, trials that measured nothing)",
+              markup=False, highlight=False)
 
 
 def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, str]]:
@@ -236,7 +239,7 @@ def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, st
         rows.append(("workload", f"fingerprint {stamp.workload_fingerprint}"))
     if stamp.sampler:
         rows.append(("sampler", f"{stamp.sampler}, seed {stamp.seed or 0}"))
-    rows.append(("trials", ", ".join(f"{n:,} {state.lower()}" for state, n in counts.items()) or "none"))
+    rows.append(("trials", _trials_text(budget_counts(study), counts)))
     if held := repeats(study):
         where = f" (study {stamp.confirmation_study})" if stamp.confirmation_study else ""
         rows.append(("confirmation", f"{len(held):,} repeats outside the trials{where}"))
@@ -246,6 +249,32 @@ def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, st
             f"trial {p.trial} at {p.target_ttft_s:g} s: {p.max_load:g} {'users' if p.load_kind == 'concurrency' else 'req/s'}"
             for p in plans.values())))
     return rows
+
+
+def budget_counts(study: optuna.Study) -> dict[str, int]:
+    """The study's finished trials as ``--budget`` (and ``tuner studies``) counts them, and
+    those it does not count: copies of a configuration measured before (free up to
+    ``FREE_COPIES``) and trials that measured nothing (interrupted, failed by the environment)."""
+    from tuner.study.budget import count_finished, counts_toward_budget, finished_states, free_copies, is_copy
+    from tuner.study.recovery import not_measured
+
+    finished = study.get_trials(deepcopy=False, states=finished_states())
+    copies = sum(1 for t in finished if counts_toward_budget(t) and is_copy(t))
+    return {"budget_trials": count_finished(study), "free_copies": free_copies(copies),
+            "not_measured": sum(1 for t in finished if not_measured(t))}
+
+
+def _trials_text(budget: dict[str, int], states: dict[str, int]) -> str:
+    """``4 as --budget counts them (tuner studies lists this number); 44 complete in all:
+    40 copies of a configuration measured before (no start, no budget slot)``."""
+    text = f"{budget['budget_trials']:,} as --budget counts them (the number tuner studies lists)"
+    if states:
+        text += "; " + ", ".join(f"{n:,} {state.lower()}" for state, n in states.items()) + " in all"
+    left = [f"{budget['free_copies']:,} copies of a configuration measured before (no start, no budget slot)"] * \
+        bool(budget["free_copies"])
+    left += [f"{budget['not_measured']:,} that measured nothing (interrupted or failed by the environment: "
+             "measured again)"] * bool(budget["not_measured"])
+    return text + (f"; not counted: {', '.join(left)}" if left else "")
 
 
 @studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.")
@@ -291,7 +320,7 @@ def studies_show(
     counts = {k: v for k, v in counts.items() if v}
     best = best_feasible_trial(st)
     recommended = recommendation(st)
-    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": counts,
+    info: dict[str, Any] = {"study": name, "attrs": st.user_attrs, "trials": counts, **budget_counts(st),
                             "errors_total": error_totals(st), "gpu_time": gpu_time(st),
                             "recommendation": None if recommended is None else recommended.to_dict(),
                             "confirmation_study": StudyRecord.from_study(st).confirmation_study,

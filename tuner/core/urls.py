@@ -5,6 +5,9 @@ A URL's ``user:password@`` part and the values of query parameters that carry se
 (``api_key``, ``key``, ``token``, ``access_token``, ``password``, ``secret``, ``sig``...)
 become ``***``; the rest of the URL stays, so the message still says where.
 
+:func:`unreachable` says why a server URL (a study database) cannot be reached, found by
+trying it (a name lookup, a TCP connection), so that a message names what happened.
+
 An endpoint's API key comes from a file (``--api-key-file``) or the environment
 (``OPENAI_API_KEY``, then ``VLLM_API_KEY``): :func:`read_api_key`. It is sent as
 ``Authorization: Bearer <key>`` and kept only in memory, never in a study, a log, a
@@ -16,6 +19,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -117,5 +121,44 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-__all__ = ["API_KEY_ENV", "MASK", "bearer", "has_credentials", "read_api_key", "redact", "redact_value",
-           "split_credentials"]
+#: The port a database URL means when it names none (SQLAlchemy dialects' defaults).
+DEFAULT_PORTS = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mariadb": 3306, "mssql": 1433, "oracle": 1521}
+
+
+def unreachable(url: str, *, timeout_s: float = 3.0) -> str | None:
+    """Why the server a URL names cannot be reached, found by trying it: the host's name
+    looked up, then a TCP connection to its port (``unknown host 'db.example'``,
+    ``connection refused by 10.0.0.5:5432 (no server listens there)``, ``no answer from
+    10.0.0.5:5432 in 3 s``). None when a connection opens (the server is there: what it
+    then says is its own answer), and for a URL with no host (a file, a Unix socket)."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is no number: the driver says so itself
+        return None
+    port = port or DEFAULT_PORTS.get(parts.scheme.split("+")[0].lower())
+    if not host or port is None:
+        return None
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        return f"unknown host {host!r} ({err.strerror or 'no address for it'})"
+    why = ""
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(address)
+            return None
+        except ConnectionRefusedError:
+            why = why or f"connection refused by {where} (no server listens there)"
+        except TimeoutError:
+            why = why or f"no answer from {where} in {timeout_s:g} s (the host is down, or a firewall drops it)"
+        except OSError as err:
+            why = why or f"cannot connect to {where}: {err.strerror or err}"
+    return why or f"no address for {host!r}"
+
+
+__all__ = ["API_KEY_ENV", "DEFAULT_PORTS", "MASK", "bearer", "has_credentials", "read_api_key", "redact",
+           "redact_value", "split_credentials", "unreachable"]

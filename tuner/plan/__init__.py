@@ -14,9 +14,13 @@ trial, or one given directly), starts it once on a backend, and sweeps the load:
    rather than reported as "at least"; when even the lowest misses it halves down to 1 user.
 2. **Interpolate.** The largest load meeting the target by monotone (PCHIP)
    interpolation of P95 TTFT against load (:func:`tuner.serving.capacity.max_load_meeting`).
-3. **Verify.** One more run at that load (users rounded down). If it misses, the point
-   joins the curve, the answer is interpolated again below it (at most 3 tries), else
-   the largest measured load that met the target; the notes say so.
+3. **Verify.** A run at that load (users rounded down), then runs between the last load
+   that held and the first that broke (at the monotone fit's crossing, kept a quarter of
+   the gap off either end: a bisection at worst) until the two are within the search's edge
+   width (5 % of the load, at least one user; the planned trial's tolerance), at most
+   :data:`~tuner.plan.sweep.MAX_VERIFY_RUNS`. The answer is the largest load run that held:
+   what the search found for the same trial, which a note sets beside it (or says why the
+   two differ: other requests, target, SLOs, noise).
 4. **Figures.** Conversations per minute, replicas for a demand, cost
    (:mod:`tuner.serving.demand`); ``Sweep.repeats`` > 1 reruns 1-3 with other seeds (another sample
    of the synthetic mix, or 90% of a trace's rows) and gives each figure a (min, max) range.

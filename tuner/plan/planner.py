@@ -13,11 +13,19 @@ from tuner.core.errors import InputError, NoFeasibleConfig
 from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_growing
 from tuner.plan.workload import PLAN_REQUESTS, Chosen, Studied, find_newest_study, given, resample, study_workload
 from tuner.runtime.progress import observer_or_headless
-from tuner.serving.capacity import RANGED, CapacityEstimate, ReplayedWorkload, SweepPoint, store_plan, stored_plan
+from tuner.serving.capacity import (
+    MATCHES,
+    RANGED,
+    CapacityEstimate,
+    ReplayedWorkload,
+    SweepPoint,
+    store_plan,
+    stored_plan,
+)
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.demand import Demand, parse_demand, requests_per_conversation
 from tuner.serving.slo import SloSet, split_slos
-from tuner.study.record import StudyRecord
+from tuner.study.record import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -129,6 +137,9 @@ def plan_capacity(
             st = study
         chosen = _chosen_trial(st, trial, notes)
         trial_number, config = chosen.number, trial_config(chosen)
+        searched = TrialRecord.from_trial(chosen).edge
+        if sweep.tolerance is None and searched is not None and searched.tolerance:
+            sweep = dataclasses.replace(sweep, tolerance=searched.tolerance)  # the edge located as the search did
         deployment = deployment or StudyRecord.from_study(st).deployment
         studied = Studied.of(st, chosen)
         if workload is None:
@@ -144,6 +155,8 @@ def plan_capacity(
     target = ttft or target
     slo_set = SloSet.of((f"p95:ttft<={target}s",) + others)
     deployment = deployment or Deployment()
+    idle = deployment.idle_note(config.tensor_parallel_size, config.replicas)  # as search and estimate say it
+    notes += [idle] if idle else []
     if workload is not None:
         chosen_workload = given(workload, studied, obs.on_warning)
     elif chosen_workload is None:  # a configuration given directly: the built-in mix
@@ -164,6 +177,9 @@ def plan_capacity(
         est, study=None if st is None else st.study_name, trial=trial_number,
         workload=dataclasses.replace(est.workload, study_fingerprint=None if studied is None else studied.fingerprint,
                                      study_requests=None if studied is None else studied.requests))
+    said = None if trial_number is None or st is None else agreement(chosen, st, est, sweep.tolerance)
+    if said is not None:
+        est = dataclasses.replace(est, notes=(*est.notes, said))
     if store and st is not None:
         from tuner.study.storage import storage_fault
 
@@ -210,7 +226,8 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
                 stop_at_miss=sweep.default_grid,
                 grow=None if chosen.sized is None or sweep.requests else lambda n, k=k: chosen.sized(seed + k, n),  # type: ignore[misc]
                 fixed=("all the rows of the file: give a longer trace" if chosen.sized is None else
-                       f"-n {sweep.requests or 0:,}: give a larger -n, or none to let plan grow the workload"))
+                       f"-n {sweep.requests or 0:,}: give a larger -n, or none to let plan grow the workload"),
+                tolerance=sweep.tolerance)
             if k == 0:
                 replayed = sw.workload  # grown when the edge lay above the requests it had
             figs = figures_at(point, sweep.kind, tpc=tpc, rpc=rpc, demand=figures.demand, headroom=figures.headroom,
@@ -248,6 +265,35 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
 
 
 _ESTIMATE_FIELDS = {f.name for f in dataclasses.fields(CapacityEstimate)}
+
+
+def agreement(chosen: FrozenTrial, st: optuna.Study, est: CapacityEstimate, tolerance: float | None) -> str | None:
+    """One note setting the plan beside what the search measured on the same trial (the edge
+    it located and its tokens/s there): they agree within the share both locate the edge to,
+    or the note says why the two figures differ. None when the search recorded no edge."""
+    from tuner.search import EDGE_TOLERANCE, edge_width
+
+    rec = TrialRecord.from_trial(chosen)
+    kind = StudyRecord.from_study(st).load_kind or "concurrency"
+    if rec.edge is None or rec.edge.level is None or rec.tokens_per_s is None:
+        return None
+    unit = "users" if kind == "concurrency" else "req/s"
+    said = (f"the search held {rec.edge.level:g} {unit} on trial {chosen.number} ({rec.tokens_per_s:,.0f} tok/s"
+            + ("" if rec.edge.located else ", its edge not located") + ")")
+    why = [f"it swept {kind}, this plan {est.load_kind}"] * (kind != est.load_kind)
+    why += [f"at its {rec.target_ttft_s:g} s target"] * (rec.target_ttft_s is not None
+                                                         and not math.isclose(rec.target_ttft_s, est.target_ttft_s))
+    why += ["under other SLOs"] * (tuple(rec.slos) != tuple(est.slos))
+    why += [f"on its {est.workload.study_requests or 0:,} requests, this plan on {est.workload.requests:,} "
+            f"({MATCHES[est.workload.match]})"] * (not est.workload.matches_study)
+    if why:
+        return f"{said}; this plan differs from it: {', '.join(why)}"
+    tol = tolerance or rec.edge.tolerance or EDGE_TOLERANCE
+    if abs(est.max_load - rec.edge.level) <= edge_width(min(est.max_load, rec.edge.level), kind, tol):
+        return (f"{said}; this plan agrees, within the {tol:.0%} both locate the edge to: {est.max_load:g} {unit}, "
+                f"{est.tokens_per_s:,.0f} tok/s")
+    return (f"{said}; this plan found {est.max_load:g} {unit}, further apart than the {tol:.0%} both locate the edge "
+            "to: the server's run-to-run noise (--repeats 3 gives this plan's range)")
 
 
 def load_plan(study: optuna.Study | str, *, trial: int | None = None, target_ttft_s: float | str | None = None,

@@ -1,6 +1,7 @@
 """The load sweep of one started configuration, and how it is asked for (:class:`Sweep`):
 levels run, extended until the target breaks, the crossing interpolated and verified
-(:func:`sweep_once`), and the figures at the answer (:func:`figures_at`)."""
+between the last load that held and the first that broke (:func:`sweep_once`,
+:func:`locate`), and the figures at the answer (:func:`figures_at`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,9 @@ EXTEND_FACTOR = 1.5
 
 MAX_EXTENSIONS = 8
 
-MAX_VERIFY_TRIES = 3
+#: Runs at most between the last load that held and the first that broke (:func:`locate`):
+#: a bisection of 160 users to one takes 8.
+MAX_VERIFY_RUNS = 8
 
 #: The most requests plan grows a synthetic workload to while the edge lies above half of
 #: it (closed loop: users are capped at half the requests, so a run is more than one burst).
@@ -54,10 +57,15 @@ class Sweep:
     seed: int = 0
     requests: int | None = None
     time_scale: float | None = None
+    #: How close the load that held and the one that broke end up (:func:`locate`): this share
+    #: of the load; default the planned trial's search's, else the search's ``EDGE_TOLERANCE``.
+    tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise InputError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.tolerance is not None and not 0 < self.tolerance < 1:
+            raise InputError(f"the edge tolerance must be a share in (0, 1), got {self.tolerance}")
         if self.levels is not None and self.rates is not None:
             raise InputError("give concurrency levels or rates, not both")
         grid = self.grid
@@ -130,7 +138,8 @@ def _snap(level: float, kind: str) -> float:
     return float(max(1, math.floor(level + 1e-9))) if kind == "concurrency" else float(level)
 
 def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_extensions: int,
-                cap: float, notes: list[str], stop_at_miss: bool = False) -> tuple[SweepPoint, float, str, bool]:
+               cap: float, notes: list[str], stop_at_miss: bool = False,
+               tolerance: float | None = None) -> tuple[SweepPoint, float, str, bool]:
     """Steps 1-3 for one repeat: (chosen point, interpolated level, bound, verified).
     With ``stop_at_miss`` the sweep ends at the first level over the target (kept, so that
     the curve brackets the edge); loads beyond it are not run."""
@@ -189,36 +198,64 @@ def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_exten
         notes.append(f"P95 TTFT stayed under the target up to {top.load} (the largest load tried"
                      f"{', capped at half the workload' if top.level >= cap else ''}): capacity is at least this")
         return top, top.level, "at_least", True
-    interpolated = float(crossing.level)
-    level = _snap(interpolated, kind)
-    for _ in range(MAX_VERIFY_TRIES):
-        point = sw.measured(level)
-        if point is None:
-            point = sw.run(level, "verify")
-        if point.meets(target, MAX_ERROR_RATE):
-            return point, interpolated, "interpolated", True
-        notes.append(f"verify run at {point.load} missed (P95 TTFT {point.ttft_p95_s:.3g} s > {target:g} s); "
-                     f"stepped down" if not point.slo_ratio > 1 or point.binding_slo.startswith("p95:ttft") else
-                     f"verify run at {point.load} missed ({point.binding_slo} at {point.slo_ratio:.2f}x its bound); "
-                     f"stepped down")
-        crossing = max_load_meeting(*curve(), target)
-        if crossing.level is None:
-            break
-        nxt = _snap(crossing.level, kind)
-        level = min(nxt, level - 1) if kind == "concurrency" else min(nxt, level * 0.95)
-        if level < 1 and kind == "concurrency":
-            break
-    passing = [p for p in sw.points if p.meets(target, MAX_ERROR_RATE)]
-    if not passing:
+    return locate(sw, curve, target, notes=notes, tolerance=tolerance)
+
+
+def _bracket(sw: Sweeper, target: float) -> tuple[SweepPoint, SweepPoint | None]:
+    """The largest load run that held below the smallest that broke, and that one."""
+    broke = [p for p in sw.points if not p.meets(target, MAX_ERROR_RATE)]
+    bad = min(broke, key=lambda p: p.level) if broke else None
+    held = [p for p in sw.points if p.meets(target, MAX_ERROR_RATE) and (bad is None or p.level < bad.level)]
+    if not held:
         raise NoFeasibleConfig(f"no load met the {target:g} s P95 TTFT target on verification")
-    best = max(passing, key=lambda p: p.level)
-    notes.append(f"fell back to the largest measured load that met the target: {best.load}")
-    return best, interpolated, "interpolated", False
+    return max(held, key=lambda p: p.level), bad
+
+
+def locate(sw: Sweeper, curve: Callable[[], tuple[list[float], list[float]]], target: float, *, notes: list[str],
+           tolerance: float | None = None) -> tuple[SweepPoint, float, str, bool]:
+    """Step 3, the crossing verified: a run at the interpolated crossing, then runs between the
+    last load that held and the first that broke (at the crossing of the monotone fit, kept a
+    quarter of the gap off either end: a bisection at worst) until the two are within the
+    search's :func:`~tuner.search.edge_width` (``tolerance`` of the load, default the search's
+    ``EDGE_TOLERANCE``; closed loop at least one user), or :data:`MAX_VERIFY_RUNS` are spent. The
+    answer is always a load that was run and held: (that point, the fit's crossing,
+    ``interpolated``, True)."""
+    from tuner.search import EDGE_TOLERANCE, edge_width
+
+    tolerance = EDGE_TOLERANCE if tolerance is None else tolerance
+    kind, first = sw.kind, True
+    level = _snap(float(max_load_meeting(*curve(), target).level), kind)
+    for _ in range(MAX_VERIFY_RUNS):
+        good, bad = _bracket(sw, target)
+        if bad is None or bad.level - good.level <= edge_width(good.level, kind, tolerance):
+            break
+        if not first:
+            fitted = max_load_meeting(*curve(), target).level
+            margin = 0.25 * (bad.level - good.level)
+            level = _snap(min(max(fitted or good.level, good.level + margin), bad.level - margin), kind)
+        if kind == "concurrency":
+            level = min(max(level, good.level + 1), bad.level - 1)
+        point = sw.measured(level) or sw.run(level, "verify")
+        if first and not point.meets(target, MAX_ERROR_RATE):
+            notes.append(_missed(point, target))
+        first = False
+    good, bad = _bracket(sw, target)
+    if bad is not None and bad.level - good.level > edge_width(good.level, kind, tolerance):
+        notes.append(f"the edge lies between {good.load} (held) and {bad.load} (broke): not located closer in "
+                     f"{MAX_VERIFY_RUNS} verify runs")
+    return good, float(max_load_meeting(*curve(), target).level or good.level), "interpolated", True
+
+
+def _missed(point: SweepPoint, target: float) -> str:
+    if not point.slo_ratio > 1 or point.binding_slo.startswith("p95:ttft"):
+        return f"verify run at {point.load} missed (P95 TTFT {point.ttft_p95_s:.3g} s > {target:g} s); stepped down"
+    return f"verify run at {point.load} missed ({point.binding_slo} at {point.slo_ratio:.2f}x its bound); stepped down"
+
 
 def sweep_growing(make: Callable[[Workload], Sweeper], wl: Workload, levels: Sequence[float], target: float, *,
                   max_extensions: int, notes: list[str], stop_at_miss: bool,
-                  grow: Callable[[int], Workload] | None,
-                  fixed: str = "") -> tuple[tuple[SweepPoint, float, str, bool], Sweeper]:
+                  grow: Callable[[int], Workload] | None, fixed: str = "",
+                  tolerance: float | None = None) -> tuple[tuple[SweepPoint, float, str, bool], Sweeper]:
     """:func:`sweep_once` on ``wl`` (a :class:`Sweeper` from ``make``), growing the workload
     while the edge lies above it: when the target still holds at the cap of half its
     requests (closed loop), ``grow(n)`` gives twice the requests of the same mix, the
@@ -233,7 +270,7 @@ def sweep_growing(make: Callable[[Workload], Sweeper], wl: Workload, levels: Seq
         cap = float(max(1, len(wl) // 2)) if sw.kind == "concurrency" else math.inf
         said: list[str] = []
         got = sweep_once(sw, levels, target, max_extensions=max_extensions, cap=cap, notes=said,
-                         stop_at_miss=stop_at_miss)
+                         stop_at_miss=stop_at_miss, tolerance=tolerance)
         point, bound = got[0], got[2]
         capped = bound == "at_least" and point.level >= cap
         if not capped or grow is None or 2 * len(wl) > MAX_REQUESTS:
@@ -271,4 +308,4 @@ def figures_at(point: SweepPoint, kind: str, *, tpc: float | None, rpc: float | 
 
 
 __all__ = ["ARTICLE_LEVELS", "EXTEND_FACTOR", "MAX_EXTENSIONS", "MAX_REQUESTS", "Sweep", "Sweeper", "figures_at",
-           "rescale", "sweep_growing", "sweep_once"]
+           "locate", "rescale", "sweep_growing", "sweep_once"]

@@ -123,9 +123,36 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
         observer_or_headless(observer).on_phase("warm start: simulator study")
         enqueue = warm_start_configs(prepared.space, prepared.workload, budget=WARM_START_BUDGET, seed=s.seed,
                                      storage=storage)
-    return run_search(prepared.space, backend=backend, workload=prepared.workload, storage=storage, study=name,
-                      enqueue=enqueue, observer=observer, tags=dict(tags or {}),
-                      predictor="auto" if predict else None, **dataclasses.asdict(s))
+    idle = _idle_layouts(prepared.space)
+    if idle is not None:
+        observer_or_headless(observer).on_warning(idle)
+    outcome = run_search(prepared.space, backend=backend, workload=prepared.workload, storage=storage, study=name,
+                         enqueue=enqueue, observer=observer, tags=dict(tags or {}),
+                         predictor="auto" if predict else None, **dataclasses.asdict(s))
+    outcome.notes.extend([idle] if idle is not None else _idle_winner(outcome))
+    return outcome
+
+
+def _idle_layouts(space: SearchSpace) -> str | None:
+    """One line when every layout the search may run leaves a GPU idle (``--gpus 3
+    --tensor-parallel-size 2``): the run goes on, as the GPUs given are the host's, but says so
+    before the first trial. None when a layout uses them all."""
+    dep = space.deployment
+    notes = [dep.idle_note(tp, r) for tp, r in (space.layouts or ((1, dep.gpu_count),))]
+    if not notes or not all(notes):
+        return None
+    said = f"{space.pin_said} on {dep.gpu_count} GPUs" if space.pin_said else f"the space's layouts on {dep.gpu_count} GPUs"
+    return f"{said}: {'; '.join(notes)} (the study is named for all {dep.gpu_count})"
+
+
+def _idle_winner(outcome: SearchOutcome) -> list[str]:
+    """A note when the winner's layout leaves a GPU idle (the auto layouts of 3 GPUs hold TP2 x 1)."""
+    from tuner.study.record import TrialRecord
+
+    config = None if outcome.best is None else TrialRecord.from_trial(outcome.best).config
+    note = None if config is None or outcome.deployment is None else \
+        outcome.deployment.idle_note(config.tensor_parallel_size, config.replicas)
+    return [] if note is None else [f"the winner, {note}"]
 
 
 __all__ = ["WARM_START_BUDGET", "Prepared", "backend_for", "prepare", "search"]

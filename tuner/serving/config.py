@@ -175,6 +175,22 @@ class Deployment:
     def devices(self) -> tuple[int, ...]:
         return self.gpu_ids or tuple(range(self.gpu_count))
 
+    def idle_devices(self, tensor_parallel_size: int, replicas: int) -> tuple[int, ...]:
+        """The devices a layout leaves unused (replica ``k`` runs on ``devices[k*tp:(k+1)*tp]``)."""
+        return self.devices[tensor_parallel_size * replicas:]
+
+    def idle_note(self, tensor_parallel_size: int, replicas: int) -> str | None:
+        """One line naming the GPUs the layout leaves idle (None when it uses them all):
+        ``TP2 x 1 replica uses 2 of the 3 GPUs (0,1), GPU 2 sits idle``."""
+        idle = self.idle_devices(tensor_parallel_size, replicas)
+        if not idle:
+            return None
+        used = self.devices[:tensor_parallel_size * replicas]
+        ids = lambda ds: ",".join(map(str, ds))  # noqa: E731
+        return (f"TP{tensor_parallel_size} x {replicas} replica{'s' if replicas > 1 else ''} uses {len(used)} of "
+                f"the {self.gpu_count} GPUs ({ids(used)}), "
+                + (f"GPU {idle[0]} sits idle" if len(idle) == 1 else f"GPUs {ids(idle)} sit idle"))
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["gpu_ids"] = list(self.gpu_ids)

@@ -94,7 +94,8 @@ def _space_from(doc: YamlDoc, *, trace: str | None = None) -> SearchSpace:
         deployment = dataclasses.replace(deployment, calibration=_from_folder(doc, deployment.calibration))
     params, fixed = parse_parameters(stub, _section(data, "parameters"))
     layouts = parse_layouts(stub, data.get("layouts", "auto"))
-    _check_references(stub, deployment, workload)
+    # a trace the caller gave is the caller's to answer for (its reader names the file), not the space's line
+    _check_references(stub, deployment, workload if trace is None else dataclasses.replace(workload, trace=None))
     return SearchSpace(
         name=name,
         deployment=deployment,

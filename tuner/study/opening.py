@@ -10,7 +10,15 @@ from tuner.study.budget import count_finished, counts_toward_budget, finished_st
 from tuner.study.companion import confirmation_study, storage_handle
 from tuner.study.naming import name_objective, own_studies
 from tuner.study.record import StudyRecord
-from tuner.study.storage import STUDIES_DIR, check_study_name, opened, optuna_storage, storage_fault, storage_open_error
+from tuner.study.storage import (
+    STUDIES_DIR,
+    check_study_name,
+    is_shared,
+    opened,
+    optuna_storage,
+    storage_fault,
+    storage_open_error,
+)
 from tuner.study.trials import best_feasible_trial, is_feasible
 
 if TYPE_CHECKING:
@@ -38,19 +46,22 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_study_name(name)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"
+    store = None
     try:
         store = optuna_storage(storage, name)
         return name_objective(opened(optuna.create_study(
             study_name=name, storage=store, sampler=sampler, direction="maximize", load_if_exists=True,
         ), store))
     except (ImportError, ValueError, TypeError) as err:  # bad URL, missing driver
-        raise storage_open_error(err, shown) from err  # type: ignore[misc]  # never None for these
+        raise storage_open_error(err, shown, storage) from err  # type: ignore[misc]  # never None for these
     except OSError as err:  # the studies/ folder cannot be made or written
         from tuner.core.files import write_fault
 
         raise write_fault(Path(err.filename or STUDIES_DIR), err) from err
     except Exception as err:
-        fault = storage_fault(err, shown) or storage_open_error(err, shown)
+        # a database server never reached cannot have "gone away": it is said what happened instead
+        first = storage_open_error(err, shown, storage) if store is None and is_shared(storage) else None
+        fault = first or storage_fault(err, shown) or storage_open_error(err, shown, storage)
         if fault is not None:
             raise fault from err
         raise

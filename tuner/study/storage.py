@@ -249,20 +249,47 @@ class RetryOnce:
         self._inner(study, clean)
 
 
-def storage_open_error(err: BaseException, shown: str) -> InputError | None:
-    """The one line for a storage that cannot be opened (a bad URL, a missing driver, a
-    server refusing the connection or the credentials), as every command says it; None
-    when ``err`` is something else. ``shown`` is the URL as the user may see it."""
-    from tuner.core.urls import redact
+def storage_open_error(err: BaseException, shown: str, url: str | None = None) -> InputError | None:
+    """The one line for a storage that cannot be opened, as every command says it; None
+    when ``err`` is something else. ``shown`` is the URL as the user may see it; with ``url``
+    (the URL itself) a server that could not be reached is told apart from one that answered,
+    by trying it (:func:`tuner.core.urls.unreachable`): an unknown host, a refused or
+    unanswered connection, or the server's own answer (bad credentials, no such database)."""
+    from tuner.core.urls import redact, unreachable
 
     lines = str(err).splitlines() or [type(err).__name__]
-    if isinstance(err, (ImportError, ValueError, TypeError)):
+    if isinstance(err, ImportError):
+        missing = next((e.name for e in _chain(err) if isinstance(e, ImportError) and e.name), None)
+        return InputError(f"cannot open study storage {shown!r}: its database driver is not installed"
+                          + (f" (no module {missing!r})" if missing else f" ({redact(lines[0])})"),
+                          hint="for PostgreSQL: pip install 'tuner[postgres]'; for another database, the "
+                               "SQLAlchemy driver its URL names")
+    if isinstance(err, (ValueError, TypeError)):
         return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
                           hint="give an SQLAlchemy URL such as sqlite:///studies/x.db")
-    if type(err).__module__.startswith("sqlalchemy"):
-        return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
-                          hint="check the URL, the server and the credentials")
-    return None
+    if not type(err).__module__.startswith("sqlalchemy"):
+        return None
+    why = unreachable(url) if url and is_shared(url) else None
+    if why is not None:
+        return InputError(f"cannot reach the study database {shown}: {why}; nothing was read or written",
+                          hint="check the host name in the URL" if why.startswith("unknown host") else
+                          "start the database server, or check the host and port in the URL")
+    if url and is_shared(url) and getattr(err, "orig", None) is not None:
+        said = " ".join(str(err.orig).split())  # type: ignore[attr-defined]  # the driver's own words
+        return InputError(f"the database server of {shown} answered but the connection failed: {redact(said)}; "
+                          "nothing was read or written",
+                          hint="check the user name, password and database name in the URL")
+    return InputError(f"cannot open study storage {shown!r}: {redact(lines[0])}",
+                      hint="check the URL, the server and the credentials")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    e: BaseException | None = err
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
 
 
 # -- faults ---------------------------------------------------------------------------
