@@ -34,6 +34,8 @@ def trace(tmp_path):
 def test_search_draws_its_bar_and_a_resumed_study_starts_it_part_way(tmp_path, trace, columns):
     first = _ok(in_terminal(["search", "--budget", "3", "--trace", trace.name, *SIM], tmp_path, columns))
     assert BAR in first.raw and "trials" in first.flat and "left" in first.flat  # the bar, its ETA column
+    # the narrow terminal cuts the bar and the phase, never the count (rich cut "40/40" to "40/…" at 80 columns)
+    assert "3/3" in first.flat and "/…" not in first.text, first
     assert "3 finished trials, 3 new" in first.flat and "best feasible trial" in first.flat
     assert "vllm serve Qwen/Qwen2.5-7B-Instruct" in first.flat
     again = _ok(in_terminal(["search", "--budget", "4", "--trace", trace.name, *SIM], tmp_path, columns))

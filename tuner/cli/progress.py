@@ -42,16 +42,26 @@ class Bar(Observer):
             TimeRemainingColumn,
         )
 
+        from rich.table import Column
+
+        def kept() -> Column:  # a column the terminal's width never cuts
+            return Column(no_wrap=True)
+
         self.objective = objective
-        columns: list[Any] = [SpinnerColumn(), TextColumn(unit)]
+        # On a narrow terminal (80 columns) the bar and the phase give way, never the count, the best or the
+        # times: rich cut "40/40" to "40/…" when every column kept its natural width.
+        columns: list[Any] = [SpinnerColumn(table_column=kept()), TextColumn(unit, table_column=kept())]
         if total is not None:
-            columns += [BarColumn(), MofNCompleteColumn()]
+            columns += [BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
+                        MofNCompleteColumn(table_column=kept())]
         if best:
-            columns.append(TextColumn("best {task.fields[best]}"))
-        columns += [TextColumn("[dim]{task.fields[phase]}"), TimeElapsedColumn()]
+            columns.append(TextColumn("best {task.fields[best]}", table_column=kept()))
+        columns += [TextColumn("[dim]{task.fields[phase]}", table_column=Column(ratio=2, no_wrap=True,
+                                                                                 overflow="ellipsis")),
+                    TimeElapsedColumn(table_column=kept())]
         if total is not None:
-            columns += [TextColumn("left"), TimeRemainingColumn()]
-        self.progress = Progress(*columns, console=Console(stderr=True), transient=False,
+            columns += [TextColumn("left", table_column=kept()), TimeRemainingColumn(table_column=kept())]
+        self.progress = Progress(*columns, console=Console(stderr=True), transient=False, expand=True,
                                  disable=not (shown() if enabled is None else enabled))
         #: every field a column renders, handed whole to rich on each change (:meth:`_set`)
         self.fields: dict[str, str] = {"best": "-", "phase": ""}
