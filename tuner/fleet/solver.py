@@ -117,17 +117,17 @@ def options(units: Sequence[Unit], need: float, *, top: int = 3) -> list[Mix]:
         return []
     found = [replace(best, why="cheapest")]
     for kind in best.kinds:
-        rest = [u for u in units if u.label != kind]
-        alt = cheapest(rest, need)
+        alt = cheapest([u for u in units if u.label != kind], need)
         if alt is not None:
             found.append(replace(alt, why=f"without {kind}"))
     for u in units:
         alone = cheapest([u], need)
         if alone is not None:
-            found.append(replace(alone, engines={v.label: alone.engines.get(v.label, 0) for v in units},
-                                 why=f"{u.label} alone"))
+            found.append(replace(alone, why=f"{u.label} alone"))
     distinct: dict[tuple[tuple[str, int], ...], Mix] = {}
-    for m in found:
+    for m in found:  # every mix names every kind, in the inventory's order
+        m = replace(m, engines={u.label: m.engines.get(u.label, 0) for u in units},
+                    gpus={u.label: m.gpus.get(u.label, 0) for u in units})
         key = tuple(sorted((k, n) for k, n in m.engines.items() if n))
         distinct.setdefault(key, m)
     ranked = sorted(distinct.values(), key=lambda m: (m.cost_per_hour, sum(m.engines.values())))
