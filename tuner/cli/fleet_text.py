@@ -39,8 +39,9 @@ def kinds_table(plan: FleetPlan, out: Any) -> Any:
         tbl.add_row(k.label, "unlimited" if k.kind.get("count") is None else str(k.kind["count"]),
                     f"{k.gpu_hour_cost:.2f}", str(k.kind["vllm_version"]),
                     f"TP{k.tp}" if k.tp else "refused" if k.refusals or k.reason else "-",
-                    _num(k.per_min(plan.demand_unit)) if k.feasible else "-", _num(cap.get("tokens_per_s")),
-                    _num(k.cost_per_million_tokens, 3), k.band.text())
+                    (">=" if cap.get("bound") == "at_least" else "") + _num(k.per_min(plan.demand_unit))
+                    if k.feasible else "-", _num(cap.get("tokens_per_s")),
+                    _num(k.cost_per_million_tokens, 3), k.band.text() if k.feasible else "-")
     return fit(tbl, out, labels=(4, 8))
 
 
@@ -60,6 +61,8 @@ def truth_lines(k: KindPlan) -> list[str]:
         lines.append(f"  serves instead: {k.instead}")
     if k.feasible:
         lines.append(f"  flags: {flags_text(k.config)}")
+        if k.capacity and k.capacity.get("bound") == "at_least":
+            lines += [f"  capacity: {n}" for n in k.capacity.get("notes", ()) if "at least" in n or "no more than" in n]
     if k.ceiling is not None and k.capacity:
         c, cap = k.ceiling, k.capacity
         one = f"{k.decode_one_user:,.0f}" if k.decode_one_user else "-"
@@ -68,7 +71,9 @@ def truth_lines(k: KindPlan) -> list[str]:
                      f"tok/s of compute (predicted {cap['tokens_per_s']:,.0f}, "
                      f"{cap['tokens_per_s'] / c.compute_tokens_per_s:.0%})")
     b = k.band
-    lines.append(f"  band: tokens/s {b.text()}, P95 TTFT {b.text('ttft_p95')}, KV tokens {b.text('kv_tokens')}: {b.basis}")
+    if k.feasible:  # a kind that serves nothing has no figure to be sure of
+        lines.append(f"  band: tokens/s {b.text()}, P95 TTFT {b.text('ttft_p95')}, KV tokens {b.text('kv_tokens')}: "
+                     f"{b.basis}")
     return lines
 
 
@@ -76,7 +81,7 @@ def options_table(plan: FleetPlan, out: Any) -> Any:
     from tuner.cli.output import fit, table
 
     tbl = table()
-    for col in ("#", "deployment", "GPUs", "cost/h", "holds/min", "cost/h under the bands", "why"):
+    for col in ("#", "deployment", "GPUs", "cost/h", "holds/min", "within bands", "why"):
         tbl.add_column(col, justify="left" if col in ("deployment", "why") else "right")
     for i, m in enumerate(plan.options, 1):
         lo, hi = m.cost_range

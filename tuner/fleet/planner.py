@@ -102,8 +102,10 @@ def solve(fleet: Fleet, kinds: Sequence[KindPlan], traffic: Traffic) -> FleetPla
                      f"{traffic.headroom:.0%} headroom): everything it has holds {most:,.0f}/min"
                      if units else "no kind serves the model at these SLOs")
     basis = next((k.capacity for k in kinds if k.capacity), None) or {}
-    conversation = (f"{basis['tokens_per_conversation']:g} tokens" if basis.get("tokens_per_conversation")
-                    else f"{basis.get('requests_per_conversation') or 1:g} requests")
+    conversation = (f"{basis['tokens_per_conversation']:,.0f} tokens" if basis.get("tokens_per_conversation")
+                    else f"{basis.get('requests_per_conversation') or 1:.3g} requests")
+    if basis and traffic.tokens_per_conversation is None and basis.get("tokens_per_conversation"):
+        conversation += " (a request of the workload's mean; give --tokens-per-conversation)"
     return FleetPlan(fleet=fleet.to_dict(), slos=traffic.slos, demand_per_min=traffic.demand.per_min, demand_unit=unit,
                      headroom=traffic.headroom, need_per_min=need, kinds=tuple(kinds), options=tuple(found),
                      ties=ties, calibrate_hint=hint, most_per_min=most, conversation=conversation,

@@ -108,7 +108,7 @@ def lines_for(gpu: GPU, head_dim: int = 128) -> tuple[LineSupport, ...]:
 
 
 def _wheel_message(gpu: GPU, version: str) -> str:
-    return (f"vLLM {version}'s official wheels carry no kernels for compute capability "
+    return (f"the official wheels carry no kernels for compute capability "
             f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]} ({gpu.torch_name}): the first CUDA call fails "
             "with 'no kernel image is available for execution on the device' (use 0.19.x or older, or build "
             "against CUDA < 12.8)")
