@@ -129,11 +129,12 @@ def band_for(gpu_name: str, vllm_version: str, *, calibration: str | None = None
                     own.kv_tokens_mape / 100,
                     f"Hopper table: {own.tokens_per_s_mape:.1f} % on {own.points} real H100 points it never saw; "
                     f"leave-one-shape-out {tok * 100:.1f} % on {n} H200 points", calibrated=True)
-    if load_calibration(gpu).calibrated:  # volta: fitted on a published table, not on a measurement of ours
+    if cls == "volta" and load_calibration(gpu).calibrated:  # fitted on a published table, not a measurement of ours
         return Band(max(t_tok, VOLTA_ARTICLE_WORST), t_ttft, t_kv,
                     f"fitted on article 004's published table (worst row {VOLTA_ARTICLE_WORST:.0%}), no measurement "
                     f"of ours; at least the transfer error ({t_text})", calibrated=True, floor=True)
-    return Band(t_tok, t_ttft, t_kv, f"NOT CALIBRATED ({cls}): at least the transfer error ({t_text})",
+    borrowed = "" if (DATA_DIR / f"{cls}.yaml").is_file() else ", on the Hopper table"
+    return Band(t_tok, t_ttft, t_kv, f"NOT CALIBRATED ({cls}{borrowed}): at least the transfer error ({t_text})",
                 calibrated=False, floor=True)
 
 

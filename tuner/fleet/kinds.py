@@ -129,7 +129,7 @@ def plan_kind(fleet: Fleet, kind: Kind, traffic: Traffic, *, storage: str | None
     if found["best"] is None:
         return dataclasses.replace(base, reason=found["why"], study=found["study"], trials=found["trials"],
                                    timings=timings)
-    cfg, tp, tp_notes = _wider(fleet, kind, traffic, found["best"], found["workload"], tps, obs)
+    cfg, tp, tp_notes = _wider(fleet, kind, traffic, found, tps, obs)
     timings["layout"] = time.process_time() - clock - sum(timings.values())
     obs.on_phase(f"{kind.label}: capacity at the SLOs")
     return _capacity(fleet, kind, traffic, base, cfg, found, base.notes + tp_notes, timings, clock, obs)
@@ -186,27 +186,28 @@ def _search(fleet: Fleet, kind: Kind, traffic: Traffic, space: SearchSpace, tp: 
             "value": None if out.best is None else out.best.value}
 
 
-def _wider(fleet: Fleet, kind: Kind, traffic: Traffic, cfg: ServeConfig, workload: Workload, tps: list[int],
+def _wider(fleet: Fleet, kind: Kind, traffic: Traffic, found: dict[str, Any], tps: list[int],
            obs: Observer) -> tuple[ServeConfig, int, tuple[str, ...]]:
     """The search's flags at each larger tensor-parallel size while it gives more tokens/s a GPU
-    (the search's own goodput measurement on its requests)."""
+    (the search's own goodput measurement on its requests; the search's value at its own size)."""
     from tuner.backends.sim import SimBackend
     from tuner.search import evaluate_config
 
-    tp0 = cfg.tensor_parallel_size
-    best, per_gpu, notes = cfg, None, []
-    for tp in [t for t in tps if t >= tp0]:
-        trial = dataclasses.replace(cfg, tensor_parallel_size=tp, replicas=1)
+    best: ServeConfig = found["best"]
+    tp0 = best.tensor_parallel_size
+    per_gpu = float(found["value"]) / tp0
+    notes = [f"TP {tp0}: {found['value']:,.0f} tokens/s at the SLOs, {per_gpu:,.0f} a GPU"]
+    for tp in [t for t in tps if t > tp0]:
+        trial = dataclasses.replace(best, tensor_parallel_size=tp, replicas=1)
         obs.on_phase(f"{kind.label}: layout TP {tp}")
-        ev = evaluate_config(SimBackend(), deployment_of(fleet, kind, tp), trial, workload, _slo_set(traffic),
-                             seed=traffic.seed)
+        ev = evaluate_config(SimBackend(), deployment_of(fleet, kind, tp), trial, found["workload"],
+                             _slo_set(traffic), seed=traffic.seed)
         value = ev.value / tp if ev.feasible else 0.0
         notes.append(f"TP {tp}: {ev.value:,.0f} tokens/s at the SLOs, {value:,.0f} a GPU" if ev.feasible
                      else f"TP {tp}: {ev.record.infeasible_reason or 'misses the SLOs'}")
-        if per_gpu is not None and value <= per_gpu:
+        if value <= per_gpu:
             break
-        if per_gpu is None or value > per_gpu:
-            best, per_gpu = trial, value
+        best, per_gpu = trial, value
     return best, best.tensor_parallel_size, tuple(notes)
 
 
