@@ -58,8 +58,9 @@ def verdict(plan) -> None:
     for i, m in enumerate(plan.options[:2]):
         lo, hi = m.cost_range
         tie = " (tie under the bands)" if i in plan.ties else ""
+        high = f"{hi:.2f}" if hi != float("inf") else "not held"
         print(f"  {'cheapest ' if i == 0 else 'runner-up'} {m.text():45s} {m.cost_per_hour:7.2f}/h for "
-              f"{m.capacity:8,.0f}/min; under the bands {lo:.2f}-{hi if hi != float('inf') else float('nan'):.2f}{tie}")
+              f"{m.capacity:8,.0f}/min; under the bands {lo:.2f}-{high}{tie}")
     if plan.calibrate_hint:
         print(f"  {plan.calibrate_hint}")
 
