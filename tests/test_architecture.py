@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("backends", frozenset({"backends", "space", "testing"})),
     ("studies", frozenset({"study"})),
     ("search", frozenset({"search"})),
-    ("tools", frozenset({"plan", "plots", "calibrate", "report", "ops"})),
+    ("tools", frozenset({"plan", "plots", "calibrate", "report", "ops", "fleet"})),
     ("api", frozenset({"__init__"})),
     ("cli", frozenset({"cli", "__main__"})),
 )

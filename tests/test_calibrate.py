@@ -272,3 +272,17 @@ def test_report_only_without_a_profile_says_so(tmp_path, capsys):
         code = exit_.code
     out, err = capsys.readouterr()
     assert code != 0 and "no profile to report on" in out + err and "profile.yaml" in out + err
+
+
+def test_a_server_faster_than_real_time_is_measured_in_its_gpus_time(tmp_path):
+    """tuner sim-serve --speed N runs N times faster than the GPU it simulates: calibrate's rows
+    hold the GPU's times (N times what the clock read), as tuner plan reports them."""
+
+    class Faster(SimBackend):
+        time_scale = 4.0
+
+    plain = load_points(measure(SimBackend(), H200, TINY, tmp_path / "plain"))
+    fast = load_points(measure(Faster(), H200, TINY, tmp_path / "fast"))
+    for a, b in zip(plain, fast):
+        assert b.measured["ttft_p95_s"] == pytest.approx(4 * a.measured["ttft_p95_s"])
+        assert b.measured["output_tokens_per_s"] == pytest.approx(a.measured["output_tokens_per_s"] / 4)

@@ -160,7 +160,7 @@ def measure(
                 # prefix-cache hits across runs
                 t_run = time.monotonic()
                 try:
-                    res = instance.run(work, Concurrency(users), stop=over_budget)
+                    res = _timed(backend, instance.run(work, Concurrency(users), stop=over_budget))
                 except BackendError as err:
                     emit({"kind": "load", "trial": trial.name, "users": users, "requests": n, "ok": False,
                           "message": str(err)})
@@ -200,10 +200,10 @@ def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Ca
     from tuner.calibrate.probes import build, load_from
 
     work = build(probe.workload)
-    load = load_from(probe.load)
+    load = _faster(load_from(probe.load), float(getattr(backend, "time_scale", 1.0) or 1.0))
     t_run, cpu_run = time.monotonic(), time.process_time()
     try:
-        res = instance.run(work, load, stop=stop)
+        res = _timed(backend, instance.run(work, load, stop=stop))
     except BackendError as err:
         emit({"kind": "load", "trial": trial.name, "workload": probe.workload, "load": probe.load, "ok": False,
               "message": str(err), "model": trial.model})
@@ -225,6 +225,34 @@ def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Ca
         f"P95 TTFT {summ['ttft_p95_s'] * 1e3:.1f} ms, TPOT {summ['tpot_mean_s'] * 1e3:.2f} ms "
         f"({len(work)} requests, {time.monotonic() - t_run:.1f} s)")
     return not res.stopped_early
+
+
+def _faster(load: Any, scale: float) -> Any:
+    """An open-loop load offered ``scale`` times faster to a server that runs that much faster
+    than real time (its arrivals in the measured GPU's time stay the probe's)."""
+    import dataclasses
+
+    from tuner.serving.load import Poisson, TraceReplay
+
+    if scale == 1.0:
+        return load
+    if isinstance(load, Poisson):
+        return dataclasses.replace(load, rate=load.rate * scale)
+    if isinstance(load, TraceReplay):
+        return dataclasses.replace(load, multiplier=load.multiplier * scale)
+    return load
+
+
+def _timed(backend: Any, result: Any) -> Any:
+    """The run in the measured GPU's time: a server that runs N times faster than real time
+    (``tuner sim-serve --speed N``, the backend's ``time_scale``) has every time multiplied by
+    N, so that a dry run against it fits the constants of the GPU it simulates."""
+    scale = float(getattr(backend, "time_scale", 1.0) or 1.0)
+    if scale == 1.0:
+        return result
+    from tuner.plan.sweep import rescale
+
+    return rescale(result, scale)
 
 
 def _log_tail(path: str | None, log: Callable[[str], None], lines: int = 25) -> None:

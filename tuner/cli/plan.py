@@ -105,6 +105,9 @@ def plan_cmd(
                             "(studies/plans/ for a config given here)."),
     files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
+    fleet: str = typer.Option(None, "--fleet", metavar="FLEET", help="Plan across GPU kinds instead: a fleet file (or "
+                              "a shipped one: article-004-room, article-000-box, mixed-room) of kinds, counts, prices "
+                              "and vLLM versions; with --demand, the cheapest deployment within it (docs/fleet.md)."),
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
@@ -127,10 +130,15 @@ def plan_cmd(
     Examples:
       tuner plan --target-ttft 5s
       tuner plan --target-ttft 5s --demand 1200/min --gpu-hour-cost 1.2
+      tuner plan --fleet mixed-room --demand 3000/min --slo 'p95:ttft<=5s'
       tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
           --model llama-2-7b --dtype float16 --tensor-parallel-size 8 \\
           --max-num-seqs 128
     """
+    if fleet is not None:  # across GPU kinds (tuner.cli.fleet)
+        from tuner.cli.fleet import fleet_cmd
+
+        return fleet_cmd(fleet, dict(locals()), knob_flags)
     import tuner
     from tuner.cli.estimate import parse_list
     from tuner.cli.search import backend_options

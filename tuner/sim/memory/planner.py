@@ -22,6 +22,7 @@ from tuner.sim.memory.plan import MemoryPlan, fmt_gib
 from tuner.sim.memory.support import (
     MIN_CAPABILITY,
     MIN_CAPABILITY_BEFORE_TURING_MARLIN,
+    NO_SM70_WHEELS_SINCE,
     TURING_MARLIN_SINCE,
     attention_backend,
     check_attention,
@@ -136,9 +137,9 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     if version >= V1_SINCE and not v1:
         notes.append(f"vLLM {deployment.vllm_version} runs the V0 engine below compute "
                      "capability 8.0 (V1 supports it from 0.10.2)")
-    if gpu.cc < 75 and version >= (0, 11, 0):
-        notes.append("vLLM's recent official wheels (CUDA >= 12.8) ship no sm_70 kernels; a V100 "
-                     "needs a build against CUDA < 12.8 (first release affected not pinned down)")
+    if gpu.cc < 75 and version >= NO_SM70_WHEELS_SINCE:
+        notes.append("vLLM's official wheels from 0.20 (torch 2.11, CUDA >= 12.8) ship no sm_70 kernels; a V100 "
+                     "needs a build against CUDA < 12.8 (first release affected taken to be 0.20.0, not verified)")
     if model.sliding_window and model.model_type.startswith(("gemma2", "gemma3", "mistral")):
         notes.append(f"sliding-window layers (window {model.sliding_window}) are planned as full "
                      "attention: V1's hybrid allocator would hold more tokens")

@@ -36,6 +36,12 @@ BF16_FALLBACK_SINCE = (0, 9, 0)
 #: XFormers refused attention-logit soft capping (Gemma 2) until 0.6.4.post1
 #: (attention/backends/xformers.py: raise ValueError); 0.6.5 only warns.
 XFORMERS_SOFTCAP_WARNS_SINCE = (0, 6, 5)
+#: The first vLLM line whose official wheels carry no sm_70 (V100) kernels, taken to be 0.20.0,
+#: the first on torch 2.11 (vllm-project/vllm-omni#2704, tenstorrent/tt-xla#5559): PyTorch 2.11
+#: dropped Volta from its CUDA >= 12.8 builds (pytorch/pytorch#172352), and vLLM ships cu129 and
+#: cu130 wheels only (vllm-project/vllm#42756). Not verified in a wheel; 0.14.0's docs still read
+#: "compute capability 7.0 or higher (e.g., V100, ...)", the current ones 7.5.
+NO_SM70_WHEELS_SINCE = (0, 20, 0)
 #: Head sizes V0's PagedAttention kernels (the XFormers backend) take, vLLM 0.6.6.post1
 #: (attention/ops/paged_attn.py::get_supported_head_sizes).
 PAGED_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 120, 128, 192, 256)
