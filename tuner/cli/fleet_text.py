@@ -32,11 +32,12 @@ def kinds_table(plan: FleetPlan, out: Any) -> Any:
     from tuner.cli.output import fit, table
 
     tbl = table()
-    for col in ("kind", "GPUs", "$/GPU-h", "vLLM", "layout", f"holds/min", "tok/s", "$/1M tok", "band"):
+    # 80 columns hold the nine columns whole: short headers, "any" for a kind one can rent without limit
+    for col in ("kind", "GPUs", "$/GPU-h", "vLLM", "layout", "holds/min", "tok/s", "$/Mtok", "band"):
         tbl.add_column(col, justify="left" if col in ("kind", "vLLM", "layout", "band") else "right")
     for k in plan.kinds:
         cap = k.capacity or {}
-        tbl.add_row(k.label, "unlimited" if k.kind.get("count") is None else str(k.kind["count"]),
+        tbl.add_row(k.label, "any" if k.kind.get("count") is None else str(k.kind["count"]),
                     f"{k.gpu_hour_cost:.2f}", str(k.kind["vllm_version"]),
                     f"TP{k.tp}" if k.tp else "refused" if k.refusals or k.reason else "-",
                     (">=" if cap.get("bound") == "at_least" else "") + _num(k.per_min(plan.demand_unit))
@@ -119,8 +120,10 @@ def print_plan(plan: FleetPlan) -> None:
     for k in plan.kinds:
         for step, s in k.timings.items():
             spent[step] = spent.get(step, 0.0) + s
-    say(f"took {plan.cpu_s:.1f} s of CPU ({plan.wall_s:.1f} s wall): "
-        + ", ".join(f"{step} {s:.1f} s" for step, s in spent.items()))
+    # one line whatever the width (the terminal wraps it): the machine's figures, which a transcript masks whole
+    out.print(f"took {plan.cpu_s:.1f} s of CPU ({plan.wall_s:.1f} s wall): "
+              + ", ".join(f"{step} {s:.1f} s" for step, s in spent.items()), markup=False, highlight=False,
+              soft_wrap=True)
     if plan.folder:
         say(f"wrote {plan.folder}/fleet-plan.json and fleet-plan.png (kinds' studies: {plan.storage})")
 
