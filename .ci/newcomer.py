@@ -64,6 +64,10 @@ def run_in_pty(command: str, cwd: Path, *, cols: int, timeout_s: float, log: Pat
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal is its controlling tty
         try:
+            # a login shell's dispositions: a signal this process ignores (Python ignores SIGPIPE; a caller
+            # may ignore SIGINT) would stay ignored across exec, and Ctrl-C would do nothing
+            for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGHUP, signal.SIGTERM, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
             fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
             os.chdir(cwd)
             os.execvpe("bash", ["bash", "-c", command], newcomer_env())

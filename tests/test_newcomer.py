@@ -59,10 +59,19 @@ def test_commands_run_in_a_real_terminal_of_the_width_asked(newcomer, tmp_path):
     assert "50 123" in out and "TERM=xterm-256color" in out
 
 
-def test_ctrl_c_typed_into_the_terminal_interrupts_the_foreground_command(newcomer, tmp_path):
-    code, out = newcomer.run_in_pty("echo ready; sleep 60", tmp_path, cols=80, timeout_s=60, log=tmp_path / "log",
-                                    react=lambda text: b"\x03" if "ready" in text else None)
-    assert code == 130, out
+@pytest.mark.parametrize("parent", ["default", "ignores SIGINT"])
+def test_ctrl_c_typed_into_the_terminal_interrupts_the_foreground_command(newcomer, tmp_path, parent):
+    """Also when the process that runs the job ignores SIGINT (an ignored signal stays ignored across exec:
+    in CI's suite, run inside the newcomer's own terminal, Ctrl-C once did nothing and sleep ran to the end)."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if parent != "default" else signal.default_int_handler)
+    try:
+        code, out = newcomer.run_in_pty("echo ready; sleep 60", tmp_path, cols=80, timeout_s=90,
+                                        log=tmp_path / "log", react=lambda text: b"\x03" if "ready" in text else None)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == 130, (code, out)
 
 
 def test_the_newcomer_environment_has_no_virtual_environment_active(newcomer, monkeypatch):
