@@ -43,7 +43,9 @@ def test_a_profile_fitted_against_sim_serve_narrows_the_kinds_band(tmp_path, mon
     assert before.band.floor and not before.band.calibrated
 
     folder = tmp_path / "profiles" / "a100-80gb-vllm-0.26.0"
-    serve = (f"{sys.executable} -m tuner sim-serve --speed 3 --gpu A100-80GB "
+    # in real time: a stand-in three times faster than real time fitted to 9.8 % on a quiet machine and 13.9 %
+    # (past the 12.6 % floor) on a busy one, its host's delays magnified three times; at speed 1, 2.5 %
+    serve = (f"{sys.executable} -m tuner sim-serve --speed 1 --gpu A100-80GB "
              f"--calibration {tmp_path / 'truth.yaml'}")
     with pytest.raises(SystemExit) as done:  # tuner calibrate, as typed
         main(["calibrate", "--model", "qwen2.5-7b", "--gpu", "A100-80GB", "--backend", "vllm", "--vllm-version",
@@ -66,6 +68,6 @@ def test_a_profile_fitted_against_sim_serve_narrows_the_kinds_band(tmp_path, mon
     assert band.profile == str(folder / "profile.yaml") and "your profile" in band.basis
     assert band.calibrated and not band.floor
     assert band.tokens_per_s == pytest.approx(check["output_tokens_per_s_mape"] / 100)
-    assert band.tokens_per_s < before.band.tokens_per_s                 # narrower than the never-measured floor
+    assert band.tokens_per_s < before.band.tokens_per_s, (band.tokens_per_s, before.band.tokens_per_s)  # narrower than the floor
     # the simulator ran the kind's search and sweep on the fitted constants: the capacity moved with them
     assert after.capacity["tokens_per_s"] != pytest.approx(before.capacity["tokens_per_s"], rel=0.02)
