@@ -108,8 +108,9 @@ def test_a_failure_that_repeats_while_a_control_serves_is_the_configurations(tmp
     k = bad[0].blame["control"]
     assert k is not None and f"trial {k}'s configuration served" in bad[0].infeasible_reason
     waited = sum(1 for _, r in recs if r.fail_kind)
-    assert backend.started.count(bad[0].config) == 2 * (1 + waited)  # started twice each time it was judged
-    assert bad[0].blame["starts"] == 2 and bad[0].blame["verdict"] == "configuration"
+    # twice each time it waited; judged: twice, the control, a third time
+    assert backend.started.count(bad[0].config) == 2 * waited + 3
+    assert bad[0].blame["starts"] == 3 and bad[0].blame["verdict"] == "configuration"
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
