@@ -12,7 +12,7 @@ a site meets, in vLLM's words, after the engine began loading the model (the lin
   (the machine's fault: no configuration starts);
 * ``transient``: a start dies with probability ``--rate`` (the machine's, now and then);
   the draws are seeded and counted in ``--state`` (``starts``, one line per start:
-  ``ok`` or ``crash``), so a run is reproducible;
+  ``ok`` or ``crash`` and the time), so a run is reproducible;
 * ``warmup503``: ``/health`` answers at once, ``/v1/completions`` answers 503 for the first
   ``--rate`` seconds (vLLM's API server up before its engine is ready to serve).
 """
@@ -57,7 +57,7 @@ def _draw(state: Path, rate: float, seed: int) -> bool:
     n = len(log.read_text().splitlines()) if log.exists() else 0
     crash = random.Random(seed * 100_003 + n).random() < rate
     with open(log, "a") as fh:
-        fh.write(("crash" if crash else "ok") + "\n")
+        fh.write(f"{'crash' if crash else 'ok'} {time.time():.3f}\n")
     return crash
 
 

@@ -252,29 +252,38 @@ def hexid_failure(folder: Path) -> Outcome:
                       {"code": code, "stderr": err, "stored": stored})
 
 
+#: Eight configurations (four max_num_seqs, eager or not).
+EIGHT = sc.SPACE.replace("[16, 64]", "[16, 32, 64, 128]")
+
+
 def transient(folder: Path) -> Outcome:
     """30 % of starts crash at random after the engine started (seeded; a machine's
     transient fault), during the search and the confirmation race: no crash is stored as a
     configuration's result or a candidate's repeat, every configuration is measured, the run
     ends 0 with a recommendation."""
-    sc.prepare(folder)
+    sc.prepare(folder, EIGHT)
     left: list[int] = []
     state = folder / "faulty"
     cmd = faulty("transient", "--rate", "0.3", "--seed", "1", "--state", str(state))
-    code, out, err = sc._run(folder, *sc.search_args(vllm_cmd=cmd, confirm=True), left=left)
-    starts = (state / "starts").read_text().split() if (state / "starts").exists() else []
+    code, out, err = sc._run(folder, *sc.search_args("--confirm", "3", vllm_cmd=cmd, budget=8, confirm=True),
+                             left=left)
+    lines = [ln.split() for ln in (state / "starts").read_text().splitlines()] if (state / "starts").exists() else []
+    ended = max((t.datetime_complete.timestamp() for t in sc.trials(folder) if t.datetime_complete), default=0.0)
+    phases = {"search": [k for k, at in lines if float(at) <= ended], "race": [k for k, at in lines if float(at) > ended]}
     everything = sc.trials(folder) + sc.confirmation_repeats(folder)
     blamed = [t.number for t in everything if "NCCL" in str(t.user_attrs.get("infeasible_reason"))
               or ("NCCL" in str(t.user_attrs.get("fail_reason")) and t.user_attrs.get("fail_kind") == "crash")]
     counts = sc.measured_configs(folder)
     report = json.loads(out) if out.strip().startswith("{") else {}
     reason = str((report.get("recommendation") or {}).get("reason"))
-    ok = (code == 0 and sc.one_line(err) and not blamed and len(counts) == sc.GRID and "crash" in starts
-          and "tied with none" not in reason and report.get("recommendation") and not sum(left))
-    return sc.Outcome("30 % of starts crash (search + race)", f"exit {code}; {starts.count('crash')} crashes in "
-                      f"{len(starts)} starts, {len(blamed)} stored as a configuration's; {len(counts)}/{sc.GRID} "
-                      "measured", 0, sc.finished(folder), sum(left), ok,
-                      {"code": code, "stderr": err, "blamed": blamed, "starts": starts, "reason": reason})
+    ok = (code == 0 and sc.one_line(err) and not blamed and len(counts) == 8 and "crash" in phases["search"]
+          and "crash" in phases["race"] and "tied with none" not in reason and report.get("recommendation")
+          and not sum(left))
+    shown = ", ".join(f"{k.count('crash')} of {len(k)} in the {p}" for p, k in phases.items())
+    return sc.Outcome("30 % of starts crash (search + race)", f"exit {code}; starts crashed: {shown}; "
+                      f"{len(blamed)} stored as a configuration's; {len(counts)}/8 measured", 0,
+                      sc.finished(folder), sum(left), ok,
+                      {"code": code, "stderr": err, "blamed": blamed, "phases": phases, "reason": reason})
 
 
 # -- studies that must not vanish -----------------------------------------------------------
