@@ -97,6 +97,7 @@ class SearchRun(StudySetup):
         self.worker: Any = None
         self.referee = Referee(self.backend, self.deployment, self.workload, self.obs)
         self.undecided: list[int] = []  # trials whose failure waits for a configuration that works
+        self.lost: Exception | None = None  # the study file vanished (tuner.study.sqlite_file)
 
     # -- set-up ---------------------------------------------------------------------------
     # -- one trial ------------------------------------------------------------------------
@@ -251,8 +252,15 @@ class SearchRun(StudySetup):
         """Optuna's callback after each trial: environment faults counted, progress."""
         from tuner.study import best_feasible_trial
 
+        from tuner.study.sqlite_file import lost
+
         rec = TrialRecord.from_trial(trial)
         self.copies += rec.is_repeat and not rec.is_confirmation
+        if (gone := lost()) is not None:  # the study file was deleted or replaced: stop before losing more
+            self.lost = gone
+            self.worker.halt = str(gone)
+            st.stop()
+            return
         if rec.fail_kind == "environment" and self.endpoint_fault is not None:
             self.worker.halt = str(self.endpoint_fault)
             st.stop()
@@ -328,6 +336,8 @@ class SearchRun(StudySetup):
                               f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
                               f"started that could not finish; {what} left for the next run (the same "
                               "command goes on)")
+        if self.lost is not None:
+            raise self.lost
         if self.referee.extra_starts:
             self.notes.append(self.blame_note())
         if self.endpoint_fault is not None:
