@@ -364,13 +364,11 @@ class VllmBackend:
             raise BackendError(f"{r.url}/v1/models did not name a model ({err}) [log: {r.log_path}]") from err
 
     def _warm_up(self, r: _Replica, model: str, t_start: float) -> None:
-        """One tiny completion, so the first measured request does not pay for lazy init.
-        A server whose API answers before its engine can serve (``503``, or a refused or
-        reset connection while it binds) is asked again until it serves, within what is left
-        of ``startup_timeout_s`` (and the run's deadline)."""
+        """One tiny completion, so the first measured request does not pay for lazy init; asked
+        again while the API answers before its engine serves (503, a refused connection), within
+        what is left of ``startup_timeout_s`` and the run's deadline."""
         deadline = current_deadline()
-        limit = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining())
-        pause = 0.05
+        limit, pause = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining()), 0.05
         while True:
             try:
                 status, body = _http(f"{r.url}/v1/completions", data={
