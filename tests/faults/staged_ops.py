@@ -19,13 +19,19 @@ Outcome = sc.Outcome
 PASSWORD = "pw-faults-Secret-4d1e"
 
 
-def trace(path: Path, n: int, seed: int = 0, huge_row: int | None = None) -> Path:
-    """``n`` requests of the built-in mix as tuner's JSONL (one header line, then a row per
-    request in arrival order); row ``huge_row`` (0-based) asks for 99,999,999 prompt tokens."""
+def trace(path: Path, n: int, seed: int = 0, huge_row: int | None = None, mix: bool = True) -> Path:
+    """``n`` requests as tuner's JSONL (one header line, then a row per request in arrival
+    order, 4 a second): the built-in mix, or (``mix`` False) every one 400 prompt and 150
+    output tokens (one shape at any count); row ``huge_row`` (0-based) asks for 99,999,999
+    prompt tokens."""
+    import numpy as np
+
     from tuner.traffic import native
     from tuner.traffic.synth import article_mix
+    from tuner.traffic.workload import Workload
 
-    w = article_mix(n, rate=4.0, seed=seed)
+    w = article_mix(n, rate=4.0, seed=seed) if mix else Workload(
+        arrival_s=np.arange(n) / 4.0, prompt_tokens=np.full(n, 400), output_tokens=np.full(n, 150), source=str(path))
     if huge_row is not None:
         prompts = w.prompt_tokens.copy()
         prompts[huge_row] = 99_999_999
@@ -37,8 +43,8 @@ def quiet_night(folder: Path) -> Outcome:
     """Night 1 replays 200 requests, night 2 a quiet 12 of the same shape: not a
     regression (it once exited 4, 'REGRESSION -84.9 %') but 'workload changed', exit 0."""
     sc.prepare(folder)
-    trace(folder / "busy.jsonl", 200)
-    trace(folder / "quiet.jsonl", 12)
+    trace(folder / "busy.jsonl", 200, mix=False)
+    trace(folder / "quiet.jsonl", 12, mix=False)
     args = ["nightly", "--space", "space.yaml", "--trials", "2", "--study", "n"]
     code1, out1, err1 = sc.finish(sc.tuner(folder, *args, "--trace", "busy.jsonl"))
     code2, out2, err2 = sc.finish(sc.tuner(folder, *args, "--trace", "quiet.jsonl"))
