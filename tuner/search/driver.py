@@ -26,7 +26,7 @@ from tuner.search.boundary import incumbent as sure_incumbent
 from tuner.search.boundary import lowest_p95, sampler_constraint
 from tuner.search.confirm import WindowFull, confirm_winner, study_noise
 from tuner.search.constraints import tell_constraints
-from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
+from tuner.search.inputs import build_workload, check_requests_fit, get_backend_by_name, workload_facts, workload_file
 from tuner.search.objective import CONSTRAINT, evaluate_config, rejected
 from tuner.search.outcome import SearchOutcome
 from tuner.search.progress import quiet_optuna
@@ -34,7 +34,7 @@ from tuner.search.pruning import explore, propose, prune
 from tuner.search.records import check_gpu, mark_trial_failed, same_config
 from tuner.search.settings import SearchSettings
 from tuner.search.setup import StudySetup
-from tuner.search.window import trial_estimate
+from tuner.search.window import fit_to_window, replay_cost, trial_estimate
 from tuner.serving.config import ServeConfig
 from tuner.study import best_feasible_trial, count_finished, study_name
 from tuner.study.record import QUEUED, RunFacts, TrialRecord, write
@@ -71,6 +71,7 @@ class SearchRun(StudySetup):
         if workload is None:
             self.obs.on_phase("building workload")
             workload = build_workload(space.workload, self.deployment)
+        check_requests_fit(workload, space)  # a request no configuration can serve: named before anything is written
         self.workload = workload
         self.fingerprint = workload.fingerprint()
         self.target = space.workload.target_ttft_s
@@ -81,16 +82,22 @@ class SearchRun(StudySetup):
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
+        # a trace one trial cannot replay within --timeout: a seeded sample of it (the study keeps its name)
+        self.workload, sampled = fit_to_window(workload, s.timeout_s, s.max_replays, s.seed, lambda: replay_cost(
+            self.backend, self.deployment, workload, self.study))
         self.run_facts = RunFacts(
             workload_fingerprint=self.fingerprint, workload_source=json_safe(workload.source),
-            workload_file=workload_file(space, workload), workload_requests=len(workload),
+            workload_file=workload_file(space, workload), workload_requests=len(self.workload),
             **workload_facts(workload), backend=self.backend.name, restarts=self.backend.restarts,
             simulated=self.backend.simulated, hardware=self.deployment, seed=s.seed,
-            load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
+            load_seed=s.seed, sample=sampled or "as logged", sampler=s.sampler, space=space.name,
+            load_kind=space.workload.load,
         )
         self.gpu_s = 0.0
         self.copies = 0  # this run's trials that re-read a measurement (no server start, no budget slot)
-        self.notes: list[str] = []
+        self.notes: list[str] = [sampled] if sampled else []
+        if sampled:
+            self.obs.on_warning(sampled)
         self.env_faults: list[str] = []
         self.endpoint_fault: EndpointFault | None = None
         self.window_left: str | None = None  # what --timeout left undone, when not trials of the budget
