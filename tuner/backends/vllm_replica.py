@@ -85,9 +85,14 @@ class _Replica:
             return False
         return not processes.processes_of(self.token)
 
-    def exit_code(self) -> int | None:
-        """The launcher's exit code (None while it runs: a daemonized server's own is not known)."""
-        return self.proc.poll()
+    def exit_code(self, wait_s: float = 2.0) -> int | None:
+        """The launcher's exit code, given ``wait_s`` to end after its server did (a shell
+        that waits on it reports its code, ``128+N`` for a signal); None while it runs on (a
+        daemonized server's own code is not known)."""
+        try:
+            return self.proc.wait(timeout=wait_s) if self.server is not None else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
 
     def group_alive(self) -> bool:
         try:

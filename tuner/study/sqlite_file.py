@@ -30,10 +30,8 @@ from tuner.core.errors import EnvironmentFault
 #: The first 16 bytes of every SQLite database file.
 HEADER = b"SQLite format 3\x00"
 
-#: Study files found deleted or replaced: path -> (the inode opened, what happened), and
-#: the fault made of each (after its rescue).
+#: Study files found deleted or replaced and not told yet: path -> (the inode opened, what happened).
 _GONE: dict[str, tuple[tuple[int, int], str]] = {}
-_FAULTS: dict[str, StudyFileFault] = {}
 
 
 class StudyFileFault(EnvironmentFault):
@@ -80,28 +78,31 @@ def watch(engine: Any, path: Path) -> None:
     st = os.stat(path)
     ident = (st.st_dev, st.st_ino)
 
+    told = False  # once told, this storage's later writes are known lost
+
     def before_commit(conn: Any) -> None:
-        if str(path) in _GONE or not _writes(conn):
+        nonlocal told
+        if told or str(path) in _GONE or not _writes(conn):
             return
         try:
             now = os.stat(path)
         except FileNotFoundError:
-            _GONE[str(path)] = (ident, "deleted")
+            _GONE[str(path)], told = (ident, "deleted"), True
         else:
             if (now.st_dev, now.st_ino) != ident:
-                _GONE[str(path)] = (ident, "replaced by another file")
+                _GONE[str(path)], told = (ident, "replaced by another file"), True
 
     event.listen(engine, "commit", before_commit)
 
 
 def lost() -> StudyFileFault | None:
-    """The fault of the first study file found deleted or replaced in this process (its
-    study saved by :func:`rescue` the first time it is asked), or None."""
-    for path, (ident, what) in _GONE.items():
-        if path not in _FAULTS:
-            _FAULTS[path] = lost_fault(Path(path), ident, what)
-        return _FAULTS[path]
-    return None
+    """The fault of a study file found deleted or replaced in this process and not told yet
+    (its study saved by :func:`rescue` now), or None. Each is told once."""
+    if not _GONE:
+        return None
+    path = next(iter(_GONE))
+    ident, what = _GONE.pop(path)
+    return lost_fault(Path(path), ident, what)
 
 
 #: What SQLite says of a file that is not (or no longer) a sound database.
