@@ -29,7 +29,9 @@ import scenarios  # noqa: E402
 ENV_WORDS = re.compile(r"before vLLM's engine started|which tuner did not send|not a server of this run|"
                        r"no configuration of this study has started|a configuration that differs failed|"
                        r"reduce GPU memory used by other processes|unrecognized arguments|No space left|"
-                       r"Address already in use|should be provided as the first positional argument")
+                       r"Address already in use|should be provided as the first positional argument|"
+                       r"stalled at once|which tuner did not ask|stopped answering|failed too|"
+                       r"none has worked yet|no configuration has worked|NCCL error|file size limit")
 
 
 def stored_env_faults(folder: Path) -> int:

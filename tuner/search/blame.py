@@ -164,7 +164,8 @@ class Referee:
     """Judges the ambiguous failures of one run's trials (see the module docstring) with
     the run's backend. ``learned`` holds the signatures of failures seen on a configuration
     that works; ``extra_starts`` and ``gpu_s`` are what the judging added (starts beyond the
-    one a trial makes, controls) and their GPU seconds."""
+    one a trial makes, controls included) and their GPU seconds, ``controls`` and
+    ``control_gpu_s`` the control runs' share of them."""
 
     backend: Backend
     deployment: Deployment
@@ -173,6 +174,8 @@ class Referee:
     learned: set[str] = field(default_factory=set)
     extra_starts: int = 0
     gpu_s: float = 0.0
+    controls: int = 0
+    control_gpu_s: float = 0.0
 
     # -- what the study knows ----------------------------------------------------------------
     def machine_failures(self, study: optuna.Study) -> dict[str, int | None]:
@@ -313,6 +316,8 @@ class Referee:
     def _count(self, extra: list[Failure], control_s: float, controls: int = 0) -> None:
         self.extra_starts += len(extra) + controls
         self.gpu_s += sum(f.gpu_s for f in extra) + control_s
+        self.controls += controls
+        self.control_gpu_s += control_s
 
     def _fault(self, kind: str, failures: list[Failure], control: int | None, control_s: float,
                message: str) -> EnvironmentFault:

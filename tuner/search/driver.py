@@ -365,10 +365,11 @@ class SearchRun(StudySetup):
     def blame_note(self) -> str:
         """What judging failures by experiment cost this run (tuner.search.blame)."""
         r = self.referee
-        share = f", {r.gpu_s / self.gpu_s:.1%} of its {self.gpu_s:,.0f} s" if self.gpu_s > 0 else ""
-        return (f"whose fault a failure was took {r.extra_starts} extra start{'s' * (r.extra_starts != 1)} (starting a "
-                f"failed configuration again, and control runs of one known to work): {r.gpu_s:,.0f} s of GPU time"
-                f"{share}")
+        share = (lambda x: f" ({x / self.gpu_s:.1%} of the study's {self.gpu_s:,.0f} s)" if self.gpu_s > 0 else "")
+        return (f"whose fault a failure was took {r.extra_starts} extra start{'s' * (r.extra_starts != 1)}, "
+                f"{r.gpu_s:,.0f} s of GPU time{share(r.gpu_s)}: {r.controls} control run{'s' * (r.controls != 1)} "
+                f"of a configuration known to work, {r.control_gpu_s:,.0f} s{share(r.control_gpu_s)}, and failed "
+                "configurations started again")
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
