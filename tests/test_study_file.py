@@ -95,3 +95,11 @@ def test_a_damaged_file_and_one_at_the_file_size_limit_are_named(tmp_path, monke
     fault = file_fault("disk i/o error", url)
     assert isinstance(fault, EnvironmentFault) and fault.kind == "file_too_large"
     assert "ulimit -f: 200 KiB" in str(fault) and str(db) in str(fault)
+
+
+def test_doctor_names_an_empty_study_file(tmp_path):
+    from tuner.ops.doctor import check_sqlite
+
+    (tmp_path / "s.db").write_bytes(b"")
+    health = check_sqlite(tmp_path / "s.db")
+    assert not health.ok and any("is empty (0 bytes)" in p for p in health.problems)
