@@ -111,6 +111,10 @@ def test_a_failure_that_repeats_while_a_control_serves_is_the_configurations(tmp
     # twice each time it waited; judged: twice, the control, a third time
     assert backend.started.count(bad[0].config) == 2 * waited + 3
     assert bad[0].blame["starts"] == 3 and bad[0].blame["verdict"] == "configuration"
+    # the run says what judging cost: two more starts of the configuration and the control (and,
+    # each time it waited, the start after its first)
+    note = next(n for n in out.notes if n.startswith("whose fault a failure was took"))
+    assert f"took {3 + waited} extra starts" in note and ": 1 control run of" in note
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)

@@ -234,7 +234,6 @@ class Referee:
                                   f"configuration, which worked on this machine before, failed too "
                                   f"({kfail.message[:200]}): the machine is at fault, not this configuration (see "
                                   "its log, dmesg, nvidia-smi)")
-            self._count(failures[:-1], spent, controls=1)
             again = self._attempt(measure)  # once more: two failures of a passing fault are one in eleven
             if not isinstance(again, Failure):
                 self.learned.update(f.signature for f in failures)
