@@ -137,19 +137,29 @@ SLOW_SIM = f"{sys.executable} -m tuner sim-serve --speed 20"
 PAUSE_S = 20.0
 
 
-def _serving(server: psutil.Process) -> bool:
+def _decoding(server: psutil.Process) -> bool:
+    """The server streams answers now: its ``/metrics`` counts requests running (a replay's
+    requests past their first token: sim-serve emits one each step)."""
+    import re
+    import urllib.request
+
     try:
-        return any(c.status == psutil.CONN_ESTABLISHED for c in server.net_connections(kind="tcp"))
-    except psutil.Error:
+        args = server.cmdline()
+        port = args[args.index("--port") + 1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as resp:
+            text = resp.read().decode()
+    except (psutil.Error, ValueError, IndexError, OSError):
         return False
+    m = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? ([\d.]+)", text, re.M)
+    return bool(m and float(m.group(1)) > 0)
 
 
 def _mid_replay(folder: Path, owner: int) -> psutil.Process | None:
-    """A sim-serve server of ``owner`` answering a replay now, once a trial is stored."""
+    """A sim-serve server of ``owner`` streaming a replay's answers now, once a trial is stored."""
     if sc.finished(folder) < 1:
         return None
     servers = [p for p in sc.marked(owner) if "sim-serve" in " ".join(p.cmdline())]
-    return next((p for p in servers if _serving(p)), None)
+    return next((p for p in servers if _decoding(p)), None)
 
 
 def _disrupted(folder: Path, what: str, act) -> Outcome:
