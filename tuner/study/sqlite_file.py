@@ -169,13 +169,14 @@ def rescue(path: Path, ident: tuple[int, int], *, remove_log: bool = False) -> t
     file was deleted, so its write-ahead log left at the path (this inode's) goes too, lest it
     meet a study put back there."""
     db_fd = wal_fd = None
+    wal_path = os.path.abspath(f"{path}-wal")  # this study's log, not another study's of the same name
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
             st = os.fstat(int(fd))
             target = os.readlink(f"/proc/self/fd/{fd}").removesuffix(" (deleted)")
             if (st.st_dev, st.st_ino) == ident:
                 db_fd = db_fd or fd
-            elif target.endswith(path.name + "-wal"):
+            elif target == wal_path:
                 wal_fd = wal_fd or fd
     if db_fd is None:
         return None, 0
