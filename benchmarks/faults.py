@@ -2,6 +2,18 @@
 
     python benchmarks/faults.py [SCENARIO ...]      (default: all of tests/faults/scenarios.py)
 
+The table after issue 48 (52 scenarios, about 20 minutes on two busy cores; root lets the
+tmpfs and PostgreSQL rows run):
+
+    python benchmarks/faults.py
+
+and issue 48's rows alone (launchers, disrupted replays, blame by experiment, studies that
+must not vanish, nightly, credentials, inputs):
+
+    python benchmarks/faults.py launcher_timeout launcher_daemon paused terminated warming_up \
+        knob_failure hexid_failure transient study_deleted broken_nightly_study efbig quiet_night \
+        password_everywhere bad_seed huge_trace impossible_request endpoint_command
+
 Each row: the fault, what tuner did, the study's finished trials before the fault and
 after the run (and its rerun, where one belongs), tuner-marked processes left running,
 Python tracebacks printed and trials stored infeasible for a fault of the environment
@@ -29,7 +41,9 @@ import scenarios  # noqa: E402
 ENV_WORDS = re.compile(r"before vLLM's engine started|which tuner did not send|not a server of this run|"
                        r"no configuration of this study has started|a configuration that differs failed|"
                        r"reduce GPU memory used by other processes|unrecognized arguments|No space left|"
-                       r"Address already in use|should be provided as the first positional argument")
+                       r"Address already in use|should be provided as the first positional argument|"
+                       r"stalled at once|which tuner did not ask|stopped answering|failed too|"
+                       r"none has worked yet|no configuration has worked|NCCL error|file size limit")
 
 
 def stored_env_faults(folder: Path) -> int:
@@ -69,8 +83,8 @@ def main(argv: list[str]) -> int:
             outcome = run(Path(tmp) / name)
             took = time.monotonic() - t0
             if outcome is None:
-                rows.append((name, "not run here (needs a tmpfs mount)", "-", "-", "-", "-", "skipped",
-                             f"{took:.0f} s"))
+                rows.append((name, "not run here (needs root: a tmpfs mount or a PostgreSQL server)", "-", "-", "-", "-",
+                             "skipped", f"{took:.0f} s"))
             else:
                 fault, happened, trials, left, verdict = outcome.row()
                 env, tb = stored_env_faults(Path(tmp) / name), tracebacks(outcome)
@@ -80,6 +94,7 @@ def main(argv: list[str]) -> int:
             print(f"  {name}: {rows[-1][-2]} ({took:.0f} s)", file=sys.stderr, flush=True)
     head = ("fault", "what happened", "finished trials before -> after", "processes left", "tracebacks",
             "env faults stored", "verdict", "took")
+    rows = [tuple(" ".join(str(c).split()) for c in r) for r in rows]  # one line a row, whatever a message holds
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     widths[1] = min(widths[1], 110)
     line = lambda r: " | ".join(str(c)[:widths[i]].ljust(widths[i]) for i, c in enumerate(r))  # noqa: E731

@@ -50,6 +50,21 @@ def test_a_changed_workload_is_reported_and_compared_only_with_its_own_shape():
     assert first.baseline is None and not first.regression
 
 
+def test_a_quiet_night_of_the_same_shape_is_another_workload_not_a_regression():
+    """12 requests where last night had 200 (same shape): the study cannot offer the load it
+    offered before, so its throughput falls with the traffic; the same size and a drop is
+    still a regression."""
+    busy = {"requests": 200, "span_s": 50.0}
+    history = [night("2026-01-01T02:00", 16000.0, workload=busy)]
+    quiet = compare(night("2026-01-02T02:00", 2400.0, workload={"requests": 12, "span_s": 3.0}), history)
+    assert quiet.workload_changed and not quiet.regression and quiet.baseline is None
+    assert "200 -> 12 requests" in quiet.headline and "not compared as a regression" in quiet.headline
+    sparse = compare(night("2026-01-02T02:00", 2400.0, workload={"requests": 190, "span_s": 500.0}), history)
+    assert sparse.workload_changed and "requests/s" in sparse.headline and not sparse.regression
+    same = compare(night("2026-01-02T02:00", 12000.0, workload={"requests": 180, "span_s": 48.0}), history)
+    assert not same.workload_changed and same.regression and same.baseline is history[0]
+
+
 def test_parsers():
     assert parse_seconds("24h", what="w") == 86400 and parse_seconds("90m", what="w") == 5400
     assert parse_threshold("10%") == parse_threshold("0.1") == pytest.approx(0.1)
@@ -160,6 +175,7 @@ def test_a_second_nightly_run_on_a_postgresql_study_exits_with_a_clear_message(t
     (["--threshold", "150%"], "--threshold"),
     (["--timeout", "soon"], "--timeout"),
     (["--calibration", "missing.yaml"], "calibration"),
+    (["--seed", "-1"], "--seed"),
 ])
 def test_bad_nightly_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, extra, words):
     monkeypatch.chdir(tmp_path)

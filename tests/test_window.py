@@ -79,3 +79,64 @@ def test_gpu_time_thrown_away_is_recorded_per_trial_and_shown_by_studies_show(tm
         assert not exit_.code
     shown = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
     assert "GPU time:" in shown and "in 1 trials that measured nothing" in shown
+
+
+def test_a_trace_one_trial_cannot_replay_in_the_window_is_sampled_with_one_line():
+    import numpy as np
+
+    from tuner.core.errors import InputError
+    from tuner.search.window import fit_to_window
+    from tuner.traffic.workload import Workload
+
+    big = Workload(arrival_s=np.arange(100_000) * 0.01, prompt_tokens=np.full(100_000, 300),
+                   output_tokens=np.full(100_000, 50))
+    asked = []
+
+    def cost():  # 1 ms a request: 100 s a load, 500 s for a trial's five loads
+        asked.append(1)
+        return 1e-3
+
+    same, note = fit_to_window(big, None, 5, 0, cost)
+    assert same is big and note is None and not asked  # no window: nothing to fit, nothing timed
+    assert fit_to_window(big, 1000.0, 5, 0, cost) == (big, None)  # 500 s fit in 80 % of 1000 s
+    sample, note = fit_to_window(big, 30.0, 5, 7, cost)
+    # 0.8 x 30 s / (5 x 1 ms) = 4,800 requests fit: the round count under it
+    assert len(sample) == 2000 and "100,000 requests" in note and "2,000 of them" in note and "seed 7" in note
+    again, _ = fit_to_window(big, 30.0, 5, 7, cost)
+    assert np.array_equal(again.arrival_s, sample.arrival_s)  # the study's seed draws the same sample
+    with pytest.raises(InputError) as err:
+        fit_to_window(big, 0.5, 5, 0, cost)  # not even 200 requests fit
+    assert "--timeout" in str(err.value)
+
+
+def test_a_request_no_max_model_len_holds_is_named_with_its_line(tmp_path):
+    import numpy as np
+
+    from tuner.core.errors import InputError
+    from tuner.search.inputs import check_requests_fit, longest_context
+    from tuner.traffic import load_trace, native
+    from tuner.traffic.workload import Workload
+
+    prompts = np.full(30, 500)
+    prompts[11] = 99_999_999
+    native.write(Workload(arrival_s=np.arange(30.0), prompt_tokens=prompts, output_tokens=np.full(30, 64)),
+                 tmp_path / "t.jsonl")
+    w = load_trace(tmp_path / "t.jsonl")
+    sp = space()  # max_model_len choices 2048 and 4096
+    assert longest_context(sp) == 4096
+    with pytest.raises(InputError) as err:
+        check_requests_fit(w, sp)
+    text = str(err.value)
+    assert text.startswith(f"{tmp_path / 't.jsonl'}:13: request 12 of 30") and "99,999,999" in text
+    check_requests_fit(w.take(np.flatnonzero(np.arange(30) != 11)), sp)  # without it, every request fits
+
+
+def test_a_seed_numpy_cannot_take_is_refused_naming_the_flag():
+    from tuner.core.errors import InputError
+    from tuner.search import SearchSettings
+
+    for bad in (-1, 2**32):
+        with pytest.raises(InputError) as err:
+            SearchSettings(seed=bad)
+        assert "--seed" in str(err.value)
+    assert SearchSettings(seed=2**32 - 1).seed == 2**32 - 1

@@ -4,8 +4,8 @@ vLLM sizes its KV cache from the memory free when it starts (``--gpu-memory-util
 is a share of the whole GPU): memory another process holds makes every configuration fail
 or shrink alike, and a study that learnt from that would blame the configurations. So
 before a start :func:`foreign_holders` lists the compute processes on those GPUs that are
-not servers of this run, and the backend refuses the start as an environment fault that
-names them. Without ``nvidia-smi`` (no GPU here, the CPU build) there is nothing to check.
+not servers of this run (found by tuner's marker, not by their process group), and the
+backend refuses the start as an environment fault that names them. Without ``nvidia-smi`` (no GPU here, the CPU build) there is nothing to check.
 """
 from __future__ import annotations
 
@@ -74,8 +74,12 @@ def _in_groups(pid: int, pgids: Collection[int]) -> bool:
 
 
 def foreign_holders(gpus: Iterable[int], ours: Collection[int] = ()) -> list[Holder]:
-    """:func:`holders` that are not in the process groups ``ours`` (this run's servers)."""
-    return [h for h in holders(gpus) if not _in_groups(h.pid, ours)]
+    """:func:`holders` that are not this run's: neither carrying this process's marker
+    (:func:`tuner.runtime.processes.is_ours`: a server of this run, whatever launcher put it
+    in another group or session) nor in the process groups ``ours``."""
+    from tuner.runtime.processes import is_ours
+
+    return [h for h in holders(gpus) if not is_ours(h.pid) and not _in_groups(h.pid, ours)]
 
 
 __all__ = ["Holder", "foreign_holders", "holders"]

@@ -7,7 +7,9 @@ server running. So the first server a process starts also starts one *reaper*: `
 from a pipe (``+PGID`` / ``-PGID`` lines). The pipe's only writer is this process; when
 it ends (an exit, a crash, SIGKILL) the reaper reads end-of-file and stops every group
 still listed (SIGTERM, SIGKILL after the grace), through :func:`tuner.runtime.processes.stop_group`,
-which signals only groups with a member carrying tuner's marker.
+which signals only groups with a member carrying tuner's marker, and then every process
+still carrying its parent's marker (:func:`tuner.runtime.processes.stop_marked`): a server
+a launcher put in another group (coreutils ``timeout``) or daemonized (``setsid nohup``).
 """
 from __future__ import annotations
 
@@ -64,9 +66,13 @@ def forget(pgid: int) -> None:
 
 
 def main() -> int:
-    """The reaper: read ``+PGID``/``-PGID`` until end-of-file, then stop what is listed."""
-    from tuner.runtime.processes import stop_group
+    """The reaper: read ``+PGID``/``-PGID`` until end-of-file, then stop what is listed
+    and what carries the marker of the process that started it."""
+    import os
 
+    from tuner.runtime.processes import stop_group, stop_marked
+
+    owner = os.getppid()  # the tuner process, read before it can die
     groups: set[int] = set()
     for line in sys.stdin:
         line = line.strip()
@@ -74,6 +80,8 @@ def main() -> int:
             (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
     for pgid in sorted(groups):
         stop_group(pgid, grace_s=GRACE_S)
+    if groups:  # the parent died with servers running: whatever else carries its marker goes too
+        stop_marked(owner=owner, grace_s=GRACE_S)
     return 0
 
 

@@ -280,7 +280,7 @@ class VllmBackend:
                 self._wait_healthy(r, t_start)
             model_name = self._model_name(replicas[0])
             for r in replicas:
-                self._warm_up(r, model_name)
+                self._warm_up(r, model_name, t_start)
         except BaseException:
             for r in replicas:
                 r.stop(self.stop_grace_s)
@@ -314,15 +314,15 @@ class VllmBackend:
         limit = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining())
         pause = 0.01  # doubling to 0.2 s: a server up in a second is seen at once, vLLM's minute costs nothing
         while True:
-            code = r.proc.poll()
-            if code is not None:
-                raise classify_failure(code, r.log_text(), log_path=str(r.log_path))
+            if r.exited():
+                raise classify_failure(r.exit_code(), r.log_text(), log_path=str(r.log_path))
             try:
                 status, _ = _http(f"{r.url}/health", timeout=2.0)
             except (OSError, urllib.error.URLError):
                 status = 0
             if status == 200:
                 if self._is_ours(r):
+                    r.found_server()
                     return
                 who = processes.listener(r.port) or "a process tuner cannot see"
                 r.stop(self.stop_grace_s)
@@ -366,19 +366,29 @@ class VllmBackend:
         except (OSError, ValueError, KeyError, IndexError) as err:
             raise BackendError(f"{r.url}/v1/models did not name a model ({err}) [log: {r.log_path}]") from err
 
-    def _warm_up(self, r: _Replica, model: str) -> None:
-        """One tiny completion, so the first measured request does not pay for lazy init."""
-        try:
-            status, body = _http(f"{r.url}/v1/completions", data={
-                "model": model, "prompt": [1000, 1001, 1002, 1003], "max_tokens": 2, "ignore_eos": True},
-                timeout=300.0)
-        except OSError as err:
-            status, body = -1, str(err).encode()
-        if status != 200:
-            code = r.proc.poll()
-            if code is not None:
-                raise classify_failure(code, r.log_text(), log_path=str(r.log_path))
-            raise BackendError(f"warm-up request to {r.url} failed ({status}): {body[:300]!r} [log: {r.log_path}]")
+    def _warm_up(self, r: _Replica, model: str, t_start: float) -> None:
+        """One tiny completion, so the first measured request does not pay for lazy init; asked
+        again while the API answers before its engine serves (503, a refused connection), within
+        what is left of ``startup_timeout_s`` and the run's deadline."""
+        deadline = current_deadline()
+        limit, pause = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining()), 0.05
+        while True:
+            try:
+                status, body = _http(f"{r.url}/v1/completions", data={
+                    "model": model, "prompt": [1000, 1001, 1002, 1003], "max_tokens": 2, "ignore_eos": True},
+                    timeout=300.0)
+            except OSError as err:
+                status, body = -1, str(err).encode()
+            if status == 200:
+                return
+            if r.exited():
+                raise classify_failure(r.exit_code(), r.log_text(), log_path=str(r.log_path))
+            if status not in (-1, 503) or time.monotonic() - t_start > limit:
+                deadline.check()
+                raise BackendError(f"warm-up request to {r.url} failed ({status}): {body[:300]!r} "
+                                   f"[log: {r.log_path}]")
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
 
     def _metrics_facts(self, r: _Replica) -> dict[str, Any]:
         from tuner.replay.metrics import parse_prometheus, snapshot

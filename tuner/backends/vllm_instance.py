@@ -1,12 +1,18 @@
 """A trial's running ``vllm serve`` replicas: :class:`VllmInstance` (replay a load against
-them, notice one that died, stop them all)."""
+them, notice one that died or stopped answering, stop them all).
+
+A replica that exits mid-replay without tuner's signal, or that no longer answers
+``/health`` after a replay whose requests lost their connections, disrupted the
+measurement (:class:`~tuner.core.errors.Disrupted`): nothing it measured is kept, and the
+search decides whose fault it was by experiment (:mod:`tuner.search.blame`). A signal from
+outside (the OOM killer, an operator's SIGKILL) is the machine's (``killed``)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from tuner.backends.vllm_args import classify_failure
 from tuner.backends.vllm_replica import _Replica
-from tuner.core.errors import BackendError, EnvironmentFault
+from tuner.core.errors import BackendError, Disrupted, EnvironmentFault
 from tuner.runtime.control import StopHook
 
 if TYPE_CHECKING:
@@ -14,6 +20,10 @@ if TYPE_CHECKING:
     from tuner.serving.load import Load
     from tuner.serving.result import RunResult
     from tuner.traffic.workload import Workload
+
+
+#: Seconds a replica has to answer ``/health`` after a replay that lost connections.
+SILENT_S = 5.0
 
 
 class VllmInstance:
@@ -35,11 +45,12 @@ class VllmInstance:
         return [r.pgid for r in self.replicas]
 
     def dead_replicas(self) -> list[_Replica]:
-        return [r for r in self.replicas if r.proc.poll() is not None]
+        return [r for r in self.replicas if r.exited()]
 
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
-        """Replay ``load`` against the replicas. Raises BackendError if a replica died
-        before or during the run (the log path and vLLM's last line are in the message)."""
+        """Replay ``load`` against the replicas. Raises :class:`Disrupted` when a replica
+        exited before or during the run, or stopped answering (the log path and vLLM's last
+        line are in the message), :class:`EnvironmentFault` ``killed`` for a signal from outside."""
         from tuner.replay.client import bad_stream_fault, replay
 
         if self.closed:
@@ -49,6 +60,8 @@ class VllmInstance:
         result = replay(self.urls, workload, load, model=self.info.get("model_name"), stop=stop, salt=self.runs,
                         **self.backend._replay)
         self._raise_if_dead("during the run")
+        if set(result.error_counts()) & {"disconnect", "timeout"}:
+            self._raise_if_silent()
         bad = bad_stream_fault(result)
         if bad is not None:  # the server's streams, not the configuration's speed
             raise EnvironmentFault(bad[0], f"the server at {', '.join(self.urls)}: {bad[1]}")
@@ -59,14 +72,30 @@ class VllmInstance:
         dead = self.dead_replicas()
         if dead:
             r = dead[0]
-            cause = classify_failure(r.proc.returncode, r.log_text(), log_path=str(r.log_path))
+            code = r.exit_code()
+            cause = classify_failure(1 if code is None else code, r.log_text(), log_path=str(r.log_path))
             if isinstance(cause, EnvironmentFault):  # killed from outside: the machine's, not the config's
                 raise EnvironmentFault(cause.kind, f"vLLM replica at {r.url} died {when}: {cause.message}",
                                        path=cause.path)
-            raise BackendError(
-                f"vLLM replica at {r.url} exited {when} (code {r.proc.returncode}): {cause.message} "
-                f"[log: {r.log_path}]"
-            )
+            shown = "its launcher still runs" if code is None else f"code {code}"
+            raise Disrupted(f"vLLM replica at {r.url} exited {when} ({shown}), which tuner did not ask: "
+                            f"{cause.message} [log: {r.log_path}]", path=str(r.log_path))
+
+    def _raise_if_silent(self) -> None:
+        """After a replay whose requests lost their connections: a replica that no longer
+        answers ``/health`` (or has exited meanwhile) disrupted it."""
+        from tuner.backends.local_server import _http
+
+        for r in self.replicas:
+            try:
+                status = _http(f"{r.url}/health", timeout=SILENT_S)[0]
+            except OSError:
+                status = 0
+            self._raise_if_dead("during the run")
+            if status != 200:
+                raise Disrupted(f"vLLM replica at {r.url} stopped answering during the run (/health: "
+                                f"{status or 'no answer'} within {SILENT_S:g} s) [log: {r.log_path}]",
+                                path=str(r.log_path))
 
     def close(self) -> None:
         """Stop every replica (SIGTERM, then SIGKILL after the grace period). Idempotent."""

@@ -1,14 +1,26 @@
-"""One ``vllm serve`` replica as a process: :class:`_Replica` (its process group, port,
-log and tuner's marker token; stopping it), and every replica this process started and has
-not stopped (:func:`stop_all`, the CLI's last act on any exit)."""
+"""One ``vllm serve`` replica as a process: :class:`_Replica` (its launcher's process
+group, port, log and tuner's marker token; whether its server runs; stopping it), and
+every replica this process started and has not stopped (:func:`stop_all`, the CLI's last
+act on any exit).
+
+The process tuner starts is the command of ``--vllm-cmd``: vLLM itself, or a launcher a
+site wrote. A launcher may keep the server in its process group (a shell that waits), put
+it in another (coreutils ``timeout`` makes a group of its own) or daemonize it (``setsid
+nohup ... &``, then ``tail -f`` of its log, or an exit at once). So a replica is stopped
+by its process group *and* by its marker token (:func:`tuner.runtime.processes.stop_marked`),
+and its server is alive while the process listening on its port is (or, before it
+listens, while the launcher runs or a process carrying its token does)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 from tuner.backends import reaper
 from tuner.backends.vllm_cpu import remove_dist_files
@@ -32,11 +44,13 @@ _LIVE: set[_Replica] = set()
 
 
 def stop_all(grace_s: float = 5.0) -> int:
-    """Stop every server this process started and has not stopped (the last thing the
-    CLI does on any exit); returns how many there were."""
+    """Stop every server this process started and has not stopped, and any process left
+    carrying this process's marker (the last thing the CLI does on any exit); returns how
+    many replicas there were."""
     left = list(_LIVE)
     for r in left:
         r.stop(grace_s)
+    processes.stop_marked(grace_s=grace_s)
     return len(left)
 
 
@@ -52,6 +66,7 @@ class _Replica:
         self.token = token
         self.port = port
         self.tmpdir = tmpdir  # its TMPDIR (vLLM's ipc sockets): removed once it is stopped
+        self.server: psutil.Process | None = None  # what listens on the port, once it does
         _LIVE.add(self)
         reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
 
@@ -64,6 +79,34 @@ class _Replica:
                 return fh.read().decode("utf-8", "replace")
         except OSError:
             return ""
+
+    def found_server(self) -> None:
+        """Note the process listening on the replica's port (its server, whatever launched it)."""
+        pid = processes.listener_pid(self.port)
+        if pid is not None:
+            with contextlib.suppress(psutil.Error):
+                self.server = psutil.Process(pid)
+
+    def exited(self) -> bool:
+        """The server is gone: the process that listened on the port has ended, or (before
+        it listens) the launcher has ended and no process carries the replica's token."""
+        if self.server is not None:
+            try:
+                return not self.server.is_running() or self.server.status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                return True
+        if self.proc.poll() is None:
+            return False
+        return not processes.processes_of(self.token)
+
+    def exit_code(self, wait_s: float = 2.0) -> int | None:
+        """The launcher's exit code, given ``wait_s`` to end after its server did (a shell
+        that waits on it reports its code, ``128+N`` for a signal); None while it runs on (a
+        daemonized server's own code is not known)."""
+        try:
+            return self.proc.wait(timeout=wait_s) if self.server is not None else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            return None
 
     def group_alive(self) -> bool:
         try:
@@ -78,6 +121,12 @@ class _Replica:
         return True
 
     def stop(self, grace_s: float) -> None:
+        """SIGTERM the launcher's group and every process carrying the replica's token,
+        SIGKILL after ``grace_s``."""
+        if self.token:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pgid, signal.SIGTERM)
+            processes.stop_marked(self.token, grace_s=grace_s)
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             if not self.group_alive():
                 break
@@ -95,7 +144,7 @@ class _Replica:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        if not self.group_alive():
+        if not self.group_alive() and not (self.token and processes.processes_of(self.token)):
             _LIVE.discard(self)
             reaper.forget(self.pgid)
             remove_dist_files(self.log_text())  # /tmp/vllm_dist_* our log names (vllm_cpu.py)

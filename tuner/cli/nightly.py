@@ -88,7 +88,9 @@ def nightly_cmd(
     else:
         night = outcome.verdict.night
         repeats = f" and {night.repeats} confirmation repeats" if night.repeats else ""
-        print(f"study {outcome.name} ({outcome.storage}): {night.new_trials} trials{repeats} tonight "
+        from tuner.core.urls import redact
+
+        print(f"study {outcome.name} ({redact(outcome.storage)}): {night.new_trials} trials{repeats} tonight "
               f"in {outcome.wall_s:.1f} s")
         print(outcome.verdict.headline)
         print(f"report: {outcome.report}")

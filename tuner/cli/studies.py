@@ -53,7 +53,8 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
         "trial": best.number, "tokens_per_s": rec.tokens_per_s if rec.tokens_per_s is not None else best.value,
         "output_tokens_per_s": rec.output_tokens_per_s,
         "ttft_p95_s": rec.summary.get("ttft_p95_s"), "load": rec.chosen_load,
-        "config": config.to_dict(), "command": serve_command(deployment, config),
+        # a backend that applies no knob (an endpoint: the server someone else runs) has no command to give
+        "config": config.to_dict(), "command": None if rec.run.restarts is False else serve_command(deployment, config),
         "errors": dict(rec.errors or {}), "edge": None if rec.edge is None else rec.edge.to_dict(),
         "goodput_requests_per_s": rec.goodput_requests_per_s, "binding_slo": rec.binding_slo,
         "slos": slo_readings(rec), "output_notes": output_notes(deployment, config),
@@ -144,6 +145,10 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     notes = [*(best.get("output_notes") or []), best.get("front_end_note")]
     for note in filter(None, notes):
         out.print(f"note: {note}", markup=False, highlight=False)
+    if best["command"] is None:
+        out.print("the server was measured as it runs: the space's knobs were not applied to it, so there are no "
+                  "flags to recommend", markup=False, highlight=False)
+        return
     out.print("vllm serve command:", style="bold")
     print(best["command"])
 

@@ -107,7 +107,10 @@ class EnvironmentFault(TunerError):
     ``storage``, ``gpu``, ``gpu_busy`` (memory other processes hold), ``before_engine`` (a
     death before vLLM's engine started), ``killed`` (a signal tuner did not send; the trial
     is measured again once), ``startup_timeout`` (no configuration has started yet),
-    ``same_failure`` (configurations that differ failed alike), ``stale_server``.
+    ``same_failure`` (configurations that differ failed alike), ``stale_server``, ``disrupted``
+    (:class:`Disrupted`), ``control`` (a configuration known to work failed too), ``undecided``
+    (nothing has worked yet to tell). ``blame`` and ``gpu_s``, when set, say how it was
+    judged and what the starts it took cost (:mod:`tuner.search.blame`).
     ``retry`` says whether trying again (another port) may help."""
 
     exit_code = 2
@@ -117,7 +120,20 @@ class EnvironmentFault(TunerError):
         self.message = message
         self.retry = retry
         self.path = path
+        self.blame: dict | None = None
+        self.gpu_s = 0.0
         super().__init__(message)
+
+
+class Disrupted(EnvironmentFault):
+    """A measurement something outside the configuration cut into: the server exited or
+    stopped answering mid-replay without tuner's signal, or every stream stalled at the
+    same instant for longer than the serving ever pauses (a SIGSTOP, a host that swapped).
+    Never stored as a result: the search measures the configuration again on a fresh start,
+    and a control run decides whose fault a second one is (:mod:`tuner.search.blame`)."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__("disrupted", message, path=path)
 
 
 class EndpointFault(EnvironmentFault):

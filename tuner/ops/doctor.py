@@ -111,10 +111,18 @@ def _gpu_holders(ours: set[int]) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def check_sqlite(db: Path) -> StudyHealth:
-    """Integrity, stale RUNNING trials, leftover locks, WAL size and free space of one file."""
+    """Integrity, stale RUNNING trials, leftover locks, WAL size and free space of one file;
+    an empty or foreign file is named (:func:`tuner.study.sqlite_file.check`)."""
     from tuner.study.locks import StudyLock
+    from tuner.study.sqlite_file import StudyFileFault, check
 
     health = StudyHealth(path=str(db), ok=True, integrity="not checked")
+    try:
+        check(db)
+    except StudyFileFault as err:
+        health.ok, health.integrity = False, "not a study"
+        health.problems.append(err.message)
+        return health
     try:
         health.free_bytes = shutil.disk_usage(db.parent).free
     except OSError:

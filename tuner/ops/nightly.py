@@ -19,26 +19,28 @@ nights learned. Each night:
 
 **Workload changes are not regressions.** Tonight is compared with the latest earlier
 night whose workload has the same *shape* (:func:`workload_shape`: mean prompt and
-output tokens in half-octave bins, and the share of prompt blocks that repeat). A
-24-hour window of a real log has a new fingerprint every night, but the same shape
-while the traffic mix holds; when the shape moves (longer prompts, shorter answers)
-the report says what changed and makes no throughput verdict against nights of the
-other shape. Throughput more than ``threshold`` below the comparable night is a
+output tokens in half-octave bins, and the share of prompt blocks that repeat) and the
+same size: requests and load (requests per second of the log) within
+:data:`LIKE_FACTOR` of tonight's (:func:`workload_difference`). A 24-hour window of a real
+log has a new fingerprint every night, but the same shape and size while the traffic
+holds; when the shape moves (longer prompts, shorter answers) or the night is quiet (12
+requests where there were 200: the study cannot offer the load it offered before, so its
+best throughput falls with the traffic, not with the configuration) the report says
+what changed and makes no throughput verdict against nights of another workload. Throughput more than ``threshold`` below the comparable night is a
 regression: :data:`REGRESSION_EXIT` (4) from ``tuner nightly``.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import html
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError, TunerError
+from tuner.ops.night import LIKE_FACTOR, NIGHTS_ATTR, Night, nights, workload_difference
+from tuner.ops.nightly_report import render_markdown, write_nightly_report
 from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
@@ -50,7 +52,6 @@ if TYPE_CHECKING:
     from tuner.space import SearchSpace
     from tuner.traffic.workload import Workload
 
-NIGHTS_ATTR = "nights"
 REGRESSION_EXIT = 4  # RegressionDetected.exit_code
 DEFAULT_THRESHOLD = 0.10
 
@@ -126,41 +127,7 @@ def describe(workload: Workload) -> dict[str, Any]:
             "source": workload.source}
 
 
-# -- nights ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Night:
-    """One nightly run, as stored in the study's ``nights`` user attr."""
-
-    started_at: str                      # ISO 8601 UTC; also the ``night`` tag of its trials
-    date: str                            # YYYY-MM-DD (UTC)
-    fingerprint: str
-    shape: str
-    tokens_per_s: float | None           # tonight's best feasible throughput (None: none feasible)
-    trial: int | None
-    config: dict[str, Any] | None
-    new_trials: int                      # tonight's trials of the budget (--trials)
-    workload: dict[str, Any] = field(default_factory=dict)
-    deployment: dict[str, Any] = field(default_factory=dict)
-    rerun_of_previous: float | None = None  # the previous night's best config, measured tonight
-    repeats: int = 0                     # confirmation re-measurements of tonight's best (outside --trials)
-
-    def __post_init__(self) -> None:
-        if self.tokens_per_s is not None and not self.tokens_per_s >= 0:
-            raise InputError(f"night {self.started_at}: throughput must be >= 0, got {self.tokens_per_s}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Night:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def nights(study: optuna.Study) -> list[Night]:
-    return [Night.from_dict(n) for n in study.user_attrs.get(NIGHTS_ATTR) or []]
-
-
+# -- nights (tuner.ops.night) ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """Tonight against the earlier nights."""
@@ -170,8 +137,9 @@ class Verdict:
     baseline: Night | None               # the latest earlier night with tonight's workload shape
     change: float | None                 # tonight / baseline - 1
     threshold: float
-    workload_changed: bool               # the previous night's shape differs from tonight's
+    workload_changed: bool               # the previous night's workload differs from tonight's (shape, size, load)
     regression: bool
+    difference: str | None = None        # how (``shape p9.0/o7.5/r- -> ...``, ``200 -> 12 requests``)
 
     @property
     def headline(self) -> str:
@@ -179,47 +147,40 @@ class Verdict:
         if self.regression and b is not None and self.change is not None:
             return (f"REGRESSION: best throughput {n.tokens_per_s or 0:,.0f} tok/s tonight vs "
                     f"{b.tokens_per_s:,.0f} tok/s on {b.date} ({self.change:+.1%}, threshold "
-                    f"-{self.threshold:.0%}) on the same workload shape {n.shape}")
+                    f"-{self.threshold:.0%}) on the same workload (shape {n.shape}, "
+                    f"{n.workload.get('requests', 0):,} requests)")
         parts = []
         if self.workload_changed and self.previous is not None:
-            parts.append(f"workload changed since {self.previous.date}: shape {self.previous.shape} -> {n.shape}"
-                         f" ({_shape_change(self.previous, n)}); not compared as a regression")
+            parts.append(f"workload changed since {self.previous.date}: {self.difference}; not compared as a "
+                         "regression")
         if b is not None and self.change is not None:
             parts.append(f"no regression: {n.tokens_per_s or 0:,.0f} tok/s vs {b.tokens_per_s:,.0f} tok/s on "
                          f"{b.date} ({self.change:+.1%}, threshold -{self.threshold:.0%})")
         elif b is None and not parts:
             parts.append("first night on this deployment: nothing to compare with yet")
         elif b is None:
-            parts.append("no earlier night with this workload shape")
+            parts.append("no earlier night with this workload")
         return "; ".join(parts)
 
 
-def _shape_change(before: Night, after: Night) -> str:
-    out = []
-    for key, word in (("mean_prompt_tokens", "mean prompt"), ("mean_output_tokens", "mean output")):
-        a, b = before.workload.get(key), after.workload.get(key)
-        if a and b:
-            out.append(f"{word} {a:,.0f} -> {b:,.0f} tokens")
-    return ", ".join(out) or "see the shapes"
-
-
 def compare(night: Night, history: list[Night], threshold: float = DEFAULT_THRESHOLD) -> Verdict:
-    """Tonight against the latest earlier night of the same workload shape; a drop of
-    more than ``threshold`` is a regression. A night with no feasible configuration
-    counts as 0 tok/s; an earlier night with none is no baseline."""
+    """Tonight against the latest earlier night of the same workload (shape, size and load,
+    :func:`workload_difference`); a drop of more than ``threshold`` is a regression. A night
+    with no feasible configuration counts as 0 tok/s; an earlier night with none is no baseline."""
     if not 0 < threshold < 1:
         raise InputError(f"--threshold must be between 0 and 100%, got {threshold:.0%}")
     earlier = [n for n in history if n.started_at < night.started_at]
     previous = earlier[-1] if earlier else None
-    same = [n for n in earlier if n.shape == night.shape and n.tokens_per_s]
+    same = [n for n in earlier if workload_difference(n, night) is None and n.tokens_per_s]
     baseline = same[-1] if same else None
     change = None
     if baseline is not None:
         change = (night.tokens_per_s or 0.0) / baseline.tokens_per_s - 1.0
+    difference = workload_difference(previous, night) if previous is not None else None
     return Verdict(
         night=night, previous=previous, baseline=baseline, change=change, threshold=threshold,
-        workload_changed=previous is not None and previous.shape != night.shape,
-        regression=change is not None and change < -threshold,
+        workload_changed=difference is not None, regression=change is not None and change < -threshold,
+        difference=difference,
     )
 
 
@@ -266,8 +227,11 @@ def run_nightly(
     from tuner.study.storage import default_storage, is_shared
     from tuner.study.workers import budget_used
 
+    from tuner.search.settings import check_seed
+
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
+    check_seed(seed)  # before the study is opened: bad input writes nothing
     t0 = time.perf_counter()
     name = study or nightly_study_name(space.deployment, space.name, backend if isinstance(backend, str) else backend.name)
     backend_obj = backend_for(backend, name, backend_options)
@@ -319,64 +283,7 @@ def _feasible(trial: Any) -> bool:
     return is_feasible(trial)
 
 
-# -- the report --------------------------------------------------------------------------
-def render_markdown(verdict: Verdict, history: list[Night], study_name: str) -> str:
-    n = verdict.night
-    lines = [f"# Nightly tuning: {study_name}, {n.date}", "", f"**{verdict.headline}**", ""]
-    if verdict.regression and verdict.change is not None:
-        lines += [f"Regression size: {verdict.change:+.1%} "
-                  f"({(n.tokens_per_s or 0) - verdict.baseline.tokens_per_s:+,.0f} tok/s).", ""]
-    if n.rerun_of_previous is not None and verdict.previous is not None:
-        lines += [f"The previous night's best configuration (trial {verdict.previous.trial}), re-run tonight: "
-                  f"{n.rerun_of_previous:,.0f} tok/s (it made {verdict.previous.tokens_per_s or 0:,.0f} tok/s "
-                  f"on {verdict.previous.date}).", ""]
-    best = "none feasible" if n.tokens_per_s is None else f"{n.tokens_per_s:,.0f} tok/s (trial {n.trial})"
-    lines += [f"Tonight: {n.new_trials} trials, best {best}; workload {n.workload.get('requests')} requests, "
-              f"fingerprint {n.fingerprint}, shape {n.shape}.", ""]
-    if n.config:
-        lines += ["Best configuration: " + ", ".join(f"{k}={v}" for k, v in n.config.items() if v is not None), ""]
-    lines += ["| night | best tok/s | change vs previous | workload shape | fingerprint | trials |",
-              "| --- | ---: | ---: | --- | --- | ---: |"]
-    rows = [*history, n]
-    for i, row in enumerate(rows):
-        prev = rows[i - 1] if i else None
-        change = ""
-        if prev is not None and prev.tokens_per_s and row.tokens_per_s is not None:
-            change = f"{row.tokens_per_s / prev.tokens_per_s - 1:+.1%}" + ("" if prev.shape == row.shape else " (new shape)")
-        tok = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.0f}"
-        lines.append(f"| {row.started_at} | {tok} | {change} | {row.shape} | {row.fingerprint} | {row.new_trials} |")
-    lines += ["", "The full study report: [report.html](report.html)."]
-    return "\n".join(lines) + "\n"
-
-
-def write_nightly_report(study: optuna.Study, verdict: Verdict, history: list[Night], folder: Path) -> Path:
-    """``nightly.md``, ``nightly.html`` and ``nightly.json`` (the verdict), and the study
-    report (``report.html``, :mod:`tuner.report.html`) in ``folder``; returns nightly.html."""
-    folder.mkdir(parents=True, exist_ok=True)
-    text = render_markdown(verdict, history, study.study_name)
-    from tuner.core.files import write_atomic
-
-    write_atomic(folder / "nightly.md", text)
-    write_atomic(folder / "nightly.json", json.dumps({
-        "study": study.study_name, "headline": verdict.headline, "regression": verdict.regression,
-        "change": verdict.change, "threshold": verdict.threshold, "workload_changed": verdict.workload_changed,
-        "night": verdict.night.to_dict(),
-        "baseline": None if verdict.baseline is None else verdict.baseline.to_dict(),
-    }, indent=2))
-    study_report = ""
-    try:
-        from tuner.report.html import write_report
-
-        write_report(study, folder)
-        study_report = '<p><a href="report.html">The full study report</a></p>'
-    except ImportError:  # tuner.report.html absent from this build: the Markdown stands alone
-        pass
-    page = (f"<!doctype html><meta charset=utf-8><title>{html.escape(study.study_name)} nightly</title>"
-            f"<pre>{html.escape(text)}</pre>{study_report}")
-    return write_atomic(folder / "nightly.html", page)
-
-
-__all__ = ["DEFAULT_THRESHOLD", "NIGHTS_ATTR", "REGRESSION_EXIT", "Night", "NightlyOutcome", "RegressionDetected",
+__all__ = ["DEFAULT_THRESHOLD", "LIKE_FACTOR", "NIGHTS_ATTR", "REGRESSION_EXIT", "Night", "NightlyOutcome", "RegressionDetected",
            "Verdict",
-           "compare", "latest_window", "nightly_study_name", "nights", "run_nightly", "workload_shape",
-           "write_nightly_report"]
+           "compare", "latest_window", "nightly_study_name", "nights", "run_nightly", "workload_difference",
+           "workload_shape", "write_nightly_report"]

@@ -9,6 +9,7 @@ The load's schedule and the run's result are here (:func:`replay_async`, :func:`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ import numpy as np
 from tuner.core.errors import InputError
 from tuner.core.urls import redact
 from tuner.replay.bodies import _request
+from tuner.replay.disruption import StallWatch
 from tuner.replay.endpoints import _endpoints, fetch_model
 from tuner.replay.metrics import MetricsPoller
 from tuner.replay.stamping import _StampingConnector, trace_config
@@ -81,6 +83,7 @@ async def replay_async(
     inflight: set[asyncio.Task] = set()
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     run_tag = tag or f"tuner-{time.time_ns():x}"
+    watch = StallWatch()
 
     connector = _StampingConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
@@ -99,13 +102,15 @@ async def replay_async(
                 await stream_request(
                     session, urls[ep] + path, body, request_id=f"{run_tag}-{i}",
                     timeout_s=timeout_s, out=outcomes[i], t0=t0, record_itl=record_itl,
-                    api=api, expect_output=out_len, expect_prompt=prompt_len, headers=auth[ep],
+                    api=api, expect_output=out_len, expect_prompt=prompt_len, headers=auth[ep], watch=watch,
                 )
             except asyncio.CancelledError:
                 outcomes[i].error = "cancelled"
                 raise
             finally:
                 route.done(ep)
+                if outcomes[i].began:
+                    watch.end(time.perf_counter())
             control.finished += 1
             control.elapsed_s = time.perf_counter() - t0
             if outcomes[i].error is None:
@@ -162,6 +167,7 @@ async def replay_async(
                 await driver
         finally:
             ended = time.perf_counter()
+            watch.close(ended)
             stop_wait.cancel()
             if not driver.done():  # the replay itself was cancelled (a stop signal): end the users too
                 driver.cancel()
@@ -174,7 +180,9 @@ async def replay_async(
                 await poll_task
         elapsed = ended - t0
 
-    return _result(workload, outcomes, elapsed, stopped.is_set(), load, poller, record_itl, urls)
+    result = _result(workload, outcomes, elapsed, stopped.is_set(), load, poller, record_itl, urls)
+    return dataclasses.replace(result, stall_s=watch.longest, stall_at_s=max(0.0, watch.at - t0) if watch.longest else 0.0,
+                               stall_streams=watch.streams)
 
 
 def _retrieve(future: asyncio.Future) -> None:

@@ -42,13 +42,16 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from tuner.core.urls import redact
 from tuner.replay.stamping import _StampedBuffer
 from tuner.runtime.kernel_time import kernel_stamps
+
+if TYPE_CHECKING:
+    from tuner.replay.disruption import StallWatch
 
 
 #: A stream is plausible only if its tokens take the time a decoder takes. Chunks alone do
@@ -81,6 +84,7 @@ class _Outcome:
     error: str | None = "not_sent"
     itl: list[float] | None = None
     detail: str | None = None  # what was wrong, for an error (short, credentials masked)
+    began: bool = False      # its first content chunk came (the stream is, or was, mid-answer)
 
 
 class _Bad(Exception):
@@ -165,8 +169,11 @@ async def stream_request(
     expect_output: int | None = None,
     expect_prompt: int | None = None,
     headers: dict[str, str] | None = None,
+    watch: StallWatch | None = None,
 ) -> None:
-    """POST one streaming request and fill ``out`` (see the module docstring).
+    """POST one streaming request and fill ``out`` (see the module docstring). ``watch``
+    (:class:`tuner.replay.disruption.StallWatch`) is told of its first chunk, every later
+    one and its end, whatever ends it.
 
     TTFT, ITL and E2E are ``vllm bench serve``'s: from ``time.perf_counter()`` just
     before the POST to each content chunk as it is processed. ``ttft_kernel`` is from when
@@ -245,7 +252,10 @@ async def stream_request(
                         continue
                     pieces += _check_choices(choices, chat)
                     t = time.perf_counter()  # vLLM: timestamp = time.perf_counter() per chunk
+                    if watch is not None:
+                        (watch.first if first is None else watch.chunk)(t)
                     if first is None:
+                        out.began = True
                         first, kernel_first = t, read_at
                         if stamps:
                             end = consumed + start

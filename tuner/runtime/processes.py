@@ -4,11 +4,15 @@ Every server the vLLM backend starts runs in a process group of its own and carr
 environment variable :data:`MARKER_ENV`, ``<host>:<owner pid>:<token>`` (the owner is the
 ``tuner`` process that started it; the token is also the server's second
 ``--served-model-name``, ``tuner-<token>``, so that ``/v1/models`` proves a port answers
-with the server tuner started and not another process). From the marker a later run, or
-``tuner doctor``, finds the servers whose owner is gone (a run killed with SIGKILL, a
-crashed host session) and reports them; they are stopped only when asked
-(``--kill-stale``, ``tuner doctor --kill-stale``). Processes without the marker are
-never signalled.
+with the server tuner started and not another process). The marker is how tuner finds its servers, whatever launched them: a launcher that runs
+the server under coreutils ``timeout`` (which puts it in a process group of its own), one
+that daemonizes it (``setsid nohup ... &``, then ``tail -f`` of its log, or returns at
+once) leave it outside the group tuner started, but never outside the environment it was
+given. So a run stops its servers by the marker (:func:`stop_marked`: every process
+carrying this process's marker, or one server's token), on every exit path, and the GPU
+check never takes one of them for a foreigner (:func:`is_ours`). From the marker a later
+run, or ``tuner doctor``, finds the servers whose owner is gone (a run killed with SIGKILL, a
+crashed host session) and stops them. Processes without the marker are never signalled.
 """
 from __future__ import annotations
 
@@ -86,6 +90,68 @@ def marked_processes() -> list[ServerProcess]:
                                  cmdline=" ".join(proc.info.get("cmdline") or []), started=started,
                                  owner_alive=_owner_alive(owner_pid, started)))
     return out
+
+
+def _mark_of(proc: psutil.Process) -> tuple[str, int, str] | None:
+    """``(host, owner pid, token)`` of ``proc``'s marker, or None (no marker, gone, not ours to read)."""
+    try:
+        value = proc.environ().get(MARKER_ENV)
+    except (psutil.Error, OSError):
+        return None
+    if not value:
+        return None
+    host, _, rest = value.partition(":")
+    owner, _, token = rest.partition(":")
+    return (host, int(owner), token) if owner.isdigit() else None
+
+
+def processes_of(token: str | None = None, owner: int | None = None) -> list[psutil.Process]:
+    """Live processes of this host carrying the marker of tuner process ``owner`` (this one
+    by default), of one server when ``token`` is given: launchers, servers and whatever
+    they started, in any process group or session."""
+    owner = os.getpid() if owner is None else owner
+    here = socket.gethostname()
+    out = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+            continue
+        mark = _mark_of(proc)
+        if mark is not None and mark[0] == here and mark[1] == owner and (token is None or mark[2] == token):
+            out.append(proc)
+    return out
+
+
+def is_ours(pid: int) -> bool:
+    """Process ``pid`` carries this process's marker (a server of this run, or one of its children)."""
+    try:
+        mark = _mark_of(psutil.Process(pid))
+    except psutil.Error:
+        return False
+    return mark is not None and mark[0] == socket.gethostname() and mark[1] == os.getpid()
+
+
+def stop_marked(token: str | None = None, owner: int | None = None, grace_s: float = 10.0) -> int:
+    """Stop every process :func:`processes_of` finds (SIGTERM, SIGKILL after ``grace_s``),
+    looking again until none is left (a launcher may start its server as it dies);
+    returns how many were signalled."""
+    signalled: set[int] = set()
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        deadline = time.monotonic() + wait
+        while True:
+            procs = processes_of(token, owner)
+            if not procs:
+                return len(signalled)
+            for proc in procs:
+                if sig == signal.SIGKILL or proc.pid not in signalled:
+                    try:
+                        proc.send_signal(sig)
+                    except psutil.Error:
+                        continue
+                    signalled.add(proc.pid)
+            if time.monotonic() > deadline:
+                break
+            psutil.wait_procs(procs, timeout=min(0.5, max(0.05, deadline - time.monotonic())))
+    return len(signalled)
 
 
 def stale_servers() -> list[ServerProcess]:
@@ -173,5 +239,5 @@ def _load_prctl():  # looked up once in the parent: the child only calls it
 _PRCTL = _load_prctl()
 
 
-__all__ = ["MARKER_ENV", "NAME_PREFIX", "ServerProcess", "die_with_parent", "group_alive", "listener", "listener_pid",
-           "marked_processes", "marker", "stale_servers", "stop_group"]
+__all__ = ["MARKER_ENV", "NAME_PREFIX", "ServerProcess", "die_with_parent", "group_alive", "is_ours", "listener",
+           "listener_pid", "marked_processes", "marker", "processes_of", "stale_servers", "stop_group", "stop_marked"]

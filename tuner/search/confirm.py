@@ -6,13 +6,14 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.errors import EnvironmentFault
+from tuner.core.errors import EndpointFault, EnvironmentFault
 from tuner.core.urls import redact
 from tuner.runtime.progress import Observer, observer_or_headless
 from tuner.search.boundary import lowest_p95, study_objective_sd
 from tuner.search.constraints import CONSTRAINTS_ATTR, constraint_list
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
-from tuner.search.objective import CONSTRAINT, evaluate_config
+from tuner.search.blame import itl_tail
+from tuner.search.objective import CONSTRAINT, evaluate_config, rejected
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.slo import SloSet
 from tuner.study.race import FEASIBILITY, Candidate, candidates, race
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.search.backend import Backend
+    from tuner.search.blame import Referee
     from tuner.traffic.workload import Workload
 
 #: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
@@ -127,6 +129,10 @@ def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None
     return noise_floor(groups.values(), simulated, prior)
 
 
+#: Faults after which a race does not measure again: nothing more can be measured there.
+WINDOW_FAULTS = (EndpointFault,)
+
+
 class WindowFull(Exception):
     """The next repeat would not fit in what ``--timeout`` leaves (``may_start``): none is
     started only to be thrown away; the repeats measured so far are kept for the next run."""
@@ -137,7 +143,7 @@ def confirm_winner(
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None, feasibility_min: float = FEASIBILITY,
-    may_start: Callable[[], bool] | None = None,
+    may_start: Callable[[], bool] | None = None, referee: Referee | None = None,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (up to ``max_rounds`` while one that differs from the leader in a
@@ -147,7 +153,10 @@ def confirm_winner(
     ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` in the study's
     companion (:func:`~tuner.study.confirmation_study`), outside its trials, written when measured: an interrupted confirmation keeps its repeats and
     the next run reuses them. ``may_start`` is asked before each repeat is started; when it
-    says no, :class:`WindowFull` is raised. Returns the Confirmation, or None with no feasible trial."""
+    says no, :class:`WindowFull` is raised. A repeat's failed start or disrupted replay is
+    judged by ``referee`` (:mod:`tuner.search.blame`): a fault of the machine is measured
+    again, never stored as the candidate's repeat (two in a row stop the race). Returns the
+    Confirmation, or None with no feasible trial."""
     from optuna.trial import TrialState, create_trial
 
     from tuner.study import confirmation, confirmation_study, count_finished, is_feasible, repeats
@@ -200,6 +209,33 @@ def confirm_winner(
     def of(r: int) -> int:  # the rounds a progress line counts to: the set ones, then the most
         return rounds if r <= rounds else max_rounds
 
+    tail = itl_tail(study)
+    in_a_row: list[str] = []  # the machine's faults met by repeats in a row
+
+    def judged(config: ServeConfig, r: int, start: float | None) -> Any:
+        """One repeat measured; a fault of the machine measures it again (two in a row: raised)."""
+        def evaluate() -> Any:
+            return evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
+                                   load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
+                                   observer=obs, start_level=start, edge_tolerance=edge_tolerance,
+                                   objective=objective, itl_tail_s=tail)
+
+        def reject(err: Any, gpu_s: float) -> Any:
+            return rejected(TrialRecord(config=config, target_ttft_s=SloSet.of(target).target_ttft_s), err,
+                            launched=True, gpu_s=gpu_s, slos=SloSet.of(target))
+
+        while True:
+            try:
+                ev = evaluate() if referee is None else referee.judge(study, None, config, evaluate, reject)
+            except EnvironmentFault as err:
+                in_a_row.append(f"{err.kind}: {err.message}")
+                if referee is None or len(in_a_row) >= 2 or isinstance(err, WINDOW_FAULTS):
+                    raise
+                obs.on_warning(f"a confirmation repeat failed by the environment, measured again: {in_a_row[-1]}")
+                continue
+            in_a_row.clear()
+            return ev
+
     def measure(c: Candidate, r: int) -> float:
         nonlocal base
         if (c.number, r) in done:
@@ -212,9 +248,9 @@ def confirm_winner(
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and kept.feasible else 0.0
         if may_start is not None and not may_start():  # the window cannot hold another start
             raise WindowFull(f"trial {c.number}'s repeat {r}")
-        original = records[c.number]
         obs.on_phase(f"confirming trial {c.number}: repeat {r}/{of(r)}")
-        edge = original.edge.level if original.edge is not None else None
+        edge = records[c.number].edge
+        start = edge.level if edge is not None and load_kind == "concurrency" else None
         config = ServeConfig.from_dict(c.config)
         rec = TrialRecord(confirm_of=c.number, confirm_round=r, tags=tags, **identity(deployment.gpu_ids or None))
         state = TrialState.COMPLETE
@@ -222,10 +258,7 @@ def confirm_winner(
         constraint = 1.0
         named: dict[str, float] = {}
         try:
-            ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
-                                 load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
-                                 observer=obs, start_level=edge if load_kind == "concurrency" else None,
-                                 edge_tolerance=edge_tolerance, objective=objective)
+            ev = judged(config, r, start)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration
         except Exception as err:  # the server crashed on this sample: the configuration's

@@ -21,20 +21,20 @@ from tuner.core.errors import EndpointFault, EnvironmentFault
 from tuner.core.jsonsafe import json_safe
 from tuner.runtime.interrupts import Deadline, Interrupted, deadline_scope
 from tuner.runtime.progress import Observer, observer_or_headless
-from tuner.search.blame import environment_fault
+from tuner.search.blame import Referee, itl_tail
 from tuner.search.boundary import incumbent as sure_incumbent
 from tuner.search.boundary import lowest_p95, sampler_constraint
 from tuner.search.confirm import WindowFull, confirm_winner, study_noise
 from tuner.search.constraints import tell_constraints
-from tuner.search.inputs import build_workload, get_backend_by_name, workload_facts, workload_file
-from tuner.search.objective import CONSTRAINT, evaluate_config
+from tuner.search.inputs import build_workload, check_requests_fit, get_backend_by_name, workload_facts, workload_file
+from tuner.search.objective import CONSTRAINT, evaluate_config, rejected
 from tuner.search.outcome import SearchOutcome
 from tuner.search.progress import quiet_optuna
 from tuner.search.pruning import explore, propose, prune
 from tuner.search.records import check_gpu, mark_trial_failed, same_config
 from tuner.search.settings import SearchSettings
 from tuner.search.setup import StudySetup
-from tuner.search.window import trial_estimate
+from tuner.search.window import fit_to_window, replay_cost, trial_estimate
 from tuner.serving.config import ServeConfig
 from tuner.study import best_feasible_trial, count_finished, study_name
 from tuner.study.record import QUEUED, RunFacts, TrialRecord, write
@@ -71,6 +71,7 @@ class SearchRun(StudySetup):
         if workload is None:
             self.obs.on_phase("building workload")
             workload = build_workload(space.workload, self.deployment)
+        check_requests_fit(workload, space)  # a request no configuration can serve: named before anything is written
         self.workload = workload
         self.fingerprint = workload.fingerprint()
         self.target = space.workload.target_ttft_s
@@ -81,20 +82,29 @@ class SearchRun(StudySetup):
         self.study = self._open()
         self._enqueue(enqueue)
         s = settings
+        # a trace one trial cannot replay within --timeout: a seeded sample of it (the study keeps its name)
+        self.workload, sampled = fit_to_window(workload, s.timeout_s, s.max_replays, s.seed, lambda: replay_cost(
+            self.backend, self.deployment, workload, self.study))
         self.run_facts = RunFacts(
             workload_fingerprint=self.fingerprint, workload_source=json_safe(workload.source),
-            workload_file=workload_file(space, workload), workload_requests=len(workload),
+            workload_file=workload_file(space, workload), workload_requests=len(self.workload),
             **workload_facts(workload), backend=self.backend.name, restarts=self.backend.restarts,
             simulated=self.backend.simulated, hardware=self.deployment, seed=s.seed,
-            load_seed=s.seed, sample="as logged", sampler=s.sampler, space=space.name, load_kind=space.workload.load,
+            load_seed=s.seed, sample=sampled or "as logged", sampler=s.sampler, space=space.name,
+            load_kind=space.workload.load,
         )
         self.gpu_s = 0.0
         self.copies = 0  # this run's trials that re-read a measurement (no server start, no budget slot)
-        self.notes: list[str] = []
+        self.notes: list[str] = [sampled] if sampled else []
+        if sampled:
+            self.obs.on_warning(sampled)
         self.env_faults: list[str] = []
         self.endpoint_fault: EndpointFault | None = None
         self.window_left: str | None = None  # what --timeout left undone, when not trials of the budget
         self.worker: Any = None
+        self.referee = Referee(self.backend, self.deployment, self.workload, self.obs)
+        self.undecided: list[int] = []  # trials whose failure waits for a configuration that works
+        self.lost: Exception | None = None  # the study file vanished (tuner.study.sqlite_file)
 
     # -- set-up ---------------------------------------------------------------------------
     # -- one trial ------------------------------------------------------------------------
@@ -127,20 +137,22 @@ class SearchRun(StudySetup):
                     if advice.twin_of is not None:  # the sampler proposed nothing new: the predictor does
                         self._queue_next(trial.study, lambda: propose(trial.study, self.space, self.predictor, best))
                     prune(trial, config, advice, self.run_facts, self.slos, self.named_constraints)
-            ev = evaluate_config(
-                self.backend, self.deployment, config, self.workload, self.slos,
-                load_kind=self.space.workload.load, max_replays=s.max_replays,
-                precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
-                # within the noise band of the best, a configuration is refined as a rival (in
-                # tokens/s: the bounds on what a load could reach are; goodput refines every edge)
-                incumbent=best * (1 - noise.band()) if s.early_stop and best and s.objective == "tokens" else None,
-                start_level=self._start_level(incumbent, advice),
-                expected_value=advice.expected_value if advice and s.objective == "tokens" else None,
-                edge_tolerance=s.edge_tolerance, objective=s.objective,
-            )
-            fault = environment_fault(trial.study, trial.number, config, ev.record)
-            if fault is not None:  # a start no configuration could have made: the machine's
-                raise fault
+            tail = itl_tail(trial.study)
+
+            def measure() -> Any:
+                return evaluate_config(
+                    self.backend, self.deployment, config, self.workload, self.slos,
+                    load_kind=self.space.workload.load, max_replays=s.max_replays,
+                    precheck=s.precheck, early_stop=s.early_stop, seed=s.seed, observer=self.obs,
+                    # within the noise band of the best, a configuration is refined as a rival (in
+                    # tokens/s: the bounds on what a load could reach are; goodput refines every edge)
+                    incumbent=best * (1 - noise.band()) if s.early_stop and best and s.objective == "tokens" else None,
+                    start_level=self._start_level(incumbent, advice),
+                    expected_value=advice.expected_value if advice and s.objective == "tokens" else None,
+                    edge_tolerance=s.edge_tolerance, objective=s.objective, itl_tail_s=tail,
+                )
+            # a failure vLLM's words do not pin on a knob is judged by experiment (tuner.search.blame)
+            ev = self.referee.judge(trial.study, trial.number, config, measure, self._reject(config))
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
@@ -150,7 +162,8 @@ class SearchRun(StudySetup):
             raise
         except EnvironmentFault as err:  # the machine, not the configuration
             mark_trial_failed(trial, config, self.run_facts, "environment", f"{err.kind}: {err.message}",
-                              gpu_s=self._held(t_trial))
+                              gpu_s=err.gpu_s or self._held(t_trial), blame=err.blame)
+            self.gpu_s += err.gpu_s  # what judging it took (the starts, the control) is the study's
             if isinstance(err, EndpointFault):  # nothing more can be measured there: the run stops now
                 self.endpoint_fault = err
             raise
@@ -171,6 +184,14 @@ class SearchRun(StudySetup):
         tell_constraints(trial, constraints, named=self.named_constraints)
         write(trial.set_user_attr, rec)
         return ev.value
+
+    def _reject(self, config: ServeConfig) -> Any:
+        """How the referee stores a disruption it found to be ``config``'s own."""
+        def reject(err: Any, gpu_s: float) -> Any:
+            rec = TrialRecord(config=config, target_ttft_s=self.target,
+                              slos=() if self.slos.only_ttft else self.slos.texts)
+            return rejected(rec, err, launched=True, gpu_s=gpu_s, slos=self.slos)
+        return reject
 
     def _held(self, since: float) -> float:
         """Seconds the GPUs have been held by a server this trial launched (after ``since``):
@@ -238,11 +259,21 @@ class SearchRun(StudySetup):
         """Optuna's callback after each trial: environment faults counted, progress."""
         from tuner.study import best_feasible_trial
 
+        from tuner.study.sqlite_file import lost
+
         rec = TrialRecord.from_trial(trial)
         self.copies += rec.is_repeat and not rec.is_confirmation
+        if (gone := lost()) is not None:  # the study file was deleted or replaced: stop before losing more
+            self.lost = gone
+            self.worker.halt = str(gone)
+            st.stop()
+            return
         if rec.fail_kind == "environment" and self.endpoint_fault is not None:
             self.worker.halt = str(self.endpoint_fault)
             st.stop()
+        elif rec.fail_kind == "environment" and str(rec.fail_reason).startswith("undecided:"):
+            self.undecided.append(trial.number)  # judged again once a configuration has worked
+            self.obs.on_warning(f"trial {trial.number} failed, not counted: {rec.fail_reason}")
         elif rec.fail_kind == "environment":
             self.env_faults.append(str(rec.fail_reason))
             self.obs.on_warning(f"trial {trial.number} failed by the environment, not counted: {self.env_faults[-1]}")
@@ -251,14 +282,22 @@ class SearchRun(StudySetup):
                 st.stop()
             elif str(rec.fail_reason).startswith("killed:") and rec.retry_of is None and trial.params:
                 # killed from outside: measured again once, now (the best may be the one killed)
-                with self.worker.budget_guard():
-                    st.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(retry_of=trial.number).to_attrs(),
-                                     skip_if_exists=False)
+                self._retry(st, trial)
         else:
             self.env_faults.clear()
             if rec.fail_kind == "crash":
                 self.obs.on_warning(f"trial {trial.number} failed: {rec.fail_reason}")
+            if rec.loads and self.undecided:  # a configuration works now: the control can judge them
+                for number in self.undecided:
+                    self._retry(st, st.trials[number])
+                self.undecided.clear()
         self.obs.on_trial(trial, best_feasible_trial(st), count_finished(st))
+
+    def _retry(self, st: optuna.Study, trial: FrozenTrial) -> None:
+        """Queue ``trial``'s configuration again now (not counted twice: the failure was not)."""
+        with self.worker.budget_guard():
+            st.enqueue_trial(dict(trial.params), user_attrs=TrialRecord(retry_of=trial.number).to_attrs(),
+                             skip_if_exists=False)
 
     # -- the run --------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
@@ -304,6 +343,10 @@ class SearchRun(StudySetup):
                               f"{trial_estimate(st) or 0:.0f} s the study's longest trial took, so no trial was "
                               f"started that could not finish; {what} left for the next run (the same "
                               "command goes on)")
+        if self.lost is not None:
+            raise self.lost
+        if self.referee.extra_starts:
+            self.notes.append(self.blame_note())
         if self.endpoint_fault is not None:
             raise self.endpoint_fault
         if worker.halt is not None:
@@ -318,6 +361,15 @@ class SearchRun(StudySetup):
                              timed_out=interrupted is not None, confirmation=confirmation(st),
                              deployment=self.deployment, target_ttft_s=self.target, backend=self.backend.name,
                              slos=self.slos.texts, copies=self.copies)
+
+    def blame_note(self) -> str:
+        """What judging failures by experiment cost this run (tuner.search.blame)."""
+        r = self.referee
+        share = (lambda x: f" ({x / self.gpu_s:.1%} of the study's {self.gpu_s:,.0f} s)" if self.gpu_s > 0 else "")
+        return (f"whose fault a failure was took {r.extra_starts} extra start{'s' * (r.extra_starts != 1)}, "
+                f"{r.gpu_s:,.0f} s of GPU time{share(r.gpu_s)}: {r.controls} control run{'s' * (r.controls != 1)} "
+                f"of a configuration known to work, {r.control_gpu_s:,.0f} s{share(r.control_gpu_s)}, and failed "
+                "configurations started again")
 
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
@@ -339,7 +391,7 @@ class SearchRun(StudySetup):
                                max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load,
                                max_replays=s.max_replays, precheck=s.precheck, edge_tolerance=s.edge_tolerance,
                                observer=self.obs, objective=s.objective, run_facts=self.run_facts, tags=self.tags,
-                               feasibility_min=s.feasibility, may_start=self._fits)
+                               feasibility_min=s.feasibility, may_start=self._fits, referee=self.referee)
             except WindowFull as err:  # its repeats so far are kept: the next run goes on from them
                 self.worker.window_closed = True
                 self.window_left = f"the confirmation's repeats from {err} on are"

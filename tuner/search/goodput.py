@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tuner.core.errors import Disrupted
 from tuner.runtime.interrupts import current_deadline
 from tuner.serving.config import ServeConfig
 from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
@@ -171,7 +172,7 @@ def goodput_search(
     instance: Any, workload: Workload, target: float | SloSet, *, load_kind: str, max_replays: int,
     early_stop: bool, seed: int, observer: Observer, top: int, incumbent: float | None = None,
     start: float | None = None, expected: float | None = None, tolerance: float = EDGE_TOLERANCE,
-    ceiling: int | None = None,
+    ceiling: int | None = None, itl_tail_s: float | None = None,
 ) -> list[LoadPoint]:
     """The load points measured to find the most load that meets ``target``: from the
     top (or a predicted ``start``), down or up, then between the last passing and
@@ -179,7 +180,10 @@ def goodput_search(
     within :func:`edge_width` or ``max_replays`` are spent. On the closed loop a
     configuration that still meets the target at ``top`` (max-num-seqs x replicas, what
     its KV cache holds) is tried above it, up to ``ceiling`` users: queued requests may
-    still meet the target, and that is the edge ``tuner plan`` finds."""
+    still meet the target, and that is the edge ``tuner plan`` finds. A replay every stream
+    of which stalled at once for longer than the serving pauses (``itl_tail_s``: the study's
+    inter-token tail; :func:`tuner.replay.disruption.disruption`) measured nothing:
+    :class:`~tuner.core.errors.Disrupted` is raised."""
     points: list[LoadPoint] = []
     closed = load_kind == "concurrency"
     slos = SloSet.of(target)
@@ -205,6 +209,11 @@ def goodput_search(
 
         result = instance.run(workload, load, stop=stop if early_stop or deadline.at is not None else None)
         deadline.check()  # a replay cut by --timeout measured nothing: the trial is interrupted
+        if result.stall_s:  # a streaming replay: was it disrupted?
+            from tuner.replay.disruption import disruption
+
+            if (why := disruption(result, itl_tail_s)) is not None:
+                raise Disrupted(f"the replay at {load.label}: {why}")
         summary = {**result.summary(), "goodput_requests_per_s": slos.goodput(result)}
         ok = kind == load_kind and not result.stopped_early and slos.meets(summary)
         point = LoadPoint(level if kind == load_kind else math.inf, load, result, summary, ok,

@@ -62,3 +62,52 @@ def workload_facts(workload: Workload) -> dict[str, Any]:
     if not shares and workload.turn is not None and len(workload.turn):
         shares = bool((workload.turn > 0).any())
     return {"workload_longest_tokens": longest, "workload_shares_prefixes": shares}
+
+
+def longest_context(space: SearchSpace) -> int | None:
+    """The most tokens (prompt + output) one request may hold under any configuration of
+    ``space``: its largest max-model-len, the model's own where a configuration leaves it
+    unset; None when the model cannot be read."""
+    from tuner.core.errors import InputError
+    from tuner.sim.model import load_model
+
+    try:
+        model_max = int(load_model(space.deployment.model).max_position_embeddings)
+    except (InputError, OSError, ValueError):
+        return None
+    param = next((p for p in space.params if p.name == "max_model_len"), None)
+    values = (list(param.choices) or [param.high]) if param is not None else [dict(space.fixed).get("max_model_len")]
+    return max(model_max if v is None else int(v) for v in values)
+
+
+def check_requests_fit(workload: Workload, space: SearchSpace) -> None:
+    """:class:`InputError` naming the first request no configuration of ``space`` can serve
+    (prompt + output beyond every max-model-len, :func:`longest_context`): vLLM would refuse it
+    (HTTP 400) under every one, and every trial would fail on it."""
+    import re
+
+    import numpy as np
+
+    from tuner.core.errors import InputError
+
+    limit = longest_context(space)
+    if limit is None or not len(workload):
+        return
+    sizes = workload.prompt_tokens + workload.output_tokens
+    over = np.flatnonzero(sizes > limit)
+    if not len(over):
+        return
+    i = int(over[0])
+    prompt, output = int(workload.prompt_tokens[i]), int(workload.output_tokens[i])
+    path, line = workload.source, None
+    source = Path(str(path))
+    if source.is_file() and source.stat().st_size < 2**30:  # the line that holds it, when one does
+        rx = re.compile(rf"(?<![\d.]){prompt}(?![\d.])")
+        with open(source, encoding="utf-8", errors="replace") as fh:
+            line = next((n for n, text in enumerate(fh, 1) if rx.search(text)), None)
+    more = f" (and {len(over) - 1:,} more)" if len(over) > 1 else ""
+    raise InputError(f"request {i + 1:,} of {len(workload):,} asks for {prompt:,} prompt + {output:,} output tokens, "
+                     f"more than the longest max-model-len this space allows ({limit:,} tokens for "
+                     f"{space.deployment.model}){more}: no configuration can serve it",
+                     path=path if source.is_file() else None, line=line,
+                     hint="drop the row, or allow a longer max_model_len in the space")

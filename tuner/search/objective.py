@@ -88,6 +88,7 @@ def evaluate_config(
     expected_value: float | None = None,
     edge_tolerance: float = EDGE_TOLERANCE,
     objective: str = "tokens",
+    itl_tail_s: float | None = None,
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
     crashes (:class:`~tuner.core.errors.BackendError` and the like); refusals are results.
@@ -97,7 +98,8 @@ def evaluate_config(
     ``start_level`` (a predicted load, :mod:`tuner.search.prediction`) is the first load tried
     instead of the most the configuration holds; ``expected_value`` (the predicted
     tokens/s) stops refining a passing load of a configuration not expected to come
-    within reach of the incumbent."""
+    within reach of the incumbent. ``itl_tail_s`` (the study's inter-token tail) tells a
+    replay whose every stream stalled at once (:class:`~tuner.core.errors.Disrupted`, raised)."""
     obs = observer_or_headless(observer)
     slos = SloSet.of(target_ttft_s)
     target = slos.target_ttft_s
@@ -129,7 +131,7 @@ def evaluate_config(
                 early_stop=early_stop, seed=seed, observer=obs,
                 top=max_users(facts, info, config, workload), incumbent=incumbent,
                 start=start_level, expected=expected_value, tolerance=edge_tolerance,
-                ceiling=max(1, len(workload) // 2),
+                ceiling=max(1, len(workload) // 2), itl_tail_s=itl_tail_s,
             )
     except ConfigRejected as err:  # e.g. a request the max-model-len cannot hold
         return rejected(rec, err, launched=True, gpu_s=startup_s, slos=slos)

@@ -20,14 +20,15 @@ if TYPE_CHECKING:
 
 
 def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFacts, kind: str, reason: str,
-                      *, gpu_s: float = 0.0) -> None:
+                      *, gpu_s: float = 0.0, blame: dict[str, Any] | None = None) -> None:
     """What a trial that is about to FAIL stores: its config, why (``fail_kind``:
-    interrupted, environment or crash; :mod:`tuner.study.recovery`), the run facts and the
-    seconds its server held the GPUs (``gpu_s``: thrown away, nothing was measured)."""
+    interrupted, environment or crash; :mod:`tuner.study.recovery`), the run facts, the
+    seconds its servers held the GPUs (``gpu_s``: thrown away, nothing was measured) and how
+    its failure was judged (``blame``, :mod:`tuner.search.blame`)."""
     from tuner.study.recovery import failure
 
     reason = redact(reason)  # a message may name an endpoint with its credentials
-    write(trial.set_user_attr, TrialRecord(config=config, run=run_facts, gpu_s=gpu_s,
+    write(trial.set_user_attr, TrialRecord(config=config, run=run_facts, gpu_s=gpu_s, blame=blame,
                                            error=reason[:2000] if kind == "crash" else None))
     write(trial.set_user_attr, failure(kind, reason))
 

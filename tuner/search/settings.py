@@ -10,6 +10,17 @@ from tuner.search.objective import OBJECTIVES
 from tuner.study.race import FEASIBILITY
 
 
+#: The largest seed (numpy's generators take 0 to 2**32 - 1).
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: object) -> int:
+    """``seed`` when it is a whole number numpy's generators take, else one line of bad input."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise InputError(f"--seed must be a whole number from 0 to {MAX_SEED:,}, got {seed!r}", hint="e.g. --seed 0")
+    return seed
+
+
 @dataclass(frozen=True, slots=True)
 class SearchSettings:
     """How a study measures (the knobs of :func:`run_search` that are not its inputs)."""
@@ -32,6 +43,7 @@ class SearchSettings:
     def __post_init__(self) -> None:
         if self.budget < 1:
             raise InputError(f"--budget must be >= 1, got {self.budget}")
+        check_seed(self.seed)
         if not 0 < self.feasibility < 1:
             raise InputError(f"--feasibility must be a probability in (0, 1), got {self.feasibility:g}",
                              hint="e.g. --feasibility 0.9")

@@ -122,6 +122,12 @@ class RunResult:
     stopped_early: bool = False
     load_label: str = ""
     error_detail: dict[str, str] = field(default_factory=dict)
+    #: The longest time with a stream mid-answer and no chunk on any (the streaming
+    #: client's, :class:`tuner.replay.disruption.StallWatch`), when it began (seconds into
+    #: the run) and how many streams were mid-answer then.
+    stall_s: float = 0.0
+    stall_at_s: float = 0.0
+    stall_streams: int = 0
 
     def __len__(self) -> int:
         return len(self.send_s)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.errors import InputError
+from tuner.core.errors import InputError, TunerError
 from tuner.study.budget import count_finished, counts_toward_budget, finished_states, is_copy
 from tuner.study.companion import confirmation_study, storage_handle
 from tuner.study.naming import name_objective, own_studies
@@ -58,6 +58,8 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
         from tuner.core.files import write_fault
 
         raise write_fault(Path(err.filename or STUDIES_DIR), err) from err
+    except TunerError:  # one line of its own (a study file that is empty, not SQLite, or gone)
+        raise
     except Exception as err:
         # a database server never reached cannot have "gone away": it is said what happened instead
         first = storage_open_error(err, shown, storage) if store is None and is_shared(storage) else None
@@ -79,6 +81,9 @@ def load_study_by_name(name: str, storage: str | None = None) -> optuna.Study:
             raise InputError(f"no study {name!r}: there is no {STUDIES_DIR}/ folder in {Path.cwd()}, so no study "
                              "was run from here", hint="run tuner in the folder tuner search ran in, or give --storage")
         if not path.is_file():
+            from tuner.study.sqlite_file import check
+
+            check(path)  # a study saved when its file vanished is named
             known = ", ".join(s.name for s in list_studies()) or "none"
             raise InputError(f"no study {name!r} in {STUDIES_DIR}/", hint=f"known studies: {known}")
     try:

@@ -211,6 +211,8 @@ class TrialRecord:
     rerun_of_night: str | None = None
     fail_kind: str | None = None
     fail_reason: str | None = None
+    #: How a failed start or disrupted measurement was judged (tuner.search.blame.Referee).
+    blame: Mapping[str, Any] | None = None
     error: str | None = None
     worker: str | None = None
     host: str | None = None

@@ -96,14 +96,22 @@ def optuna_storage(storage: str | None, name: str) -> Any:
     """An Optuna storage for the URL (the default SQLite file when ``None``)."""
     import optuna
 
+    from tuner.study import sqlite_file
+
     url = storage or default_storage(name)
     path = sqlite_path(url)
     if path is not None and path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
         # a study that cannot be written (its file or folder read-only) still opens for reading
+        sqlite_file.check(path)
         return optuna.storages.RDBStorage("sqlite://", engine_kwargs={"creator": lambda: _read_only(path)})
     if url.startswith("sqlite:///"):
         with _creating(url):
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
+            if path is not None:  # an empty, foreign or vanished study file is named, never made a new study
+                sqlite_file.check(path)
+            store = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"factory": _WalSqlite}})
+        if path is not None and path.is_file():
+            sqlite_file.watch(store.engine, path)  # deleted or replaced mid-study: stop, save what is open
+        return store
     if url.startswith(("postgresql", "mysql")):  # several workers: heartbeat + one retry (tuner.study.workers)
         return shared_storage(url)
     return optuna.storages.RDBStorage(url)  # what Optuna makes of the URL itself
@@ -306,17 +314,24 @@ def guard_storage(fn: Any) -> Any:
     else the SQLite files under ``studies/``) becomes the one-line :func:`storage_fault`."""
     import functools
 
+    from tuner.study.sqlite_file import lost
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except TunerError:  # already one line of its own (an endpoint refusing is no storage fault)
             raise
         except Exception as err:
+            if (gone := lost()) is not None:  # the study file vanished under it: that is what happened
+                raise gone from err
             fault = storage_fault(err, kwargs.get("storage") or f"{STUDIES_DIR}/")
             if fault is None:
                 raise
             raise fault from err
+        if (gone := lost()) is not None:  # its writes since went to a file no one can open again
+            raise gone
+        return out
 
     return wrapper
 
@@ -345,12 +360,15 @@ def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
     """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
     cannot be written (a full disk, a read-only file, a lost server), else None."""
     from tuner.core.urls import redact
+    from tuner.study.sqlite_file import file_fault
 
     seen: set[int] = set()
     e: BaseException | None = err
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         text = str(e).lower()
+        if (own := file_fault(text, where)) is not None:  # a damaged file, or one at ulimit -f (EFBIG)
+            return own
         for kind, needles in _STORAGE_FAULTS:
             if any(n in text for n in needles):
                 if kind == "storage" and _disk_full(where):
