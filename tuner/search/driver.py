@@ -34,6 +34,7 @@ from tuner.search.pruning import explore, propose, prune
 from tuner.search.records import check_gpu, mark_trial_failed, same_config
 from tuner.search.settings import SearchSettings
 from tuner.search.setup import StudySetup
+from tuner.search.verdict import copy_source
 from tuner.search.window import trial_estimate
 from tuner.serving.config import ServeConfig
 from tuner.study import best_feasible_trial, count_finished, study_name
@@ -107,7 +108,7 @@ class SearchRun(StudySetup):
         t_trial = time.monotonic()
         config = self.space.suggest(trial)
         self.worker.wait_for_twin(trial)
-        earlier = same_config(trial.study, config, self.fingerprint, self.tags)
+        earlier = copy_source(trial.study, same_config(trial.study, config, self.fingerprint, self.tags))
         if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
             if self.settings.sampler.lower() != "grid":
                 self._queue_next(trial.study, lambda: explore(trial.study, self.space, self.settings.seed))
@@ -141,6 +142,7 @@ class SearchRun(StudySetup):
             fault = environment_fault(trial.study, trial.number, config, ev.record)
             if fault is not None:  # a start no configuration could have made: the machine's
                 raise fault
+            ev = self._settle(trial, config, ev)  # a verdict within a start's noise of the target: a second start
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
@@ -171,6 +173,30 @@ class SearchRun(StudySetup):
         tell_constraints(trial, constraints, named=self.named_constraints)
         write(trial.set_user_attr, rec)
         return ev.value
+
+    def _settle(self, trial: optuna.Trial, config: ServeConfig, ev: Any) -> Any:
+        """``ev``, or where its verdict lies within the study's own TTFT noise band of the target,
+        that verdict weighed with a second fresh start's (:func:`tuner.search.verdict.settle`)."""
+        from tuner.search.verdict import settle, study_ttft_sd
+
+        s, rec = self.settings, ev.record
+
+        def again() -> Any:
+            self.obs.on_phase("measuring again on a second start: the verdict lies within a start's noise")
+            # where the first start's search began: the two walk the same loads, so their P95s pair up
+            level = next((p.level for p in rec.loads if p.level is not None and p.level < float("inf")), None)
+            second = evaluate_config(
+                self.backend, self.deployment, config, self.workload, self.slos, load_kind=self.space.workload.load,
+                max_replays=s.max_replays, precheck=s.precheck, early_stop=s.early_stop, seed=s.seed,
+                observer=self.obs, start_level=level, edge_tolerance=s.edge_tolerance, objective=s.objective)
+            fault = environment_fault(trial.study, trial.number, config, second.record)
+            if fault is not None:
+                raise fault
+            return second
+
+        return settle(ev, again, self.target, sd=study_ttft_sd(trial.study.get_trials(deepcopy=False),
+                                                              self.backend.simulated),
+                      starts_vary=not self.backend.simulated, objective=s.objective)
 
     def _held(self, since: float) -> float:
         """Seconds the GPUs have been held by a server this trial launched (after ``since``):
@@ -227,6 +253,8 @@ class SearchRun(StudySetup):
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
         rec = TrialRecord.from_trial(earlier)
         told = dict(rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0})
+        if rec.verdict:  # what the sampler was told of the earlier trial's two starts
+            told[CONSTRAINT] = float(rec.verdict["constraint"])
         if rec.boundary:  # what the sampler was told of the earlier trial
             told[CONSTRAINT] = float(rec.boundary["sampler_constraint"])
         tell_constraints(trial, told, named=self.named_constraints)
