@@ -137,7 +137,7 @@ def confirm_winner(
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None, feasibility_min: float = FEASIBILITY,
-    may_start: Callable[[], bool] | None = None,
+    may_start: Callable[[], bool] | None = None, start_refused: bool = False,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (up to ``max_rounds`` while one that differs from the leader in a
@@ -228,7 +228,7 @@ def confirm_winner(
             ev = evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
                                  load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
                                  observer=obs, start_level=edge if load_kind == "concurrency" else None,
-                                 edge_tolerance=edge_tolerance, objective=objective)
+                                 edge_tolerance=edge_tolerance, objective=objective, start_refused=start_refused)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration
         except Exception as err:  # the server crashed on this sample: the configuration's
