@@ -137,7 +137,7 @@ class SearchRun(StudySetup):
                 incumbent=best * (1 - noise.band()) if s.early_stop and best and s.objective == "tokens" else None,
                 start_level=self._start_level(incumbent, advice),
                 expected_value=advice.expected_value if advice and s.objective == "tokens" else None,
-                edge_tolerance=s.edge_tolerance, objective=s.objective,
+                edge_tolerance=s.edge_tolerance, objective=s.objective, start_refused=s.start_refused,
             )
             fault = environment_fault(trial.study, trial.number, config, ev.record)
             if fault is not None:  # a start no configuration could have made: the machine's
@@ -188,7 +188,8 @@ class SearchRun(StudySetup):
             second = evaluate_config(
                 self.backend, self.deployment, config, self.workload, self.slos, load_kind=self.space.workload.load,
                 max_replays=s.max_replays, precheck=s.precheck, early_stop=s.early_stop, seed=s.seed,
-                observer=self.obs, start_level=level, edge_tolerance=s.edge_tolerance, objective=s.objective)
+                observer=self.obs, start_level=level, edge_tolerance=s.edge_tolerance, objective=s.objective,
+                start_refused=s.start_refused)
             fault = environment_fault(trial.study, trial.number, config, second.record)
             if fault is not None:
                 raise fault
@@ -367,7 +368,7 @@ class SearchRun(StudySetup):
                                max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load,
                                max_replays=s.max_replays, precheck=s.precheck, edge_tolerance=s.edge_tolerance,
                                observer=self.obs, objective=s.objective, run_facts=self.run_facts, tags=self.tags,
-                               feasibility_min=s.feasibility, may_start=self._fits)
+                               feasibility_min=s.feasibility, may_start=self._fits, start_refused=s.start_refused)
             except WindowFull as err:  # its repeats so far are kept: the next run goes on from them
                 self.worker.window_closed = True
                 self.window_left = f"the confirmation's repeats from {err} on are"
