@@ -16,6 +16,7 @@ from tuner.search.objective import CONSTRAINT, evaluate_config
 from tuner.search.verdict import start_p95, start_p95s, study_ttft_sd
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.slo import SloSet
+from tuner.study.headroom import kv_filled
 from tuner.study.race import FEASIBILITY, Candidate, candidates, race
 from tuner.study.record import RunFacts, TrialRecord, write_confirmation
 
@@ -184,7 +185,7 @@ def confirm_winner(
     groups_of = {t.number: members for t, members, _ in entries}
     # each start's P95 (two where a verdict near the target was measured again: tuner.search.verdict)
     pool = [Candidate(t.number, records[t.number].config.to_dict(), [mean], cap_bound(records[t.number]),
-                      *start_p95s(records[t.number])) for t, _, mean in entries]
+                      *start_p95s(records[t.number]), kv_filled(records[t.number].server)) for t, _, mean in entries]
     # P95s at one user per replica are weighed (--feasibility) for a candidate that met the target there; a
     # repeat of one whose edge lies higher reaches it only on a miss, and those alone would be a biased sample
     floor_bound = {c.number for c in pool if lowest_p95(records[c.number]) is not None}
@@ -208,6 +209,7 @@ def confirm_winner(
         if (c.number, r) in done:
             t, kept = done[(c.number, r)]
             c.capped = c.capped or cap_bound(kept)
+            c.kv_full = c.kv_full or (kept.feasible and kv_filled(kept.server))
             if (p95 := p95_of(kept)) is not None:
                 c.p95s.append(p95)
             if (low := lowest_p95(kept)) is not None and c.number in floor_bound:
@@ -238,6 +240,7 @@ def confirm_winner(
         else:
             base = base.with_start(ev.record.run)
             c.capped = c.capped or cap_bound(ev.record)
+            c.kv_full = c.kv_full or (ev.feasible and kv_filled(ev.record.server))
             rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
             value, constraint, named = ev.value, ev.constraint, ev.named_constraints()
         rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))

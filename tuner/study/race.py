@@ -104,6 +104,8 @@ class Candidate:
     #: P95 TTFT (s) of each measurement at its lowest load where that load is one user per
     #: replica or fewer (no lower load exists: tuner.search.boundary.lowest_p95).
     floor_p95s: list[float] = field(default_factory=list)
+    #: Its KV cache filled at the edge on some measurement (tuner.study.headroom.kv_filled).
+    kv_full: bool = False
 
     @property
     def passed(self) -> list[float]:
@@ -274,7 +276,8 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
                                    f"({noise.band(leader.count, c.count):.1%})")
     equivalent = [c for c in ties if (leader.mean - c.mean) / leader.mean <= EQUIVALENT and headroom_tie(c, leader)]
     pool = [leader, *equivalent]
-    winner = min(pool, key=lambda c: (headroom_key(c.config), -c.mean, c.number))
+    tight = any(c.kv_full for c in pool)  # a memory-tight card: more KV memory is the headroom (tuner.study.headroom)
+    winner = min(pool, key=lambda c: (headroom_key(c.config, tight), -c.mean, c.number))
     n = winner.count
     lo, hi = winner.band
     if winner is leader:
@@ -284,7 +287,7 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
         reason = (f"trial {winner.number}: {value_text(winner.mean, objective)} over {n} measurements "
                   f"({_spread(lo, hi, objective)}), "
                   f"tied with trial {leader.number} ({(leader.mean - winner.mean) / leader.mean:.1%} under, within "
-                  f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
+                  f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config, tight)}")
     tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
     if tied_numbers:
         counts = [c.count for c in (leader, *ties)]  # what the race could tell (equivalent ones are ties)
@@ -338,8 +341,8 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     (``measure`` appends one per measurement to ``c.p95s``) say with confidence, against the
     per-start TTFT noise ``ttft_noise`` (the backend's prior when None), that it misses; and
     one that met it only at one user per replica below ``feasibility_min``."""
-    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s))
-              for c in entrants]
+    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s),
+                        c.kv_full) for c in entrants]
     history = [list(h) for h in history]
     out: dict[int, str] = {c.number: "failed the target on an earlier measurement"
                            for c in field_ if any(v <= 0 for v in c.values)}
