@@ -469,11 +469,13 @@ def main() -> None:
         mine = [r for r in results if r["family"] == name]
         keys = [k for r in mine for k in [r["winner"], *r["ties"]] if k]
         located = truth_table(BY_NAME[name], args.jobs, keys)
-        # the configurations judged or put out whose located edge comes within 1 % of the best: their first
-        # crossing decides whether the optimum was lost (crossing_table scans only the best by default)
-        top = max((r["value"] for r in located.values() if r["feasible"]), default=0.0)
+        # the configurations judged or put out whose located edge comes within 1 % of the best first crossing:
+        # theirs decides whether the optimum was lost (a crossing <= its located edge; crossing_table scans
+        # only the best by default)
+        best = max((r["value"] for r in crossing_table(BY_NAME[name], args.jobs, keys).values() if r["feasible"]),
+                   default=0.0)
         keys += sorted({k for r in mine for k in [*(k for k, _ in r.get("verdicts", ())), *r.get("race_out", {})]
-                        if located.get(k, {}).get("value", 0.0) >= 0.89 * top})  # a crossing <= its located edge
+                        if located.get(k, {}).get("value", 0.0) >= 0.99 * best})
         table = crossing_table(BY_NAME[name], args.jobs, keys)
 
         def shares(tab: dict[str, dict]) -> Callable[[str | None], float]:
