@@ -70,6 +70,7 @@ def test_without_the_override_nothing_starts_and_with_it_the_machine_judges(tmp_
     assert verdict["confirmed"] and verdict["outcome"] == "refused"
     assert "To serve at least one request with the model's max seq len (40960)" in verdict["said"]
     assert verdict["short_gib"] == pytest.approx(0.37, abs=0.01) and list((tmp_path / "logs").iterdir())
+    assert "started although the memory planner predicted this refusal: 0.37 GiB short" in rec.infeasible_reason
 
 
 @pytest.mark.slow
@@ -98,4 +99,4 @@ def test_judge_reads_a_refusal_and_a_start_as_the_machine_reported_them():
     said = judge(p, ConfigRejected("no_kv_memory", "No available memory for the cache blocks."))
     assert said["confirmed"] and said["refused_kind"] == "no_kv_memory" and said["said"].startswith("No available")
     started = judge(p, {"kv_cache_tokens": 41_000})
-    assert not started["confirmed"] and "41,000 tokens" in started["text"]
+    assert not started["confirmed"] and "41,000 tokens" in started["judged"] and "0.37 GiB short" in started["judged"]

@@ -259,15 +259,18 @@ def judged(rec: TrialRecord, outcome: ConfigRejected | dict[str, Any], obs: Any)
         return rec
     verdict = judge(predicted, outcome)
     if not verdict["confirmed"]:
-        obs.on_warning(verdict["text"])
+        obs.on_warning(verdict["judged"])
     return rec.replace(run=rec.run.replace(plan={**rec.run.plan, "predicted_refusal": {**predicted, **verdict}}))
 
 
 def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0,
              slos: SloSet | None = None) -> Evaluation:
+    reason = f"{err.kind}: {redact(err.message)}"
+    if launched and (predicted := (rec.run.plan or {}).get("predicted_refusal")):  # started as --start-refused asked
+        reason += f" (started although the memory planner predicted this refusal: {predicted['text']})"
     rec = rec.replace(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
-        infeasible_reason=f"{err.kind}: {redact(err.message)}", rejected_kind=err.kind,
+        infeasible_reason=reason, rejected_kind=err.kind,
         rejected_at="start" if launched else "pre-check", gpu_s=gpu_s,
     )
     if err.log_path:

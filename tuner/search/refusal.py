@@ -87,15 +87,16 @@ def margin_text(p: dict[str, Any]) -> str:
 
 def judge(predicted: dict[str, Any], outcome: ConfigRejected | dict[str, Any]) -> dict[str, Any]:
     """The start's outcome beside the prediction: ``confirmed`` where vLLM refused too (in its
-    own words), else the KV cache the start got; ``text`` says it in one line."""
+    own words), else the KV cache the start got; ``judged`` says it in one line (the
+    prediction's own ``text`` stays beside it)."""
     if isinstance(outcome, ConfigRejected):
         said = redact(outcome.message)[:500]
         return {"confirmed": True, "outcome": "refused", "refused_kind": outcome.kind, "said": said,
-                "text": f"predicted refused ({predicted['kind']}) and refused at start ({outcome.kind}): {said}"}
+                "judged": f"predicted refused ({predicted['kind']}) and refused at start ({outcome.kind}): {said}"}
     tokens = outcome.get("kv_cache_tokens")
     got = f"a KV cache of {int(tokens):,} tokens" if tokens else "no KV size reported"
     return {"confirmed": False, "outcome": "started", "kv_cache_tokens": tokens,
-            "text": (f"the memory planner predicted vLLM would refuse this configuration ({predicted['kind']}: "
+            "judged": (f"the memory planner predicted vLLM would refuse this configuration ({predicted['kind']}: "
                      f"{predicted['text']}); it started with {got}: the prediction was wrong")}
 
 
