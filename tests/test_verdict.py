@@ -112,6 +112,11 @@ def test_two_starts_that_miss_within_the_noise_tell_the_sampler_how_near_and_the
     # that teaches the sampler "bad"; its record still says it met nothing (tokens/s 0 at the target)
     held = [s["value"] for s in rec.verdict["starts"]]
     assert miss.value == pytest.approx(math.sqrt(held[0] * held[1])) and min(held) > 0 and rec.tokens_per_s == 0.0
+    # a notebook's table still scores it 0: it met nothing
+    from tuner.study.analysis import trials_frame
+
+    frame = trials_frame(out.study)
+    assert frame.loc[frame["number"] == miss.number, "value"].item() == 0.0
     # proposed again, it is measured again (a third start), not copied
     assert copy_source(out.study, miss) is None
 
