@@ -480,7 +480,7 @@ def main() -> None:
 
         def shares(tab: dict[str, dict]) -> Callable[[str | None], float]:
             opt = max((r["value"] for r in tab.values() if r["feasible"]), default=0.0)
-            return lambda key: tab[key]["value"] / opt if key and tab[key]["feasible"] else 0.0
+            return lambda key: tab[key]["value"] / opt if key in tab and tab[key]["feasible"] else 0.0
 
         share, old = shares(table), shares(located)
         opt = max((r["value"] for r in table.values() if r["feasible"]), default=0.0)
