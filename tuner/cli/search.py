@@ -101,6 +101,7 @@ def search_cmd(
     confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
     feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
     edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
+    start_refused: bool = typer.Option(False, "--start-refused", help="Start a configuration the memory planner predicts vLLM will refuse for memory (KV cache too small for one max-model-len request, or none at all) anyway: the trial records the prediction's margin and the planner's measured error beside what the start did (vLLM's refusal in its own words, or the KV cache it got). Default: such a configuration is recorded as refused without a start."),
     resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
     tensor_parallel_size: int | None = typer.Option(None, "--tensor-parallel-size", help="Keep only the space's layouts with this tensor-parallel size (GPUs per replica); --set tensor_parallel_size=N is the same. A study of its own."),
     replicas: int | None = typer.Option(None, "--replicas", help="Keep only the space's layouts with this many replicas (independent engines); --set replicas=N is the same. A study of its own."),
@@ -146,7 +147,7 @@ def search_cmd(
     timeout_s = parse_seconds(timeout, what="--timeout") if timeout is not None else None
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              feasibility=feasibility,
+                              feasibility=feasibility, start_refused=start_refused,
                               objective=objective, resume_anyway=resume_anyway)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)

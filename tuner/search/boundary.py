@@ -99,19 +99,27 @@ def study_objective_sd(records: Iterable[Any], simulated: bool) -> float:
 
 def sampler_constraint(rec: Any, target_s: float, simulated: bool) -> float | None:
     """The P95 TTFT constraint the sampler gets for a trial that met ``target_s``: the
-    pessimistic margin where it is > 0, else None (the trial's own constraint stands)."""
+    pessimistic margin where it is > 0, else None (the trial's own constraint stands). A
+    verdict measured on two starts (:mod:`tuner.search.verdict`) is estimated from both."""
     if not rec.feasible or (p95 := lowest_p95(rec)) is None:
         return None
-    over = upper_p95([p95], simulated) / target_s - 1.0
+    p95s = [float(s["floor_p95_s"]) for s in (rec.verdict or {}).get("starts", []) if s.get("floor_p95_s")] or [p95]
+    over = upper_p95(p95s, simulated) / target_s - 1.0
     return over if over > 0 else None
 
 
+def doubtful(rec: Any) -> bool:
+    """A record that met the target only within the noise of a start: a ``boundary`` pass,
+    or a verdict whose two starts disagreed (:mod:`tuner.search.verdict`)."""
+    return rec.boundary is not None or any(not s.get("feasible") for s in (rec.verdict or {}).get("starts", []))
+
+
 def unsure(trial: Any) -> bool:
-    """A trial that met the target only within the noise of a start (its record's
-    ``boundary`` says so): not the incumbent the next trials refine against."""
+    """A trial that met the target only within the noise of a start (:func:`doubtful`): not
+    the incumbent the next trials refine against."""
     from tuner.study.record import TrialRecord
 
-    return TrialRecord.from_trial(trial).boundary is not None
+    return doubtful(TrialRecord.from_trial(trial))
 
 
 def incumbent(study: Any) -> Any:
@@ -124,4 +132,4 @@ def incumbent(study: Any) -> Any:
     return max(trials, key=lambda t: (t.value, -t.number), default=None)
 
 
-__all__ = ["edge_slope", "incumbent", "feasibility", "lowest_p95", "objective_sd", "study_objective_sd", "sampler_constraint", "ttft_sd", "unsure", "upper_p95"]
+__all__ = ["doubtful", "edge_slope", "incumbent", "feasibility", "lowest_p95", "objective_sd", "study_objective_sd", "sampler_constraint", "ttft_sd", "unsure", "upper_p95"]

@@ -9,13 +9,15 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import EndpointFault, EnvironmentFault
 from tuner.core.urls import redact
 from tuner.runtime.progress import Observer, observer_or_headless
-from tuner.search.boundary import lowest_p95, study_objective_sd
+from tuner.search.boundary import doubtful, lowest_p95, study_objective_sd
 from tuner.search.constraints import CONSTRAINTS_ATTR, constraint_list
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import itl_tail
 from tuner.search.objective import CONSTRAINT, evaluate_config, rejected
+from tuner.search.verdict import start_p95, start_p95s, study_ttft_sd
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.slo import SloSet
+from tuner.study.headroom import kv_filled
 from tuner.study.race import FEASIBILITY, Candidate, candidates, race
 from tuner.study.record import RunFacts, TrialRecord, write_confirmation
 
@@ -57,8 +59,7 @@ def cap_bound(rec: TrialRecord) -> bool:
 def p95_of(rec: TrialRecord) -> float | None:
     """A measurement's P95 TTFT: at its scored load when it met the target, at its lowest
     load when it missed (what it missed by)."""
-    value = (rec.summary or {}).get("ttft_p95_s") if rec.feasible else rec.p95_ttft_at_lowest_load_s
-    return float(value) if value is not None else None
+    return start_p95(rec)
 
 
 def effective_key(rec: TrialRecord) -> str:
@@ -143,7 +144,7 @@ def confirm_winner(
     rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
     precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
     run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None, feasibility_min: float = FEASIBILITY,
-    may_start: Callable[[], bool] | None = None, referee: Referee | None = None,
+    may_start: Callable[[], bool] | None = None, referee: Referee | None = None, start_refused: bool = False,
 ) -> Any:
     """Measure the configurations within the noise band of the study's best ``rounds``
     more times each (up to ``max_rounds`` while one that differs from the leader in a
@@ -189,12 +190,15 @@ def confirm_winner(
     # race's paired repeats lean on that
     prior = study_objective_sd((records[t.number] for t, _, _ in entries), backend.simulated)
     noise = study_noise(study, backend.simulated, prior)
+    ttft_noise = study_ttft_sd(trials, backend.simulated)  # what a miss is weighed against in the race
     groups_of = {t.number: members for t, members, _ in entries}
-    pool = [Candidate(t.number, records[t.number].config.to_dict(), [mean],
-                      cap_bound(records[t.number]), [p for p in [p95_of(records[t.number])] if p is not None],
-                      [p for p in [lowest_p95(records[t.number])] if p is not None])
-            for t, _, mean in entries]
-    unsure = {t.number for t, _, _ in entries if records[t.number].boundary}
+    # each start's P95 (two where a verdict near the target was measured again: tuner.search.verdict)
+    pool = [Candidate(t.number, records[t.number].config.to_dict(), [mean], cap_bound(records[t.number]),
+                      *start_p95s(records[t.number]), kv_filled(records[t.number].server)) for t, _, mean in entries]
+    # P95s at one user per replica are weighed (--feasibility) for a candidate that met the target there; a
+    # repeat of one whose edge lies higher reaches it only on a miss, and those alone would be a biased sample
+    floor_bound = {c.number for c in pool if lowest_p95(records[c.number]) is not None}
+    unsure = {t.number for t, _, _ in entries if doubtful(records[t.number])}
     entrants = {c.number for c in candidates(pool, noise, unsure=unsure)}  # the first race's: their repeats are its own
     history = []
     groups: dict[str, list[float]] = {}
@@ -218,7 +222,7 @@ def confirm_winner(
             return evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
                                    load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
                                    observer=obs, start_level=start, edge_tolerance=edge_tolerance,
-                                   objective=objective, itl_tail_s=tail)
+                                   objective=objective, itl_tail_s=tail, start_refused=start_refused)
 
         def reject(err: Any, gpu_s: float) -> Any:
             return rejected(TrialRecord(config=config, target_ttft_s=SloSet.of(target).target_ttft_s), err,
@@ -241,9 +245,10 @@ def confirm_winner(
         if (c.number, r) in done:
             t, kept = done[(c.number, r)]
             c.capped = c.capped or cap_bound(kept)
+            c.kv_full = c.kv_full or (kept.feasible and kv_filled(kept.server))
             if (p95 := p95_of(kept)) is not None:
                 c.p95s.append(p95)
-            if (low := lowest_p95(kept)) is not None:
+            if (low := lowest_p95(kept)) is not None and c.number in floor_bound:
                 c.floor_p95s.append(low)
             return float(t.value or 0.0) if t.state == TrialState.COMPLETE and kept.feasible else 0.0
         if may_start is not None and not may_start():  # the window cannot hold another start
@@ -268,12 +273,13 @@ def confirm_winner(
         else:
             base = base.with_start(ev.record.run)
             c.capped = c.capped or cap_bound(ev.record)
+            c.kv_full = c.kv_full or (ev.feasible and kv_filled(ev.record.server))
             rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
             value, constraint, named = ev.value, ev.constraint, ev.named_constraints()
         rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
         if (p95 := p95_of(rec)) is not None:
             c.p95s.append(p95)
-        if (low := lowest_p95(rec)) is not None:
+        if (low := lowest_p95(rec)) is not None and c.number in floor_bound:
             c.floor_p95s.append(low)
         trial = by_number[c.number]
         companion = confirmation_study(study, create=True)
@@ -294,7 +300,7 @@ def confirm_winner(
         raced |= {c.number for c in field_}
         this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, simulated=backend.simulated,
                     history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective,
-                    feasibility_min=feasibility_min, prior=noise.rel_sd)
+                    feasibility_min=feasibility_min, prior=noise.rel_sd, ttft_noise=ttft_noise)
         if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
             measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
             if not this.held:  # and the closest of the waves

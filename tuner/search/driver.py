@@ -34,6 +34,7 @@ from tuner.search.pruning import explore, propose, prune
 from tuner.search.records import check_gpu, mark_trial_failed, same_config
 from tuner.search.settings import SearchSettings
 from tuner.search.setup import StudySetup
+from tuner.search.verdict import copy_source
 from tuner.search.window import fit_to_window, replay_cost, trial_estimate
 from tuner.serving.config import ServeConfig
 from tuner.study import best_feasible_trial, count_finished, study_name
@@ -117,7 +118,7 @@ class SearchRun(StudySetup):
         t_trial = time.monotonic()
         config = self.space.suggest(trial)
         self.worker.wait_for_twin(trial)
-        earlier = same_config(trial.study, config, self.fingerprint, self.tags)
+        earlier = copy_source(trial.study, same_config(trial.study, config, self.fingerprint, self.tags))
         if earlier is not None:  # a sampler may propose a config again: reuse, do not relaunch
             if self.settings.sampler.lower() != "grid":
                 self._queue_next(trial.study, lambda: explore(trial.study, self.space, self.settings.seed))
@@ -150,9 +151,11 @@ class SearchRun(StudySetup):
                     start_level=self._start_level(incumbent, advice),
                     expected_value=advice.expected_value if advice and s.objective == "tokens" else None,
                     edge_tolerance=s.edge_tolerance, objective=s.objective, itl_tail_s=tail,
+                    start_refused=s.start_refused,
                 )
             # a failure vLLM's words do not pin on a knob is judged by experiment (tuner.search.blame)
             ev = self.referee.judge(trial.study, trial.number, config, measure, self._reject(config))
+            ev = self._settle(trial, config, ev, tail)  # a verdict within a start's noise of the target: a second start
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt as err:  # a signal, Ctrl-C or --timeout: nothing measured
@@ -192,6 +195,32 @@ class SearchRun(StudySetup):
                               slos=() if self.slos.only_ttft else self.slos.texts)
             return rejected(rec, err, launched=True, gpu_s=gpu_s, slos=self.slos)
         return reject
+
+    def _settle(self, trial: optuna.Trial, config: ServeConfig, ev: Any, tail: float | None) -> Any:
+        """``ev``, or where its verdict lies within the study's own TTFT noise band of the target,
+        that verdict weighed with a second fresh start's (:func:`tuner.search.verdict.settle`)."""
+        from tuner.search.verdict import settle, study_ttft_sd
+
+        s, rec = self.settings, ev.record
+
+        def again() -> Any:
+            self.obs.on_phase("measuring again on a second start: the verdict lies within a start's noise")
+            # where the first start's search began: the two walk the same loads, so their P95s pair up
+            level = next((p.level for p in rec.loads if p.level is not None and p.level < float("inf")), None)
+
+            def measure() -> Any:
+                return evaluate_config(
+                    self.backend, self.deployment, config, self.workload, self.slos,
+                    load_kind=self.space.workload.load, max_replays=s.max_replays, precheck=s.precheck,
+                    early_stop=s.early_stop, seed=s.seed, observer=self.obs, start_level=level,
+                    edge_tolerance=s.edge_tolerance, objective=s.objective, itl_tail_s=tail,
+                    start_refused=s.start_refused)
+            # the second start is judged as the first was (tuner.search.blame)
+            return self.referee.judge(trial.study, trial.number, config, measure, self._reject(config))
+
+        return settle(ev, again, self.target, sd=study_ttft_sd(trial.study.get_trials(deepcopy=False),
+                                                              self.backend.simulated),
+                      starts_vary=not self.backend.simulated, objective=s.objective)
 
     def _held(self, since: float) -> float:
         """Seconds the GPUs have been held by a server this trial launched (after ``since``):
@@ -248,6 +277,8 @@ class SearchRun(StudySetup):
         self.obs.on_phase(f"same configuration as trial {earlier.number}")
         rec = TrialRecord.from_trial(earlier)
         told = dict(rec.constraints or {CONSTRAINT: rec.constraint if rec.constraint is not None else 1.0})
+        if rec.verdict:  # what the sampler was told of the earlier trial's two starts
+            told[CONSTRAINT] = float(rec.verdict["constraint"])
         if rec.boundary:  # what the sampler was told of the earlier trial
             told[CONSTRAINT] = float(rec.boundary["sampler_constraint"])
         tell_constraints(trial, told, named=self.named_constraints)
@@ -391,7 +422,8 @@ class SearchRun(StudySetup):
                                max_rounds=s.confirm_max, seed=s.seed, load_kind=self.space.workload.load,
                                max_replays=s.max_replays, precheck=s.precheck, edge_tolerance=s.edge_tolerance,
                                observer=self.obs, objective=s.objective, run_facts=self.run_facts, tags=self.tags,
-                               feasibility_min=s.feasibility, may_start=self._fits, referee=self.referee)
+                               feasibility_min=s.feasibility, may_start=self._fits, referee=self.referee,
+                               start_refused=s.start_refused)
             except WindowFull as err:  # its repeats so far are kept: the next run goes on from them
                 self.worker.window_closed = True
                 self.window_left = f"the confirmation's repeats from {err} on are"

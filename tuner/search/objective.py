@@ -89,6 +89,7 @@ def evaluate_config(
     edge_tolerance: float = EDGE_TOLERANCE,
     objective: str = "tokens",
     itl_tail_s: float | None = None,
+    start_refused: bool = False,
 ) -> Evaluation:
     """Score one configuration (see the module docstring). Raises only for backend
     crashes (:class:`~tuner.core.errors.BackendError` and the like); refusals are results.
@@ -99,7 +100,10 @@ def evaluate_config(
     instead of the most the configuration holds; ``expected_value`` (the predicted
     tokens/s) stops refining a passing load of a configuration not expected to come
     within reach of the incumbent. ``itl_tail_s`` (the study's inter-token tail) tells a
-    replay whose every stream stalled at once (:class:`~tuner.core.errors.Disrupted`, raised)."""
+    replay whose every stream stalled at once (:class:`~tuner.core.errors.Disrupted`, raised).
+    ``start_refused``: a configuration the memory planner
+    predicts vLLM will refuse for memory is started anyway, and the start's outcome is
+    recorded beside the prediction (:mod:`tuner.search.refusal`)."""
     obs = observer_or_headless(observer)
     slos = SloSet.of(target_ttft_s)
     target = slos.target_ttft_s
@@ -109,7 +113,8 @@ def evaluate_config(
     try:
         if precheck:
             obs.on_phase("pre-check")
-            facts = {**planner_precheck(deployment, config), **(backend.precheck(deployment, config) or {})}
+            facts = {**planner_precheck(deployment, config, start_refused=start_refused),
+                     **(backend.precheck(deployment, config) or {})}
             rec = rec.replace(run=RunFacts(plan=json_safe(facts)))
         obs.on_phase("starting")
         launched = time.perf_counter()
@@ -117,8 +122,9 @@ def evaluate_config(
     except ConfigRejected as err:
         # a real refused start cost its wall time on the GPUs; the simulator's costs nothing
         spent = time.perf_counter() - launched if launched and backend.measures_gpu_time else 0.0
-        return rejected(rec, err, launched=bool(launched), gpu_s=spent, slos=slos)
+        return rejected(judged(rec, err, obs), err, launched=bool(launched), gpu_s=spent, slos=slos)
     info = dict(getattr(instance, "info", {}) or {})
+    rec = judged(rec, info, obs)
     startup_s = float(info.get("startup_s") or 0.0)
     rec = rec.replace(run=rec.run.replace(
         startup_s=startup_s, log_paths=tuple(json_safe(info.get("log_paths") or [])),
@@ -226,23 +232,48 @@ def error_fields(point: LoadPoint) -> dict[str, Any]:
     return out
 
 
-def planner_precheck(deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
+def planner_precheck(deployment: Deployment, config: ServeConfig, *, start_refused: bool = False) -> dict[str, Any]:
     """The simulator's memory plan, as a pre-check before a real backend starts anything:
     raises ConfigRejected where vLLM would refuse. A deployment the simulator cannot
-    model (a GPU or model it does not know) is not pre-checked: ``{}``."""
+    model (a GPU or model it does not know) is not pre-checked: ``{}``. ``start_refused``:
+    a refusal for memory is not raised but returned as the plan's ``predicted_refusal``
+    (:func:`tuner.search.refusal.prediction`: its margin and the planner's error), so the
+    configuration is started and the start judges the prediction."""
     from tuner.backends.sim import SimBackend
+    from tuner.search.refusal import MEMORY_REFUSALS, prediction
 
     try:
         return SimBackend().precheck(deployment, config)
     except InputError:
         return {}
+    except ConfigRejected as err:
+        if not start_refused or err.kind not in MEMORY_REFUSALS:
+            raise
+        return {"predicted_refusal": prediction(deployment, config, err)}
+
+
+def judged(rec: TrialRecord, outcome: ConfigRejected | dict[str, Any], obs: Any) -> TrialRecord:
+    """``rec`` with the start's outcome beside a predicted refusal it was started against
+    (:func:`tuner.search.refusal.judge`), and a warning where the start proved the prediction wrong."""
+    from tuner.search.refusal import judge
+
+    predicted = (rec.run.plan or {}).get("predicted_refusal")
+    if not predicted:
+        return rec
+    verdict = judge(predicted, outcome)
+    if not verdict["confirmed"]:
+        obs.on_warning(verdict["judged"])
+    return rec.replace(run=rec.run.replace(plan={**rec.run.plan, "predicted_refusal": {**predicted, **verdict}}))
 
 
 def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: float = 0.0,
              slos: SloSet | None = None) -> Evaluation:
+    reason = f"{err.kind}: {redact(err.message)}"
+    if launched and (predicted := (rec.run.plan or {}).get("predicted_refusal")):  # started as --start-refused asked
+        reason += f" (started although the memory planner predicted this refusal: {predicted['text']})"
     rec = rec.replace(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
-        infeasible_reason=f"{err.kind}: {redact(err.message)}", rejected_kind=err.kind,
+        infeasible_reason=reason, rejected_kind=err.kind,
         rejected_at="start" if launched else "pre-check", gpu_s=gpu_s,
     )
     if err.log_path:

@@ -49,6 +49,7 @@ def run_search(
     objective: str = "tokens",
     feasibility: float = FEASIBILITY,
     resume_anyway: bool = False,
+    start_refused: bool = False,
 ) -> SearchOutcome:
     """Run (or resume) the study for ``space`` until it holds ``budget`` finished trials
     or ``timeout_s`` passes. ``space`` must be bound (:meth:`SearchSpace.bind`); a
@@ -79,11 +80,14 @@ def run_search(
     (:mod:`tuner.study.race`); ``confirm=0`` turns that off. ``edge_tolerance``: how close the passing and failing loads of a
     trial must come (share of the load, closed loop at least one user). ``objective``: what a
     trial scores at its edge, ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO,
-    as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``)."""
+    as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``). ``start_refused``:
+    a configuration the memory planner predicts vLLM will refuse for memory is started anyway and
+    the start judges the prediction (:mod:`tuner.search.refusal`)."""
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
-                              objective=objective, feasibility=feasibility, resume_anyway=resume_anyway)
+                              objective=objective, feasibility=feasibility, resume_anyway=resume_anyway,
+                              start_refused=start_refused)
     return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
                      tags=tags, predictor=predictor).run()
 

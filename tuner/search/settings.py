@@ -39,6 +39,7 @@ class SearchSettings:
     feasibility: float = FEASIBILITY  #: a race candidate near the target stays in only above this probability
     objective: str = "tokens"  #: a trial's value: ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO)
     resume_anyway: bool = False  #: resume a study whose space was another (:meth:`SearchRun._check_space`)
+    start_refused: bool = False  #: start what the memory planner predicts vLLM refuses (:mod:`tuner.search.refusal`)
 
     def __post_init__(self) -> None:
         if self.budget < 1:

@@ -176,7 +176,9 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     duration = trial.duration.total_seconds() if trial.duration is not None else math.nan
     row: dict[str, Any] = {
         "number": trial.number, "state": trial.state.name, "status": status,
-        "feasible": status == "feasible", "value": _number(trial.value),
+        # an infeasible trial scores 0 (a verdict near the target told the sampler what it served at its
+        # lowest load instead: tuner.search.verdict; that stays in its record)
+        "feasible": status == "feasible", "value": 0.0 if status == "infeasible" else _number(trial.value),
         "constraint": _number(rec.constraint), "reason": _reason(trial, rec, status),
         "errors": describe_errors(rec.errors, limit=8) or None,
         "layout": f"tp{tp}x{replicas}", "tensor_parallel_size": tp, "replicas": replicas,

@@ -9,6 +9,9 @@
 * :func:`ttft_sd`, :func:`upper_p95`, :func:`feasibility` — the P95 TTFT of one server
   start varies by a factor shared by all its replays (real vLLM: ~10 %): a pessimistic
   estimate of the true P95 and the probability that it meets a target.
+* :func:`near_target`, :func:`misses_with_confidence` — whether one P95 lies within a
+  start's noise band of the target, and whether several (one per start) say with
+  confidence that the configuration misses it (a one-sided test against the per-start noise).
 
 Priors are keyed by the backend's ``simulated`` capability (:mod:`tuner.search.backend`),
 never its name. Pure: no study, no backend.
@@ -61,6 +64,25 @@ def feasibility(p95s: Sequence[float], target_s: float, simulated: bool) -> floa
     sd = ttft_sd(simulated) / math.sqrt(len(logs))
     return statistics.NormalDist().cdf((math.log(target_s) - statistics.fmean(logs)) / sd)
 
+
+def near_target(p95: float, target_s: float, sd: float, z: float = Z) -> bool:
+    """Whether one start's P95 lies within the noise band of ``target_s``: another start (its
+    TTFTs x exp(N(0, ``sd``))) could land on the other side of it, |log(P95 / target)| <= z x sd."""
+    return p95 > 0 and abs(math.log(p95 / target_s)) <= z * sd
+
+
+def misses_with_confidence(p95s: Sequence[float], target_s: float, sd: float) -> bool:
+    """Whether ``p95s`` (one per start: where it met the target, the P95 there; where it
+    missed, at the lowest load it tried) say with confidence that the configuration misses
+    ``target_s``, one-sided against the per-start noise ``sd``: the probability that its
+    true P95 meets the target (:func:`feasibility`'s, from their mean) under 1 in 10 (the
+    mean log P95 over the target by more than :data:`Z_FEASIBLE` x sd / sqrt(n)), or one
+    P95 beyond the band no start's TTFT factor draws (over it by more than :data:`Z` x sd:
+    ~1 in 40). One miss within a start's noise beside passes is not enough."""
+    logs = [math.log(p / target_s) for p in p95s if p > 0]
+    if not logs:
+        return False
+    return statistics.fmean(logs) > Z_FEASIBLE * sd / math.sqrt(len(logs)) or max(logs) > Z * sd
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,4 +151,4 @@ def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False, prior
 
 
 __all__ = ["DEFAULT_PRIOR_SD", "PRIOR_DOF", "SIMULATED_PRIOR_SD", "SIMULATED_TTFT_SD", "TTFT_PRIOR_SD", "Z", "Z_FEASIBLE",
-           "NoiseFloor", "feasibility", "noise_floor", "paired_noise", "prior_sd", "ttft_sd", "upper_p95"]
+           "NoiseFloor", "feasibility", "misses_with_confidence", "near_target", "noise_floor", "paired_noise", "prior_sd", "ttft_sd", "upper_p95"]

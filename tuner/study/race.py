@@ -30,10 +30,14 @@ measurements names a winner inside that noise. So, once a study's budget is spen
    gpu-memory-utilization, then fewer max-num-seqs, then CUDA graphs over eager), and the
    decision says so. A candidate ruled out in the race cannot lead: its mean is over
    fewer samples than those still in.
-5. **Feasibility** is confirmed, not assumed: a candidate that misses the target on any
-   repeat is out, whatever its tokens/s (one lucky start can pass a configuration whose
-   true P95 sits 5-10 % over the target: per-start TTFT noise of ~10 %). When every
-   candidate misses, the race has no winner (``held`` False, :func:`no_holder`) and
+5. **Feasibility** is confirmed, not assumed: a candidate is out once its repeats say with
+   confidence that it misses the target (:func:`~tuner.study.noise.misses_with_confidence`,
+   a one-sided test of its P95s against the per-start TTFT noise), whatever its tokens/s;
+   one miss within a start's noise beside passes is not enough (issue 49: two optimum
+   configurations were put out on one miss of six, the recommendation 95.6 % of the optimum),
+   and a miss with no P95 to weigh (it did not start, or failed by errors) is. Its tokens/s
+   is the mean of the measurements that met the target. When every
+   candidate is out, the race has no winner (``held`` False, :func:`no_holder`) and
    :func:`tuner.search.confirm.confirm_winner` races the next-best configurations; the
    recommendation carries its SLO margin: the worst P95 TTFT of its measurements against
    the target.
@@ -50,6 +54,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.serving.slo import value_text
+from tuner.study.headroom import HEADROOM_KNOBS, headroom_key, headroom_tie
+from tuner.study.headroom import why as _why_headroom
+from tuner.study.misses import verdict
 from tuner.study.noise import (
     DEFAULT_PRIOR_SD,
     PRIOR_DOF,
@@ -97,42 +104,26 @@ class Candidate:
     #: P95 TTFT (s) of each measurement at its lowest load where that load is one user per
     #: replica or fewer (no lower load exists: tuner.search.boundary.lowest_p95).
     floor_p95s: list[float] = field(default_factory=list)
+    #: Its KV cache filled at the edge on some measurement (tuner.study.headroom.kv_filled).
+    kv_full: bool = False
+
+    @property
+    def passed(self) -> list[float]:
+        """The values of the measurements that met the target (a miss is 0)."""
+        return [v for v in self.values if v > 0]
+
+    @property
+    def count(self) -> int:
+        """How many measurements its mean is over."""
+        return len(self.passed)
 
     @property
     def mean(self) -> float:
-        return statistics.fmean(self.values) if self.values else 0.0
+        return statistics.fmean(self.passed) if self.passed else 0.0
 
     @property
     def band(self) -> tuple[float, float]:
-        return (min(self.values), max(self.values)) if self.values else (0.0, 0.0)
-
-
-def headroom_key(config: dict[str, Any]) -> tuple[float, float, int, int]:
-    """Sorts the configuration with the most headroom first: lower gpu-memory-utilization
-    (memory left to other work and to fragmentation), fewer max-num-seqs (less preemption
-    risk on longer requests), CUDA graphs rather than eager, fewer API server processes
-    (CPU cores left to the host)."""
-    return (float(config.get("gpu_memory_utilization") or 1.0), float(config.get("max_num_seqs") or 1e9),
-            int(bool(config.get("enforce_eager"))), int(config.get("api_server_count") or 1))
-
-
-#: The knobs :func:`headroom_key` weighs; a tie is traded for headroom only where nothing
-#: else differs.
-HEADROOM_KNOBS = ("gpu_memory_utilization", "max_num_seqs", "enforce_eager", "api_server_count")
-
-
-def headroom_tie(c: Candidate, leader: Candidate) -> bool:
-    """Whether a tie ``c`` may be preferred to ``leader`` for headroom: the two differ in no
-    knob but the headroom ones, and where ``c`` has fewer max-num-seqs its cap never bound.
-    Two that differ in a knob that changes speed (the KV dtype, the batched-token budget,
-    the layout) and measure the same are tied by noise, not by design; and a max-num-seqs
-    that bound at the edge is the configuration's limit, not spare room: in both cases the
-    better mean is kept rather than traded for headroom."""
-    a, b = c.config, leader.config
-    if any(a.get(k) != b.get(k) for k in {*a, *b} - set(HEADROOM_KNOBS)):
-        return False
-    fewer = float(a.get("max_num_seqs") or 1e9) < float(b.get("max_num_seqs") or 1e9)
-    return not (fewer and c.capped)
+        return (min(self.passed), max(self.passed)) if self.passed else (0.0, 0.0)
 
 
 def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MAX_CANDIDATES,
@@ -153,7 +144,7 @@ def candidates(measured: Sequence[Candidate], noise: NoiseFloor, limit: int = MA
             continue
         if len(out) >= limit:
             break
-        if best.mean - c.mean <= noise.band(len(best.values), len(c.values)) * best.mean:
+        if best.mean - c.mean <= noise.band(best.count, c.count) * best.mean:
             out.append(c)
     return out
 
@@ -217,17 +208,6 @@ def _spread(lo: float, hi: float, objective: str = "tokens") -> str:
     return "-".join(value_text(v, objective).split(" ")[0] for v in (lo, hi))
 
 
-def _why_headroom(chosen: dict[str, Any], other: dict[str, Any]) -> str:
-    for key, label in (("gpu_memory_utilization", "gpu-memory-utilization"), ("max_num_seqs", "max-num-seqs")):
-        a, b = chosen.get(key), other.get(key)
-        if a != b:
-            return f"{label} {a} vs {b}"
-    if bool(chosen.get("enforce_eager")) != bool(other.get("enforce_eager")):
-        return "CUDA graphs instead of eager"
-    a, b = int(chosen.get("api_server_count") or 1), int(other.get("api_server_count") or 1)
-    return f"{a} API server process{'es' * (a > 1)} instead of {b} (CPU cores left to the host)"
-
-
 def confirmation_rows(mean: float, count: int, band: Sequence[float], ties: Sequence[int],
                       noise_sd: float, objective: str = "tokens") -> list[tuple[str, str]]:
     """The decision as two rows of a table (the CLI's and the report's): the winner's mean
@@ -245,11 +225,13 @@ def _leader(field_: Sequence[Candidate]) -> Candidate:
 
 
 def margin_text(worst: float | None, count: int, target: float | None) -> str:
-    """``worst P95 TTFT 4.62 s of 3 measurements vs the 5 s target (8 % under)``, or ''."""
+    """``worst P95 TTFT 4.62 s of 3 measurements vs the 5 s target (8 % under)``, or ''
+    (``... (3 % over)`` where a miss within a start's noise stayed in the race)."""
     if worst is None or not target:
         return ""
+    side = "under" if worst <= target else "over"
     return (f"worst P95 TTFT {worst:.3g} s of {count} measurement{'s' * (count != 1)} vs the {target:g} s target "
-            f"({1 - worst / target:.0%} under)")
+            f"({abs(1 - worst / target):.0%} {side})")
 
 
 def no_holder(field_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int, target: float | None = None,
@@ -287,15 +269,16 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
         if c is leader or c.number in ruled_out:
             continue
         gap = (leader.mean - c.mean) / leader.mean
-        if gap <= noise.band(len(leader.values), len(c.values)):
+        if gap <= noise.band(leader.count, c.count):
             ties.append(c)
         else:
             ruled_out[c.number] = (f"{gap:.1%} under trial {leader.number}'s mean, beyond the noise band "
-                                   f"({noise.band(len(leader.values), len(c.values)):.1%})")
+                                   f"({noise.band(leader.count, c.count):.1%})")
     equivalent = [c for c in ties if (leader.mean - c.mean) / leader.mean <= EQUIVALENT and headroom_tie(c, leader)]
     pool = [leader, *equivalent]
-    winner = min(pool, key=lambda c: (headroom_key(c.config), -c.mean, c.number))
-    n = len(winner.values)
+    tight = any(c.kv_full for c in pool)  # a memory-tight card: more KV memory is the headroom (tuner.study.headroom)
+    winner = min(pool, key=lambda c: (headroom_key(c.config, tight), -c.mean, c.number))
+    n = winner.count
     lo, hi = winner.band
     if winner is leader:
         reason = (f"trial {winner.number}: {value_text(winner.mean, objective)}, mean of {n} "
@@ -304,10 +287,10 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
         reason = (f"trial {winner.number}: {value_text(winner.mean, objective)} over {n} measurements "
                   f"({_spread(lo, hi, objective)}), "
                   f"tied with trial {leader.number} ({(leader.mean - winner.mean) / leader.mean:.1%} under, within "
-                  f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config)}")
+                  f"{EQUIVALENT:.1%}) and preferred for headroom: {_why_headroom(winner.config, leader.config, tight)}")
     tied_numbers = sorted({leader.number, *(c.number for c in ties)} - {winner.number})
     if tied_numbers:
-        counts = [len(c.values) for c in (leader, *ties)]  # what the race could tell (equivalent ones are ties)
+        counts = [c.count for c in (leader, *ties)]  # what the race could tell (equivalent ones are ties)
         low, high = min(counts), max(counts)
         reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
                    f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%}; {low}{f'-{high}' * (high > low)} measurements each "
@@ -315,6 +298,9 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
     worst = max(winner.p95s, default=None)
     if margin := margin_text(worst, len(winner.p95s), target):
         reason += f"; SLO margin: {margin}"
+    if missed := len(winner.values) - winner.count:
+        reason += (f"; met the target on {winner.count} of {len(winner.values)} measurements (the miss"
+                   f"{'es' * (missed > 1)} within a start's noise of the target)")
     return Confirmation(
         winner=winner.number, leader=leader.number, band=(lo, hi), mean=winner.mean,
         measurements={c.number: list(c.values) for c in race_},
@@ -332,14 +318,15 @@ def undecided(alive: Sequence[Candidate], noise: NoiseFloor | None = None) -> bo
         return False
     leader = _leader(alive)
     return any(not headroom_tie(c, leader)
-               and (noise is None or noise.band(len(leader.values), len(c.values)) > SETTLED)
+               and (noise is None or noise.band(leader.count, c.count) > SETTLED)
                for c in alive if c is not leader)
 
 
 def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], float], noise: NoiseFloor, *,
          rounds: int, max_rounds: int | None = None, simulated: bool = False, history: Iterable[Sequence[float]] = (),
          on_round: Callable[[int, list[Candidate]], None] | None = None, target: float | None = None,
-         objective: str = "tokens", feasibility_min: float = FEASIBILITY, prior: float | None = None) -> Confirmation:
+         objective: str = "tokens", feasibility_min: float = FEASIBILITY, prior: float | None = None,
+         ttft_noise: float | None = None) -> Confirmation:
     """Race ``entrants`` for up to ``rounds`` rounds: round ``r`` (1-based) measures each
     candidate still in with ``measure(candidate, r)`` (0 for a measurement that failed the
     target or did not start); after each, the noise floor is re-estimated from
@@ -349,12 +336,13 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
     :func:`undecided`. A candidate whose first measurement already missed the target is
     out before the race; when every candidate is out for a miss, the result is
     :func:`no_holder`'s. An exception from ``measure`` (an interrupt, an environment fault) propagates:
-    nothing is decided on a partial round. After each round, a candidate with P95s at a
-    load that cannot go lower (``floor_p95s``) stays in only while the probability that its
-    true P95 there meets ``target`` (:func:`feasibility`, from those
-    P95s and the per-start noise prior) is above ``feasibility_min``."""
-    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s))
-              for c in entrants]
+    nothing is decided on a partial round. After each round, the rules of
+    :func:`tuner.study.misses.verdict` put out a candidate for the target: a miss whose P95s
+    (``measure`` appends one per measurement to ``c.p95s``) say with confidence, against the
+    per-start TTFT noise ``ttft_noise`` (the backend's prior when None), that it misses; and
+    one that met it only at one user per replica below ``feasibility_min``."""
+    field_ = [Candidate(c.number, dict(c.config), list(c.values), c.capped, list(c.p95s), list(c.floor_p95s),
+                        c.kv_full) for c in entrants]
     history = [list(h) for h in history]
     out: dict[int, str] = {c.number: "failed the target on an earlier measurement"
                            for c in field_ if any(v <= 0 for v in c.values)}
@@ -365,16 +353,15 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
             break  # decided: the others are out (the last one in is measured the set rounds, for its margin)
         if r > rounds and not undecided(alive, noise):
             break
+        known = {c.number: len(c.p95s) for c in alive}
         for c in alive:
             c.values.append(float(measure(c, r)))
         done = r
         for c in alive:
-            if c.values[-1] <= 0:
-                out[c.number] = f"failed the target or did not start on repeat {r}"
-            elif target and c.floor_p95s and (p := feasibility(c.floor_p95s, target, simulated)) <= feasibility_min:
-                out[c.number] = (f"feasibility {p:.0%} after {r} repeat{'s' * (r > 1)}, not above {feasibility_min:.0%}: "
-                                 f"P95 TTFT up to {max(c.floor_p95s):.3g} s at one user per replica, within a "
-                                 f"start's noise of the {target:g} s target")
+            why = verdict(c, r, new_p95=len(c.p95s) > known[c.number], target=target, simulated=simulated,
+                          sd=ttft_sd(simulated) if ttft_noise is None else ttft_noise, feasibility_min=feasibility_min)
+            if why is not None:
+                out[c.number] = why
         alive = [c for c in alive if c.number not in out]
         # candidates still in were measured on the same samples: compare them paired
         noise = (paired_noise([c.values for c in alive], simulated, prior) if len(alive) >= 2
@@ -382,7 +369,7 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
         if alive:
             leader = _leader(alive)
             for c in alive:
-                if c is not leader and (leader.mean - c.mean) / leader.mean > noise.band(len(leader.values), len(c.values)):
+                if c is not leader and (leader.mean - c.mean) / leader.mean > noise.band(leader.count, c.count):
                     out[c.number] = (f"{(leader.mean - c.mean) / leader.mean:.1%} under trial {leader.number}'s mean "
                                      f"after {r} repeat{'s' * (r > 1)}, beyond the noise band")
         if on_round is not None:

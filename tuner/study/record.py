@@ -204,6 +204,8 @@ class TrialRecord:
     #: A pass within the noise of a start (tuner.search.boundary): its lowest load's P95 TTFT,
     #: the pessimistic estimate and the constraint the sampler was given.
     boundary: Mapping[str, float] | None = None
+    #: A verdict near the target measured on a second start (tuner.search.verdict): each start's.
+    verdict: Mapping[str, Any] | None = None
     warm_start: bool = False
     vllm_defaults: bool = False
     proposed_by: str | None = None
