@@ -12,7 +12,8 @@ A command is left as it is (the README's output kept, the reason listed) when it
 run here unattended: a server that runs until stopped (``tuner sim-serve``, ``curl`` to
 it), a benchmark of its own (``python benchmarks/...``, minutes to hours: run it and paste
 by hand), a database server in the URL, an elided ``...`` in the command line, or a
-transcript preceded by ``<!-- output: keep -->``. A transcript preceded by ``<!-- output: real time -->``
+transcript preceded by ``<!-- output: keep -->`` (one preceded by ``<!-- output: run -->`` runs whatever it is:
+a benchmark that only reports committed data). A transcript preceded by ``<!-- output: real time -->``
 (a search against ``tuner sim-serve`` in real time, whose figures are the machine's) is regenerated
 but not compared by ``--check``.
 
@@ -45,6 +46,7 @@ PAGES = ("study", "traffic", "capacity", "fleet", "real-gpus", "inspect", "night
          "development")
 KEEP_MARK = "<!-- output: keep -->"
 REAL_TIME_MARK = "<!-- output: real time -->"
+RUN_MARK = "<!-- output: run -->"  # a quick benchmark (a report of committed data) that runs, and is compared, anyway
 #: A run time printed by a command ("42 new in 28.6 s", "in 0.4 s", "took 13.5 s of CPU (26.0 s wall): search
 #: 7.8 s, ..."): the machine's, masked by --check. Every other figure is the code's.
 DURATION = re.compile(r"\b(in )\d[\d,]*(?:\.\d+)? s\b")
@@ -127,7 +129,7 @@ def parse(lines: list[str]) -> list[Transcript]:
             mark = lines[start - 1].strip() if start > 0 else ""
             for cmd in commands:
                 first = cmd.lines[0][2:].strip()
-                cmd.keep = "marked <!-- output: keep -->" if mark == KEEP_MARK else next(
+                cmd.keep = "marked <!-- output: keep -->" if mark == KEEP_MARK else None if mark == RUN_MARK else next(
                     (why for pattern, why in KEEP if pattern.search(first)), None)
                 cmd.real_time = mark == REAL_TIME_MARK
             found.append(Transcript(start, end, commands))
@@ -148,7 +150,8 @@ def run(transcripts: list[Transcript], *, timeout_s: float) -> None:
     with tempfile.TemporaryDirectory(prefix="readme-outputs-") as tmp:
         work = Path(tmp) / "tuner"
         work.mkdir()
-        (work / "tuner").symlink_to(ROOT / "tuner")  # a clone's package folder: README reads its data/traces
+        for folder in ("tuner", "search_spaces", "benchmarks", "docs"):  # what a clone's root holds
+            (work / folder).symlink_to(ROOT / folder)
         for name, text in FIXTURES.items():
             (work / name).write_text(text, encoding="utf-8")
         env = _env(bin_dir)

@@ -270,7 +270,7 @@ def rejected(rec: TrialRecord, err: ConfigRejected, *, launched: bool, gpu_s: fl
              slos: SloSet | None = None) -> Evaluation:
     reason = f"{err.kind}: {redact(err.message)}"
     if launched and (predicted := (rec.run.plan or {}).get("predicted_refusal")):  # started as --start-refused asked
-        reason += f" (started although the memory planner predicted this refusal: {predicted['text']})"
+        reason += f"; started although the memory planner predicted this refusal: {predicted['text']}"
     rec = rec.replace(
         feasible=False, constraint=1.0, tokens_per_s=0.0, output_tokens_per_s=0.0,
         infeasible_reason=reason, rejected_kind=err.kind,
