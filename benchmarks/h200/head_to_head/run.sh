@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call of the head-to-head (README.md beside this file), resumable across calls and sessions:
 #   bash benchmarks/h200/head_to_head/run.sh STRATEGY BUDGET_S      STRATEGY: defaults | article | tuner
+#   CONFIRM=0 (no confirmation repeats), WARM=sim (tuner: try the simulator study's best first), TRIALS=N
 # Needs the vLLM kit's parts in /root/kit/p* (carried one per call before) and .h2h/ carried with this call
 # (.h2h/whl: tuner's wheels the image lacks; .h2h/state/h2h.db: the study of earlier sessions, if any).
 # Installs vLLM and tuner's wheels once per machine, makes the dummy-weight Qwen2.5-14B folder once, then runs
@@ -54,7 +55,7 @@ log "ready after $(( $(date +%s) - T0 )) s; $STRATEGY on $GPU for $LEFT s"
 timeout -k 8 -s TERM $(( LEFT - 5 )) python3 -m tuner search --backend vllm \
   --vllm-cmd "$VLLM serve --load-format dummy" --model "$MODELS/qwen2.5-14b" --gpu "$GPU" --space "$HERE/space-$STRATEGY.yaml" \
   --budget "$BUDGET_TRIALS" --timeout $(( LEFT - 20 )) --storage "sqlite:///$RES/h2h.db" --study "h2h-$GPU-$STRATEGY" \
-  --output json > "$RES/$STRATEGY-$(date +%s).json" 2>> "$RES/driver.log"
+  ${CONFIRM:+--confirm "$CONFIRM"} ${WARM:+--warm-start "$WARM"} --output json > "$RES/$STRATEGY-$(date +%s).json" 2>> "$RES/driver.log"
 log "$STRATEGY search exit $?"
 python3 -m tuner studies show "h2h-$GPU-$STRATEGY" --storage "sqlite:///$RES/h2h.db" > "$RES/show-$STRATEGY.txt" 2>&1
 log "GPU processes left: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l);" \
