@@ -36,6 +36,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,9 +160,11 @@ def run(transcripts: list[Transcript], *, timeout_s: float) -> None:
             for cmd in t.commands:
                 if cmd.keep:
                     continue
-                print(f"running: {cmd.lines[0][2:]}", file=sys.stderr, flush=True)
+                print(f"running: {cmd.lines[0][2:]}", file=sys.stderr, end="", flush=True)
+                t0 = time.perf_counter()
                 done = subprocess.run(["bash", "-c", cmd.text], cwd=work, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, timeout=timeout_s, check=False)
+                print(f"   ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 text = done.stdout.replace(str(work) + "/", "").replace(str(Path(tmp)), "..")
                 cmd.new_output = [line.rstrip() for line in text.rstrip("\n").splitlines()]
 

@@ -29,6 +29,7 @@ def test_sigkill_leaves_no_server_and_the_rerun_repairs_the_study(tmp_path):
     assert len(o.details["counts"]) == sc.GRID and o.ok, o
 
 
+@pytest.mark.host_wide  # the server it leaves is stale to every run on the host
 def test_a_server_left_by_a_dead_run_is_stopped_by_the_next_run_and_no_bystander_is_touched(tmp_path):
     o = sc.stale_server(tmp_path)
     assert o.ok, o
@@ -94,6 +95,7 @@ def test_free_space_is_checked_before_each_trial(tmp_path, monkeypatch):
     assert err.value.kind == "disk_full" and f"{tmp_path}/s.db" in str(err.value) and "free space" in str(err.value)
 
 
+@pytest.mark.host_wide  # the server it leaves behind the wrapper is stale to every run on the host
 def test_sigkill_behind_a_wrapper_that_does_not_exec_leaves_no_server(tmp_path):
     o = sc.wrapper_sigkill(tmp_path)
     assert o.left == 0, "the server outlived a SIGKILLed tuner behind its launcher"
