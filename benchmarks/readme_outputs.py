@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: The docs pages in the order a reader meets them (a later page's commands use an earlier one's study).
-PAGES = ("study", "traffic", "capacity", "fleet", "real-gpus", "inspect", "nightly", "simulator", "benchmarks",
+PAGES = ("study", "capacity", "traffic", "fleet", "real-gpus", "inspect", "nightly", "simulator", "benchmarks",
          "development")
 KEEP_MARK = "<!-- output: keep -->"
 REAL_TIME_MARK = "<!-- output: real time -->"
