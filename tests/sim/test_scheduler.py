@@ -1,7 +1,6 @@
 """The V1 scheduler (EngineCore): hand-worked cases and invariants on small KV pools."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -24,7 +23,7 @@ def small_plan(**kw):
     kw.setdefault("max_num_batched_tokens", 64)
     kw.setdefault("max_num_seqs", 8)
     kw.setdefault("enable_prefix_caching", False)
-    return dataclasses.replace(BASE, **kw)
+    return BASE.replace(**kw)
 
 
 def drive(core: EngineCore, fast: bool = False, check=None) -> list[str]:
@@ -111,7 +110,7 @@ def test_long_prefill_token_threshold_cuts_a_long_prompt_into_chunks_of_its_size
     # 8 x 5 (5 steps) with a threshold of 8.
     for threshold, chunks in ((0, [16, 16, 8]), (8, [8, 8, 8, 8, 8])):
         core = EngineCore(small_plan(num_gpu_blocks=200, max_num_batched_tokens=16,
-                                     long_prefill_token_threshold=threshold))
+                                     long_prefill_token_threshold=threshold or None))
         core.step_log = []
         core.add_request("A", 40, 2)
         for _ in chunks:
@@ -127,7 +126,7 @@ def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() ->
     firsts = {}
     for threshold in (0, 8):
         core = EngineCore(small_plan(num_gpu_blocks=200, max_num_batched_tokens=16,
-                                     long_prefill_token_threshold=threshold))
+                                     long_prefill_token_threshold=threshold or None))
         core.add_request("A", 40, 2)
         core.add_request("B", 6, 2)
         steps = 0
@@ -141,10 +140,10 @@ def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() ->
 def test_a_threshold_above_every_prompt_changes_nothing() -> None:
     plan = small_plan(num_gpu_blocks=400, max_num_batched_tokens=48, max_num_seqs=6)
     w = random_workload(40, 3, prompt=(5, 60))
-    same = [run_plan(dataclasses.replace(plan, long_prefill_token_threshold=t), w, Concurrency(6)) for t in (0, 60)]
+    same = [run_plan(plan.replace(long_prefill_token_threshold=t or None), w, Concurrency(6)) for t in (0, 60)]
     assert same[0].server["engine_steps"] == same[1].server["engine_steps"]
     assert np.array_equal(same[0].ttft_s, same[1].ttft_s)
-    capped = run_plan(dataclasses.replace(plan, long_prefill_token_threshold=8), w, Concurrency(6))
+    capped = run_plan(plan.replace(long_prefill_token_threshold=8), w, Concurrency(6))
     assert capped.server["engine_steps"] > same[0].server["engine_steps"]  # long prompts now take more steps
     assert int(capped.output_tokens.sum()) == int(same[0].output_tokens.sum())  # and every token still comes
 
@@ -177,11 +176,11 @@ def test_invariants_every_step(seed: int) -> None:
     assert sorted(finished, key=int) == [str(i) for i in range(60)]      # each exactly once
     assert len(set(finished)) == 60
     log = np.array(core.step_log)
-    assert log[:, 0].max() <= plan.max_num_batched_tokens
-    assert log[:, 1].max() <= plan.max_num_seqs
+    assert log[:, 0].max() <= plan.config.max_num_batched_tokens
+    assert log[:, 1].max() <= plan.config.max_num_seqs
     assert not np.any((log[:, 2] > 0) & (log[:, 3] > 0))              # no admission when preempting
     assert log[:, 2].sum() > 0                                          # the pool was tight
-    np.testing.assert_array_equal(core.out[:60], np.minimum(w.output_tokens, plan.max_model_len - w.prompt_tokens))
+    np.testing.assert_array_equal(core.out[:60], np.minimum(w.output_tokens, plan.config.max_model_len - w.prompt_tokens))
 
 
 @pytest.mark.parametrize("load", [Concurrency(8), Poisson(rate=30.0, seed=3), Concurrency(40)])

@@ -78,7 +78,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     error: list[str | None] = [None] * n
     prompts = workload.prompt_tokens
     outs = workload.output_tokens
-    too_long = prompts >= plan.max_model_len
+    too_long = prompts >= plan.config.max_model_len
 
     times = arrival_times(load, workload.arrival_s)
     closed = times is None

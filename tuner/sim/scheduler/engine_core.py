@@ -60,19 +60,20 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         self.plan = plan
         self.calib = profile if profile is not None else load_calibration(plan.gpu, vllm_version=plan.vllm_version)
         self.timer = StepTimer(plan, self.calib)
-        self.bs = int(plan.block_size)
-        self.budget = int(plan.max_num_batched_tokens)
-        self.chunk_cap = int(plan.long_prefill_token_threshold)  # --long-prefill-token-threshold (0: none)
-        self.max_seqs = int(plan.max_num_seqs)
-        self.max_model_len = int(plan.max_model_len)
-        self.pool = BlockPool(plan.num_gpu_blocks, plan.enable_prefix_caching)
-        self.caching = bool(plan.enable_prefix_caching)
+        config = plan.config
+        self.bs = int(config.block_size)
+        self.budget = int(config.max_num_batched_tokens)
+        self.chunk_cap = int(config.long_prefill_token_threshold or 0)  # --long-prefill-token-threshold (0: none)
+        self.max_seqs = int(config.max_num_seqs)
+        self.max_model_len = int(config.max_model_len)
+        self.pool = BlockPool(plan.num_gpu_blocks, config.enable_prefix_caching)
+        self.caching = bool(config.enable_prefix_caching)
         self.fast = fast
         self.record_itl = record_itl
         self.now = 0.0
         # --api-server-count N: N processes share the requests and their tokens, each on its own
         # core; as one queue N times as fast (their work spread evenly over them)
-        servers = plan.api_server_count
+        servers = int(config.api_server_count or 1)
         self.fe_cost = float(getattr(self.calib, "frontend_per_token_s", 0.0)) / servers
         self.fe_req = float(getattr(self.calib, "frontend_per_request_s", 0.0)) / servers
         self.fe_free = 0.0              # when the front end has done all the work merged so far
