@@ -43,7 +43,7 @@ def drive(core: EngineCore, fast: bool = False, check=None) -> list[str]:
 
 
 def conserved(core: EngineCore) -> None:
-    pool = core.pool
+    pool = core.scheduler.pool
     assert pool.free + core.blocks_in_use() == core.plan.num_gpu_blocks - 1
     assert sum(pool._lru.values()) == pool.free
     assert 0.0 <= pool.usage() <= 1.0
@@ -69,11 +69,11 @@ def test_two_requests_tiny_pool_preempts_the_later_one() -> None:
     # running) is preempted, A keeps running.
     assert preempt_step is not None
     assert out.new_tokens.get("A") == 1 and "B" not in out.new_tokens
-    assert core.stats()["num_running"] == 1 and list(core.waiting) == [1]
+    assert core.stats()["num_running"] == 1 and list(core.scheduler.waiting) == [1]
     assert core.step_log[-1][3] == 0          # no admission in the step that preempted
     assert drive(core, check=conserved) == ["A", "B"]
-    assert core.num_preemptions >= 1
-    assert int(core.out[0]) == 14 and int(core.out[1]) == 14
+    assert core.scheduler.num_preemptions >= 1
+    assert int(core.requests.out[0]) == 14 and int(core.requests.out[1]) == 14
 
 
 def test_whole_prompt_must_fit_before_admission() -> None:
@@ -84,7 +84,7 @@ def test_whole_prompt_must_fit_before_admission() -> None:
     core.add_request("B", 12, 2)
     out = core.step()
     assert out.new_tokens == {"A": 1}
-    assert list(core.waiting) == [1]
+    assert list(core.scheduler.waiting) == [1]
     assert drive(core) == ["A", "B"]
 
 
@@ -100,7 +100,7 @@ def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
     core.step()
     core.step()                                 # 15 + 15 + 10 of B's 40 prompt tokens
     assert core.stats()["num_running"] == 2
-    assert not math.isnan(core.t_first[1])
+    assert not math.isnan(core.requests.t_first[1])
 
 
 
@@ -114,9 +114,9 @@ def test_long_prefill_token_threshold_cuts_a_long_prompt_into_chunks_of_its_size
         core.step_log = []
         core.add_request("A", 40, 2)
         for _ in chunks:
-            assert math.isnan(core.t_first[0])
+            assert math.isnan(core.requests.t_first[0])
             core.step()
-        assert [entry[0] for entry in core.step_log] == chunks and not math.isnan(core.t_first[0])
+        assert [entry[0] for entry in core.step_log] == chunks and not math.isnan(core.requests.t_first[0])
 
 
 def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() -> None:
@@ -130,7 +130,7 @@ def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() ->
         core.add_request("A", 40, 2)
         core.add_request("B", 6, 2)
         steps = 0
-        while math.isnan(core.t_first[1]):
+        while math.isnan(core.requests.t_first[1]):
             core.step()
             steps += 1
         firsts[threshold] = steps
@@ -180,7 +180,7 @@ def test_invariants_every_step(seed: int) -> None:
     assert log[:, 1].max() <= plan.config.max_num_seqs
     assert not np.any((log[:, 2] > 0) & (log[:, 3] > 0))              # no admission when preempting
     assert log[:, 2].sum() > 0                                          # the pool was tight
-    np.testing.assert_array_equal(core.out[:60], np.minimum(w.output_tokens, plan.config.max_model_len - w.prompt_tokens))
+    np.testing.assert_array_equal(core.requests.out[:60], np.minimum(w.output_tokens, plan.config.max_model_len - w.prompt_tokens))
 
 
 @pytest.mark.parametrize("load", [Concurrency(8), Poisson(rate=30.0, seed=3), Concurrency(40)])
@@ -280,7 +280,7 @@ def test_step_api_streams_every_token_once_and_abort_frees_blocks() -> None:
             got[rid] = got.get(rid, 0) + n
         done += step.finished
     core.abort("gone")
-    assert core.pool.free + core.blocks_in_use() == 299
+    assert core.scheduler.pool.free + core.blocks_in_use() == 299
     while core.has_work():
         step = core.step()
         assert step.duration_s > 0
@@ -307,5 +307,5 @@ def test_repeated_prompt_hits_all_but_its_last_block() -> None:
     drive(core, check=conserved)
     core.add_request("again", 1024, 5, hash_ids=(11, 12), block_tokens=512)
     drive(core, check=conserved)
-    assert int(core.cached[0]) == 0 and int(core.cached[1]) == 1008
+    assert int(core.requests.cached[0]) == 0 and int(core.requests.cached[1]) == 1008
     assert core.stats()["prefix_cache_hits"] == 1008

@@ -127,7 +127,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     # the API server takes each request in (Calibration.frontend_per_request_s) in turn with
     # the tokens it streams: the request is routed to a replica's front end, and reaches
     # that replica's engine when its front end has taken it in
-    front = bool(cores and cores[0].fe_req)
+    front = bool(cores and cores[0].front.per_request_s)
 
     while heap:
         t, _, kind, arg = heapq.heappop(heap)
@@ -168,7 +168,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             if not busy[r] and not core.has_work():
                 core.now = max(core.now, t)
-            if busy[r] and core.run_pending and not core.waiting:
+            if busy[r] and core.run_pending and not core.scheduler.waiting:
                 # the replica is in a decode run that assumed nobody could be admitted:
                 # cut it at its first step boundary at or after now
                 end = core.truncate_run(t)
@@ -201,11 +201,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             fin = core.commit() if core.commit_pending else pending[r]
             pending[r] = None
-            t_first = core.t_first
-            t_done = core.t_done
+            t_first = core.requests.t_first
+            t_done = core.requests.t_done
             for j in fin.tolist():
                 route.done(r)
-                if core.rejected and j in core.rejected:
+                if core.scheduler.rejected and j in core.scheduler.rejected:
                     error[j] = "kv_cache_too_small"
                 if finish_one(j, max(t, float(t_done[j])), t_first[j] - send[j]):
                     stopped = True
@@ -228,11 +228,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
         if not len(js):
             continue
         loc = js
-        ttft[js] = core.t_first[loc] - send[js]
-        e2e[js] = core.t_done[loc] - send[js]
-        queue[js] = core.t_sched[loc] - send[js]
-        cached[js] = core.cached[loc]
-        out_tok[js] = core.max_out[loc]
+        ttft[js] = core.requests.t_first[loc] - send[js]
+        e2e[js] = core.requests.t_done[loc] - send[js]
+        queue[js] = core.requests.t_sched[loc] - send[js]
+        cached[js] = core.requests.cached[loc]
+        out_tok[js] = core.requests.max_out[loc]
     for j in range(n):
         if error[j] is not None:
             continue
@@ -251,11 +251,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     if record_itl:
         chunks = [c for core in cores for c in core.itl_chunks]
         itl = np.concatenate(chunks) if chunks else np.zeros(0)
-    queries = sum(c.prefix_queries for c in cores)
-    hits = sum(c.prefix_hits for c in cores)
+    queries = sum(c.scheduler.prefix_queries for c in cores)
+    hits = sum(c.scheduler.prefix_hits for c in cores)
     server = {
         "kv_cache_usage_max": max(c.usage_max for c in cores),
-        "num_preemptions": sum(c.num_preemptions for c in cores),
+        "num_preemptions": sum(c.scheduler.num_preemptions for c in cores),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "prefix_cache_hits": hits,
         "prefix_cache_queries": queries,
