@@ -65,22 +65,39 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
              record_itl: bool = False, profile: Calibration | None = None,
              fast: bool = True) -> RunResult:
     """:func:`simulate` for an already computed memory plan (one plan per replica)."""
-    route = Router(replicas, router)
     n = len(workload)
     cores = [EngineCore(plan, profile, fast=fast, record_itl=record_itl) for _ in range(replicas)]
     # every replica knows every request (request j is column j everywhere); one table shared
     cores[0].load(workload.prompt_tokens, workload.output_tokens, workload.hash_ids, workload.block_tokens)
     for core in cores[1:]:
         core.share_requests(cores[0])
-    where = np.full(n, -1, dtype=np.int64)
-    send = np.full(n, np.nan)
-    delivered = np.zeros(n, dtype=bool)
-    error: list[str | None] = [None] * n
-    prompts = workload.prompt_tokens
-    outs = workload.output_tokens
-    too_long = prompts >= plan.config.max_model_len
-
+    book = _Book(n)
+    too_long = workload.prompt_tokens >= plan.config.max_model_len
     times = arrival_times(load, workload.arrival_s)
+    t_last_done, stopped = _event_loop(cores, Router(replicas, router), book, times, load, too_long, stop)
+    return _result(plan, workload, load, cores, book, stopped, t_last_done, record_itl)
+
+
+class _Book:
+    """Per request of a run: where it was routed (-1: not yet), when it was sent, whether
+    its last token was delivered, and its error (None: served)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.where = np.full(n, -1, dtype=np.int64)
+        self.send = np.full(n, np.nan)
+        self.delivered = np.zeros(n, dtype=bool)
+        self.error: list[str | None] = [None] * n
+
+
+def _event_loop(cores: list[EngineCore], route: Router, book: _Book, times: np.ndarray | None, load: Load,
+                too_long: np.ndarray, stop: StopHook | None) -> tuple[float, bool]:
+    """The run's events in time order (sends, arrivals at a front end and at an engine,
+    replica kicks and step ends) until every request ended or ``stop`` ends the run; returns
+    when the last request ended and whether the stop hook ended it. The simulator's inner
+    loop: one function of local names (numpy and the heap), as fast as Python steps it."""
+    n, replicas = book.n, len(cores)
+    where, send, delivered, error = book.where, book.send, book.delivered, book.error
     closed = times is None
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
@@ -216,8 +233,16 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
                 kicked[r] = True
                 heapq.heappush(heap, (t, seq, _KICK, r))
                 seq += 1
+    return t_last_done, stopped
 
-    # -- per-request records ----------------------------------------------------------------
+
+def _result(plan: MemoryPlan, workload: Workload, load: Load, cores: list[EngineCore], book: _Book,
+            stopped: bool, t_last_done: float, record_itl: bool) -> RunResult:
+    """The run's per-request records (as ``vllm bench serve`` defines them) and the servers' counters."""
+    n, replicas = book.n, len(cores)
+    where, send, delivered, error = book.where, book.send, book.delivered, book.error
+    prompts = workload.prompt_tokens
+    outs = workload.output_tokens
     ttft = np.full(n, np.nan)
     e2e = np.full(n, np.nan)
     queue = np.full(n, np.nan)
