@@ -243,38 +243,7 @@ class VllmBackend:
         replicas: list[_Replica] = []
         try:
             for k, gpus in enumerate(gpu_sets):
-                port = free_port(self.host)
-                token = secrets.token_hex(6)
-                argv = self.argv(deployment, config, port=port, version=version, token=token)
-                log_path = self.log_dir / f"{trial}-r{k}.log"
-                # VLLM_API_KEY would make the server demand a key tuner does not send (and
-                # /v1/models answer 401 to the check that the server is ours)
-                inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-                tmp = server_tmpdir()
-                env = {**inherited, "TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), **self.env,
-                       "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
-                       processes.MARKER_ENV: processes.marker(token)}
-                where = f"CUDA_VISIBLE_DEVICES={gpus}"
-                if self.platform() == "cpu":
-                    env = self.cpu.env(config, env)
-                    where = f"cpu: VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}"
-                try:
-                    log = open(log_path, "wb")
-                    with log:
-                        log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
-                        log.flush()
-                        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
-                except OSError as err:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
-                        raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
-                                               f"cannot write the vLLM log {log_path}: {err.strerror}",
-                                               path=str(log_path)) from err
-                    raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
-                                           path=argv[0]) from err
-                replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
-                                         token=token, port=port, tmpdir=tmp))
+                replicas.append(self._spawn(deployment, config, version, gpus, self.log_dir / f"{trial}-r{k}.log"))
             limits = (self.startup_timeout_s, self.stop_grace_s)
             for r in replicas:
                 wait_healthy(r, t_start, *limits)
@@ -300,6 +269,43 @@ class VllmBackend:
             "platform": self.platform(),
         }
         return VllmInstance(self, replicas, info)
+
+    def _spawn(self, deployment: Deployment, config: ServeConfig, version: str, gpus: str,
+               log_path: Path) -> _Replica:
+        """Launch one replica on ``gpus`` (a free port, tuner's marker token, a temporary
+        folder of its own, its log at ``log_path``); :class:`EnvironmentFault` when the log
+        cannot be written or the command cannot run."""
+        port = free_port(self.host)
+        token = secrets.token_hex(6)
+        argv = self.argv(deployment, config, port=port, version=version, token=token)
+        # VLLM_API_KEY would make the server demand a key tuner does not send (and
+        # /v1/models answer 401 to the check that the server is ours)
+        inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        tmp = server_tmpdir()
+        env = {**inherited, "TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), **self.env,
+               "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
+               processes.MARKER_ENV: processes.marker(token)}
+        where = f"CUDA_VISIBLE_DEVICES={gpus}"
+        if self.platform() == "cpu":
+            env = self.cpu.env(config, env)
+            where = f"cpu: VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}"
+        try:
+            log = open(log_path, "wb")
+            with log:
+                log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
+                log.flush()
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
+                raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
+                                       f"cannot write the vLLM log {log_path}: {err.strerror}",
+                                       path=str(log_path)) from err
+            raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
+                                   path=argv[0]) from err
+        return _Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
+                        token=token, port=port, tmpdir=tmp)
 
     def _client_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
