@@ -275,16 +275,7 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
             per_repeat.append(figs)
             points += sw.points
             notes += [(f"repeat {k + 1}: " if repeats > 1 else "") + n for n in rnotes]
-    order = sorted(range(repeats), key=lambda k: per_repeat[k]["max_load"])
-    head = dict(per_repeat[order[(repeats - 1) // 2]])  # the (lower) median repeat, figures kept together
-    ranges: dict[str, tuple[float, float]] = {}
-    if repeats > 1:
-        for key in RANGED:
-            vals = [r[key] for r in per_repeat if r.get(key) is not None]
-            if vals:
-                ranges[key] = (float(min(vals)), float(max(vals)))
-        head["bound"] = "at_least" if all(r["bound"] == "at_least" for r in per_repeat) else "interpolated"
-        head["verified"] = all(r["verified"] for r in per_repeat)
+    head, ranges = _median_repeat(per_repeat)
     dem = figures.demand
     return CapacityEstimate(
         target_ttft_s=target, load_kind=sweep.kind, slos=slos.texts[1:],
@@ -303,6 +294,23 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
 
 
 _ESTIMATE_FIELDS = {f.name for f in dataclasses.fields(CapacityEstimate)}
+
+
+def _median_repeat(per_repeat: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, tuple[float, float]]]:
+    """The (lower) median repeat's figures, kept together, and the min-max range of each
+    ranged figure over the repeats (a bound and a verdict that hold for all of them)."""
+    repeats = len(per_repeat)
+    order = sorted(range(repeats), key=lambda k: per_repeat[k]["max_load"])
+    head = dict(per_repeat[order[(repeats - 1) // 2]])
+    ranges: dict[str, tuple[float, float]] = {}
+    if repeats > 1:
+        for key in RANGED:
+            vals = [r[key] for r in per_repeat if r.get(key) is not None]
+            if vals:
+                ranges[key] = (float(min(vals)), float(max(vals)))
+        head["bound"] = "at_least" if all(r["bound"] == "at_least" for r in per_repeat) else "interpolated"
+        head["verified"] = all(r["verified"] for r in per_repeat)
+    return head, ranges
 
 
 def agreement(chosen: FrozenTrial, st: optuna.Study, est: CapacityEstimate, tolerance: float | None) -> str | None:
