@@ -68,7 +68,18 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
             act_rows.append([*act, 0.0])
             act_y.append(s.peak_activation_gib * GiB)
     sol = _solve(np.array(rows + act_rows), np.array(y + act_y), graph_fraction)
-    fixed, per_tok, per_vh, per_moe, per_tok_eager, g = sol.x
+    memory = _constants(sol.x, overhead, fitted_overheads, non_torch, eager_seen)
+    kv = sol.fun[:len(rows)]
+    info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(kv ** 2))),
+            "residual_gib_max": float(np.max(np.abs(kv))), "peak_activations": len(act_rows)}
+    return memory, info
+
+
+def _constants(x: np.ndarray, overhead: dict[str, float], fitted_overheads: list[float], non_torch: float,
+               eager_seen: bool) -> dict[str, Any]:
+    """The memory planner's empirical constants from the fit's solution ``x`` (columns as
+    :func:`_columns`, then graphs) and the logged figures beside it."""
+    fixed, per_tok, per_vh, per_moe, per_tok_eager, g = x
     memory: dict[str, Any] = {
         # the median over the fitted starts (the step-time fit's basis, and the figure for a shape
         # never loaded); each loaded shape's own figure beside it
@@ -84,10 +95,7 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     }
     if eager_seen:
         memory["eager_activation_bytes_per_token_per_hidden"] = round(float(per_tok_eager), 4)
-    kv = sol.fun[:len(rows)]
-    info = {"starts": len(ok), "residual_gib_rms": float(np.sqrt(np.mean(kv ** 2))),
-            "residual_gib_max": float(np.max(np.abs(kv))), "peak_activations": len(act_rows)}
-    return memory, info
+    return memory
 
 
 def _weight_overheads(ok: Sequence[Startup], loads: Sequence[Startup],
