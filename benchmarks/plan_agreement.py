@@ -1,6 +1,6 @@
 """Does a plan made through real processes agree with the in-process simulator's?
 
-The plan of `tests/test_plan.py::test_plan_on_sim_serve_agrees_with_the_in_process_simulator`:
+The plan of `tests/plan/test_plan.py::test_plan_on_sim_serve_agrees_with_the_in_process_simulator`:
 one V100, Qwen2.5-7B, closed-loop users 8 and 16 and the verified answer at a 2 s P95 TTFT
 target, once on the in-process simulator (virtual time) and once through `tuner sim-serve`
 in real time, started by the vLLM backend and replayed by the streaming client over HTTP;

@@ -62,9 +62,9 @@ def naive_simulate(plan, timer: StepTimer, w: Workload, arrivals: np.ndarray) ->
     """The straightforward way: step the engine one token of every request at a time.
     Same V1 policy (running first, token budget, preempt the last, FCFS admission of
     whole prompts), no prefix cache. Returns the run's tokens/s."""
-    bs, budget, max_seqs = plan.block_size, plan.max_num_batched_tokens, plan.max_num_seqs
+    bs, budget, max_seqs = plan.config.block_size, plan.config.max_num_batched_tokens, plan.config.max_num_seqs
     free = plan.num_gpu_blocks - 1
-    reqs = [_Req(int(p), int(min(o, plan.max_model_len - p)), float(a))
+    reqs = [_Req(int(p), int(min(o, plan.config.max_model_len - p)), float(a))
             for p, o, a in zip(w.prompt_tokens, w.output_tokens, arrivals)]
     pending = list(range(len(reqs)))          # not yet arrived, in arrival order
     waiting: list[_Req] = []
@@ -148,7 +148,7 @@ def main() -> int:
     calib = load_calibration(plan.gpu)
     print(f"Azure conv trace: {len(w):,} requests, replayed x{COMPRESSION:g} ({w.span_s / COMPRESSION:.1f} s of"
           f" arrivals); {DEPLOYMENT.label()}, vLLM {plan.vllm_version} defaults: max_num_seqs"
-          f" {plan.max_num_seqs}, max_num_batched_tokens {plan.max_num_batched_tokens}, "
+          f" {plan.config.max_num_seqs}, max_num_batched_tokens {plan.config.max_num_batched_tokens}, "
           f"{plan.kv_cache_tokens:,} KV tokens")
     best = math.inf
     for _ in range(3):

@@ -137,9 +137,9 @@ def test_requests_and_tokens_share_the_front_end_first_come_first_served() -> No
     t = e1 / 2                                 # B reaches the idle front end during that step
     assert core.frontend_admit(t) == pytest.approx(t + 0.005)
     core.commit()                              # A's first token queues behind B's intake
-    assert core.t_first[0] == pytest.approx(max(t + 0.005, e1) + 0.010)
+    assert core.requests.t_first[0] == pytest.approx(max(t + 0.005, e1) + 0.010)
     # C arrives while that token is still being streamed: it waits for it
-    busy_until = core.t_first[0]
+    busy_until = core.requests.t_first[0]
     assert core.frontend_admit(e1) == pytest.approx(busy_until + 0.005)
 
 

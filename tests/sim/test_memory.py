@@ -117,13 +117,13 @@ def test_concurrency_is_blocks_over_blocks_per_request():
 
 def test_defaults_follow_the_vllm_version_and_gpu():
     new = plan_memory(H200_7B, ServeConfig())
-    assert (new.gpu_memory_utilization, new.max_num_seqs, new.max_num_batched_tokens) == (0.92, 1024, 8192)
-    assert new.max_model_len == 32768 and new.block_size == 16
+    assert (new.config.gpu_memory_utilization, new.config.max_num_seqs, new.config.max_num_batched_tokens) == (0.92, 1024, 8192)
+    assert new.config.max_model_len == 32768 and new.config.block_size == 16
     a100 = plan_memory(Deployment(model="qwen2.5-7b", gpu="A100-80GB"), ServeConfig())
-    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    assert (a100.config.max_num_seqs, a100.config.max_num_batched_tokens) == (256, 2048)
     old = plan_memory(Deployment(model="qwen2.5-7b", gpu="A100-80GB", vllm_version="0.6.3"),
                       ServeConfig(max_model_len=8192))
-    assert old.gpu_memory_utilization == 0.9 and old.max_num_seqs == 256
+    assert old.config.gpu_memory_utilization == 0.9 and old.config.max_num_seqs == 256
     assert old.cudagraph_bytes == 0  # graphs were not subtracted before 0.21
 
 
@@ -157,7 +157,7 @@ def test_batch_tokens_below_max_num_seqs():
 
 def test_block_size_the_backend_rejects():
     assert rejected(H200_7B, ServeConfig(block_size=8)).kind == "block_size"
-    assert plan_memory(H200_7B, ServeConfig(block_size=48)).block_size == 48
+    assert plan_memory(H200_7B, ServeConfig(block_size=48)).config.block_size == 48
 
 
 def test_bf16_on_volta_is_refused_and_auto_falls_back_to_fp16():

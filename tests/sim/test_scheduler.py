@@ -1,7 +1,6 @@
 """The V1 scheduler (EngineCore): hand-worked cases and invariants on small KV pools."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -24,7 +23,7 @@ def small_plan(**kw):
     kw.setdefault("max_num_batched_tokens", 64)
     kw.setdefault("max_num_seqs", 8)
     kw.setdefault("enable_prefix_caching", False)
-    return dataclasses.replace(BASE, **kw)
+    return BASE.replace(**kw)
 
 
 def drive(core: EngineCore, fast: bool = False, check=None) -> list[str]:
@@ -44,7 +43,7 @@ def drive(core: EngineCore, fast: bool = False, check=None) -> list[str]:
 
 
 def conserved(core: EngineCore) -> None:
-    pool = core.pool
+    pool = core.scheduler.pool
     assert pool.free + core.blocks_in_use() == core.plan.num_gpu_blocks - 1
     assert sum(pool._lru.values()) == pool.free
     assert 0.0 <= pool.usage() <= 1.0
@@ -70,11 +69,11 @@ def test_two_requests_tiny_pool_preempts_the_later_one() -> None:
     # running) is preempted, A keeps running.
     assert preempt_step is not None
     assert out.new_tokens.get("A") == 1 and "B" not in out.new_tokens
-    assert core.stats()["num_running"] == 1 and list(core.waiting) == [1]
+    assert core.stats()["num_running"] == 1 and list(core.scheduler.waiting) == [1]
     assert core.step_log[-1][3] == 0          # no admission in the step that preempted
     assert drive(core, check=conserved) == ["A", "B"]
-    assert core.num_preemptions >= 1
-    assert int(core.out[0]) == 14 and int(core.out[1]) == 14
+    assert core.scheduler.num_preemptions >= 1
+    assert int(core.requests.out[0]) == 14 and int(core.requests.out[1]) == 14
 
 
 def test_whole_prompt_must_fit_before_admission() -> None:
@@ -85,7 +84,7 @@ def test_whole_prompt_must_fit_before_admission() -> None:
     core.add_request("B", 12, 2)
     out = core.step()
     assert out.new_tokens == {"A": 1}
-    assert list(core.waiting) == [1]
+    assert list(core.scheduler.waiting) == [1]
     assert drive(core) == ["A", "B"]
 
 
@@ -101,7 +100,7 @@ def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
     core.step()
     core.step()                                 # 15 + 15 + 10 of B's 40 prompt tokens
     assert core.stats()["num_running"] == 2
-    assert not math.isnan(core.t_first[1])
+    assert not math.isnan(core.requests.t_first[1])
 
 
 
@@ -111,13 +110,13 @@ def test_long_prefill_token_threshold_cuts_a_long_prompt_into_chunks_of_its_size
     # 8 x 5 (5 steps) with a threshold of 8.
     for threshold, chunks in ((0, [16, 16, 8]), (8, [8, 8, 8, 8, 8])):
         core = EngineCore(small_plan(num_gpu_blocks=200, max_num_batched_tokens=16,
-                                     long_prefill_token_threshold=threshold))
+                                     long_prefill_token_threshold=threshold or None))
         core.step_log = []
         core.add_request("A", 40, 2)
         for _ in chunks:
-            assert math.isnan(core.t_first[0])
+            assert math.isnan(core.requests.t_first[0])
             core.step()
-        assert [entry[0] for entry in core.step_log] == chunks and not math.isnan(core.t_first[0])
+        assert [entry[0] for entry in core.step_log] == chunks and not math.isnan(core.requests.t_first[0])
 
 
 def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() -> None:
@@ -127,11 +126,11 @@ def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() ->
     firsts = {}
     for threshold in (0, 8):
         core = EngineCore(small_plan(num_gpu_blocks=200, max_num_batched_tokens=16,
-                                     long_prefill_token_threshold=threshold))
+                                     long_prefill_token_threshold=threshold or None))
         core.add_request("A", 40, 2)
         core.add_request("B", 6, 2)
         steps = 0
-        while math.isnan(core.t_first[1]):
+        while math.isnan(core.requests.t_first[1]):
             core.step()
             steps += 1
         firsts[threshold] = steps
@@ -141,10 +140,10 @@ def test_a_short_prompt_beside_a_long_one_starts_sooner_under_the_threshold() ->
 def test_a_threshold_above_every_prompt_changes_nothing() -> None:
     plan = small_plan(num_gpu_blocks=400, max_num_batched_tokens=48, max_num_seqs=6)
     w = random_workload(40, 3, prompt=(5, 60))
-    same = [run_plan(dataclasses.replace(plan, long_prefill_token_threshold=t), w, Concurrency(6)) for t in (0, 60)]
+    same = [run_plan(plan.replace(long_prefill_token_threshold=t or None), w, Concurrency(6)) for t in (0, 60)]
     assert same[0].server["engine_steps"] == same[1].server["engine_steps"]
     assert np.array_equal(same[0].ttft_s, same[1].ttft_s)
-    capped = run_plan(dataclasses.replace(plan, long_prefill_token_threshold=8), w, Concurrency(6))
+    capped = run_plan(plan.replace(long_prefill_token_threshold=8), w, Concurrency(6))
     assert capped.server["engine_steps"] > same[0].server["engine_steps"]  # long prompts now take more steps
     assert int(capped.output_tokens.sum()) == int(same[0].output_tokens.sum())  # and every token still comes
 
@@ -177,11 +176,11 @@ def test_invariants_every_step(seed: int) -> None:
     assert sorted(finished, key=int) == [str(i) for i in range(60)]      # each exactly once
     assert len(set(finished)) == 60
     log = np.array(core.step_log)
-    assert log[:, 0].max() <= plan.max_num_batched_tokens
-    assert log[:, 1].max() <= plan.max_num_seqs
+    assert log[:, 0].max() <= plan.config.max_num_batched_tokens
+    assert log[:, 1].max() <= plan.config.max_num_seqs
     assert not np.any((log[:, 2] > 0) & (log[:, 3] > 0))              # no admission when preempting
     assert log[:, 2].sum() > 0                                          # the pool was tight
-    np.testing.assert_array_equal(core.out[:60], np.minimum(w.output_tokens, plan.max_model_len - w.prompt_tokens))
+    np.testing.assert_array_equal(core.requests.out[:60], np.minimum(w.output_tokens, plan.config.max_model_len - w.prompt_tokens))
 
 
 @pytest.mark.parametrize("load", [Concurrency(8), Poisson(rate=30.0, seed=3), Concurrency(40)])
@@ -281,7 +280,7 @@ def test_step_api_streams_every_token_once_and_abort_frees_blocks() -> None:
             got[rid] = got.get(rid, 0) + n
         done += step.finished
     core.abort("gone")
-    assert core.pool.free + core.blocks_in_use() == 299
+    assert core.scheduler.pool.free + core.blocks_in_use() == 299
     while core.has_work():
         step = core.step()
         assert step.duration_s > 0
@@ -308,5 +307,5 @@ def test_repeated_prompt_hits_all_but_its_last_block() -> None:
     drive(core, check=conserved)
     core.add_request("again", 1024, 5, hash_ids=(11, 12), block_tokens=512)
     drive(core, check=conserved)
-    assert int(core.cached[0]) == 0 and int(core.cached[1]) == 1008
+    assert int(core.requests.cached[0]) == 0 and int(core.requests.cached[1]) == 1008
     assert core.stats()["prefix_cache_hits"] == 1008

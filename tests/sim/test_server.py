@@ -140,14 +140,14 @@ def test_flags_map_onto_the_planner_like_vllm_serve():
                                       "--max-num-seqs", "32", "--no-enable-prefix-caching", "-tp", "1"])
     server = build_server(args)
     plan = server.engine.plan
-    assert (plan.max_model_len, plan.max_num_seqs, plan.enable_prefix_caching) == (4096, 32, False)
+    assert (plan.config.max_model_len, plan.config.max_num_seqs, plan.config.enable_prefix_caching) == (4096, 32, False)
     assert server.num_gpu_blocks == plan.num_gpu_blocks and server.max_model_len == 4096
 
 
 def test_old_versions_leave_prefix_caching_off_by_default():
     args = build_parser().parse_args(["qwen2.5-7b", "--gpu", "H100-SXM", "--max-model-len", "4096",
                                       "--vllm-version", "0.6.3"])
-    assert build_server(args).engine.plan.enable_prefix_caching is False
+    assert build_server(args).engine.plan.config.enable_prefix_caching is False
 
 
 def test_unknown_flag_exits_2_like_argparse():

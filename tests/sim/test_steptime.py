@@ -74,8 +74,8 @@ class MoE(Model):
 
 def plan(tp: int = 1, eager: bool = False, max_num_seqs: int = 256, model=None) -> SimpleNamespace:
     gpu = SimpleNamespace(hbm_bandwidth=1e12, fp16_flops=1e14, link_bandwidth=1e11)
-    return SimpleNamespace(gpu=gpu, model=model or Model(), tensor_parallel_size=tp, enforce_eager=eager,
-                           max_num_seqs=max_num_seqs, weight_bytes=2_000_000_000 // tp,
+    config = SimpleNamespace(tensor_parallel_size=tp, enforce_eager=eager, max_num_seqs=max_num_seqs)
+    return SimpleNamespace(gpu=gpu, model=model or Model(), config=config, weight_bytes=2_000_000_000 // tp,
                            kv_cache_dtype_bytes=2, quantization=None)
 
 

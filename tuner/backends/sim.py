@@ -33,7 +33,7 @@ def estimate_startup_s(plan: MemoryPlan) -> float:
     """Seconds a real vLLM start would take for ``plan`` (see the constants above):
     ~68 s for a 7B model on one H200 with CUDA graphs, inside the measured 50-105 s."""
     t = STARTUP_BASE_S + plan.weight_bytes / STARTUP_LOAD_BYTES_PER_S
-    if not plan.enforce_eager:
+    if not plan.config.enforce_eager:
         t += STARTUP_COMPILE_S + STARTUP_GRAPHS_S
     return t
 

@@ -30,34 +30,33 @@ watchdog killed too) a later run finds by the marker and stops (``report_stale_s
 
 The pieces beside this module: :mod:`tuner.backends.vllm_instance` (a trial's running
 replicas), :mod:`tuner.backends.vllm_replica` (one server process, and every live one),
+:mod:`tuner.backends.vllm_ready` (a started replica's way to serving: health, marker, warm-up),
 :mod:`tuner.backends.vllm_command` (what a command line runs),
 :mod:`tuner.backends.log_folder` (the log folder's check) and
 :mod:`tuner.backends.local_server` (free ports, test servers, small HTTP calls).
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shlex
 import shutil
 import subprocess
 import time
-import urllib.error
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.backends import gpu_memory
-from tuner.backends.local_server import _http, free_port
+from tuner.backends.local_server import free_port
 from tuner.backends.log_folder import check_writable
-from tuner.backends.vllm_args import classify_failure, parse_startup, place_model, render_flags
+from tuner.backends.vllm_args import parse_startup, place_model, render_flags
 from tuner.backends.vllm_command import detect_version, sim_serve_speed
 from tuner.backends.vllm_cpu import CpuPlatform, resolve_platform
 from tuner.backends.vllm_instance import VllmInstance
+from tuner.backends.vllm_ready import metrics_facts, served_model, wait_healthy, warm_up
 from tuner.backends.vllm_replica import _LIVE, _Replica, server_tmpdir
-from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault, InputError
+from tuner.core.errors import ConfigRejected, EnvironmentFault, InputError
 from tuner.runtime import processes
-from tuner.runtime.interrupts import current_deadline
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig
@@ -244,50 +243,20 @@ class VllmBackend:
         replicas: list[_Replica] = []
         try:
             for k, gpus in enumerate(gpu_sets):
-                port = free_port(self.host)
-                token = secrets.token_hex(6)
-                argv = self.argv(deployment, config, port=port, version=version, token=token)
-                log_path = self.log_dir / f"{trial}-r{k}.log"
-                # VLLM_API_KEY would make the server demand a key tuner does not send (and
-                # /v1/models answer 401 to the check that the server is ours)
-                inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-                tmp = server_tmpdir()
-                env = {**inherited, "TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), **self.env,
-                       "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
-                       processes.MARKER_ENV: processes.marker(token)}
-                where = f"CUDA_VISIBLE_DEVICES={gpus}"
-                if self.platform() == "cpu":
-                    env = self.cpu.env(config, env)
-                    where = f"cpu: VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}"
-                try:
-                    log = open(log_path, "wb")
-                    with log:
-                        log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
-                        log.flush()
-                        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
-                except OSError as err:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
-                        raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
-                                               f"cannot write the vLLM log {log_path}: {err.strerror}",
-                                               path=str(log_path)) from err
-                    raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
-                                           path=argv[0]) from err
-                replicas.append(_Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
-                                         token=token, port=port, tmpdir=tmp))
+                replicas.append(self._spawn(deployment, config, version, gpus, self.log_dir / f"{trial}-r{k}.log"))
+            limits = (self.startup_timeout_s, self.stop_grace_s)
             for r in replicas:
-                self._wait_healthy(r, t_start)
-            model_name = self._model_name(replicas[0])
+                wait_healthy(r, t_start, *limits)
+            model_name = served_model(replicas[0])
             for r in replicas:
-                self._warm_up(r, model_name, t_start)
+                warm_up(r, model_name, t_start, self.startup_timeout_s)
         except BaseException:
             for r in replicas:
                 r.stop(self.stop_grace_s)
             raise
         startup_s = time.monotonic() - t_start
         facts = parse_startup(replicas[0].log_text())
-        facts.update(self._metrics_facts(replicas[0]))
+        facts.update(metrics_facts(replicas[0]))
         info: dict[str, Any] = {
             **facts,
             "startup_s": startup_s,
@@ -301,103 +270,42 @@ class VllmBackend:
         }
         return VllmInstance(self, replicas, info)
 
+    def _spawn(self, deployment: Deployment, config: ServeConfig, version: str, gpus: str,
+               log_path: Path) -> _Replica:
+        """Launch one replica on ``gpus`` (a free port, tuner's marker token, a temporary
+        folder of its own, its log at ``log_path``); :class:`EnvironmentFault` when the log
+        cannot be written or the command cannot run."""
+        port = free_port(self.host)
+        token = secrets.token_hex(6)
+        argv = self.argv(deployment, config, port=port, version=version, token=token)
+        # VLLM_API_KEY would make the server demand a key tuner does not send (and
+        # /v1/models answer 401 to the check that the server is ours)
+        inherited = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        tmp = server_tmpdir()
+        env = {**inherited, "TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), **self.env,
+               "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1",
+               processes.MARKER_ENV: processes.marker(token)}
+        where = f"CUDA_VISIBLE_DEVICES={gpus}"
+        if self.platform() == "cpu":
+            env = self.cpu.env(config, env)
+            where = f"cpu: VLLM_CPU_KVCACHE_SPACE={env['VLLM_CPU_KVCACHE_SPACE']}"
+        try:
+            log = open(log_path, "wb")
+            with log:
+                log.write(f"# tuner: {shlex.join(argv)}\n# {where}\n".encode())
+                log.flush()
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, start_new_session=True, preexec_fn=processes.die_with_parent)
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if getattr(err, "filename", None) is None or str(err.filename) == str(log_path):
+                raise EnvironmentFault("disk_full" if err.errno == 28 else "storage",
+                                       f"cannot write the vLLM log {log_path}: {err.strerror}",
+                                       path=str(log_path)) from err
+            raise EnvironmentFault("command", f"cannot run {argv[0]!r}: {err.strerror} (check --vllm-cmd)",
+                                   path=argv[0]) from err
+        return _Replica(proc, f"http://{self._client_host()}:{port}", log_path, argv, gpus,
+                        token=token, port=port, tmpdir=tmp)
+
     def _client_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-
-    def _wait_healthy(self, r: _Replica, t_start: float) -> None:
-        """Until ``/health`` answers and ``/v1/models`` names this replica's marker. A port
-        that answers without the marker is another process's (found, reported, never
-        killed): :class:`EnvironmentFault` ``foreign_server``, retried on another port. The
-        wait is bounded by ``startup_timeout_s`` and by the run's deadline
-        (:func:`tuner.runtime.interrupts.current_deadline`)."""
-        deadline = current_deadline()
-        limit = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining())
-        pause = 0.01  # doubling to 0.2 s: a server up in a second is seen at once, vLLM's minute costs nothing
-        while True:
-            if r.exited():
-                raise classify_failure(r.exit_code(), r.log_text(), log_path=str(r.log_path))
-            try:
-                status, _ = _http(f"{r.url}/health", timeout=2.0)
-            except (OSError, urllib.error.URLError):
-                status = 0
-            if status == 200:
-                if self._is_ours(r):
-                    r.found_server()
-                    return
-                who = processes.listener(r.port) or "a process tuner cannot see"
-                r.stop(self.stop_grace_s)
-                raise EnvironmentFault(
-                    "foreign_server", f"{r.url} answers, but it is not the server tuner started ({who}); "
-                    "it was left running and this trial moves to another port", retry=True)
-            if time.monotonic() - t_start > limit:
-                r.stop(self.stop_grace_s)
-                deadline.check()  # the run's --timeout, not this configuration: interrupted
-                err = classify_failure(None, r.log_text(), log_path=str(r.log_path))
-                if isinstance(err, ConfigRejected) and err.kind == "timeout":
-                    err = ConfigRejected("timeout", f"no healthy server after {self.startup_timeout_s:g} s "
-                                         "(--startup-timeout); " + err.message, log_path=str(r.log_path))
-                raise err
-            time.sleep(pause)
-            pause = min(2 * pause, 0.2)
-
-    def _is_ours(self, r: _Replica) -> bool:
-        """``/v1/models`` lists the replica's marker name (or, when the user named the
-        model, the port's listener belongs to the replica's process group)."""
-        try:
-            status, body = _http(f"{r.url}/v1/models", timeout=10.0)
-            names = {str(card.get("id")) for card in json.loads(body).get("data", [])} if status == 200 else set()
-        except (OSError, ValueError, AttributeError):
-            names = set()
-        if processes.NAME_PREFIX + r.token in names:
-            return True
-        if any("--served-model-name" in a for a in r.argv):
-            return False
-        pid = processes.listener_pid(r.port)  # the port's listener is in the replica's process group
-        try:
-            return pid is not None and os.getpgid(pid) == r.pgid
-        except (ProcessLookupError, PermissionError):
-            return False
-
-    def _model_name(self, r: _Replica) -> str:
-        try:
-            status, body = _http(f"{r.url}/v1/models", timeout=30.0)
-            ids = [str(card["id"]) for card in json.loads(body)["data"]]
-            return next((i for i in ids if not i.startswith(processes.NAME_PREFIX)), ids[0])
-        except (OSError, ValueError, KeyError, IndexError) as err:
-            raise BackendError(f"{r.url}/v1/models did not name a model ({err}) [log: {r.log_path}]") from err
-
-    def _warm_up(self, r: _Replica, model: str, t_start: float) -> None:
-        """One tiny completion, so the first measured request does not pay for lazy init; asked
-        again while the API answers before its engine serves (503, a refused connection), within
-        what is left of ``startup_timeout_s`` and the run's deadline."""
-        deadline = current_deadline()
-        limit, pause = min(self.startup_timeout_s, time.monotonic() - t_start + deadline.remaining()), 0.05
-        while True:
-            try:
-                status, body = _http(f"{r.url}/v1/completions", data={
-                    "model": model, "prompt": [1000, 1001, 1002, 1003], "max_tokens": 2, "ignore_eos": True},
-                    timeout=300.0)
-            except OSError as err:
-                status, body = -1, str(err).encode()
-            if status == 200:
-                return
-            if r.exited():
-                raise classify_failure(r.exit_code(), r.log_text(), log_path=str(r.log_path))
-            if status not in (-1, 503) or time.monotonic() - t_start > limit:
-                deadline.check()
-                raise BackendError(f"warm-up request to {r.url} failed ({status}): {body[:300]!r} "
-                                   f"[log: {r.log_path}]")
-            time.sleep(pause)
-            pause = min(2 * pause, 1.0)
-
-    def _metrics_facts(self, r: _Replica) -> dict[str, Any]:
-        from tuner.replay.metrics import parse_prometheus, snapshot
-
-        try:
-            status, body = _http(f"{r.url}/metrics", timeout=10.0)
-        except OSError:
-            return {}
-        if status != 200:
-            return {}
-        snap = snapshot(parse_prometheus(body.decode("utf-8", "replace")))
-        return {"num_gpu_blocks": int(snap["num_gpu_blocks"])} if "num_gpu_blocks" in snap else {}

@@ -77,121 +77,146 @@ def measure(
     shapes). Probe rows carry the workload reference and the load (:mod:`tuner.calibrate.probes`);
     for rows of a shared trace the per-request lengths are not written (the reference
     rebuilds them from the trace). Returns every row of the file."""
-    log = observer_or_headless(observer).on_phase
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / MEASUREMENTS
-    rows = read_measurements(path)
-    done = _done_trials(rows)
-    t0 = time.monotonic()
-    deadline = t0 + budget_s if budget_s is not None else math.inf
-
-    def emit(row: dict[str, Any]) -> None:
-        row = json_safe({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}, digits=7)
-        with open(path, "a") as fh:
-            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        rows.append(row)
-
-    if meta and not any(r.get("kind") == "meta" for r in rows):
-        emit({"kind": "meta", **meta})
-
-    def over_budget(control: Any) -> bool:
-        return time.monotonic() > deadline
-
+    campaign = _Campaign(backend, Path(out_dir), observer_or_headless(observer).on_phase, budget_s)
+    done = _done_trials(campaign.rows)
+    if meta and not any(r.get("kind") == "meta" for r in campaign.rows):
+        campaign.emit({"kind": "meta", **meta})
     for trial in trials:
         if trial.name in done:
             continue
-        todo = _missing_probes(trial, rows)
+        if not campaign.run_trial(trial, lambda t: deployment_for(t) if deployment_for is not None else deployment):
+            break
+    return campaign.rows
+
+
+class _Campaign:
+    """One :func:`measure` call: its rows (``measurements.jsonl``, appended as they come),
+    its log and its deadline; :meth:`run_trial` measures one trial."""
+
+    def __init__(self, backend: Backend, out: Path, log: Callable[[str], None], budget_s: float | None) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.backend, self.log = backend, log
+        self.path = out / MEASUREMENTS
+        self.rows = read_measurements(self.path)
+        self.deadline = time.monotonic() + budget_s if budget_s is not None else math.inf
+
+    def emit(self, row: dict[str, Any]) -> None:
+        row = json_safe({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **row}, digits=7)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.rows.append(row)
+
+    def over_budget(self, control: Any) -> bool:
+        return time.monotonic() > self.deadline
+
+    def run_trial(self, trial: Trial, deployment_of: Callable[[Trial], Deployment]) -> bool:
+        """Start ``trial`` (on its deployment, ``deployment_of(trial)``), replay its loads and missing probes, and write their
+        rows; False when the campaign stops here (the budget, or a setup that is broken)."""
+        todo = _missing_probes(trial, self.rows)
         if trial.probes and not todo:
-            emit({"kind": "trial_end", "trial": trial.name})
-            continue
-        left = deadline - time.monotonic()
+            self.emit({"kind": "trial_end", "trial": trial.name})
+            return True
+        left = self.deadline - time.monotonic()
         # a probe trial needs its start and its first missing probe; the rest resume next time
         need = _estimate_trial_s(trial) if not trial.probes else _start_s(trial) + todo[0].expected_s
         if need > left:
-            log(f"calibrate: {trial.name} needs ~{need:.0f} s, {left:.0f} s left; stopping here")
-            break
-        cfg = trial.config
-        dep = deployment_for(trial) if deployment_for is not None else deployment
-        log(f"calibrate: {trial.name}: starting {_flags(cfg)}" + (f" ({trial.model})" if trial.model else ""))
+            self.log(f"calibrate: {trial.name} needs ~{need:.0f} s, {left:.0f} s left; stopping here")
+            return False
+        dep = deployment_of(trial)
+        self.log(f"calibrate: {trial.name}: starting {_flags(trial.config)}"
+                 + (f" ({trial.model})" if trial.model else ""))
         t_start = time.monotonic()
         try:
-            instance = backend.start(dep, cfg)
+            instance = self.backend.start(dep, trial.config)
         except ConfigRejected as err:
-            emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": False,
-                  "expect_refusal": trial.expect_refusal, "rejected_kind": err.kind, "message": err.message,
-                  "estimated_max_model_len": err.estimated_max_model_len, "model": trial.model,
-                  "wall_s": time.monotonic() - t_start})
-            log(f"calibrate: {trial.name}: refused ({err.kind}): {err.message[:300]}")
-            if not trial.expect_refusal and err.kind in ("crash", "timeout", "bad_flag"):
-                # the server itself is broken (not this configuration): stop and show why
-                _log_tail(err.log_path, log)
-                log("calibrate: stopping: an unexpected start failure; fix the setup and run again")
-                break
-            emit({"kind": "trial_end", "trial": trial.name})
-            continue
+            return self._refused(trial, err, t_start)
         except (BackendError, EnvironmentFault) as err:
             kind = "environment" if isinstance(err, EnvironmentFault) else "backend_error"
-            emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": False,
-                  "rejected_kind": kind, "message": str(err), "model": trial.model,
-                  "wall_s": time.monotonic() - t_start})
-            log(f"calibrate: {trial.name}: {kind.replace('_', ' ')}: {err}; stopping")
-            break
+            self.emit({"kind": "startup", "trial": trial.name, "config": trial.config.to_dict(), "ok": False,
+                       "rejected_kind": kind, "message": str(err), "model": trial.model,
+                       "wall_s": time.monotonic() - t_start})
+            self.log(f"calibrate: {trial.name}: {kind.replace('_', ' ')}: {err}; stopping")
+            return False
         with instance:
-            info = {k: v for k, v in instance.info.items() if k not in ("argv", "endpoints")}
-            if "available_kv_gib" not in info and info.get("log_lines"):
-                # the simulator hands its startup lines over instead of a log file
-                from tuner.backends.vllm_args import parse_startup
+            self._started(trial, instance, t_start)
+            self._loads(trial, instance)
+            if not self._probes(trial, instance, todo):
+                return False
+        if time.monotonic() <= self.deadline:
+            self.emit({"kind": "trial_end", "trial": trial.name})
+        return True
 
-                info = {**parse_startup("\n".join(info["log_lines"])), **info}
-            emit({"kind": "startup", "trial": trial.name, "config": cfg.to_dict(), "ok": True,
-                  "expect_refusal": trial.expect_refusal, "facts": info, "model": trial.model,
-                  "argv": instance.info.get("argv"), "wall_s": time.monotonic() - t_start})
-            log(f"calibrate: {trial.name}: KV cache {info.get('kv_cache_tokens')} tokens, "
-                f"started in {time.monotonic() - t_start:.0f} s")
-            offset = 0
-            for users in trial.loads:
-                n = requests_for(users, cfg.enforce_eager)
-                work = calibration_workload(n, offset=offset)
-                offset += n
-                # each run sends fresh prompts (the Instance contract, tuner.search.backend): no
-                # prefix-cache hits across runs
-                t_run = time.monotonic()
-                try:
-                    res = _timed(backend, instance.run(work, Concurrency(users), stop=over_budget))
-                except BackendError as err:
-                    emit({"kind": "load", "trial": trial.name, "users": users, "requests": n, "ok": False,
-                          "message": str(err)})
-                    log(f"calibrate: {trial.name} c={users}: {err}")
-                    break
-                summ = res.summary()
-                emit({"kind": "load", "trial": trial.name, "config": cfg.to_dict(), "users": users,
-                      "requests": n, "offset": offset - n, "ok": True, "stopped_early": res.stopped_early,
-                      "wall_s": time.monotonic() - t_run, "summary": summ, "server": res.server,
-                      "prompt_tokens": res.prompt_tokens, "output_tokens": res.output_tokens,
-                      "send_s": res.send_s, "ttft_s": res.ttft_s, "e2e_s": res.e2e_s,
-                      "error": res.error})
-                log(f"calibrate: {trial.name} c={users}: {summ['output_tokens_per_s']:.0f} out tok/s, "
-                    f"P95 TTFT {summ['ttft_p95_s'] * 1e3:.1f} ms, TPOT {summ['tpot_mean_s'] * 1e3:.2f} ms"
-                    f" ({n} requests, {time.monotonic() - t_run:.1f} s)")
-                if res.stopped_early:
-                    break
-            cut = False
-            for probe in todo:
-                if probe.expected_s > deadline - time.monotonic():
-                    log(f"calibrate: {trial.name}: {probe.label} needs ~{probe.expected_s:.0f} s; resuming next time")
-                    cut = True
-                    break
-                if not _run_probe(instance, backend, trial, probe, emit, log, over_budget):
-                    cut = True
-                    break
-            if cut:
-                break
-        if time.monotonic() <= deadline:
-            emit({"kind": "trial_end", "trial": trial.name})
-    return rows
+    def _refused(self, trial: Trial, err: ConfigRejected, t_start: float) -> bool:
+        """The row of a start vLLM refused; False when the server itself is broken."""
+        self.emit({"kind": "startup", "trial": trial.name, "config": trial.config.to_dict(), "ok": False,
+                   "expect_refusal": trial.expect_refusal, "rejected_kind": err.kind, "message": err.message,
+                   "estimated_max_model_len": err.estimated_max_model_len, "model": trial.model,
+                   "wall_s": time.monotonic() - t_start})
+        self.log(f"calibrate: {trial.name}: refused ({err.kind}): {err.message[:300]}")
+        if not trial.expect_refusal and err.kind in ("crash", "timeout", "bad_flag"):
+            # the server itself is broken (not this configuration): stop and show why
+            _log_tail(err.log_path, self.log)
+            self.log("calibrate: stopping: an unexpected start failure; fix the setup and run again")
+            return False
+        self.emit({"kind": "trial_end", "trial": trial.name})
+        return True
+
+    def _started(self, trial: Trial, instance: Any, t_start: float) -> None:
+        """The row of a start: vLLM's startup facts."""
+        info = {k: v for k, v in instance.info.items() if k not in ("argv", "endpoints")}
+        if "available_kv_gib" not in info and info.get("log_lines"):
+            # the simulator hands its startup lines over instead of a log file
+            from tuner.backends.vllm_args import parse_startup
+
+            info = {**parse_startup("\n".join(info["log_lines"])), **info}
+        self.emit({"kind": "startup", "trial": trial.name, "config": trial.config.to_dict(), "ok": True,
+                   "expect_refusal": trial.expect_refusal, "facts": info, "model": trial.model,
+                   "argv": instance.info.get("argv"), "wall_s": time.monotonic() - t_start})
+        self.log(f"calibrate: {trial.name}: KV cache {info.get('kv_cache_tokens')} tokens, "
+                 f"started in {time.monotonic() - t_start:.0f} s")
+
+    def _loads(self, trial: Trial, instance: Any) -> None:
+        """Replay each of the trial's loads (fresh prompts each), a row each."""
+        cfg = trial.config
+        offset = 0
+        for users in trial.loads:
+            n = requests_for(users, cfg.enforce_eager)
+            work = calibration_workload(n, offset=offset)
+            offset += n
+            # each run sends fresh prompts (the Instance contract, tuner.search.backend): no
+            # prefix-cache hits across runs
+            t_run = time.monotonic()
+            try:
+                res = _timed(self.backend, instance.run(work, Concurrency(users), stop=self.over_budget))
+            except BackendError as err:
+                self.emit({"kind": "load", "trial": trial.name, "users": users, "requests": n, "ok": False,
+                           "message": str(err)})
+                self.log(f"calibrate: {trial.name} c={users}: {err}")
+                return
+            summ = res.summary()
+            self.emit({"kind": "load", "trial": trial.name, "config": cfg.to_dict(), "users": users,
+                       "requests": n, "offset": offset - n, "ok": True, "stopped_early": res.stopped_early,
+                       "wall_s": time.monotonic() - t_run, "summary": summ, "server": res.server,
+                       "prompt_tokens": res.prompt_tokens, "output_tokens": res.output_tokens,
+                       "send_s": res.send_s, "ttft_s": res.ttft_s, "e2e_s": res.e2e_s,
+                       "error": res.error})
+            self.log(f"calibrate: {trial.name} c={users}: {summ['output_tokens_per_s']:.0f} out tok/s, "
+                     f"P95 TTFT {summ['ttft_p95_s'] * 1e3:.1f} ms, TPOT {summ['tpot_mean_s'] * 1e3:.2f} ms"
+                     f" ({n} requests, {time.monotonic() - t_run:.1f} s)")
+            if res.stopped_early:
+                return
+
+    def _probes(self, trial: Trial, instance: Any, todo: list[Probe]) -> bool:
+        """Replay the trial's missing probes; False when the budget or an error cut them."""
+        for probe in todo:
+            if probe.expected_s > self.deadline - time.monotonic():
+                self.log(f"calibrate: {trial.name}: {probe.label} needs ~{probe.expected_s:.0f} s; resuming next time")
+                return False
+            if not _run_probe(instance, self.backend, trial, probe, self.emit, self.log, self.over_budget):
+                return False
+        return True
 
 
 def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Callable[[dict[str, Any]], None],

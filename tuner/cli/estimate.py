@@ -112,14 +112,14 @@ def render_plan(plan: MemoryPlan) -> list[str]:
     m, g = plan.model, plan.gpu
     quant = plan.quantization or "none"
     lines = [
-        f"{plan.replicas} x TP{plan.tensor_parallel_size} of {m.name} ({m.param_count() / 1e9:.1f}B "
+        f"{plan.config.replicas} x TP{plan.config.tensor_parallel_size} of {m.name} ({m.param_count() / 1e9:.1f}B "
         f"params, {plan.dtype}, quantization {quant}) on {g.name} "
         f"(CC {g.compute_capability[0]}.{g.compute_capability[1]}, {g.memory_gib:.2f} GiB), "
         f"vLLM {plan.vllm_version}",
-        f"knobs: gpu-memory-utilization {plan.gpu_memory_utilization:g}, max-model-len "
-        f"{plan.max_model_len}, max-num-seqs {plan.max_num_seqs}, max-num-batched-tokens "
-        f"{plan.max_num_batched_tokens}, block-size {plan.block_size}, "
-        f"{'eager' if plan.enforce_eager else 'CUDA graphs'}, KV {plan.kv_cache_dtype_bytes} B/elem, "
+        f"knobs: gpu-memory-utilization {plan.config.gpu_memory_utilization:g}, max-model-len "
+        f"{plan.config.max_model_len}, max-num-seqs {plan.config.max_num_seqs}, max-num-batched-tokens "
+        f"{plan.config.max_num_batched_tokens}, block-size {plan.config.block_size}, "
+        f"{'eager' if plan.config.enforce_eager else 'CUDA graphs'}, KV {plan.kv_cache_dtype_bytes} B/elem, "
         f"{plan.engine} engine, {plan.attention_backend}",
         "memory per GPU:",
         f"  total (as torch reports)   {_gib(g.memory_bytes)}",
@@ -130,7 +130,7 @@ def render_plan(plan: MemoryPlan) -> list[str]:
         f"{_gib(plan.non_torch_bytes)}",
         _graph_line(plan),
         f"  = KV cache                 {_gib(plan.kv_bytes)}",
-        f"  block: {plan.block_size} tokens x {plan.page_bytes // plan.block_size:,} B/token = "
+        f"  block: {plan.config.block_size} tokens x {plan.page_bytes // plan.config.block_size:,} B/token = "
         f"{plan.page_bytes / 2**20:.2f} MiB; blocks: {plan.num_gpu_blocks:,}",
     ]
     lines.append(
@@ -141,7 +141,7 @@ def render_plan(plan: MemoryPlan) -> list[str]:
     if plan.error is None:
         lines.append(
             f"GPU KV cache size: {plan.kv_cache_tokens:,} tokens, Maximum concurrency for "
-            f"{plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x"
+            f"{plan.config.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x"
         )
     else:
         lines.append(f"vLLM refuses to start ({plan.error.kind}): {plan.error.message}")

@@ -164,7 +164,7 @@ def refusals(dep: Deployment, cfg: ServeConfig, versions: tuple[str, ...]) -> tu
 
 def _arithmetic(plan: MemoryPlan) -> str:
     gib = 2**30
-    return (f"{plan.gpu.memory_gib:.2f} GiB x {plan.gpu_memory_utilization} = {plan.budget_bytes / gib:.2f} GiB "
+    return (f"{plan.gpu.memory_gib:.2f} GiB x {plan.config.gpu_memory_utilization} = {plan.budget_bytes / gib:.2f} GiB "
             f"budget, {plan.weight_bytes / gib:.2f} GiB of weights, {plan.activation_bytes / gib:.2f} GiB of "
             f"activations, {plan.non_torch_bytes / gib:.2f} GiB outside torch: {plan.kv_bytes / gib:.2f} GiB left "
             "for the KV cache")
@@ -190,14 +190,14 @@ def serves_instead(dep: Deployment, cfg: ServeConfig) -> str | None:
             if best is None or model.param_count() > best[0]:
                 best = (model.param_count(), f"{name}{' (GPTQ int4)' if quant else ''}: "
                         f"{plan.weight_bytes / 2**30:.1f} GiB of weights, {plan.kv_cache_tokens:,} KV tokens at "
-                        f"max-model-len {plan.max_model_len:,}")
+                        f"max-model-len {plan.config.max_model_len:,}")
     return None if best is None else best[1]
 
 
 def ceiling(plan: MemoryPlan) -> Ceiling:
     """The physical ceilings of the engine ``plan`` describes."""
     read = plan.step_weight_bytes or plan.weight_bytes
-    tp = plan.tensor_parallel_size
+    tp = plan.config.tensor_parallel_size
     return Ceiling(tp=tp, weights_gib=plan.weight_bytes / 2**30, decode_tokens_per_s=plan.gpu.hbm_bandwidth / read,
                    compute_tokens_per_s=tp * plan.gpu.fp16_flops / (2.0 * plan.model.active_param_count()))
 

@@ -119,52 +119,16 @@ def plan_capacity(
     feasible trial, or even the lowest load misses the target), ConfigRejected (the
     configuration does not start). The estimate is stored in the study unless ``store``
     is False or there is no study."""
-    from tuner.core.units import parse_seconds
     from tuner.search import get_backend_by_name
-    from tuner.study import load_study_by_name, trial_config
 
     obs = observer_or_headless(observer)
     notes: list[str] = []
-    st = None
-    trial_number: int | None = None
-    studied: Studied | None = None
-    chosen_workload: Chosen | None = None
-    if config is None:
-        if study is None or isinstance(study, str):
-            name, storage = (study, storage) if study else find_newest_study(storage=storage)
-            st = load_study_by_name(name, storage)
-        else:
-            st = study
-        chosen = _chosen_trial(st, trial, notes)
-        trial_number, config = chosen.number, trial_config(chosen)
-        searched = TrialRecord.from_trial(chosen).edge
-        if sweep.tolerance is None and searched is not None and searched.tolerance:
-            sweep = dataclasses.replace(sweep, tolerance=searched.tolerance)  # the edge located as the search did
-        deployment = deployment or StudyRecord.from_study(st).deployment
-        studied = Studied.of(st, chosen)
-        if workload is None:
-            chosen_workload = study_workload(st, chosen, sweep.requests, sweep.seed)
-    elif study is not None:
-        st = load_study_by_name(study, storage) if isinstance(study, str) else study
-    if target_ttft_s is None:
-        target_ttft_s = (StudyRecord.from_study(st).target_ttft_s if st is not None else None) or DEFAULT_TARGET_S
-    target = parse_seconds(target_ttft_s, what="--target-ttft")
-    if slos is None:
-        slos = StudyRecord.from_study(st).slos if st is not None else ()
-    ttft, others = split_slos(slos)
-    target = ttft or target
-    slo_set = SloSet.of((f"p95:ttft<={target}s",) + others)
-    deployment = deployment or Deployment()
+    src = _source(study, storage, trial, config, deployment, sweep, notes, want_workload=workload is None)
+    slo_set = _slo_set(target_ttft_s, slos, src.study)
+    deployment, config, sweep = src.deployment or Deployment(), src.config, src.sweep
     idle = deployment.idle_note(config.tensor_parallel_size, config.replicas)  # as search and estimate say it
     notes += [idle] if idle else []
-    if workload is not None:
-        chosen_workload = given(workload, studied, obs.on_warning)
-    elif chosen_workload is None:  # a configuration given directly: the built-in mix
-        from tuner.traffic.synth import default_workload
-
-        n = sweep.requests or PLAN_REQUESTS
-        chosen_workload = Chosen(default_workload(seed=sweep.seed, n=n), lambda s: default_workload(seed=s, n=n),
-                                 lambda s, k: default_workload(seed=s, n=k))
+    chosen_workload = _workload(workload, src, sweep, obs)
     notes += chosen_workload.notes
     backend_obj = get_backend_by_name(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
     time_scale = sweep.time_scale if sweep.time_scale is not None else backend_obj.time_scale
@@ -173,23 +137,97 @@ def plan_capacity(
     if time_scale != 1.0:
         notes.append(f"measured times x{time_scale:g} (the server ran {time_scale:g}x faster than real time)")
     est = _measure(backend_obj, deployment, config, slo_set, chosen_workload, sweep, figures, time_scale, notes, obs)
+    st, studied = src.study, src.studied
     est = dataclasses.replace(
-        est, study=None if st is None else st.study_name, trial=trial_number,
+        est, study=None if st is None else st.study_name, trial=src.trial_number,
         workload=dataclasses.replace(est.workload, study_fingerprint=None if studied is None else studied.fingerprint,
                                      study_requests=None if studied is None else studied.requests))
-    said = None if trial_number is None or st is None else agreement(chosen, st, est, sweep.tolerance)
+    said = None if src.trial_number is None or st is None else agreement(src.chosen, st, est, sweep.tolerance)
     if said is not None:
         est = dataclasses.replace(est, notes=(*est.notes, said))
-    if store and st is not None:
-        from tuner.study.storage import storage_fault
+    return _stored(st, est) if store and st is not None else est
 
-        try:
-            store_plan(st, est)
-        except Exception as err:  # a read-only study is read, planned, and left as it is
-            if storage_fault(err, st.study_name) is None:
-                raise
-            est = dataclasses.replace(est, notes=(*est.notes, f"study {st.study_name!r} cannot be written (read-only):"
-                                                  " this plan is shown, not stored on it"))
+
+@dataclass(slots=True)
+class _Source:
+    """Where the configuration planned comes from: the study and its trial (or a
+    configuration given directly), the deployment, and the sweep as the search set it."""
+
+    config: ServeConfig
+    deployment: Deployment | None
+    sweep: Sweep
+    study: optuna.Study | None = None
+    chosen: FrozenTrial | None = None
+    trial_number: int | None = None
+    studied: Studied | None = None
+    workload: Chosen | None = None  # the study's requests, when no workload is given
+
+
+def _source(study: optuna.Study | str | None, storage: str | None, trial: int | None, config: ServeConfig | None,
+            deployment: Deployment | None, sweep: Sweep, notes: list[str], *, want_workload: bool) -> _Source:
+    """The configuration to plan: ``config`` as given, or trial ``trial`` of ``study`` (or
+    the newest study; its best feasible trial), with the study's deployment and workload."""
+    from tuner.study import load_study_by_name, trial_config
+
+    if config is not None:
+        st = None
+        if study is not None:
+            st = load_study_by_name(study, storage) if isinstance(study, str) else study
+        return _Source(config, deployment, sweep, study=st)
+    if study is None or isinstance(study, str):
+        name, storage = (study, storage) if study else find_newest_study(storage=storage)
+        st = load_study_by_name(name, storage)
+    else:
+        st = study
+    chosen = _chosen_trial(st, trial, notes)
+    searched = TrialRecord.from_trial(chosen).edge
+    if sweep.tolerance is None and searched is not None and searched.tolerance:
+        sweep = dataclasses.replace(sweep, tolerance=searched.tolerance)  # the edge located as the search did
+    return _Source(trial_config(chosen), deployment or StudyRecord.from_study(st).deployment, sweep, study=st,
+                   chosen=chosen, trial_number=chosen.number, studied=Studied.of(st, chosen),
+                   workload=study_workload(st, chosen, sweep.requests, sweep.seed) if want_workload else None)
+
+
+def _slo_set(target_ttft_s: float | str | None, slos: Sequence[str] | None, st: optuna.Study | None) -> SloSet:
+    """The service levels planned for: the P95 TTFT target (given, the study's, else
+    :data:`DEFAULT_TARGET_S`; a ``p95:ttft`` SLO overrides it) and the other SLOs."""
+    from tuner.core.units import parse_seconds
+
+    if target_ttft_s is None:
+        target_ttft_s = (StudyRecord.from_study(st).target_ttft_s if st is not None else None) or DEFAULT_TARGET_S
+    target = parse_seconds(target_ttft_s, what="--target-ttft")
+    if slos is None:
+        slos = StudyRecord.from_study(st).slos if st is not None else ()
+    ttft, others = split_slos(slos)
+    return SloSet.of((f"p95:ttft<={ttft or target}s",) + others)
+
+
+def _workload(workload: Workload | None, src: _Source, sweep: Sweep, obs: Observer) -> Chosen:
+    """The requests replayed: ``workload`` as given (a warning when it is not the study's),
+    the study's, or for a configuration given directly the built-in mix."""
+    if workload is not None:
+        return given(workload, src.studied, obs.on_warning)
+    if src.workload is not None:
+        return src.workload
+    from tuner.traffic.synth import default_workload
+
+    n = sweep.requests or PLAN_REQUESTS
+    return Chosen(default_workload(seed=sweep.seed, n=n), lambda s: default_workload(seed=s, n=n),
+                  lambda s, k: default_workload(seed=s, n=k))
+
+
+def _stored(st: optuna.Study, est: CapacityEstimate) -> CapacityEstimate:
+    """Store ``est`` on the study; a read-only study is read, planned, and left as it is
+    (a note says so)."""
+    from tuner.study.storage import storage_fault
+
+    try:
+        store_plan(st, est)
+    except Exception as err:
+        if storage_fault(err, st.study_name) is None:
+            raise
+        est = dataclasses.replace(est, notes=(*est.notes, f"study {st.study_name!r} cannot be written (read-only):"
+                                              " this plan is shown, not stored on it"))
     return est
 
 
@@ -237,16 +275,7 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
             per_repeat.append(figs)
             points += sw.points
             notes += [(f"repeat {k + 1}: " if repeats > 1 else "") + n for n in rnotes]
-    order = sorted(range(repeats), key=lambda k: per_repeat[k]["max_load"])
-    head = dict(per_repeat[order[(repeats - 1) // 2]])  # the (lower) median repeat, figures kept together
-    ranges: dict[str, tuple[float, float]] = {}
-    if repeats > 1:
-        for key in RANGED:
-            vals = [r[key] for r in per_repeat if r.get(key) is not None]
-            if vals:
-                ranges[key] = (float(min(vals)), float(max(vals)))
-        head["bound"] = "at_least" if all(r["bound"] == "at_least" for r in per_repeat) else "interpolated"
-        head["verified"] = all(r["verified"] for r in per_repeat)
+    head, ranges = _median_repeat(per_repeat)
     dem = figures.demand
     return CapacityEstimate(
         target_ttft_s=target, load_kind=sweep.kind, slos=slos.texts[1:],
@@ -265,6 +294,23 @@ def _measure(backend: Backend, deployment: Deployment, config: ServeConfig, slos
 
 
 _ESTIMATE_FIELDS = {f.name for f in dataclasses.fields(CapacityEstimate)}
+
+
+def _median_repeat(per_repeat: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, tuple[float, float]]]:
+    """The (lower) median repeat's figures, kept together, and the min-max range of each
+    ranged figure over the repeats (a bound and a verdict that hold for all of them)."""
+    repeats = len(per_repeat)
+    order = sorted(range(repeats), key=lambda k: per_repeat[k]["max_load"])
+    head = dict(per_repeat[order[(repeats - 1) // 2]])
+    ranges: dict[str, tuple[float, float]] = {}
+    if repeats > 1:
+        for key in RANGED:
+            vals = [r[key] for r in per_repeat if r.get(key) is not None]
+            if vals:
+                ranges[key] = (float(min(vals)), float(max(vals)))
+        head["bound"] = "at_least" if all(r["bound"] == "at_least" for r in per_repeat) else "interpolated"
+        head["verified"] = all(r["verified"] for r in per_repeat)
+    return head, ranges
 
 
 def agreement(chosen: FrozenTrial, st: optuna.Study, est: CapacityEstimate, tolerance: float | None) -> str | None:

@@ -74,17 +74,6 @@ async def replay_async(
     eps = _endpoints(endpoints, api_key)
     urls = [u for u, _ in eps]
     auth = [h for _, h in eps]
-    route = Router(len(urls), router)
-    n = len(workload)
-    times = arrival_times(load, workload.arrival_s)
-    outcomes = [_Outcome() for _ in range(n)]
-    control = RunControl(total=n)
-    stopped = asyncio.Event()
-    inflight: set[asyncio.Task] = set()
-    path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    run_tag = tag or f"tuner-{time.time_ns():x}"
-    watch = StallWatch()
-
     connector = _StampingConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, trace_configs=[trace_config()]) as session:
         if model is None:
@@ -92,97 +81,130 @@ async def replay_async(
         poller = MetricsPoller(urls, metrics_interval_s, headers=auth) if metrics else None
         polling_done = asyncio.Event()
         poll_task = asyncio.create_task(poller.run(session, polling_done)) if poller else None
-        t0 = time.perf_counter()
+        run = _Replay(session, workload, urls, auth, model, api=api, router=router, timeout_s=timeout_s,
+                      record_itl=record_itl, salt=salt, tag=tag, stop=stop)
+        try:
+            elapsed = await run.drive(arrival_times(load, workload.arrival_s), load)
+        finally:
+            polling_done.set()
+            if poll_task is not None:
+                await poll_task
 
-        async def one(i: int) -> None:
-            body, out_len, prompt_len = _request(workload, i, model, api, salt)
-            ep = route.pick()
-            control.sent += 1
+    watch = run.watch
+    result = _result(workload, run.outcomes, elapsed, run.stopped.is_set(), load, poller, record_itl, urls)
+    return dataclasses.replace(result, stall_s=watch.longest,
+                               stall_at_s=max(0.0, watch.at - run.t0) if watch.longest else 0.0,
+                               stall_streams=watch.streams)
+
+
+class _Replay:
+    """One replay's requests in flight: each sent on its schedule (open loop) or by one of
+    ``users`` as soon as their last one ended (closed loop), streamed and measured into
+    :attr:`outcomes`; the stop hook asked after each."""
+
+    def __init__(self, session: aiohttp.ClientSession, workload: Workload, urls: list[str],
+                 auth: list[dict[str, str]], model: str, *, api: str, router: str, timeout_s: float,
+                 record_itl: bool, salt: int, tag: str | None, stop: StopHook | None) -> None:
+        self.session, self.workload, self.urls, self.auth, self.model = session, workload, urls, auth, model
+        self.api, self.timeout_s, self.record_itl, self.salt, self.stop = api, timeout_s, record_itl, salt, stop
+        self.route = Router(len(urls), router)
+        self.n = len(workload)
+        self.outcomes = [_Outcome() for _ in range(self.n)]
+        self.control = RunControl(total=self.n)
+        self.stopped = asyncio.Event()
+        self.inflight: set[asyncio.Task] = set()
+        self.path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+        self.tag = tag or f"tuner-{time.time_ns():x}"
+        self.watch = StallWatch()
+        self.next_i = 0
+        self.t0 = time.perf_counter()
+
+    async def one(self, i: int) -> None:
+        """Request ``i``: streamed to the endpoint the router picks, measured, the stop asked."""
+        body, out_len, prompt_len = _request(self.workload, i, self.model, self.api, self.salt)
+        ep = self.route.pick()
+        control, out = self.control, self.outcomes[i]
+        control.sent += 1
+        try:
+            await stream_request(
+                self.session, self.urls[ep] + self.path, body, request_id=f"{self.tag}-{i}",
+                timeout_s=self.timeout_s, out=out, t0=self.t0, record_itl=self.record_itl,
+                api=self.api, expect_output=out_len, expect_prompt=prompt_len, headers=self.auth[ep],
+                watch=self.watch,
+            )
+        except asyncio.CancelledError:
+            out.error = "cancelled"
+            raise
+        finally:
+            self.route.done(ep)
+            if out.began:
+                self.watch.end(time.perf_counter())
+        control.finished += 1
+        control.elapsed_s = time.perf_counter() - self.t0
+        if out.error is None:
+            control.ttft_s.append(out.ttft)
+        if self.stop is not None and not self.stopped.is_set() and self.stop(control):
+            self.stopped.set()
+
+    def launch(self, i: int) -> asyncio.Task:
+        self.outcomes[i].issue = time.perf_counter() - self.t0
+        task = asyncio.create_task(self.one(i))
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
+        return task
+
+    async def open_loop(self, send_at: np.ndarray) -> None:
+        for i in range(self.n):
+            # asyncio may wake a timer a hair early: a request is never issued before its time
+            while (delay := self.t0 + float(send_at[i]) - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            if self.stopped.is_set():
+                return
+            self.launch(i)
+        while self.inflight:
+            await asyncio.gather(*list(self.inflight), return_exceptions=True)
+
+    async def user(self) -> None:
+        while not self.stopped.is_set() and self.next_i < self.n:
+            i = self.next_i
+            self.next_i += 1
+            task = self.launch(i)
             try:
-                await stream_request(
-                    session, urls[ep] + path, body, request_id=f"{run_tag}-{i}",
-                    timeout_s=timeout_s, out=outcomes[i], t0=t0, record_itl=record_itl,
-                    api=api, expect_output=out_len, expect_prompt=prompt_len, headers=auth[ep], watch=watch,
-                )
+                await task
             except asyncio.CancelledError:
-                outcomes[i].error = "cancelled"
-                raise
-            finally:
-                route.done(ep)
-                if outcomes[i].began:
-                    watch.end(time.perf_counter())
-            control.finished += 1
-            control.elapsed_s = time.perf_counter() - t0
-            if outcomes[i].error is None:
-                control.ttft_s.append(outcomes[i].ttft)
-            if stop is not None and not stopped.is_set() and stop(control):
-                stopped.set()
+                if not self.stopped.is_set():
+                    raise
+                return
 
-        def launch(i: int) -> asyncio.Task:
-            outcomes[i].issue = time.perf_counter() - t0
-            task = asyncio.create_task(one(i))
-            inflight.add(task)
-            task.add_done_callback(inflight.discard)
-            return task
-
-        async def open_loop(send_at: np.ndarray) -> None:
-            for i in range(n):
-                # asyncio may wake a timer a hair early: a request is never issued before its time
-                while (delay := t0 + float(send_at[i]) - time.perf_counter()) > 0:
-                    await asyncio.sleep(delay)
-                if stopped.is_set():
-                    return
-                launch(i)
-            while inflight:
-                await asyncio.gather(*list(inflight), return_exceptions=True)
-
-        next_i = 0
-
-        async def user() -> None:
-            nonlocal next_i
-            while not stopped.is_set() and next_i < n:
-                i = next_i
-                next_i += 1
-                task = launch(i)
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    if not stopped.is_set():
-                        raise
-                    return
-
+    async def drive(self, times: np.ndarray | None, load: Load) -> float:
+        """Send every request (``times``: the open loop's schedule, None for ``load``'s
+        users) until all ended or the stop ends the run; returns the run's wall time."""
+        self.t0 = time.perf_counter()
         if times is None:
-            driver = asyncio.gather(*(user() for _ in range(min(load.users, n) or 1)))
+            driver = asyncio.gather(*(self.user() for _ in range(min(load.users, self.n) or 1)))
         else:
-            driver = asyncio.ensure_future(open_loop(times))
-        stop_wait = asyncio.ensure_future(stopped.wait())
+            driver = asyncio.ensure_future(self.open_loop(times))
+        stop_wait = asyncio.ensure_future(self.stopped.wait())
         try:
             await asyncio.wait({driver, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if stopped.is_set():
+            if self.stopped.is_set():
                 driver.cancel()
-                for task in list(inflight):
+                for task in list(self.inflight):
                     task.cancel()
-                await asyncio.gather(driver, *list(inflight), return_exceptions=True)
+                await asyncio.gather(driver, *list(self.inflight), return_exceptions=True)
             else:
                 await driver
         finally:
             ended = time.perf_counter()
-            watch.close(ended)
+            self.watch.close(ended)
             stop_wait.cancel()
             if not driver.done():  # the replay itself was cancelled (a stop signal): end the users too
                 driver.cancel()
             # what the driver raised is collected here, never logged later as "never retrieved"
             driver.add_done_callback(_retrieve)
-            for task in list(inflight):
+            for task in list(self.inflight):
                 task.cancel()
-            polling_done.set()
-            if poll_task is not None:
-                await poll_task
-        elapsed = ended - t0
-
-    result = _result(workload, outcomes, elapsed, stopped.is_set(), load, poller, record_itl, urls)
-    return dataclasses.replace(result, stall_s=watch.longest, stall_at_s=max(0.0, watch.at - t0) if watch.longest else 0.0,
-                               stall_streams=watch.streams)
+        return ended - self.t0
 
 
 def _retrieve(future: asyncio.Future) -> None:

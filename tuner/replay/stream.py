@@ -155,6 +155,132 @@ def _answer_detail(raw: bytes) -> str:
     return raw[:160].decode("utf-8", "replace").strip()
 
 
+class _Events:
+    """The server-sent events of one answer, parsed as its bytes come (:meth:`feed`): the
+    content chunks' times (the first, the last, the gaps), the pieces they carried and the
+    usage; :meth:`counts` checks the whole answer once it ended."""
+
+    def __init__(self, chat: bool, record_itl: bool, out: _Outcome, watch: StallWatch | None,
+                 stamps: collections.deque, stamped: _StampedBuffer | None) -> None:
+        self.chat, self.record_itl, self.out, self.watch = chat, record_itl, out, watch
+        self.stamps, self.stamped = stamps, stamped
+        self.itl: list[float] = []
+        self.first: float | None = None
+        self.last: float | None = None
+        self.kernel_first: float | None = None
+        self.pieces = 0  # content pieces (a chunk carries one or more tokens)
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.buf = b""
+        self.consumed = 0  # stream offset of buf[0]
+
+    def feed(self, data: bytes, read_at: float) -> None:
+        """The bytes read at ``read_at``: each complete event in them, in order."""
+        buf = self.buf = self.buf + data
+        start = 0
+        while True:
+            k = buf.find(b"\n\n", start)
+            if k < 0:
+                break
+            event = buf[start:k]
+            start = k + 2
+            payload = _payload(event)
+            if payload is not None:
+                self._payload(payload, self.consumed + start, read_at)
+        if start:
+            self.buf = buf[start:]
+            self.consumed += start
+
+    def _payload(self, payload: bytes, end: int, read_at: float) -> None:
+        """One event's data (``end``: the stream offset just after it)."""
+        if self.done:
+            raise _Bad(f"data after [DONE]: {_quote(payload)}")
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise _Bad(f"a chunk that is not JSON: {_quote(payload)}") from None
+        if not isinstance(chunk, dict):
+            raise _Bad(f"a chunk that is not a JSON object: {_quote(payload)}")
+        if "error" in chunk or chunk.get("object") == "error":  # {"error": ...} mid-stream
+            raise _Bad("the server sent an error mid-stream: " + _answer_detail(payload))
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            raise _Bad(f"a chunk without a choices list: {_quote(payload)}")
+        u = chunk.get("usage")
+        if u is not None:  # the final usage chunk, or continuous usage stats
+            if not isinstance(u, dict):
+                raise _Bad(f"a usage that is not an object: {_quote(payload)}")
+            self.usage = u
+        if choices:
+            self.pieces += _check_choices(choices, self.chat)
+            self._content(time.perf_counter(), end, read_at)  # vLLM: timestamp = time.perf_counter() per chunk
+
+    def _content(self, t: float, end: int, read_at: float) -> None:
+        """A content chunk processed at ``t``: the first (TTFT, and its kernel stamp), or a gap."""
+        if self.watch is not None:
+            (self.watch.first if self.first is None else self.watch.chunk)(t)
+        if self.first is None:
+            self.out.began = True
+            self.first, self.kernel_first = t, read_at
+            stamps = self.stamps
+            if stamps:
+                while len(stamps) > 1 and stamps[0][0] < end:
+                    stamps.popleft()
+                if stamps[0][0] >= end:
+                    self.kernel_first = stamps[0][1]
+            if self.stamped is not None:
+                self.stamped.stamps = None
+            stamps.clear()
+        elif self.record_itl:
+            self.itl.append(t - self.last)
+        self.last = t
+
+    def counts(self, st: float, expect_output: int | None, expect_prompt: int | None) -> tuple[int, int]:
+        """The answer's output and prompt tokens, once it ended; :class:`_Bad` where the
+        stream is not whole or its counts do not add up (``st``: the request's start)."""
+        if self.buf.strip():
+            raise _Bad(f"the stream ended inside an event: {_quote(self.buf.strip())}")
+        if not self.done:
+            raise _Bad("the stream ended without [DONE]")
+        if self.usage is None:
+            raise _Bad("no usage chunk (the request asks for stream_options.include_usage)")
+        n_out = _count(self.usage, "completion_tokens")
+        n_prompt = _count(self.usage, "prompt_tokens")
+        if expect_output is not None and n_out < expect_output:
+            raise _Bad(f"{n_out} of the {expect_output} output tokens forced", "short_output")
+        if expect_output is not None and n_out > expect_output:
+            raise _Bad(f"usage says {n_out} output tokens, {expect_output} were forced")
+        pieces, last = self.pieces, self.last
+        if pieces > n_out:
+            raise _Bad(f"{pieces} content chunks but usage says {n_out} output tokens")
+        if expect_prompt is not None and n_prompt != expect_prompt:
+            raise _Bad(f"usage says {n_prompt} prompt tokens, {expect_prompt} were sent")
+        if self.first is None:
+            raise _Bad(f"usage says {n_out} output tokens, but no content chunk came")
+        if (n_out >= PLAUSIBLE_MIN_TOKENS and n_out > MAX_TOKENS_PER_CHUNK * pieces
+                and last - st < n_out * MIN_SECONDS_PER_TOKEN):
+            raise _Bad(f"{pieces} content chunk(s), the last {(last - st) * 1e3:.1f} ms after the request, for "
+                       f"the {n_out} output tokens its usage claims (a decoder needs at least "
+                       f"{n_out * MIN_SECONDS_PER_TOKEN * 1e3:.0f} ms for them)", "bad_stream")
+        return n_out, n_prompt
+
+
+def _stamped(resp: aiohttp.ClientResponse, stamps: collections.deque) -> _StampedBuffer | None:
+    """Put a :class:`_StampedBuffer` under the answer's reader (kernel stamps of its bytes);
+    None where this aiohttp's reader has no buffer to wrap (stamped at read time instead)."""
+    try:
+        content = resp.content
+        stamped = _StampedBuffer(content._buffer, stamps, kernel_stamps(
+            resp.connection.transport if resp.connection else None))
+        content._buffer = stamped
+        return stamped
+    except (AttributeError, TypeError):
+        return None
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,
@@ -182,19 +308,12 @@ async def stream_request(
     (:class:`_StampedBuffer`). ``expect_output`` (the forced output length) and
     ``expect_prompt`` (prompt ids sent) are checked against the usage chunk; any
     departure from a well-formed stream is an error (see the module docstring)."""
-    itl: list[float] = []
-    first = last = kernel_first = None
-    pieces = 0  # content pieces (a chunk carries one or more tokens)
-    usage: dict[str, Any] | None = None
-    done = False
-    chat = api == "chat"
     hdrs = {"Content-Type": "application/json", "X-Request-Id": request_id}
     if headers:
         hdrs.update(headers)
     box: dict[str, float | None] = {"sent": None}
     out.error = None
     stamps: collections.deque = collections.deque()
-    stamped: _StampedBuffer | None = None
     st = time.perf_counter()  # vLLM: st = time.perf_counter() just before session.post
     out.send = st - t0
     try:
@@ -205,96 +324,10 @@ async def stream_request(
             if resp.status != 200:
                 raw = await resp.read()
                 raise _Bad(_answer_detail(raw), f"http_{resp.status}")
-            try:
-                content = resp.content
-                stamped = _StampedBuffer(content._buffer, stamps, kernel_stamps(
-                    resp.connection.transport if resp.connection else None))
-                content._buffer = stamped
-            except (AttributeError, TypeError):  # another aiohttp: stamp at read time
-                stamped = None
-            buf = b""
-            consumed = 0  # stream offset of buf[0]
+            events = _Events(api == "chat", record_itl, out, watch, stamps, _stamped(resp, stamps))
             async for data in resp.content.iter_any():
-                read_at = time.perf_counter()
-                buf += data
-                start = 0
-                while True:
-                    k = buf.find(b"\n\n", start)
-                    if k < 0:
-                        break
-                    event = buf[start:k]
-                    start = k + 2
-                    payload = _payload(event)
-                    if payload is None:
-                        continue
-                    if done:
-                        raise _Bad(f"data after [DONE]: {_quote(payload)}")
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    try:
-                        chunk = json.loads(payload)
-                    except ValueError:
-                        raise _Bad(f"a chunk that is not JSON: {_quote(payload)}") from None
-                    if not isinstance(chunk, dict):
-                        raise _Bad(f"a chunk that is not a JSON object: {_quote(payload)}")
-                    if "error" in chunk or chunk.get("object") == "error":  # {"error": ...} mid-stream
-                        raise _Bad("the server sent an error mid-stream: " + _answer_detail(payload))
-                    choices = chunk.get("choices")
-                    if not isinstance(choices, list):
-                        raise _Bad(f"a chunk without a choices list: {_quote(payload)}")
-                    u = chunk.get("usage")
-                    if u is not None:  # the final usage chunk, or continuous usage stats
-                        if not isinstance(u, dict):
-                            raise _Bad(f"a usage that is not an object: {_quote(payload)}")
-                        usage = u
-                    if not choices:
-                        continue
-                    pieces += _check_choices(choices, chat)
-                    t = time.perf_counter()  # vLLM: timestamp = time.perf_counter() per chunk
-                    if watch is not None:
-                        (watch.first if first is None else watch.chunk)(t)
-                    if first is None:
-                        out.began = True
-                        first, kernel_first = t, read_at
-                        if stamps:
-                            end = consumed + start
-                            while len(stamps) > 1 and stamps[0][0] < end:
-                                stamps.popleft()
-                            if stamps[0][0] >= end:
-                                kernel_first = stamps[0][1]
-                        if stamped is not None:
-                            stamped.stamps = None
-                        stamps.clear()
-                    elif record_itl:
-                        itl.append(t - last)
-                    last = t
-                if start:
-                    buf = buf[start:]
-                    consumed += start
-            if buf.strip():
-                raise _Bad(f"the stream ended inside an event: {_quote(buf.strip())}")
-            if not done:
-                raise _Bad("the stream ended without [DONE]")
-            if usage is None:
-                raise _Bad("no usage chunk (the request asks for stream_options.include_usage)")
-            n_out = _count(usage, "completion_tokens")
-            n_prompt = _count(usage, "prompt_tokens")
-            if expect_output is not None and n_out < expect_output:
-                raise _Bad(f"{n_out} of the {expect_output} output tokens forced", "short_output")
-            if expect_output is not None and n_out > expect_output:
-                raise _Bad(f"usage says {n_out} output tokens, {expect_output} were forced")
-            if pieces > n_out:
-                raise _Bad(f"{pieces} content chunks but usage says {n_out} output tokens")
-            if expect_prompt is not None and n_prompt != expect_prompt:
-                raise _Bad(f"usage says {n_prompt} prompt tokens, {expect_prompt} were sent")
-            if first is None:
-                raise _Bad(f"usage says {n_out} output tokens, but no content chunk came")
-            if (n_out >= PLAUSIBLE_MIN_TOKENS and n_out > MAX_TOKENS_PER_CHUNK * pieces
-                    and last - st < n_out * MIN_SECONDS_PER_TOKEN):
-                raise _Bad(f"{pieces} content chunk(s), the last {(last - st) * 1e3:.1f} ms after the request, for "
-                           f"the {n_out} output tokens its usage claims (a decoder needs at least "
-                           f"{n_out * MIN_SECONDS_PER_TOKEN * 1e3:.0f} ms for them)", "bad_stream")
+                events.feed(data, time.perf_counter())
+            n_out, n_prompt = events.counts(st, expect_output, expect_prompt)
     except _Bad as bad:
         out.error, out.detail = bad.kind, redact(str(bad))
         return
@@ -305,12 +338,12 @@ async def stream_request(
         out.error, out.detail = "disconnect", redact(f"{type(err).__name__}: {err}")[:160]
         return
     sent = box["sent"] or st
-    out.ttft = first - st
-    out.ttft_kernel = kernel_first - sent
-    out.e2e = last - st
-    out.itl = itl
+    out.ttft = events.first - st
+    out.ttft_kernel = events.kernel_first - sent
+    out.e2e = events.last - st
+    out.itl = events.itl
     out.prompt_tokens = n_prompt
     out.output_tokens = n_out
-    details = usage.get("prompt_tokens_details") or {}
+    details = events.usage.get("prompt_tokens_details") or {}
     if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
         out.cached_tokens = int(details["cached_tokens"])

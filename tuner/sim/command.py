@@ -84,7 +84,7 @@ def build_server(args: argparse.Namespace) -> SimServer:
     engine = EngineCore(plan, profile)
     names = args.served_model_name or [args.model]
     return SimServer(engine, model_name=names[0], aliases=tuple(names[1:]),
-                     max_model_len=plan.max_model_len, block_size=plan.block_size,
+                     max_model_len=plan.config.max_model_len, block_size=plan.config.block_size,
                      num_gpu_blocks=plan.num_gpu_blocks, speed=args.speed, vllm_version=version)
 
 

@@ -65,22 +65,39 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
              record_itl: bool = False, profile: Calibration | None = None,
              fast: bool = True) -> RunResult:
     """:func:`simulate` for an already computed memory plan (one plan per replica)."""
-    route = Router(replicas, router)
     n = len(workload)
     cores = [EngineCore(plan, profile, fast=fast, record_itl=record_itl) for _ in range(replicas)]
     # every replica knows every request (request j is column j everywhere); one table shared
     cores[0].load(workload.prompt_tokens, workload.output_tokens, workload.hash_ids, workload.block_tokens)
     for core in cores[1:]:
         core.share_requests(cores[0])
-    where = np.full(n, -1, dtype=np.int64)
-    send = np.full(n, np.nan)
-    delivered = np.zeros(n, dtype=bool)
-    error: list[str | None] = [None] * n
-    prompts = workload.prompt_tokens
-    outs = workload.output_tokens
-    too_long = prompts >= plan.max_model_len
-
+    book = _Book(n)
+    too_long = workload.prompt_tokens >= plan.config.max_model_len
     times = arrival_times(load, workload.arrival_s)
+    t_last_done, stopped = _event_loop(cores, Router(replicas, router), book, times, load, too_long, stop)
+    return _result(plan, workload, load, cores, book, stopped, t_last_done, record_itl)
+
+
+class _Book:
+    """Per request of a run: where it was routed (-1: not yet), when it was sent, whether
+    its last token was delivered, and its error (None: served)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.where = np.full(n, -1, dtype=np.int64)
+        self.send = np.full(n, np.nan)
+        self.delivered = np.zeros(n, dtype=bool)
+        self.error: list[str | None] = [None] * n
+
+
+def _event_loop(cores: list[EngineCore], route: Router, book: _Book, times: np.ndarray | None, load: Load,
+                too_long: np.ndarray, stop: StopHook | None) -> tuple[float, bool]:
+    """The run's events in time order (sends, arrivals at a front end and at an engine,
+    replica kicks and step ends) until every request ended or ``stop`` ends the run; returns
+    when the last request ended and whether the stop hook ended it. The simulator's inner
+    loop: one function of local names (numpy and the heap), as fast as Python steps it."""
+    n, replicas = book.n, len(cores)
+    where, send, delivered, error = book.where, book.send, book.delivered, book.error
     closed = times is None
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
@@ -127,7 +144,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     # the API server takes each request in (Calibration.frontend_per_request_s) in turn with
     # the tokens it streams: the request is routed to a replica's front end, and reaches
     # that replica's engine when its front end has taken it in
-    front = bool(cores and cores[0].fe_req)
+    front = bool(cores and cores[0].front.per_request_s)
 
     while heap:
         t, _, kind, arg = heapq.heappop(heap)
@@ -168,7 +185,7 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             if not busy[r] and not core.has_work():
                 core.now = max(core.now, t)
-            if busy[r] and core.run_pending and not core.waiting:
+            if busy[r] and core.run_pending and not core.scheduler.waiting:
                 # the replica is in a decode run that assumed nobody could be admitted:
                 # cut it at its first step boundary at or after now
                 end = core.truncate_run(t)
@@ -201,11 +218,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
             core = cores[r]
             fin = core.commit() if core.commit_pending else pending[r]
             pending[r] = None
-            t_first = core.t_first
-            t_done = core.t_done
+            t_first = core.requests.t_first
+            t_done = core.requests.t_done
             for j in fin.tolist():
                 route.done(r)
-                if core.rejected and j in core.rejected:
+                if core.scheduler.rejected and j in core.scheduler.rejected:
                     error[j] = "kv_cache_too_small"
                 if finish_one(j, max(t, float(t_done[j])), t_first[j] - send[j]):
                     stopped = True
@@ -216,8 +233,16 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
                 kicked[r] = True
                 heapq.heappush(heap, (t, seq, _KICK, r))
                 seq += 1
+    return t_last_done, stopped
 
-    # -- per-request records ----------------------------------------------------------------
+
+def _result(plan: MemoryPlan, workload: Workload, load: Load, cores: list[EngineCore], book: _Book,
+            stopped: bool, t_last_done: float, record_itl: bool) -> RunResult:
+    """The run's per-request records (as ``vllm bench serve`` defines them) and the servers' counters."""
+    n, replicas = book.n, len(cores)
+    where, send, delivered, error = book.where, book.send, book.delivered, book.error
+    prompts = workload.prompt_tokens
+    outs = workload.output_tokens
     ttft = np.full(n, np.nan)
     e2e = np.full(n, np.nan)
     queue = np.full(n, np.nan)
@@ -228,11 +253,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
         if not len(js):
             continue
         loc = js
-        ttft[js] = core.t_first[loc] - send[js]
-        e2e[js] = core.t_done[loc] - send[js]
-        queue[js] = core.t_sched[loc] - send[js]
-        cached[js] = core.cached[loc]
-        out_tok[js] = core.max_out[loc]
+        ttft[js] = core.requests.t_first[loc] - send[js]
+        e2e[js] = core.requests.t_done[loc] - send[js]
+        queue[js] = core.requests.t_sched[loc] - send[js]
+        cached[js] = core.requests.cached[loc]
+        out_tok[js] = core.requests.max_out[loc]
     for j in range(n):
         if error[j] is not None:
             continue
@@ -251,11 +276,11 @@ def run_plan(plan: MemoryPlan, workload: Workload, load: Load, *, replicas: int 
     if record_itl:
         chunks = [c for core in cores for c in core.itl_chunks]
         itl = np.concatenate(chunks) if chunks else np.zeros(0)
-    queries = sum(c.prefix_queries for c in cores)
-    hits = sum(c.prefix_hits for c in cores)
+    queries = sum(c.scheduler.prefix_queries for c in cores)
+    hits = sum(c.scheduler.prefix_hits for c in cores)
     server = {
         "kv_cache_usage_max": max(c.usage_max for c in cores),
-        "num_preemptions": sum(c.num_preemptions for c in cores),
+        "num_preemptions": sum(c.scheduler.num_preemptions for c in cores),
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "prefix_cache_hits": hits,
         "prefix_cache_queries": queries,

@@ -21,6 +21,8 @@ from tuner.core.errors import InputError
 from tuner.core.values import is_int, is_number, shown
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tuner.core.yamlfile import YamlDoc
 
 GB = 1e9
@@ -113,13 +115,8 @@ def _parse_cc(value: Any, where: str, path: str, line: int | None = None) -> tup
     )
 
 
-def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None) -> GPU:
-    def line(*key: str) -> int | None:
-        return None if doc is None else doc.line((name, *key))
-
-    def fail(message: str, *key: str, hint: str | None = None) -> InputError:
-        return InputError(message, path=path, line=line(*key), hint=hint)
-
+def _check_keys(name: str, entry: Any, fail: Callable[..., InputError]) -> None:
+    """A GPU entry is a mapping with every required key and no unknown one."""
     if not isinstance(entry, dict):
         raise fail(f"GPU {name!r} must be a mapping of fields, got {shown(entry)}")
     missing = [k for k in _REQUIRED if k not in entry]
@@ -130,6 +127,35 @@ def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None
     if unknown:
         raise fail(f"GPU {name!r} has unknown key(s) {', '.join(shown(k) for k in unknown)}", str(unknown[0]),
                    hint=f"known: {', '.join(_REQUIRED + _OPTIONAL)}")
+
+
+def _check_kinds(name: str, entry: dict, fail: Callable[..., InputError]) -> tuple[str, int, list]:
+    """The interconnect, PCIe generation and aliases of a GPU entry, checked (and its
+    fp8/bf16 flags: true or false)."""
+    interconnect = str(entry["interconnect"]).lower() if isinstance(entry["interconnect"], str) else None
+    if interconnect not in _INTERCONNECTS:
+        raise fail(f"{name}.interconnect must be nvlink or pcie, got {shown(entry['interconnect'])}", "interconnect")
+    pcie_gen = entry["pcie_gen"]
+    if not is_int(pcie_gen) or not 1 <= pcie_gen <= 7:
+        raise fail(f"{name}.pcie_gen must be an integer 1-7, got {shown(pcie_gen)}", "pcie_gen")
+    aliases = entry.get("aliases") or []
+    if not isinstance(aliases, list) or not all(
+            (isinstance(a, str) and a) or is_int(a) for a in aliases):
+        raise fail(f"{name}.aliases must be a list of names, got {shown(aliases)}", "aliases")
+    for flag in ("fp8", "bf16"):
+        if flag in entry and not isinstance(entry[flag], bool):
+            raise fail(f"{name}.{flag} must be true or false, got {shown(entry[flag])}", flag)
+    return interconnect, pcie_gen, aliases
+
+
+def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None) -> GPU:
+    def line(*key: str) -> int | None:
+        return None if doc is None else doc.line((name, *key))
+
+    def fail(message: str, *key: str, hint: str | None = None) -> InputError:
+        return InputError(message, path=path, line=line(*key), hint=hint)
+
+    _check_keys(name, entry, fail)
 
     def number(key: str, *, optional: bool = False) -> float | None:
         value = entry.get(key)
@@ -149,20 +175,8 @@ def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None
         return str(value)
 
     cc = _parse_cc(entry["compute_capability"], name, path, line("compute_capability"))
-    interconnect = str(entry["interconnect"]).lower() if isinstance(entry["interconnect"], str) else None
-    if interconnect not in _INTERCONNECTS:
-        raise fail(f"{name}.interconnect must be nvlink or pcie, got {shown(entry['interconnect'])}", "interconnect")
-    pcie_gen = entry["pcie_gen"]
-    if not is_int(pcie_gen) or not 1 <= pcie_gen <= 7:
-        raise fail(f"{name}.pcie_gen must be an integer 1-7, got {shown(pcie_gen)}", "pcie_gen")
+    interconnect, pcie_gen, aliases = _check_kinds(name, entry, fail)
     int8 = number("int8_tops", optional=True)
-    aliases = entry.get("aliases") or []
-    if not isinstance(aliases, list) or not all(
-            (isinstance(a, str) and a) or is_int(a) for a in aliases):
-        raise fail(f"{name}.aliases must be a list of names, got {shown(aliases)}", "aliases")
-    for flag in ("fp8", "bf16"):
-        if flag in entry and not isinstance(entry[flag], bool):
-            raise fail(f"{name}.{flag} must be true or false, got {shown(entry[flag])}", flag)
     source = text("source")
     if not source:
         raise fail(f"{name}.source must say where the figures come from", "source")

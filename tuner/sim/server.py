@@ -291,25 +291,14 @@ class SimServer:
     async def _generate(self, request, body, arrival, ids, n_prompt, *, chat: bool):
         if body.get("model") not in (None, *self.names):
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
-        limit = self.max_model_len
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (
-            limit - n_prompt if chat else 16)
-        if n_prompt + int(max_tokens) > limit:
-            if n_prompt >= limit:
-                # vLLM's wording (entrypoints/openai/serving_engine.py::_validate_input).
-                return _error(400, (
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{n_prompt + int(max_tokens)} tokens ({n_prompt} in the messages, "
-                    f"{int(max_tokens)} in the completion). Please reduce the length of the "
-                    "messages or completion."))
-            max_tokens = limit - n_prompt  # vLLM clamps max_tokens to the room left
-        max_tokens = int(max_tokens)
+        max_tokens = self._max_tokens(body, n_prompt, chat)
+        if not isinstance(max_tokens, int):
+            return max_tokens
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         if rid in self.live:
             rid = f"{rid}-{uuid.uuid4().hex[:8]}"
         hashes = _block_hashes(ids, self.block_size) if ids else ()
         stream = bool(body.get("stream"))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         cid = ("chatcmpl-" if chat else "cmpl-") + rid
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -334,40 +323,8 @@ class SimServer:
                 live.event.clear()
             if live.gone:
                 raise ConnectionResetError("client went away")
-            emitted = live.emitted
-            if emitted == 0:
-                # the engine dropped it (prompt larger than the whole KV cache; vLLM would hang)
-                message = (f"prompt of {n_prompt} tokens does not fit in the KV cache "
-                           f"({self.num_gpu_blocks} blocks of {self.block_size} tokens)")
-                if not stream:
-                    return _error(500, message, "InternalServerError")
-                err = json.dumps({"error": {"message": message, "type": "InternalServerError",
-                                            "param": None, "code": 500}})
-                await resp.write(f"data: {err}\n\ndata: [DONE]\n\n".encode())
-                await resp.write_eof()
-                return resp
-            usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + emitted,
-                     "completion_tokens": emitted}
-            self.request_success += 1
-            if stream:
-                tail = ""
-                if include_usage:
-                    tail = (f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
-                            f'"model":{self._model_json},"choices":[],'
-                            f'"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n')
-                await resp.write((tail + "data: [DONE]\n\n").encode())
-                await resp.write_eof()
-                return resp
-            text = " tok" * emitted
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                          "logprobs": None, "finish_reason": "length"}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
-                          "stop_reason": None}
-            return web.json_response({"id": cid, "object": "chat.completion" if chat else "text_completion",
-                                      "created": created, "model": self.model_name,
-                                      "choices": [choice], "usage": usage})
+            usage_chunk = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await self._answer(resp, live, n_prompt, cid, created, usage_chunk)
         except (ConnectionError, asyncio.CancelledError):
             if not live.finished and rid in self.live:
                 self.engine.abort(rid)
@@ -380,6 +337,58 @@ class SimServer:
             self.timings[rid] = timing
             while len(self.timings) > TIMINGS_KEPT:
                 self.timings.popitem(last=False)
+
+    def _max_tokens(self, body: dict, n_prompt: int, chat: bool) -> int | web.Response:
+        """The tokens to generate (clamped to the room left, as vLLM does), or vLLM's 400 for
+        a request longer than max-model-len (entrypoints/openai/serving_engine.py::_validate_input)."""
+        limit = self.max_model_len
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (
+            limit - n_prompt if chat else 16)
+        if n_prompt + int(max_tokens) > limit:
+            if n_prompt >= limit:
+                return _error(400, (
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{n_prompt + int(max_tokens)} tokens ({n_prompt} in the messages, "
+                    f"{int(max_tokens)} in the completion). Please reduce the length of the "
+                    "messages or completion."))
+            max_tokens = limit - n_prompt
+        return int(max_tokens)
+
+    async def _answer(self, resp: web.StreamResponse | None, live: _Live, n_prompt: int, cid: str, created: int,
+                      usage_chunk: bool) -> web.StreamResponse:
+        """The end of a finished request's answer: the stream's usage chunk and [DONE], or
+        the whole JSON answer; an error where the engine dropped it."""
+        emitted, chat, obj = live.emitted, live.chat, "chat.completion.chunk" if live.chat else "text_completion"
+        if emitted == 0:
+            # the engine dropped it (prompt larger than the whole KV cache; vLLM would hang)
+            message = (f"prompt of {n_prompt} tokens does not fit in the KV cache "
+                       f"({self.num_gpu_blocks} blocks of {self.block_size} tokens)")
+            if resp is None:
+                return _error(500, message, "InternalServerError")
+            err = json.dumps({"error": {"message": message, "type": "InternalServerError",
+                                        "param": None, "code": 500}})
+            await resp.write(f"data: {err}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + emitted, "completion_tokens": emitted}
+        self.request_success += 1
+        if resp is not None:
+            tail = ""
+            if usage_chunk:
+                tail = (f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
+                        f'"model":{self._model_json},"choices":[],'
+                        f'"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n')
+            await resp.write((tail + "data: [DONE]\n\n").encode())
+            await resp.write_eof()
+            return resp
+        text = " tok" * emitted
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": "length"}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+        return web.json_response({"id": cid, "object": "chat.completion" if chat else "text_completion",
+                                  "created": created, "model": self.model_name, "choices": [choice], "usage": usage})
 
 
 if __name__ == "__main__":  # python -m tuner.sim.server (command lines written before the split) runs

@@ -95,11 +95,11 @@ class StepTimer:
     """Step durations for one replica (one memory plan, one calibration)."""
 
     def __init__(self, plan: MemoryPlan, calib: Calibration) -> None:
-        gpu, model, tp = plan.gpu, plan.model, plan.tensor_parallel_size
+        gpu, model, tp = plan.gpu, plan.model, plan.config.tensor_parallel_size
         self.calib = calib
         self.tp = tp
-        self.eager = bool(plan.enforce_eager)
-        self.capture = cudagraph_capture_size(plan.max_num_seqs)
+        self.eager = bool(plan.config.enforce_eager)
+        self.capture = cudagraph_capture_size(plan.config.max_num_seqs)
         bw = gpu.hbm_bandwidth * calib.hbm_efficiency
         fl = gpu.fp16_flops * calib.flops_efficiency
         # seconds per unit of work, per rank

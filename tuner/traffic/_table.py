@@ -319,29 +319,15 @@ def to_workload(
     prompt_v, checks = length_checks(p_col, prompt)
     output_v, more = length_checks(o_col, output)
     checks += more
-    n = len(table.lines)
-    t = np.zeros(n)
-    if t_col is not None:
-        t, t_missing, t_bad = times(t_col, time_unit)
-        checks += [
-            (t_missing, MISSING, lambda i: f"{arrival} is empty"),
-            (t_bad, UNPARSEABLE_TIME, lambda i: f"{arrival} is {_raw(t_col, i)}"),
-        ]
+    t, more = _arrival_checks(t_col, arrival, time_unit, len(table.lines))
+    checks += more
     turn_v = None
     if turn_col is not None:
         turn_v, more = length_checks(turn_col, turn)
         checks += more
-    keep = ~np.logical_or.reduce([m for m, _, _ in checks]) if checks else np.ones(n, bool)
     if t_col is not None:
-        back = backwards(t, keep)
-
-        def back_detail(i: int) -> str:
-            j = int(np.flatnonzero(keep[:i])[-1]) if keep[:i].any() else i
-            return f"{arrival} {_raw(t_col, i)} comes after {_raw(t_col, j)}"
-
-        checks.append((back, BACKWARDS, back_detail))
-    drop = resolve(bad, table.lines, checks)
-    keep = ~drop
+        checks.append(_backwards_check(t, checks, t_col, arrival))
+    keep = ~resolve(bad, table.lines, checks)
     if not keep.any():
         raise InputError(
             f"no usable requests ({bad.skipped} bad rows skipped)" if bad.skipped else "no requests in the file",
@@ -349,16 +335,39 @@ def to_workload(
         )
     t = t[keep]
     t = t - t[0]
-    sessions = None
-    if s_col is not None:
-        raw = s_col[keep].astype(object)
-        sessions = [None if (x is None or (isinstance(x, float) and np.isnan(x))) else str(x) for x in raw]
     return Workload(
         arrival_s=t,
         prompt_tokens=prompt_v[keep].astype(np.int64),
         output_tokens=output_v[keep].astype(np.int64),
-        session=sessions,
+        session=None if s_col is None else _sessions(s_col[keep]),
         turn=None if turn_v is None else turn_v[keep].astype(np.int64),
         source=source or path,
         notes=bad.notes(),
     )
+
+
+def _arrival_checks(t_col: pd.Series | None, arrival: str | None, time_unit: str, n: int) -> tuple[np.ndarray, list]:
+    """The arrival times (zeros without an arrival column) and the checks of its rows."""
+    if t_col is None:
+        return np.zeros(n), []
+    t, t_missing, t_bad = times(t_col, time_unit)
+    return t, [
+        (t_missing, MISSING, lambda i: f"{arrival} is empty"),
+        (t_bad, UNPARSEABLE_TIME, lambda i: f"{arrival} is {_raw(t_col, i)}"),
+    ]
+
+
+def _backwards_check(t: np.ndarray, checks: list, t_col: pd.Series, arrival: str | None) -> tuple:
+    """The check of rows whose time goes back, among the rows the other ``checks`` keep."""
+    keep = ~np.logical_or.reduce([m for m, _, _ in checks]) if checks else np.ones(len(t), bool)
+
+    def back_detail(i: int) -> str:
+        j = int(np.flatnonzero(keep[:i])[-1]) if keep[:i].any() else i
+        return f"{arrival} {_raw(t_col, i)} comes after {_raw(t_col, j)}"
+
+    return backwards(t, keep), BACKWARDS, back_detail
+
+
+def _sessions(col: pd.Series) -> list[str | None]:
+    """Session ids as text (an empty cell: None)."""
+    return [None if (x is None or (isinstance(x, float) and np.isnan(x))) else str(x) for x in col.astype(object)]

@@ -2,11 +2,17 @@
 vLLM's wording and its summary; :func:`fmt_gib`, vLLM's GiB format."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.core.errors import ConfigRejected, InputError
+from tuner.serving.config import ServeConfig
 from tuner.sim.hardware import GPU, GiB
 from tuner.sim.model import ModelSpec
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(ServeConfig))
 
 
 def fmt_gib(n: float) -> str:
@@ -16,18 +22,15 @@ def fmt_gib(n: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class MemoryPlan:
-    """What vLLM decides at startup for one engine (one replica; figures per TP rank)."""
+    """What vLLM decides at startup for one engine (one replica; figures per TP rank), for the
+    configuration it runs (:attr:`config`: a knob's value is read there, never copied here)."""
 
     gpu: GPU
     model: ModelSpec
-    tensor_parallel_size: int
-    gpu_memory_utilization: float
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    block_size: int
-    enable_prefix_caching: bool
-    enforce_eager: bool
+    #: the configuration vLLM runs: the trial's, with the knobs it left unset (``None``) resolved
+    #: to the version's defaults where the plan needs their value (utilization, lengths, batch
+    #: limits, block size); the others keep ``None``, vLLM's default (:attr:`ServeConfig` docs)
+    config: ServeConfig
     kv_cache_dtype_bytes: int
     budget_bytes: int
     weight_bytes: int
@@ -43,9 +46,6 @@ class MemoryPlan:
     dtype: str = "bfloat16"
     quantization: str | None = None
     vllm_version: str = ""
-    replicas: int = 1
-    long_prefill_token_threshold: int = 0  # vLLM's scheduler cap on one request's prefill per step (0: none)
-    api_server_count: int = 1             # API server processes per replica (--api-server-count)
     attention_backend: str = ""
     engine: str = "V1"                    # "V0" for vLLM < 0.8, or < 0.10.2 below CC 8.0
     notes: tuple[str, ...] = ()           # warnings vLLM would log, and our approximations
@@ -62,6 +62,15 @@ class MemoryPlan:
     def v1(self) -> bool:
         return self.engine == "V1"
 
+    def replace(self, **changes: Any) -> MemoryPlan:
+        """A copy with ``changes``; a knob's name (a :class:`ServeConfig` field) changes the
+        plan's :attr:`config` (what-ifs and tests: a real plan with a smaller pool, another
+        threshold)."""
+        knobs = {k: changes.pop(k) for k in list(changes) if k in _CONFIG_FIELDS}
+        if knobs:
+            changes["config"] = self.config.replace(**knobs)
+        return dataclasses.replace(self, **changes)
+
     def log_lines(self) -> list[str]:
         """The startup lines vLLM logs, in vLLM's wording (V1)."""
         lines = [f"Model loading took {fmt_gib(self.weight_bytes)} memory"]
@@ -71,14 +80,14 @@ class MemoryPlan:
         if not self.v1:
             return lines + [
                 f"# GPU blocks: {self.num_gpu_blocks}, # CPU blocks: 0",
-                f"Maximum concurrency for {self.max_model_len} tokens per request: "
+                f"Maximum concurrency for {self.config.max_model_len} tokens per request: "
                 f"{self.max_concurrency:.2f}x",
             ]
         lines.append(
             f"GPU KV cache size: {self.kv_cache_tokens:,} tokens, Maximum concurrency for "
-            f"{self.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
+            f"{self.config.max_model_len:,} tokens per request: {self.max_concurrency:.2f}x"
         )
-        if not self.enforce_eager and self.cudagraph_bytes:
+        if not self.config.enforce_eager and self.cudagraph_bytes:
             lines.append(f"Graph capturing finished, took {fmt_gib(self.cudagraph_bytes)}")
         return lines
 
@@ -90,14 +99,7 @@ class MemoryPlan:
             "vllm_version": self.vllm_version,
             "dtype": self.dtype,
             "quantization": self.quantization,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "replicas": self.replicas,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "block_size": self.block_size,
-            "enforce_eager": self.enforce_eager,
+            **self.config.to_dict(),
             "kv_cache_dtype_bytes": self.kv_cache_dtype_bytes,
             "total_memory_bytes": self.gpu.memory_bytes,
             "budget_bytes": self.budget_bytes,

@@ -1,15 +1,21 @@
 """The memory planner: :func:`plan_memory`, vLLM's startup decision for a configuration
 (the KV-cache blocks it allocates, or the error it refuses to start with), and the CUDA-graph
-and maximum-model-length estimates it makes on the way."""
+and maximum-model-length estimates it makes on the way.
+
+The decision runs in vLLM's order, one phase a function: the layout and the checkpoint
+(:func:`_check_layout`, :func:`_quantization`, :func:`_max_model_len`), the engine and the
+attention backend (:func:`_notes`), the knobs left to vLLM's defaults (:func:`_resolved`), the
+bytes of one rank (:func:`_memory`) and the refusal, if any (:func:`_refusal`)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from tuner.core.errors import ConfigRejected
 from tuner.core.knobs import KNOBS
 from tuner.core.versions import parse_version
 from tuner.serving.config import Deployment, ServeConfig
-from tuner.sim.hardware import get_gpu
+from tuner.sim.hardware import GPU, get_gpu
 from tuner.sim.memory.defaults import (
     CUDAGRAPH_ESTIMATE_SINCE,
     V1_SINCE,
@@ -29,8 +35,9 @@ from tuner.sim.memory.support import (
     check_block_size,
     resolve_dtype,
 )
-from tuner.sim.model import load_model
+from tuner.sim.model import ModelSpec, load_model
 
+Version = tuple[int, int, int]
 
 _DOCS = "See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
 
@@ -62,7 +69,7 @@ def _estimate_max_model_len(available: int, block_size: int, page_bytes: int, li
 def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = True) -> MemoryPlan:
     """vLLM's startup decision for ``config`` on ``deployment``.
 
-    Resolves ``None`` knobs to the vLLM version's defaults. Raises
+    Resolves ``None`` knobs to the vLLM version's defaults (the plan's ``config``). Raises
     :class:`~tuner.core.errors.ConfigRejected` with vLLM's own message where vLLM refuses to
     start. With ``strict=False`` the memory refusals (no memory for the cache, max-model-len
     does not fit) come back in ``plan.error`` with the rest of the plan filled in, so a
@@ -73,8 +80,35 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     gpu = get_gpu(deployment.gpu)
     model = load_model(deployment.model)
     version = parse_version(deployment.vllm_version)
-    tp, replicas = config.tensor_parallel_size, config.replicas
+    _check_layout(deployment, config, model)
+    quant = _quantization(deployment, model, gpu, version)
+    dtype = resolve_dtype(deployment, model, gpu, quant.replace("_marlin", "") if quant else None, version)
+    max_model_len = _max_model_len(config, model)
+    v1 = uses_v1_engine(gpu, version)
+    block_size = config.block_size or 16
+    backend = attention_backend(gpu, version, config.kv_cache_dtype, model.head_dim, block_size)
+    notes = _notes(deployment, config, gpu, model, version, dtype, backend, v1)
+    check_block_size(block_size, backend)
+    resolved, default_tokens = _resolved(config, gpu, version, v1, max_model_len, block_size)
+    facts = dict(gpu=gpu, model=model, config=resolved, dtype=dtype, quantization=quant,
+                 vllm_version=deployment.vllm_version, attention_backend=backend,
+                 engine="V1" if v1 else "V0", notes=tuple(notes),
+                 **_memory(deployment, resolved, gpu, model, quant, dtype, v1, version, default_tokens))
+    if facts["weight_bytes"] > gpu.memory_bytes:
+        raise ConfigRejected(
+            "oom",
+            f"CUDA out of memory while loading the model: {fmt_gib(facts['weight_bytes'])} of weights per GPU "
+            f"exceed the {fmt_gib(gpu.memory_bytes)} the {gpu.name} has.",
+        )
+    error = _refusal(facts["kv_bytes"], facts["page_bytes"], resolved, v1)
+    if error is not None and strict:
+        raise error
+    return _with_blocks(facts, max(0, facts["kv_bytes"] // facts["page_bytes"]), error)
 
+
+def _check_layout(deployment: Deployment, config: ServeConfig, model: ModelSpec) -> None:
+    """The layout's GPUs exist, and tensor parallelism divides the attention heads."""
+    tp, replicas = config.tensor_parallel_size, config.replicas
     if tp * replicas > deployment.gpu_count:
         raise ConfigRejected(
             "layout",
@@ -88,6 +122,11 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             f"parallel size ({tp}).",
         )
 
+
+def _quantization(deployment: Deployment, model: ModelSpec, gpu: GPU, version: Version) -> str | None:
+    """The quantization vLLM runs the checkpoint with (awq/gptq upgraded to their Marlin kernels
+    where the GPU allows), or its refusal: a method the checkpoint does not have, or one the GPU
+    is too old for."""
     quant = model.resolve_quantization(deployment.quantization)
     asked = (deployment.quantization or "").replace("_marlin", "")
     if asked and model.quantization and asked != model.quantization.replace("_marlin", ""):
@@ -97,21 +136,23 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             f"match the quantization method specified in the `quantization` argument "
             f"({deployment.quantization}).",
         )
-    if quant is not None:
-        # vLLM upgrades awq/gptq checkpoints to their Marlin kernels where the GPU allows.
-        if quant in ("awq", "gptq") and not deployment.quantization and gpu.cc >= 80:
-            quant = f"{quant}_marlin"
-        table = MIN_CAPABILITY if version >= TURING_MARLIN_SINCE else MIN_CAPABILITY_BEFORE_TURING_MARLIN
-        need = table.get(quant)
-        if need is not None and gpu.cc < need:
-            raise ConfigRejected(
-                "quantization",
-                f"The quantization method {quant} is not supported for the current GPU. "
-                f"Minimum capability: {need}. Current capability: {gpu.cc}.",
-            )
-    dtype = resolve_dtype(deployment, model, gpu, quant.replace("_marlin", "") if quant else None, version)
-    dtype_bytes = 4 if dtype == "float32" else 2
+    if quant is None:
+        return None
+    if quant in ("awq", "gptq") and not deployment.quantization and gpu.cc >= 80:
+        quant = f"{quant}_marlin"
+    table = MIN_CAPABILITY if version >= TURING_MARLIN_SINCE else MIN_CAPABILITY_BEFORE_TURING_MARLIN
+    need = table.get(quant)
+    if need is not None and gpu.cc < need:
+        raise ConfigRejected(
+            "quantization",
+            f"The quantization method {quant} is not supported for the current GPU. "
+            f"Minimum capability: {need}. Current capability: {gpu.cc}.",
+        )
+    return quant
 
+
+def _max_model_len(config: ServeConfig, model: ModelSpec) -> int:
+    """The maximum model length asked for, or the checkpoint's; longer than the checkpoint's is refused."""
     derived_len = model.max_position_embeddings
     max_model_len = config.max_model_len or derived_len
     if max_model_len > derived_len:
@@ -122,9 +163,13 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             "model's config.json). To allow overriding this maximum, set the env var "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
         )
+    return max_model_len
 
-    v1 = uses_v1_engine(gpu, version)
-    backend = attention_backend(gpu, version, config.kv_cache_dtype, model.head_dim, config.block_size or 16)
+
+def _notes(deployment: Deployment, config: ServeConfig, gpu: GPU, model: ModelSpec, version: Version,
+           dtype: str, backend: str, v1: bool) -> list[str]:
+    """What the attention backend cannot run (refused), and the warnings vLLM would log with
+    our approximations beside them."""
     notes: list[str] = check_attention(model, backend, version)
     if backend == "XFORMERS" and gpu.cc >= 80 and config.kv_cache_dtype.startswith("fp8"):
         notes.append("vLLM's V0 engine serves an FP8 KV cache with XFormers, not FlashAttention-2 "
@@ -143,10 +188,14 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     if model.sliding_window and model.model_type.startswith(("gemma2", "gemma3", "mistral")):
         notes.append(f"sliding-window layers (window {model.sliding_window}) are planned as full "
                      "attention: V1's hybrid allocator would hold more tokens")
-    block_size = config.block_size or 16
-    check_block_size(block_size, backend)
+    return notes
 
-    gmu = config.gpu_memory_utilization or default_gpu_memory_utilization(version)
+
+def _resolved(config: ServeConfig, gpu: GPU, version: Version, v1: bool, max_model_len: int,
+              block_size: int) -> tuple[ServeConfig, int]:
+    """``config`` with utilization, lengths, batch limits and block size resolved to what vLLM
+    runs (``engine/arg_utils.py``), and the version's default token budget; the batch limits
+    vLLM refuses raise."""
     default_seqs, default_tokens = default_batch_limits(gpu, version, max_model_len)
     max_num_seqs = config.max_num_seqs or default_seqs
     if config.max_num_seqs is None and config.max_num_batched_tokens is not None:
@@ -173,10 +222,19 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
             "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
             "max_num_batched_tokens or decrease max_model_len.",
         )
+    resolved = config.replace(
+        gpu_memory_utilization=config.gpu_memory_utilization or default_gpu_memory_utilization(version),
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, block_size=block_size)
+    return resolved, default_tokens
 
-    kv_dtype_bytes = 1 if config.kv_cache_dtype.startswith("fp8") else dtype_bytes
 
-    # ---- memory arithmetic (per TP rank)
+def _memory(deployment: Deployment, config: ServeConfig, gpu: GPU, model: ModelSpec, quant: str | None,
+            dtype: str, v1: bool, version: Version, default_tokens: int) -> dict[str, Any]:
+    """The bytes of one TP rank (the plan's ``*_bytes`` fields): budget, weights, the profile
+    run's activations, memory outside torch, CUDA graphs and what is left for the KV cache."""
+    dtype_bytes = 4 if dtype == "float32" else 2
+    tp, eager = config.tensor_parallel_size, config.enforce_eager
     emp = empirical_for(deployment)
     weights = model.weight_bytes_per_rank(quant, tp)
     if dtype_bytes == 4 and quant is None:
@@ -184,16 +242,16 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     # the step timer keeps the bytes its constants were fitted with (one overhead for all shapes)
     step_weights = weights + int(emp["weight_overhead_bytes"])
     weights += weight_overhead(emp, deployment.model)
-    budget = math.ceil(gpu.memory_bytes * gmu)
+    budget = math.ceil(gpu.memory_bytes * config.gpu_memory_utilization)
     hidden = model.hidden_size
-    compile_term = 0.0 if config.enforce_eager else float(emp["compile_bytes_per_vocab_hidden"])
-    tokens = activation_tokens(max_num_batched_tokens, default_tokens, config.enforce_eager, compile_term)
+    compile_term = 0.0 if eager else float(emp["compile_bytes_per_vocab_hidden"])
+    tokens = activation_tokens(config.max_num_batched_tokens, default_tokens, eager, compile_term)
     activations = int(
         emp["activation_fixed_bytes"]
-        + tokens * hidden * _activation_slope(emp, config.enforce_eager)
+        + tokens * hidden * _activation_slope(emp, eager)
         # the vocabulary-parallel embedding's shard per rank (no TP > 1 start measured)
         + model.vocab_size // tp * hidden * compile_term
-        + max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
+        + config.max_num_seqs * model.vocab_size * emp["sampler_bytes_per_logit"]
         + (tokens * model.num_experts_per_tok * hidden
            * emp["moe_activation_bytes_per_token_per_hidden"] if model.is_moe else 0)
     )
@@ -201,47 +259,24 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
     if not v1:
         non_torch += int(emp["cuda_context_bytes"])
     graphs = 0
-    if not config.enforce_eager and version >= CUDAGRAPH_ESTIMATE_SINCE:
-        graphs = int(
-            emp["cudagraph_bytes_per_layer_per_size"]
-            * model.num_layers
-            * _cudagraph_sizes(max_num_seqs)
-        )
-    kv_bytes = budget - weights - activations - non_torch - int(graphs * emp["cudagraph_kv_fraction"])
-    page_bytes = block_size * model.kv_bytes_per_token(tp, kv_dtype_bytes)
+    if not eager and version >= CUDAGRAPH_ESTIMATE_SINCE:
+        graphs = int(emp["cudagraph_bytes_per_layer_per_size"] * model.num_layers
+                     * _cudagraph_sizes(config.max_num_seqs))
+    kv_dtype_bytes = 1 if config.kv_cache_dtype.startswith("fp8") else dtype_bytes
+    return dict(
+        kv_cache_dtype_bytes=kv_dtype_bytes, budget_bytes=budget, weight_bytes=weights,
+        activation_bytes=activations, non_torch_bytes=non_torch, cudagraph_bytes=graphs,
+        kv_bytes=budget - weights - activations - non_torch - int(graphs * emp["cudagraph_kv_fraction"]),
+        page_bytes=config.block_size * model.kv_bytes_per_token(tp, kv_dtype_bytes),
+        step_weight_bytes=step_weights,
+    )
 
-    def plan(num_blocks: int, error: ConfigRejected | None) -> MemoryPlan:
-        per_req = math.ceil(max_model_len / block_size)
-        concurrency = num_blocks / per_req if num_blocks > 0 else 0.0
-        return MemoryPlan(
-            gpu=gpu, model=model, tensor_parallel_size=tp, gpu_memory_utilization=gmu,
-            max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-            enable_prefix_caching=config.enable_prefix_caching,
-            enforce_eager=config.enforce_eager, kv_cache_dtype_bytes=kv_dtype_bytes,
-            budget_bytes=budget, weight_bytes=weights, activation_bytes=activations,
-            non_torch_bytes=non_torch, cudagraph_bytes=graphs, kv_bytes=kv_bytes,
-            page_bytes=page_bytes, num_gpu_blocks=max(0, num_blocks),
-            kv_cache_tokens=int(concurrency * max_model_len), max_concurrency=concurrency,
-            dtype=dtype, quantization=quant, vllm_version=deployment.vllm_version,
-            replicas=replicas, long_prefill_token_threshold=int(config.long_prefill_token_threshold or 0),
-            api_server_count=int(config.api_server_count or 1),
-            attention_backend=backend, engine="V1" if v1 else "V0",
-            notes=tuple(notes), error=error, step_weight_bytes=step_weights,
-        )
 
-    def refuse(err: ConfigRejected) -> MemoryPlan:
-        if strict:
-            raise err
-        return plan(max(0, kv_bytes // page_bytes), err)
-
-    if weights > gpu.memory_bytes:
-        raise ConfigRejected(
-            "oom",
-            f"CUDA out of memory while loading the model: {fmt_gib(weights)} of weights per GPU "
-            f"exceed the {fmt_gib(gpu.memory_bytes)} the {gpu.name} has.",
-        )
-    # V0 checked the block count (worker.py::raise_if_cache_size_invalid), V1 the bytes.
+def _refusal(kv_bytes: int, page_bytes: int, config: ServeConfig, v1: bool) -> ConfigRejected | None:
+    """vLLM's refusal for memory, in its words: no memory for the cache, or not enough for one
+    request of max-model-len (V0 checked the block count, ``worker.py::raise_if_cache_size_invalid``;
+    V1 the bytes); None when it starts."""
+    max_model_len, block_size = config.max_model_len, config.block_size
     if kv_bytes <= 0 or (not v1 and kv_bytes < page_bytes):
         if not v1:
             msg = ("No available memory for the cache blocks. Try increasing "
@@ -251,33 +286,42 @@ def plan_memory(deployment: Deployment, config: ServeConfig, *, strict: bool = T
                    "`gpu_memory_utilization` when initializing the engine (this flag also "
                    "controls CPU memory reservation on the CPU backend, despite its name). "
                    + _DOCS)
-        return refuse(ConfigRejected("no_kv_memory", msg))
-
-    num_blocks = kv_bytes // page_bytes
+        return ConfigRejected("no_kv_memory", msg)
     needed = math.ceil(max_model_len / block_size) * page_bytes
     if not v1:
-        capacity = num_blocks * block_size
-        if max_model_len > capacity:
-            return refuse(ConfigRejected(
-                "max_model_len",
-                f"The model's max seq len ({max_model_len}) is larger than the maximum number of "
-                f"tokens that can be stored in KV cache ({capacity}). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-                "engine.",
-                estimated_max_model_len=capacity,
-            ))
-    elif needed > kv_bytes:
-        estimate = _estimate_max_model_len(kv_bytes, block_size, page_bytes, max_model_len)
-        return refuse(ConfigRejected(
+        capacity = kv_bytes // page_bytes * block_size
+        if max_model_len <= capacity:
+            return None
+        return ConfigRejected(
             "max_model_len",
-            f"To serve at least one request with the model's max seq len ({max_model_len}), "
-            f"({fmt_gib(needed)} KV cache is needed, which is larger than the available KV cache "
-            f"memory ({fmt_gib(kv_bytes)}). "
-            + (f"Based on the available memory, the estimated maximum model length is {estimate}. "
-               if estimate > 0 else "")
-            + "Try increasing `gpu_memory_utilization` (which also "
-            "controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
-            f"initializing the engine. {_DOCS}",
-            estimated_max_model_len=estimate,
-        ))
-    return plan(num_blocks, None)
+            f"The model's max seq len ({max_model_len}) is larger than the maximum number of "
+            f"tokens that can be stored in KV cache ({capacity}). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine.",
+            estimated_max_model_len=capacity,
+        )
+    if needed <= kv_bytes:
+        return None
+    estimate = _estimate_max_model_len(kv_bytes, block_size, page_bytes, max_model_len)
+    return ConfigRejected(
+        "max_model_len",
+        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"({fmt_gib(needed)} KV cache is needed, which is larger than the available KV cache "
+        f"memory ({fmt_gib(kv_bytes)}). "
+        + (f"Based on the available memory, the estimated maximum model length is {estimate}. "
+           if estimate > 0 else "")
+        + "Try increasing `gpu_memory_utilization` (which also "
+        "controls CPU memory on the CPU backend) or decreasing `max_model_len` when "
+        f"initializing the engine. {_DOCS}",
+        estimated_max_model_len=estimate,
+    )
+
+
+def _with_blocks(facts: dict[str, Any], num_blocks: int, error: ConfigRejected | None) -> MemoryPlan:
+    """The plan of ``facts`` with ``num_blocks`` KV blocks: the tokens they hold and how many
+    requests of max-model-len fit at once."""
+    config = facts["config"]
+    per_req = math.ceil(config.max_model_len / config.block_size)
+    concurrency = num_blocks / per_req if num_blocks > 0 else 0.0
+    return MemoryPlan(**facts, num_gpu_blocks=num_blocks, max_concurrency=concurrency,
+                      kv_cache_tokens=int(concurrency * config.max_model_len), error=error)

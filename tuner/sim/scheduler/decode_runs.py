@@ -1,130 +1,78 @@
-"""Multi-step decode runs (:class:`DecodeRuns`, mixed into
-:class:`~tuner.sim.scheduler.engine_core.EngineCore`): planning, cutting and applying a
-run of decode-only steps at once.
+"""Multi-step decode runs: :func:`plan_run` plans a run of decode-only steps at once, and
+:func:`truncated` cuts a planned one short; :class:`~tuner.sim.scheduler.engine_core.EngineCore`
+applies it.
 
-Per-request state of the running batch lives in numpy arrays, so a step costs a few dozen
-vector operations however many requests run. When nothing can change for a while (all
-running requests decode, none finishes, no block runs out, nobody can be admitted and no
-outside event is due) :meth:`EngineCore.advance` jumps over ``k`` decode steps at once:
-their durations come from :meth:`StepTimer.decode_run` and are identical to stepping.
+When nothing can change for a while (all running requests decode, none finishes, no block
+runs out, nobody can be admitted and no outside event is due)
+:meth:`EngineCore.advance` jumps over ``k`` decode steps at once: their durations come from
+:meth:`StepTimer.decode_run` and are identical to stepping.
+
+A run is the tuple ``(start, k, k_fin, durations, cumulative, remaining)``: it starts at
+``start`` and takes ``k`` steps, ``k_fin`` of which end the first requests (``remaining``
+tokens each to go), step ``i`` ending at ``start + cumulative[i]``.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from tuner.sim.scheduler.steps import _EMPTY, Advance
+from tuner.sim.scheduler.policy import COMPUTED, PRIVATE, REQ, SHARED, TOKENS, UNPUBLISHED, Scheduler
+
+if TYPE_CHECKING:
+    from tuner.sim.steptime import StepTimer
+
+Run = tuple[float, int, int, np.ndarray, np.ndarray, np.ndarray]
 
 
-class DecodeRuns:
-    """The decode-run fast path; a mixin of
-    :class:`~tuner.sim.scheduler.engine_core.EngineCore`, whose state it reads and moves."""
+def _steps_with_blocks(computed: np.ndarray, held: np.ndarray, block_size: int, free: int, most: int) -> int:
+    """The most decode steps (up to ``most``) whose new blocks fit in ``free``."""
+    def need(k: int) -> np.ndarray:
+        return np.maximum(-(-(computed + k) // block_size) - held, 0)
 
-    def _admission_blocked(self, n_running: int) -> bool:
-        if not self.waiting or n_running >= self.max_seqs or self.budget - n_running <= 0:
-            return True
-        head = self.waiting[0]
-        b = self._blocked
-        if b is not None and b[0] == head and b[2] == self._pool_version and self.pool.free <= b[1]:
-            return True
-        ok = self._fits(head)[0]
-        if not ok:
-            self._blocked = (head, self.pool.free, self._pool_version)
-        return not ok
+    if int(need(most).sum()) <= free:
+        return most
+    lo, hi = 0, most        # need(lo) fits, need(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if int(need(mid).sum()) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
-    def _try_decode_run(self, horizon_s: float, defer: bool = False) -> Advance | None:
-        R = self.R
-        n = R.shape[1]
-        if n == 0 or n > self.budget:
-            return None
-        comp = R[self.COMP]
-        ntok = R[self.NTOK]
-        if int((ntok - comp).max()) != 1 or (self.pending and R[self.PUB].any()):
-            return None
-        if not self._admission_blocked(n):
-            return None
-        idx = R[self.IDX]
-        remaining = self.max_out[idx] - self.out[idx]
-        k_fin = int(remaining.min())
-        kmax = k_fin
-        held = R[self.S] + R[self.P]
-        bs = self.bs
-        free = self.pool.free
 
-        def need(k: int) -> np.ndarray:
-            return np.maximum(-(-(comp + k) // bs) - held, 0)
+def plan_run(scheduler: Scheduler, timer: StepTimer, now: float, horizon_s: float) -> Run | None:
+    """The decode run the batch of ``scheduler`` may take from ``now``, ending at the first
+    step boundary at or after ``now + horizon_s``; None when the next step is not one of
+    many decode-only steps (a prefill, a finish or a block shortage within two steps, or a
+    request that could be admitted)."""
+    batch = scheduler.batch
+    n = batch.shape[1]
+    if n == 0 or n > scheduler.budget:
+        return None
+    computed = batch[COMPUTED]
+    if int((batch[TOKENS] - computed).max()) != 1 or (scheduler.pending and batch[UNPUBLISHED].any()):
+        return None
+    if not scheduler.admission_blocked(n):
+        return None
+    reqs, table = batch[REQ], scheduler.requests
+    remaining = table.max_out[reqs] - table.out[reqs]
+    k_fin = int(remaining.min())
+    most = _steps_with_blocks(computed, batch[SHARED] + batch[PRIVATE], scheduler.bs, scheduler.pool.free, k_fin)
+    if most < 2:
+        return None
+    durations = timer.decode_run(n, float(computed.sum()), most)
+    cum = np.cumsum(durations)
+    k = most
+    if horizon_s < cum[-1]:
+        k = min(int(np.searchsorted(cum, horizon_s, side="left")) + 1, most)
+    return (now, k, k_fin, durations, cum, remaining)
 
-        if int(need(kmax).sum()) > free:
-            lo, hi = 0, kmax        # need(lo) fits, need(hi) does not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if int(need(mid).sum()) <= free:
-                    lo = mid
-                else:
-                    hi = mid
-            kmax = lo
-        if kmax < 2:
-            return None
-        durs = self.timer.decode_run(n, float(comp.sum()), kmax)
-        cum = np.cumsum(durs)
-        k = kmax
-        if horizon_s < cum[-1]:
-            k = min(int(np.searchsorted(cum, horizon_s, side="left")) + 1, kmax)
-        self._run = (self.now, k, k_fin, durs, cum, remaining)
-        if not defer:
-            return Advance(self.now + float(cum[k - 1]), k, self.commit_run())
-        return Advance(self.now + float(cum[k - 1]), k, _EMPTY, deferred=True)
 
-    @property
-    def commit_pending(self) -> bool:
-        """A deferred step or decode run waits for :meth:`commit`."""
-        return self._run is not None or self._emit is not None
-
-    @property
-    def run_pending(self) -> bool:
-        """A deferred decode run is planned but not yet applied (see :meth:`advance`)."""
-        return self._run is not None
-
-    def truncate_run(self, t: float) -> float:
-        """Cut the pending run at the first step boundary at or after ``t`` (a request
-        arrived that could be admitted then); returns the run's new end time."""
-        start, k, k_fin, durs, cum, remaining = self._run
-        k2 = min(k, int(np.searchsorted(cum, t - start, side="left")) + 1)
-        self._run = (start, max(1, k2), k_fin, durs, cum, remaining)
-        return start + float(cum[max(1, k2) - 1])
-
-    def commit_run(self) -> np.ndarray:
-        """Apply the pending decode run; returns the requests that finished at its end."""
-        start, k, k_fin, durs, cum, remaining = self._run
-        self._run = None
-        R = self.R
-        n = R.shape[1]
-        idx = R[self.IDX]
-        comp = R[self.COMP]
-        newb = np.maximum(-(-(comp + k) // self.bs) - R[self.S] - R[self.P], 0)
-        self.pool.allocate(int(newb.sum()))
-        R[self.P] += newb
-        R[self.COMP] += k
-        R[self.NTOK] += k
-        self.out[idx] += k
-        self.generation_tokens += n * k
-        end = start + float(cum[k - 1])
-        seen = self._deliver_run(start + cum[:k], n)   # when users get each step's tokens
-        first = np.isnan(self.t_first[idx])    # a prompt whose last token is computed now
-        if first.any():
-            self.t_first[idx[first]] = seen[0]
-        if self.record_itl:
-            gaps = seen[0] - self.t_last[idx]
-            self.itl_chunks.append(gaps[~first])
-            if k > 1:
-                self.itl_chunks.append(np.repeat(np.diff(seen), n))
-        self.t_last[idx] = seen[-1]
-        self.now = end
-        self.steps += k
-        if self.step_log is not None:
-            self.step_log.extend([(n, n, 0, 0)] * k)
-        u = self.pool.usage()
-        if u > self.usage_max:
-            self.usage_max = u
-        if k == k_fin:
-            return self._finish(np.flatnonzero(remaining == k), float(seen[-1]))
-        return _EMPTY
+def truncated(run: Run, t: float) -> Run:
+    """``run`` cut at the first step boundary at or after ``t`` (a request arrived that
+    could be admitted then)."""
+    start, k, k_fin, durations, cum, remaining = run
+    k2 = min(k, int(np.searchsorted(cum, t - start, side="left")) + 1)
+    return (start, max(1, k2), k_fin, durations, cum, remaining)

@@ -1,23 +1,21 @@
-"""One vLLM V1 engine (a replica) stepped in virtual time: :class:`EngineCore`, its
-per-request tables, its requests (:meth:`EngineCore.load`, :meth:`EngineCore.add_request`,
-:meth:`EngineCore.abort`), its block bookkeeping and the stepping entry points
-(:meth:`EngineCore.step`, :meth:`EngineCore.advance`, :meth:`EngineCore.commit`), and the
-cache units of a prompt (:func:`shared_units`). The scheduling policy (``policy``), the
-multi-step decode runs (``decode_runs``) and the API server's queue (``frontend``) are
-mixed in from the modules beside it."""
+"""One vLLM V1 engine (a replica) stepped in virtual time: :class:`EngineCore`. It owns its
+request table (:class:`~tuner.sim.scheduler.requests.RequestTable`, shared by the replicas of
+one deployment), its scheduler (:class:`~tuner.sim.scheduler.policy.Scheduler`: KV pool,
+WAITING queue, running batch, the policy of a step), its step timer and its API server's
+queue (:class:`~tuner.sim.scheduler.frontend.FrontEnd`); it moves the virtual clock, runs
+steps or decode runs (:mod:`~tuner.sim.scheduler.decode_runs`) and delivers their tokens."""
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tuner.sim.calibration import Calibration, load_calibration
-from tuner.sim.kvcache import BlockPool
-from tuner.sim.scheduler.decode_runs import DecodeRuns
+from tuner.sim.scheduler.decode_runs import Run, plan_run, truncated
 from tuner.sim.scheduler.frontend import FrontEnd
-from tuner.sim.scheduler.policy import SchedulePolicy
+from tuner.sim.scheduler.policy import COMPUTED, TOKENS, Scheduler
+from tuner.sim.scheduler.requests import RequestTable
 from tuner.sim.scheduler.steps import _EMPTY, _I, Advance, StepOutput
 from tuner.sim.steptime import StepTimer
 
@@ -25,92 +23,35 @@ if TYPE_CHECKING:
     from tuner.sim.memory import MemoryPlan
 
 
-def shared_units(hash_ids: tuple[int, ...], block_tokens: int, prompt_tokens: int,
-                 block_size: int) -> list[tuple[object, int]]:
-    """Cache units of a prompt whose ``block_tokens``-token pieces are named by ``hash_ids``:
-    the engine blocks (``block_size`` tokens, full, inside the named part of the prompt)
-    whose last token lies in piece k form unit k, keyed by the chained hash of ids 0..k and
-    its block count (vLLM: ``hash_block_tokens(parent_hash, tokens)``)."""
-    units: list[tuple[object, int]] = []
-    covered = min(len(hash_ids) * block_tokens, prompt_tokens)
-    chain = 0
-    prev_blocks = 0
-    for k, hid in enumerate(hash_ids):
-        if k * block_tokens >= covered:
-            break
-        chain = hash((chain, int(hid)))
-        end_blocks = min((k + 1) * block_tokens, covered) // block_size
-        n = end_blocks - prev_blocks
-        prev_blocks = end_blocks
-        if n > 0:
-            units.append((("shared", chain, n), n))
-    return units
-
-
-class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
+class EngineCore:
     """One replica. Requests are numbered in order of :meth:`add_request` (or :meth:`load`);
     times are the core's virtual clock (``now``, seconds), which the caller may move
     forward while the core is idle."""
-
-    # rows of the running-batch matrix ``R`` (one column per running request, in order)
-    IDX, COMP, NTOK, S, P, PUB = range(6)
 
     def __init__(self, plan: MemoryPlan, profile: Calibration | None = None, *,
                  fast: bool = True, record_itl: bool = False) -> None:
         self.plan = plan
         self.calib = profile if profile is not None else load_calibration(plan.gpu, vllm_version=plan.vllm_version)
         self.timer = StepTimer(plan, self.calib)
-        self.bs = int(plan.block_size)
-        self.budget = int(plan.max_num_batched_tokens)
-        self.chunk_cap = int(plan.long_prefill_token_threshold)  # --long-prefill-token-threshold (0: none)
-        self.max_seqs = int(plan.max_num_seqs)
-        self.max_model_len = int(plan.max_model_len)
-        self.pool = BlockPool(plan.num_gpu_blocks, plan.enable_prefix_caching)
-        self.caching = bool(plan.enable_prefix_caching)
+        config = plan.config
+        self.requests = RequestTable(int(config.max_model_len), bool(config.enable_prefix_caching),
+                                     int(config.block_size))
+        self.scheduler = Scheduler(config, plan.num_gpu_blocks, self.requests)
+        # --api-server-count N: N processes share the requests and their tokens, each on its own
+        # core; as one queue N times as fast (their work spread evenly over them)
+        servers = int(config.api_server_count or 1)
+        self.front = FrontEnd(float(getattr(self.calib, "frontend_per_token_s", 0.0)) / servers,
+                              float(getattr(self.calib, "frontend_per_request_s", 0.0)) / servers)
         self.fast = fast
         self.record_itl = record_itl
         self.now = 0.0
-        # --api-server-count N: N processes share the requests and their tokens, each on its own
-        # core; as one queue N times as fast (their work spread evenly over them)
-        servers = plan.api_server_count
-        self.fe_cost = float(getattr(self.calib, "frontend_per_token_s", 0.0)) / servers
-        self.fe_req = float(getattr(self.calib, "frontend_per_request_s", 0.0)) / servers
-        self.fe_free = 0.0              # when the front end has done all the work merged so far
-        self.fe_queue: deque[tuple[float, float]] = deque()   # requests it took in, not yet merged
-        self._fe_memo: tuple | None = None  # where the last request's fold of fe_queue stopped
         self._emit: tuple | None = None  # a deferred step's tokens, delivered by commit()
         self._last_start = 0.0
         self.last_emitted = _EMPTY      # requests that got a token in the last single step
-        self._run: tuple | None = None  # planned decode run (start, k, k_fin, durs, cum, remaining)
-        # per request (index j)
-        self._cap = 0
-        self._n = 0
+        self._run: Run | None = None    # planned decode run (see decode_runs)
         self.ids: list[str] = []
         self._index: dict[str, int] = {}
-        self.prompt = _EMPTY.copy()
-        self.max_out = _EMPTY.copy()
-        self.out = _EMPTY.copy()
-        self.cached = _EMPTY.copy()     # prefix-hit tokens at first admission
-        self.t_sched = np.zeros(0)      # first time scheduled (NaN until then)
-        self.t_first = np.zeros(0)      # first token
-        self.t_done = np.zeros(0)       # finished
-        self.t_last = np.zeros(0)       # last token (for ITL)
-        self._hash: dict[int, tuple[tuple[int, ...], int]] = {}    # j -> (hash_ids, block_tokens)
-        self._units: dict[int, list[tuple[object, int]]] = {}      # j -> shared units (lazy)
-        self.refs: dict[int, list[tuple[object, int]]] = {}        # units j references now
-        self.pending: dict[int, list[tuple[object, int]]] = {}     # units to cache after prefill
-        self.own_start: dict[int, int] = {}                        # preempted j -> first own block
         self.aborted: set[int] = set()
-        self.rejected: list[int] = []                              # never fit in the KV pool
-        self.R = np.zeros((6, 0), dtype=_I)
-        self.waiting: deque[int] = deque()
-        self._blocked: tuple[int, int, int] | None = None   # (head, free, pool version) that did not fit
-        self._pool_version = 0
-        # counters
-        self.num_preemptions = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.prompt_tokens_total = 0
         self.generation_tokens = 0
         self.steps = 0
         self.usage_max = 0.0
@@ -118,52 +59,21 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         self.step_log: list[tuple[int, int, int, int]] | None = None   # (tokens, seqs, preempted, admitted)
 
     # -- requests -------------------------------------------------------------------------
-    def _ensure(self, cap: int) -> None:
-        if cap <= self._cap:
-            return
-        cap = max(cap, 16, 2 * self._cap)
-        for name in ("prompt", "max_out", "out", "cached"):
-            a = getattr(self, name)
-            b = np.zeros(cap, dtype=_I)
-            b[: len(a)] = a
-            setattr(self, name, b)
-        for name in ("t_sched", "t_first", "t_done", "t_last"):
-            a = getattr(self, name)
-            b = np.full(cap, np.nan)
-            b[: len(a)] = a
-            setattr(self, name, b)
-        self._cap = cap
-
     def load(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
              hash_ids: list[tuple[int, ...]] | None = None, block_tokens: int = 512) -> int:
         """Register requests in bulk (not yet queued; see :meth:`enqueue`). Returns the index
         of the first. Output is clamped to ``max_model_len - prompt`` as vLLM clamps
         ``max_tokens``; the caller refuses prompts of ``max_model_len`` tokens or more."""
-        base = self._n
-        m = len(prompt_tokens)
-        self._ensure(base + m)
-        p = np.asarray(prompt_tokens, dtype=_I)
-        self.prompt[base: base + m] = p
-        self.max_out[base: base + m] = np.maximum(
-            1, np.minimum(np.asarray(output_tokens, dtype=_I), self.max_model_len - p))
-        if self.caching and hash_ids is not None:
-            for i, h in enumerate(hash_ids):
-                if len(h):
-                    self._hash[base + i] = (tuple(h), block_tokens)
-        self._n = base + m
-        return base
+        return self.requests.load(prompt_tokens, output_tokens, hash_ids, block_tokens)
 
     def share_requests(self, other: EngineCore) -> None:
         """Use ``other``'s request table (replicas of one deployment: a request lives on one
         replica only, so they can share the per-request arrays instead of copying them)."""
-        for name in ("prompt", "max_out", "out", "cached", "t_sched", "t_first", "t_done", "t_last",
-                     "_hash", "_units"):
-            setattr(self, name, getattr(other, name))
-        self._n, self._cap = other._n, other._cap
+        self.requests = self.scheduler.requests = other.requests
 
     def enqueue(self, j: int) -> None:
         """Request ``j`` (from :meth:`load`) arrives: it joins WAITING."""
-        self.waiting.append(j)
+        self.scheduler.waiting.append(j)
 
     def add_request(self, req_id: str, prompt_tokens: int, output_tokens: int,
                     hash_ids: tuple[int, ...] = (), block_tokens: int = 512) -> int:
@@ -177,80 +87,41 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         self.enqueue(j)
         return j
 
-    def _units_of(self, j: int) -> list[tuple[object, int]]:
-        u = self._units.get(j)
-        if u is None:
-            h = self._hash.get(j)
-            u = shared_units(h[0], h[1], int(self.prompt[j]), self.bs) if h else []
-            self._units[j] = u
-        return u
-
     def abort(self, req_id: str) -> None:
         """Drop a request (client went away): its blocks are freed."""
         j = self._index.get(req_id)
-        if j is None or j in self.aborted or not math.isnan(self.t_done[j]):
+        if j is None or j in self.aborted or not math.isnan(self.requests.t_done[j]):
             return
         self.aborted.add(j)
-        if j in self.waiting:
-            self.waiting.remove(j)
-            return
-        pos = np.flatnonzero(self.R[self.IDX] == j)
-        if len(pos):
-            i = int(pos[0])
-            self._free_running(i, keep_own=False)
-            self.R = np.delete(self.R, i, axis=1)
+        self.scheduler.remove(j)
+
+    def frontend_admit(self, t: float) -> float:
+        """A request reaches the front end at ``t``: when the engine sees it."""
+        return self.front.admit(t, self._run, self.scheduler.batch.shape[1])
 
     def has_work(self) -> bool:
-        return bool(self.R.shape[1] or self.waiting)
+        return bool(self.scheduler.batch.shape[1] or self.scheduler.waiting)
 
     @property
     def num_running(self) -> int:
-        return self.R.shape[1]
+        return self.scheduler.num_running
 
     def stats(self) -> dict:
+        sched = self.scheduler
         return {
-            "num_running": self.R.shape[1],
-            "num_waiting": len(self.waiting),
-            "kv_cache_usage": self.pool.usage(),
-            "num_preemptions": self.num_preemptions,
-            "prefix_cache_queries": self.prefix_queries,
-            "prefix_cache_hits": self.prefix_hits,
-            "prompt_tokens": self.prompt_tokens_total,
+            "num_running": sched.batch.shape[1],
+            "num_waiting": len(sched.waiting),
+            "kv_cache_usage": sched.pool.usage(),
+            "num_preemptions": sched.num_preemptions,
+            "prefix_cache_queries": sched.prefix_queries,
+            "prefix_cache_hits": sched.prefix_hits,
+            "prompt_tokens": sched.prompt_tokens_total,
             "generation_tokens": self.generation_tokens,
         }
 
     def blocks_in_use(self) -> int:
         """Blocks referenced by running requests (shared units counted once)."""
-        return int(self.R[self.P].sum()) + self.pool.shared_referenced
-
-    # -- block bookkeeping ---------------------------------------------------------------
-    def _free_running(self, i: int, keep_own: bool) -> None:
-        """Release the blocks of running column ``i`` (preemption keeps its own unit cached)."""
-        R = self.R
-        j = int(R[self.IDX, i])
-        comp = int(R[self.COMP, i])
-        S = int(R[self.S, i])
-        p = int(R[self.P, i])
-        own = 0
-        own_key = None
-        if keep_own and self.caching:
-            own = min(max(0, comp // self.bs - S), p)
-            own_key = ("own", j)
-            self.own_start[j] = S
-        self.pool.release(self.refs.pop(j, ()), own_key, own, p - own)
-        self.pending.pop(j, None)
-        self._pool_version += 1
-
-    def _fits(self, j: int) -> tuple[bool, object, int]:
-        """Whether WAITING request ``j`` may be admitted now (whole prompt in free blocks)."""
-        ntok = int(self.prompt[j] + self.out[j])
-        own_start = self.own_start.get(j, -1)
-        if not self.caching or (own_start < 0 and j not in self._hash):
-            return -(-ntok // self.bs) <= self.pool.free, None, ntok
-        own_key = ("own", j) if own_start >= 0 else None
-        plan = self.pool.lookup(self._units_of(j), own_key, own_start, (ntok - 1) // self.bs)
-        need = max(0, -(-ntok // self.bs) - plan.cached_blocks) + plan.touched_free
-        return need <= self.pool.free, plan, ntok
+        return self.scheduler.blocks_in_use()
 
     # -- stepping -------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -282,13 +153,71 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
         if self._run is not None or self._emit is not None:
             raise RuntimeError("commit the pending step first")
         if allow_fast and self.fast:
-            adv = self._try_decode_run(horizon_s, defer)
-            if adv is not None:
-                return adv
+            run = plan_run(self.scheduler, self.timer, self.now, horizon_s)
+            if run is not None:
+                self._run = run
+                end = self.now + float(run[4][run[1] - 1])
+                if not defer:
+                    return Advance(end, run[1], self.commit_run())
+                return Advance(end, run[1], _EMPTY, deferred=True)
         adv = self._step()
         if self._emit is not None and not defer:
             self.commit()
         return adv
+
+    def _step(self) -> Advance:
+        """One step: the scheduler's choice, its duration, its tokens (delivered at commit)."""
+        start = self.now
+        sched = self.scheduler
+        scheduled, total, preempted, admitted = sched.schedule(start)
+        batch = sched.batch
+        if total == 0:
+            if not batch.shape[1] and not preempted and sched.waiting:
+                return Advance(start, 0, np.array([sched.reject_head(start)], dtype=_I), 0)
+            # nothing ran (everything preempted this step); charge the fixed overhead
+            self.now = start + self.timer.fixed
+            self.steps += 1
+            if self.step_log is not None:
+                self.step_log.append((0, 0, preempted, 0))
+            return Advance(self.now, 1, _EMPTY, preempted)
+        computed, tokens = batch[COMPUTED], batch[TOKENS]
+        n = batch.shape[1]
+        n_seqs = n if total >= n and scheduled.min() > 0 else int(np.count_nonzero(scheduled))
+        decode_only = total == n_seqs and n_seqs == n and int((tokens - computed).max()) == 1
+        new_computed = computed + scheduled
+        context = float(new_computed[scheduled > 0].sum()) if n_seqs < n else float(new_computed.sum())
+        attention = float((scheduled * (computed + new_computed + 1)).sum()) * 0.5
+        end = start + self.timer.step(total, n_seqs, decode_only, context, attention)
+        self.now = end
+        self.steps += 1
+        if self.step_log is not None:
+            self.step_log.append((total, n_seqs, preempted, admitted))
+        emitted, finished = sched.update_from_output(new_computed, end)
+        if len(emitted):
+            self.last_emitted = emitted
+            self.generation_tokens += len(emitted)
+            self._emit = (end, emitted, finished)   # reach users at commit(): see FrontEnd.deliver
+        u = sched.pool.usage()
+        if u > self.usage_max:
+            self.usage_max = u
+        return Advance(end, 1, finished, preempted)
+
+    @property
+    def commit_pending(self) -> bool:
+        """A deferred step or decode run waits for :meth:`commit`."""
+        return self._run is not None or self._emit is not None
+
+    @property
+    def run_pending(self) -> bool:
+        """A deferred decode run is planned but not yet applied (see :meth:`advance`)."""
+        return self._run is not None
+
+    def truncate_run(self, t: float) -> float:
+        """Cut the pending run at the first step boundary at or after ``t`` (a request
+        arrived that could be admitted then); returns the run's new end time."""
+        self._run = truncated(self._run, t)
+        start, k, _, _, cum, _ = self._run
+        return start + float(cum[k - 1])
 
     def commit(self) -> np.ndarray:
         """Deliver what the deferred step or decode run emitted (its end has come); returns
@@ -297,16 +226,45 @@ class EngineCore(SchedulePolicy, DecodeRuns, FrontEnd):
             return self.commit_run()
         if self._emit is None:
             return _EMPTY
-        end, js, finished = self._emit
+        end, emitted, finished = self._emit
         self._emit = None
-        seen = self._deliver(end, len(js))
-        tf = self.t_first[js]
-        first = np.isnan(tf)
+        seen = self.front.deliver(end, len(emitted))
+        reqs = self.requests
+        first = np.isnan(reqs.t_first[emitted])
         if first.any():
-            self.t_first[js[first]] = seen
+            reqs.t_first[emitted[first]] = seen
         if self.record_itl:
-            self.itl_chunks.append(seen - self.t_last[js[~first]])
-        self.t_last[js] = seen
+            self.itl_chunks.append(seen - reqs.t_last[emitted[~first]])
+        reqs.t_last[emitted] = seen
         if len(finished):
-            self.t_done[finished] = seen
+            reqs.t_done[finished] = seen
         return finished
+
+    def commit_run(self) -> np.ndarray:
+        """Apply the pending decode run; returns the requests that finished at its end."""
+        start, k, k_fin, _, cum, remaining = self._run
+        self._run = None
+        running = self.scheduler.decode(k)
+        n = len(running)
+        self.generation_tokens += n * k
+        seen = self.front.deliver_run(start + cum[:k], n)   # when users get each step's tokens
+        reqs = self.requests
+        first = np.isnan(reqs.t_first[running])    # a prompt whose last token is computed now
+        if first.any():
+            reqs.t_first[running[first]] = seen[0]
+        if self.record_itl:
+            gaps = seen[0] - reqs.t_last[running]
+            self.itl_chunks.append(gaps[~first])
+            if k > 1:
+                self.itl_chunks.append(np.repeat(np.diff(seen), n))
+        reqs.t_last[running] = seen[-1]
+        self.now = start + float(cum[k - 1])
+        self.steps += k
+        if self.step_log is not None:
+            self.step_log.extend([(n, n, 0, 0)] * k)
+        u = self.scheduler.pool.usage()
+        if u > self.usage_max:
+            self.usage_max = u
+        if k == k_fin:
+            return self.scheduler.finish(np.flatnonzero(remaining == k), float(seen[-1]))
+        return _EMPTY

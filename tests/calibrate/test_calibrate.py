@@ -34,7 +34,7 @@ from tuner.sim.hardware import get_gpu
 from tuner.sim.memory import plan_memory
 
 H200 = Deployment(model="qwen2.5-7b", gpu="H200", vllm_version="0.26.0")
-DATA = Path(__file__).resolve().parents[1] / "tuner" / "data" / "calibration" / "h200-vllm-0.26.0"
+DATA = Path(__file__).resolve().parents[2] / "tuner" / "data" / "calibration" / "h200-vllm-0.26.0"
 
 
 # ----------------------------------------------------------------------------- design

@@ -456,7 +456,7 @@ def test_a_request_count_given_is_kept_and_the_note_says_to_raise_it():
 
 
 # -- the plan of a study's trial agrees with the search on it --------------------------------
-PREFILL_HEAVY = Path(__file__).parent / "fixtures" / "prefill-heavy-100.jsonl"
+PREFILL_HEAVY = Path(__file__).parents[1] / "fixtures" / "prefill-heavy-100.jsonl"
 
 
 @pytest.mark.parametrize("levels", [None, [5, 50], [1, 100]], ids=["default", "5,50", "1,100"])
