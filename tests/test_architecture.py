@@ -99,13 +99,19 @@ def test_no_module_lies_loose_at_the_root_of_tuner():
 def test_no_package_names_a_submodule_after_a_name_it_hands_on():
     """Importing ``pkg.x`` binds the module to ``pkg.x``: where the package's ``__init__`` binds
     ``x`` to something else (a function from another submodule), the first import of the
-    submodule hides it."""
+    submodule hides it. A package that imports the submodule first, then binds the name
+    (``tuner`` loads ``tuner.search`` and then defines the verb ``search``), is not hidden:
+    a submodule is bound to its parent once, when it is first imported."""
     wrong = []
     for init in sorted(PACKAGE.rglob("__init__.py")):
         package = _module(init)
         submodules = ({p.stem for p in init.parent.glob("*.py")}
                       | {p.parent.name for p in init.parent.glob("*/__init__.py")})
+        loaded: set[str] = set()
         for node in ast.parse(init.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Expr) and ast.unparse(node).startswith("importlib.import_module("):
+                loaded.add(str(ast.literal_eval(node.value.args[0])).removeprefix(f"{package}."))  # type: ignore[attr-defined]
+                continue
             if isinstance(node, ast.ImportFrom):
                 bound = [(a.asname or a.name, node.module == f"{package}.{a.asname or a.name}"
                           or f"{node.module}.{a.name}" == f"{package}.{a.asname or a.name}") for a in node.names]
@@ -116,7 +122,7 @@ def test_no_package_names_a_submodule_after_a_name_it_hands_on():
             else:
                 continue
             wrong += [f"{init.relative_to(PACKAGE.parent)}:{node.lineno}: {name} is also {package}.{name}"
-                      for name, own in bound if name in submodules and not own]
+                      for name, own in bound if name in submodules and not own and name not in loaded]
     assert not wrong, "\n".join(wrong)
 
 
@@ -154,7 +160,7 @@ def test_the_check_sees_imports_inside_functions_and_skips_type_only_ones(tmp_pa
 #: Most lines a module of tuner may have (issue 33: split by noun past that).
 MAX_LINES = 400
 #: Modules still over :data:`MAX_LINES`, each to be split; a module leaves the list when it is.
-OVER_MAX_LINES: frozenset[str] = frozenset({"tuner/search/driver.py", "tuner/backends/vllm.py"})  # issue 50 splits them
+OVER_MAX_LINES: frozenset[str] = frozenset({"tuner/backends/vllm.py"})  # issue 50 splits it
 
 
 def test_no_module_is_over_400_lines_but_those_being_split():

@@ -8,7 +8,15 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, parse_gpus, pins, quantization_flag, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output, Sampler, existing_file
+from tuner.cli.options import (
+    Backend,
+    Output,
+    Sampler,
+    backend_option,
+    storage_option,
+    trace_option,
+    vllm_cmd_option,
+)
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
@@ -73,25 +81,26 @@ TIMEOUT_GRACE_S = 10.0
 @with_knob_options(_PIN)
 def search_cmd(
     space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
-    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
+    backend: Backend = backend_option(),
     model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),
     quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
-    trace: str | None = typer.Option(None, "--trace", callback=existing_file, help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
+    trace: str | None = trace_option(help="Request log to optimise for (any format tuner trace reads). "
+                                          "Default: the built-in synthetic mix."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
     slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),
     objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
     load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
     budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
     timeout: str | None = typer.Option(None, "--timeout", help="Wall time of this run: 2h, 45m or 3600 (seconds). No trial starts that would not finish in time; the best so far is printed, and the exit is 124 while the budget is not used (the same command goes on)."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage (SQLAlchemy URL). Default: sqlite:///studies/<study>.db."),
+    storage: str | None = storage_option(),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
     sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of the load's randomness."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text: a table and the vllm serve command; json: one JSON object on stdout, for scripts."),
     warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
-    vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
+    vllm_cmd: str | None = vllm_cmd_option(),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend); several, comma-separated, are replicas."),
     api_key_file: str | None = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's API key, sent as 'Authorization: Bearer KEY'. Default: $OPENAI_API_KEY, else $VLLM_API_KEY. The key is never stored, logged or printed."),
     predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
@@ -134,11 +143,12 @@ def search_cmd(
       tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
       tuner search --budget 40 --recipe winner.json
     """
-    import tuner
     from tuner.cli.trace import bad_rows_advice
     from tuner.core.units import parse_seconds
     from tuner.runtime.interrupts import alarm
     from tuner.search import SearchSettings
+    from tuner.search.workflow import search as run_search
+    from tuner.serving.slo import SloSet
     from tuner.study import closest_miss, miss_explanation
 
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
@@ -151,21 +161,16 @@ def search_cmd(
                               objective=objective, resume_anyway=resume_anyway)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)
-    target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
-    slos = list(slo or ())
-    if slos:
-        from tuner.serving.slo import split_slos
-
-        ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
-        target, slos = ttft or target, list(others)
+    service = SloSet.parse(slo or (), target_ttft)  # --slo and --target-ttft, read once here
     pinned, where = pins(knob_flags, set_, layout={"tensor_parallel_size": tensor_parallel_size, "replicas": replicas})
-    workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
+    # --slo replaces the space's service levels; --target-ttft alone changes its target only
+    workload = {"trace": trace, "load": load, "target_ttft_s": None if slo or service is None else service.target_ttft_s}
     alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with Bar("trials", budget, best=True, objective=objective) as progress, \
             bad_rows_advice(trace):
-        outcome = tuner.search(
+        outcome = run_search(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
-            workload=workload, backend=backend, backend_options=options,
+            workload=workload, slo=service if slo else None, backend=backend, backend_options=options,
             study=study, storage=storage, settings=settings, predict=predict, warm_start=warm_start == "sim",
             observer=progress, pin=pinned, pin_where=where)
     alarm(None)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Output
+from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 from tuner.cli.output import console, fit, print_json, table
 from tuner.serving.slo import OBJECTIVES, value_text
 from tuner.study.record import StudyRecord, TrialRecord
@@ -179,8 +179,7 @@ def write_recipe_of(path: str, best: Any, deployment: Deployment, study: str) ->
 @studies_app.callback()
 def studies_list(
     ctx: typer.Context,
-    storage: str | None = typer.Option(None, "--storage", metavar="URL",
-                                       help="Optuna storage URL to list. Default: every studies/*.db."),
+    storage: str | None = storage_option(help="Optuna storage URL to list. Default: every studies/*.db."),
 ) -> None:
     """List the studies in studies/ (or in --storage), or show one.
 
@@ -285,8 +284,7 @@ def _trials_text(budget: dict[str, int], states: dict[str, int]) -> str:
 @studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.")
 def studies_show(
     name: str = typer.Argument(..., metavar="NAME", help="Study name (tuner studies lists them)."),
-    storage: str | None = typer.Option(None, "--storage", metavar="URL",
-                                       help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
+    storage: str | None = storage_option(help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
     recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
 ) -> None:
