@@ -20,9 +20,10 @@ Per trial (:func:`evaluate_config`, :mod:`tuner.search.objective`):
    requests failed at 64 users: http_429 x400``), never a latency. Refining also stops
    once even the failing load could not beat the study's best trial (Little's law bound).
 
-The P95 TTFT constraint goes to the sampler as an Optuna constraint (the trial's
-``constraints`` system attr, :func:`~tuner.search.constraints.tell_constraints`: TPE, GP and
-optuna-dashboard read it), so it learns the feasible region. Infeasible
+The P95 TTFT constraint (one per SLO) goes to the sampler as an Optuna constraint through
+Optuna's public paths (:mod:`~tuner.search.constraints`: a ``constraints_func`` for TPE and
+GP, ``Trial.set_constraint`` otherwise; optuna-dashboard reads it), so it learns the
+feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
 crash marks only that trial FAIL and the study goes on. A configuration the sampler
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
@@ -42,9 +43,10 @@ sampler, log paths, plan facts).
 The package, one noun a module, each importing only those below it:
 
 * :mod:`~tuner.search.run` — :func:`run_search`; :mod:`~tuner.search.driver` — its
-  :class:`SearchRun`: the study, its trials, resume, workers (set up by
-  :mod:`~tuner.search.setup`; :mod:`~tuner.search.settings`, :mod:`~tuner.search.outcome`
-  what it takes and leaves);
+  :class:`SearchRun`: the study, resume, workers, on a run opened by
+  :mod:`~tuner.search.setup`, each trial a :mod:`~tuner.search.trial`, all sharing one
+  :class:`~tuner.search.context.TrialContext` (:mod:`~tuner.search.context`;
+  :mod:`~tuner.search.settings`, :mod:`~tuner.search.outcome` what it takes and leaves);
 * :mod:`~tuner.search.confirm` — the winner's repeat measurements (decided by
   :mod:`tuner.study.race`);
 * :mod:`~tuner.search.pruning` and :mod:`~tuner.search.prediction` — the simulator as
