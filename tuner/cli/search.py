@@ -77,7 +77,34 @@ _PIN = " Pinned: fixed in the space, not searched (a study of its own)."
 TIMEOUT_GRACE_S = 10.0
 
 
-@app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.")
+#: ``tuner search --help`` (the command's docstring would make it 25 lines longer than it reads).
+SEARCH_HELP = """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
+
+Each trial samples a configuration from the search space, pre-checks it with the simulator's memory planner (a configuration vLLM would refuse costs nothing), starts it, and searches the highest load whose P95 TTFT meets the target; the token throughput there is the trial's score.
+
+With --backend vllm, the simulator also predicts each configuration before it starts (--no-predict turns this off): the load search starts where it predicts the edge of the target, and a configuration predicted far below the best trial, or the same as a weaker one, is recorded as PRUNED without a launch. Its predictions are scaled by how far the measured trials were from them.
+
+Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
+
+A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129. --timeout starts a trial only when the study's longest trial fits in the time left, and --timeout stops one still running at the limit the same way; the run then prints the best so far, as a finished run does, and exits 124 while trials of the budget (or the winner's confirmation) are left, 0 once none is. A trial stopped either way, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
+
+Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 5 the --endpoint server cannot be talked to (refused, reset, no answer in time, implausible streams; the URL and the cause are named), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
+
+\b
+Examples:
+  tuner search --budget 40
+  tuner search --budget 40 --gpu H200 --model qwen2.5-14b --target-ttft 1s
+  tuner search --budget 40 --slo p95:ttft<=2s --slo p99:tpot<=30ms
+  tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
+  tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
+  tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
+  tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
+  tuner search --budget 40 --recipe winner.json
+"""
+
+
+@app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.",
+             help=SEARCH_HELP)
 @with_knob_options(_PIN)
 def search_cmd(
     space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
@@ -120,36 +147,12 @@ def search_cmd(
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
-    """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
-
-    Each trial samples a configuration from the search space, pre-checks it with the simulator's memory planner (a configuration vLLM would refuse costs nothing), starts it, and searches the highest load whose P95 TTFT meets the target; the token throughput there is the trial's score.
-
-    With --backend vllm, the simulator also predicts each configuration before it starts (--no-predict turns this off): the load search starts where it predicts the edge of the target, and a configuration predicted far below the best trial, or the same as a weaker one, is recorded as PRUNED without a launch. Its predictions are scaled by how far the measured trials were from them.
-
-    Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
-
-    A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129. --timeout starts a trial only when the study's longest trial fits in the time left, and --timeout stops one still running at the limit the same way; the run then prints the best so far, as a finished run does, and exits 124 while trials of the budget (or the winner's confirmation) are left, 0 once none is. A trial stopped either way, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
-
-    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 5 the --endpoint server cannot be talked to (refused, reset, no answer in time, implausible streams; the URL and the cause are named), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
-
-    \b
-    Examples:
-      tuner search --budget 40
-      tuner search --budget 40 --gpu H200 --model qwen2.5-14b --target-ttft 1s
-      tuner search --budget 40 --slo p95:ttft<=2s --slo p99:tpot<=30ms
-      tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
-      tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
-      tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
-      tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
-      tuner search --budget 40 --recipe winner.json
-    """
     from tuner.cli.trace import bad_rows_advice
     from tuner.core.units import parse_seconds
     from tuner.runtime.interrupts import alarm
     from tuner.search import SearchSettings
     from tuner.search.workflow import search as run_search
     from tuner.serving.slo import SloSet
-    from tuner.study import closest_miss, miss_explanation
 
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
@@ -174,17 +177,29 @@ def search_cmd(
             study=study, storage=storage, settings=settings, predict=predict, warm_start=warm_start == "sim",
             observer=progress, pin=pinned, pin_where=where)
     alarm(None)
-    dep = outcome.deployment
-    from tuner.core.urls import redact, redact_value
-    from tuner.study import error_totals, recommendation
+    report = _report(outcome, objective)
+    if recipe and outcome.best is not None:
+        write_recipe_of(recipe, outcome.best, outcome.deployment, outcome.name)
+    if output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    _raise_for_end(outcome, report, budget, confirm, timeout_s)
 
-    best = outcome.best
+
+def _report(outcome: Any, objective: str) -> dict[str, Any]:
+    """What ``tuner search`` says of a run: its study, trials, the best (or the closest miss)."""
+    from tuner.core.urls import redact, redact_value
+    from tuner.study import closest_miss, error_totals, miss_explanation, recommendation
+
+    dep, best = outcome.deployment, outcome.best
     recommended = recommendation(outcome.study)
     report: dict[str, Any] = {
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials, "copies": outcome.copies,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
-        "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective, "backend": outcome.backend,
+        "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective,
+        "backend": outcome.backend,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
         "errors_total": error_totals(outcome.study),
@@ -199,13 +214,13 @@ def search_cmd(
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
         report["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
-    report = redact_value(report)
-    if recipe and best is not None:
-        write_recipe_of(recipe, best, dep, outcome.name)
-    if output == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        _print_report(report)
+    return redact_value(report)
+
+
+def _raise_for_end(outcome: Any, report: dict[str, Any], budget: int, confirm: int, timeout_s: float | None) -> None:
+    """The run's exit where it is not 0: --timeout left trials or the confirmation (124), or
+    no configuration met the service levels (3)."""
+    best = outcome.best
     if outcome.timed_out and outcome.finished < budget:
         raise WindowClosed(f"--timeout {timeout_s:g} s reached with {outcome.finished} of {budget} trials finished"
                            + ("" if best is None else f" (best so far: trial {best.number})")
