@@ -26,8 +26,6 @@ LONG: frozenset[str] = frozenset({
     "tuner/cli/estimate.py:estimate_cmd",
     "tuner/sim/scheduler/policy.py:SchedulePolicy._step",
     "tuner/sim/server.py:SimServer._generate",
-    "tuner/cli/studies.py:studies_show",
-    "tuner/cli/nightly.py:nightly_cmd",
 })
 #: ``path:qualified name`` of the functions still over :data:`MAX_COMPLEXITY`.
 COMPLEX: frozenset[str] = frozenset({

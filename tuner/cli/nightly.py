@@ -19,7 +19,21 @@ from tuner.core.errors import InputError
 
 
 
-@app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.")
+#: ``tuner nightly --help`` (a constant: the docstring would make the command longer than it reads).
+NIGHTLY_HELP = """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
+
+Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --timeout. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
+
+A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
+
+\b
+Examples:
+  tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
+  tuner nightly --trials 10 --timeout 2h --threshold 5%
+"""
+
+
+@app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.", help=NIGHTLY_HELP)
 def nightly_cmd(
     trace: str | None = trace_option(help="Request log of the deployment (any format tuner trace reads). "
                                           "Default: the built-in synthetic mix."),
@@ -44,17 +58,6 @@ def nightly_cmd(
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),
 ) -> None:
-    """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
-
-    Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --timeout. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
-
-    A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
-
-    \b
-    Examples:
-      tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
-      tuner nightly --trials 10 --timeout 2h --threshold 5%
-    """
     from tuner.cli.search import backend_options, deployment_changes
     from tuner.cli.trace import bad_rows_advice
     from tuner.core.units import parse_seconds

@@ -281,24 +281,27 @@ def _trials_text(budget: dict[str, int], states: dict[str, int]) -> str:
     return text + (f"; not counted: {', '.join(left)}" if left else "")
 
 
-@studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.")
+#: ``tuner studies show --help`` (a constant: the docstring would make the command longer than it reads).
+SHOW_HELP = """Show one study: its settings, trial counts and best feasible trial.
+
+The best trial comes with its measurements, its configuration and the vllm
+serve command that runs it; a study with no feasible trial says which trial
+came closest and why it missed.
+
+\b
+Examples:
+  tuner studies show 1xH100-SXM.qwen2.5-7b.default.10e707e7.ttft2s
+  tuner studies show NAME --recipe winner.json
+"""
+
+
+@studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.", help=SHOW_HELP)
 def studies_show(
     name: str = typer.Argument(..., metavar="NAME", help="Study name (tuner studies lists them)."),
     storage: str | None = storage_option(help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
     recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
 ) -> None:
-    """Show one study: its settings, trial counts and best feasible trial.
-
-    The best trial comes with its measurements, its configuration and the vllm
-    serve command that runs it; a study with no feasible trial says which trial
-    came closest and why it missed.
-
-    \b
-    Examples:
-      tuner studies show 1xH100-SXM.qwen2.5-7b.default.10e707e7.ttft2s
-      tuner studies show NAME --recipe winner.json
-    """
     from optuna.trial import TrialState
 
     from tuner.cli.storage import readable_storage
