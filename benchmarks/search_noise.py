@@ -73,6 +73,7 @@ from tuner.search import evaluate_config, num_heads, run_search
 from tuner.search.inputs import build_workload
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.load import Concurrency
+from tuner.serving.slo import SloSet
 from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.study import copy_slots, counts_toward_budget, is_copy, repeats
 from tuner.study.record import TrialRecord
@@ -153,7 +154,7 @@ def build(fam: Family) -> tuple[SearchSpace, object]:
     workload = _mooncake(fam.max_len)
     target = fam.target_s or boundary_target(fam, workload)
     params = tuple(choice_param(name, values) for name, values in fam.grid.items())
-    spec = WorkloadSpec(target_ttft_s=target, requests=REQUESTS, load="concurrency")
+    spec = WorkloadSpec(slo=SloSet.ttft(target), requests=REQUESTS, load="concurrency")
     space = SearchSpace(name=f"noise-{fam.name}", deployment=fam.deployment, workload=spec, params=params,
                         fixed=fam.fixed, layouts=fam.layouts, path="benchmarks/search_noise.py")
     return space.bind(fam.deployment, num_heads(fam.deployment)), workload

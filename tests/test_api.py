@@ -43,15 +43,70 @@ def space(tmp_path: Path) -> Path:
     return path
 
 
-def test_search_and_plan_are_the_modules_and_the_verbs():
-    import tuner.plan
-    import tuner.search
+def test_the_verbs_are_plain_functions_with_their_parameters():
+    import inspect
 
-    assert callable(tuner.search) and callable(tuner.plan)
-    assert tuner.search.run_search.__module__ == "tuner.search.run"
-    assert tuner.plan.plan_capacity.__module__ == "tuner.plan.planner"
+    import tuner.plan  # noqa: F401  (a submodule imported later leaves the verb in place)
+    import tuner.search.workflow  # noqa: F401
+
+    for verb in (tuner.search, tuner.plan, tuner.open_study):
+        assert inspect.isfunction(verb) and verb.__module__ == "tuner" and "Args:" in verb.__doc__
+    search = inspect.signature(tuner.search).parameters
+    assert {"space", "deployment", "workload", "slo", "backend", "settings", "observer"} <= set(search)
+    assert search["deployment"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert {"target_ttft_s", "study", "trial", "deployment", "sweep", "slo"} <= set(inspect.signature(tuner.plan).parameters)
+    assert list(inspect.signature(tuner.open_study).parameters) == ["path_or_name", "storage"]
+    # the packages are still there to import from
+    from tuner.plan import plan_capacity
+    from tuner.search import run_search
+    assert run_search.__module__ == "tuner.search.run" and plan_capacity.__module__ == "tuner.plan.planner"
     with pytest.raises(AttributeError):
         tuner.no_such_thing  # noqa: B018
+
+
+def test_all_lists_the_public_names_only():
+    assert all(not n.startswith("_") or n == "__version__" for n in tuner.__all__)
+    assert {"search", "plan", "open_study", "Deployment", "WorkloadSpec", "SloSet", "SearchSettings"} <= set(tuner.__all__)
+    for name in tuner.__all__:
+        getattr(tuner, name)
+
+
+def test_a_search_takes_the_objects_it_speaks_of(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE, encoding="utf-8")
+    out = tuner.search(space, deployment=tuner.Deployment(model="qwen2.5-7b", gpu="L4", gpu_count=1),
+                       workload=tuner.WorkloadSpec(slo=tuner.SloSet.of("p95:ttft<=1.5s"), requests=30),
+                       slo=["p99:tpot<=200ms"], storage=f"sqlite:///{tmp_path}/o.db",
+                       settings=tuner.SearchSettings(budget=2, confirm=0))
+    assert out.finished == 2 and out.target_ttft_s == 1.5 and out.slos == ("p95:ttft<=1.5s", "p99:tpot<=200ms")
+    assert out.deployment.gpu == "L4"
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"deployment": {"gpus": 2}}, "deployment has no field 'gpus'"),
+    ({"deployment": "H100"}, "deployment must be a Deployment or a dict of its fields, got str"),
+    ({"workload": 3}, "workload must be a WorkloadSpec or a dict of its fields, got int"),
+    ({"workload": {"requests": 0}}, "requests must be a whole number"),
+    ({"slo": "p99:tpot<30ms"}, "slo: "),
+    ({"settings": {"budget": 3}}, "settings must be a SearchSettings, got dict"),
+])
+def test_a_bad_argument_is_one_line_that_names_it(kwargs, says, space):
+    with pytest.raises(InputError) as err:
+        tuner.search(space, **kwargs)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_library_errors_name_the_argument_and_the_cli_the_flag(capsys):
+    with pytest.raises(InputError, match="^budget must be >= 1, got 0$"):
+        tuner.SearchSettings(budget=0)
+    with pytest.raises(InputError, match="^sweep must be a Sweep, got dict"):
+        tuner.plan(sweep={"levels": (1,)})
+    from tuner.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["search", "--budget", "0"])
+    assert done.value.code == 2 and capsys.readouterr().err.startswith("tuner: --budget must be >= 1, got 0")
 
 
 def test_a_notebook_searches_plans_and_reads_the_study_as_the_cli_does(space, tmp_path, monkeypatch, capsys):
@@ -82,8 +137,6 @@ def test_a_notebook_searches_plans_and_reads_the_study_as_the_cli_does(space, tm
 
 
 def test_options_are_checked_where_they_are_made():
-    with pytest.raises(InputError, match="--budget must be >= 1"):
-        tuner.SearchSettings(budget=0)
     with pytest.raises(InputError, match="levels or rates, not both"):
         tuner.Sweep(levels=(1,), rates=(1.0,))
     with pytest.raises(InputError, match="--repeats must be >= 1"):

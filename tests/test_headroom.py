@@ -30,3 +30,25 @@ def test_a_cache_filled_by_preemptions_or_its_peak_usage():
     assert not kv_filled({}) and not kv_filled(None)
     assert not kv_filled({"kv_cache_usage_max": KV_FULL - 0.01, "num_preemptions": 0})
     assert kv_filled({"kv_cache_usage_max": KV_FULL}) and kv_filled({"kv_cache_usage_max": 0.3, "num_preemptions": 2})
+
+
+def test_the_headroom_order_and_the_report_columns_come_from_the_knob_rows(monkeypatch):
+    import dataclasses
+
+    from tuner.core import knobs
+    from tuner.report import html
+    from tuner.study import headroom
+
+    rows = {k.name: k for k in knobs.KNOBS}
+    # the race weighs the rows that say how, in the rows' order, an unset knob as its row says
+    assert headroom.HEADROOM_KNOBS == ("gpu_memory_utilization", "max_num_seqs", "enforce_eager", "api_server_count")
+    assert headroom.headroom_key({"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "enforce_eager": True,
+                                  "api_server_count": 2}) == (0.9, 64, 1, 2)
+    assert headroom.headroom_key({}, tight=True) == (-1.0, 1e9, 0, 1)
+    # a row given a headroom value is weighed, after those before it in the table
+    extra = dataclasses.replace(rows["long_prefill_token_threshold"], headroom=0.0)
+    monkeypatch.setattr(headroom, "_HEADROOM_ROWS", (*headroom._HEADROOM_ROWS[:2], extra, *headroom._HEADROOM_ROWS[2:]))
+    assert headroom.headroom_key({"long_prefill_token_threshold": 512}) == (1.0, 1e9, 512, 0, 1)
+    # every knob has a column in the report's table, the two the table once left out too
+    assert html.TOP_COLUMNS[-len(knobs.KNOBS):] == tuple(rows)
+    assert {"long_prefill_token_threshold", "api_server_count"} <= set(html.TOP_COLUMNS)

@@ -97,7 +97,7 @@ def test_the_monotone_crossing_follows_the_running_maximum():
 def test_a_search_space_holds_slos_and_a_ttft_one_is_its_target():
     space = parse_space("name: s\nworkload: {target_ttft_s: 5s, slos: ['p99:tpot<=30ms', 'p95:ttft<=1s']}\n")
     assert space.workload.target_ttft_s == 1.0
-    assert space.workload.slo_set().texts == ("p95:ttft<=1s", "p99:tpot<=30ms")
+    assert space.workload.slo.texts == ("p95:ttft<=1s", "p99:tpot<=30ms")
     with pytest.raises(InputError) as err:
         parse_space("name: s\nworkload:\n  slos: ['p99:tpot<30ms']\n", path="s.yaml")
     assert "s.yaml:3" in str(err.value) and "'p99:tpot<30ms'" in str(err.value)

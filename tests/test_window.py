@@ -131,12 +131,16 @@ def test_a_request_no_max_model_len_holds_is_named_with_its_line(tmp_path):
     check_requests_fit(w.take(np.flatnonzero(np.arange(30) != 11)), sp)  # without it, every request fits
 
 
-def test_a_seed_numpy_cannot_take_is_refused_naming_the_flag():
+def test_a_seed_numpy_cannot_take_is_refused_naming_the_argument_and_the_flag(capsys):
+    from tuner.cli import main
     from tuner.core.errors import InputError
     from tuner.search import SearchSettings
 
     for bad in (-1, 2**32):
         with pytest.raises(InputError) as err:
             SearchSettings(seed=bad)
-        assert "--seed" in str(err.value)
+        assert str(err.value).startswith("seed must be a whole number") and err.value.argument == "seed"
     assert SearchSettings(seed=2**32 - 1).seed == 2**32 - 1
+    with pytest.raises(SystemExit) as done:
+        main(["search", "--seed", str(2**32)])
+    assert done.value.code == 2 and capsys.readouterr().err.startswith("tuner: --seed must be a whole number")

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 BACKENDS = ("sim", "vllm", "endpoint")
 
 
-def get_backend(name: str, **options: Any) -> SimBackend | VllmBackend | EndpointBackend:
-    """``get_backend("sim")``, ``get_backend("vllm", vllm_cmd=..., log_dir=...)``,
-    ``get_backend("endpoint", urls=[...])``; options go to the backend's constructor."""
+def backend_class(name: str) -> type[SimBackend | VllmBackend | EndpointBackend]:
+    """The class of backend ``name`` (``sim``, ``vllm`` or ``endpoint``): its constructor's
+    parameters say what it can be told (``log_dir``, ``record_itl``, ...)."""
     match name:
         case "sim":
             from tuner.backends.sim import SimBackend as cls
@@ -28,7 +28,13 @@ def get_backend(name: str, **options: Any) -> SimBackend | VllmBackend | Endpoin
             from tuner.backends.endpoint import EndpointBackend as cls
         case _:
             raise InputError(f"unknown backend {name!r}", hint=f"use one of {', '.join(BACKENDS)}")
-    return cls(**options)
+    return cls
 
 
-__all__ = ["BACKENDS", "get_backend"]
+def get_backend(name: str, **options: Any) -> SimBackend | VllmBackend | EndpointBackend:
+    """``get_backend("sim")``, ``get_backend("vllm", vllm_cmd=..., log_dir=...)``,
+    ``get_backend("endpoint", urls=[...])``; options go to the backend's constructor."""
+    return backend_class(name)(**options)
+
+
+__all__ = ["BACKENDS", "backend_class", "get_backend"]

@@ -71,6 +71,7 @@ class EndpointBackend:
     measures_gpu_time = True
     simulated = False
     time_scale = 1.0
+    launched_at: float | None = None  # it launches no server
 
     def __init__(
         self,

@@ -85,6 +85,7 @@ class SimBackend:
     name = "sim"
     restarts = True
     measures_gpu_time = False
+    launched_at: float | None = None  # it holds no GPU
     simulated = True
     time_scale = 1.0  # RunResult times are already the simulated GPU's
 

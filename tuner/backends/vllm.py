@@ -95,6 +95,7 @@ class VllmBackend:
     name = "vllm"
     restarts = True
     measures_gpu_time = True
+    launched_at: float | None = None  # set by each start
 
     def __init__(
         self,

@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         except TunerError as err:
             if os.environ.get("TUNER_DEBUG"):
                 raise
+            from tuner.cli.options import as_flag
             from tuner.core.urls import redact
 
-            print(f"tuner: {redact(str(err))}", file=sys.stderr)
+            print(f"tuner: {redact(str(as_flag(err)))}", file=sys.stderr)
             code = err.exit_code
         except SystemExit as err:  # typer's own exit (also what it makes of KeyboardInterrupt)
             code = _PIPE if _closed_pipe(err) else err.code  # click exits 1 on EPIPE

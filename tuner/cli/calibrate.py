@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import CalibrationBackend, old_spelling, renamed
+from tuner.cli.options import CalibrationBackend, backend_option, old_spelling, renamed, vllm_cmd_option
 from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
 
@@ -48,12 +48,14 @@ def calibrate(
                               "or a preset name with --backend sim."),
     gpu: str = typer.Option(..., "--gpu", help="GPU catalog name of the card vLLM runs on, e.g. H200 "
                             "(tuner's catalog; it sets the datasheet figures the fit scales)."),
-    backend: CalibrationBackend = typer.Option(CalibrationBackend.vllm, "--backend", help="vllm: start real vllm serve processes (needs the GPU); "
-                                "sim: the embedded simulator, a dry run of the whole procedure."),
+    backend: CalibrationBackend = backend_option(
+        CalibrationBackend.vllm,
+        help="vllm: start real vllm serve processes (needs the GPU); sim: the embedded simulator, a dry run of "
+             "the whole procedure."),
     vllm_version: str | None = typer.Option(None, "--vllm-version", help="vLLM version the profile is for; "
                                             "default: asked from --vllm-cmd's Python."),
-    vllm_cmd: str = typer.Option("vllm serve", "--vllm-cmd", help="Command that starts vLLM, before the model "
-                                 "(e.g. 'python -m vllm.entrypoints.cli.main serve')."),
+    vllm_cmd: str = vllm_cmd_option("vllm serve", help="Command that starts vLLM, before the model (e.g. "
+                                                       "'python -m vllm.entrypoints.cli.main serve')."),
     extra_args: str = typer.Option("", "--extra-args", help="Flags added to every vllm serve, e.g. "
                                    "'--load-format dummy' for random weights of the model's shape."),
     out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Profile folder (measurements.jsonl, logs/, profile.yaml); "
@@ -141,15 +143,8 @@ def calibrate(
         console.print(f"profile: {folder / 'profile.yaml'} (constants untouched)")
         return
     if not fit_only:
-        if backend == "sim":
-            from tuner.backends.sim import SimBackend
-
-            runner = SimBackend()
-        else:
-            from tuner.backends.vllm import VllmBackend
-
-            runner = VllmBackend(vllm_cmd=vllm_cmd, vllm_version=version, log_dir=folder / "logs",
-                                 extra_args=shlex.split(extra_args))
+        runner = _runner(backend, vllm_cmd=vllm_cmd, vllm_version=version, log_dir=folder / "logs",
+                         extra_args=shlex.split(extra_args))
         with _Lines(console) as lines:
             measure(runner, dep, design, folder, budget_s=seconds, observer=lines,
                     meta={"gpu": gpu_name, "vllm_version": version, "backend": backend, "vllm_cmd": vllm_cmd,
@@ -204,3 +199,15 @@ def calibrate(
                   f"refusals predicted {int(kv['refusals_matched'])} (estimated max model length off by "
                   f"{kv.get('refusal_max_model_len_error_pct', float('nan')):.2f}%)")
     console.print(f"profile: {path}")
+
+
+def _runner(backend: str, **options: Any) -> Any:
+    """The backend the campaign runs on, told those of ``options`` its constructor takes
+    (the simulator takes none of vLLM's command, version, logs and flags)."""
+    import inspect
+
+    from tuner.backends import backend_class
+
+    cls = backend_class(backend)
+    takes = inspect.signature(cls).parameters
+    return cls(**{k: v for k, v in options.items() if k in takes})

@@ -8,12 +8,13 @@ import sys
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Output
+from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 
 
 @app.command("doctor", short_help="Show what tuner left running and whether studies are sound.")
 def doctor_cmd(
-    storage: str | None = typer.Option(None, "--storage", help="Also check this Optuna storage URL (postgresql://...). studies/*.db are always checked."),
+    storage: str | None = storage_option(help="Also check this Optuna storage URL (postgresql://...). "
+                                              "studies/*.db are always checked."),
     kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop the servers a dead tuner run left behind (only processes carrying tuner's marker)."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
 ) -> None:

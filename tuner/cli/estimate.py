@@ -11,7 +11,7 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Output, existing_file, old_spelling, renamed
+from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed, trace_option
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.search.refusal import MEMORY_REFUSALS, prediction
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
@@ -203,8 +203,8 @@ def estimate_cmd(
                                     "comma-separated users in flight, e.g. 5,10,20."),
     rate: str = typer.Option(None, "--rate", help="Open-loop load table: comma-separated Poisson "
                              "request rates in req/s, e.g. 1,2,4."),
-    trace: str = typer.Option(None, "--trace", callback=existing_file, help="Request log to replay (any format `tuner trace "
-                              "stats` reads). Default: the built-in 40/40/20 mix of article 004."),
+    trace: str = trace_option(help="Request log to replay (any format `tuner trace stats` reads). Default: "
+                                   "the built-in 40/40/20 mix of article 004."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
                                   "stopping at the first (a note says how many and why)."),
     input_len: int = typer.Option(None, "--input-len", help="Fixed prompt tokens (like vllm bench "

@@ -7,6 +7,8 @@ from enum import Enum
 
 import typer
 
+from tuner.cli.options import storage_option
+
 from tuner.cli.app import app
 from tuner.report.export import TABLES, formats
 
@@ -28,8 +30,8 @@ def export_cmd(
                                + ("" if "parquet" in formats() else " (parquet too once pyarrow is installed)") + "."),
     out: str | None = typer.Option(None, "--out", metavar="FILE", help="Where to write; - writes CSV to stdout. "
                                    "Default: studies/<study>/<what>.<format>, beside the study's report."),
-    storage: str | None = typer.Option(None, "--storage", metavar="URL", help="Optuna storage (SQLAlchemy URL) "
-                                       "holding STUDY, as given to tuner search --storage."),
+    storage: str | None = storage_option(help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to "
+                                              "tuner search --storage."),
 ) -> None:
     """Write a study's trials, or the load sweeps of its capacity plans, as a file.
 

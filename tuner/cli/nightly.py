@@ -5,14 +5,38 @@ from __future__ import annotations
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output, existing_file, old_spelling, renamed
+from tuner.cli.options import (
+    Backend,
+    Output,
+    backend_option,
+    old_spelling,
+    renamed,
+    storage_option,
+    trace_option,
+    vllm_cmd_option,
+)
 from tuner.core.errors import InputError
 
 
 
-@app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.")
+#: ``tuner nightly --help`` (a constant: the docstring would make the command longer than it reads).
+NIGHTLY_HELP = """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
+
+Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --timeout. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
+
+A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
+
+\b
+Examples:
+  tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
+  tuner nightly --trials 10 --timeout 2h --threshold 5%
+"""
+
+
+@app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.", help=NIGHTLY_HELP)
 def nightly_cmd(
-    trace: str | None = typer.Option(None, "--trace", callback=existing_file, help="Request log of the deployment (any format tuner trace reads). Default: the built-in synthetic mix."),
+    trace: str | None = trace_option(help="Request log of the deployment (any format tuner trace reads). "
+                                          "Default: the built-in synthetic mix."),
     window: str | None = typer.Option(None, "--window", help="Only the last part of --trace: 24h, 90m, 1d. Default: the whole log."),
     space: str = typer.Option("default", "--space", help="Search space: a shipped name or a YAML file (as tuner search)."),
     model: str | None = typer.Option(None, "--model", help="Model preset or local folder with config.json. Default: the space's."),
@@ -20,31 +44,20 @@ def nightly_cmd(
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs: a count (8) or device ids (0-7)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Simulator calibration profile YAML (efficiencies of this GPU class); a slower profile simulates a slower deployment."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 TTFT target: 2s, 500ms. Default: the space's."),
-    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim (embedded simulator), vllm (restart real vLLM per trial) or endpoint."),
-    vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend)."),
+    backend: Backend = backend_option(),
+    vllm_cmd: str | None = vllm_cmd_option(),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
     trials: int = typer.Option(20, "--trials", help="New trials tonight (the first re-runs last night's best configuration)."),
     timeout: str | None = typer.Option(None, "--timeout", help="Stop starting trials after this long: 2h, 45m, 3600 (seconds), as tuner search --timeout. Default: no limit but --trials."),
     wall_clock: str | None = old_spelling("--wall-clock"),
     threshold: str = typer.Option("10%", "--threshold", help="A best throughput this much below the last night of the same workload shape is a regression (exit 4)."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL (postgresql://... to share with workers and notebooks). Default: sqlite:///studies/<study>.db."),
+    storage: str | None = storage_option(),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: nightly.<deployment>.<space>, the same every night."),
     out: str | None = typer.Option(None, "--out", metavar="DIR", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),
     report_dir: str | None = old_spelling("--report-dir"),
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),
 ) -> None:
-    """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
-
-    Resumes one standing study per deployment (not per workload), runs last night's best configuration again, then --trials new ones within --timeout. Tonight's best is compared with the latest earlier night whose workload has the same shape (mean prompt and output lengths, prefix reuse); a changed workload is reported, never called a regression. Writes nightly.md/.html/.json and the study's report.html.
-
-    A second nightly run on the same study exits at once. Exit codes: 0 no regression, 2 bad input or study busy, 4 regression beyond --threshold.
-
-    \b
-    Examples:
-      tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
-      tuner nightly --trials 10 --timeout 2h --threshold 5%
-    """
     from tuner.cli.search import backend_options, deployment_changes
     from tuner.cli.trace import bad_rows_advice
     from tuner.core.units import parse_seconds

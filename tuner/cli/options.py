@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 
+
 class Backend(str, Enum):
     """What a trial or a plan runs on."""
 
@@ -40,6 +41,52 @@ class Output(str, Enum):
 
     text = "text"
     json = "json"
+
+
+#: The flag of a library argument where it is not ``--`` and the argument with dashes.
+FLAG_OF = {"timeout_s": "--timeout", "target_ttft_s": "--target-ttft", "slo": "--slo", "slos": "--slo"}
+
+
+def as_flag(err: Exception) -> Exception:
+    """A library error as the command line says it: an :class:`InputError` that names its
+    argument (``budget must be >= 1``) names the flag instead (``--budget must be >= 1``)."""
+    from tuner.core.errors import InputError
+
+    argument = getattr(err, "argument", None)
+    if not isinstance(err, InputError) or not argument or argument.startswith("-"):
+        return err  # not the library's, or already the flag's
+    return err.for_flag(FLAG_OF.get(argument, "--" + argument.replace("_", "-")))
+
+
+#: What --storage, --backend, --vllm-cmd and --trace mean wherever no more is said.
+STORAGE_HELP = "Optuna storage (SQLAlchemy URL: postgresql://... to share with workers and notebooks). " \
+               "Default: sqlite:///studies/<study>.db."
+BACKEND_HELP = "sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per configuration; " \
+               "endpoint: a server someone else runs."
+VLLM_CMD_HELP = "Command that starts vLLM (vllm backend), e.g. 'vllm serve' or 'python -m tuner sim-serve --speed 20'."
+TRACE_HELP = "Request log to replay (any format tuner trace reads). Default: the built-in synthetic mix."
+
+
+# The options several commands take, each declared once here (a command may say more of
+# what it means there through ``help``).
+def storage_option(help: str = STORAGE_HELP) -> Any:  # noqa: A002  (typer's name)
+    """``--storage URL``: the Optuna storage of the study."""
+    return typer.Option(None, "--storage", metavar="URL", help=help)
+
+
+def backend_option(default: Enum | None = None, help: str = BACKEND_HELP) -> Any:  # noqa: A002
+    """``--backend``: what a trial or a plan runs on (default ``sim``)."""
+    return typer.Option(Backend.sim if default is None else default, "--backend", help=help)
+
+
+def vllm_cmd_option(default: str | None = None, help: str = VLLM_CMD_HELP) -> Any:  # noqa: A002
+    """``--vllm-cmd``: the command that starts vLLM, before the model."""
+    return typer.Option(default, "--vllm-cmd", help=help)
+
+
+def trace_option(help: str = TRACE_HELP) -> Any:  # noqa: A002
+    """``--trace FILE``: a request log, checked to exist before anything runs."""
+    return typer.Option(None, "--trace", callback=existing_file, help=help)
 
 
 OUTPUT_HELP = "text: tables for a person; json: one JSON object on stdout, for scripts."

@@ -10,7 +10,17 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, pins, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Backend, Output, existing_file, old_spelling, renamed
+from tuner.cli.options import (
+    Backend,
+    OUTPUT_HELP,
+    Output,
+    backend_option,
+    old_spelling,
+    renamed,
+    storage_option,
+    trace_option,
+    vllm_cmd_option,
+)
 from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS
 
@@ -42,8 +52,8 @@ def plan_cmd(
                                   "--target-ttft X). Default: the study's. The sweep names the one that limits each load."),
     study: str = typer.Option(None, "--study", help="Study to plan from (see tuner studies). Default: the newest "
                               "in studies/ (or in --storage)."),
-    storage: str = typer.Option(None, "--storage", help="Optuna storage URL of the study. Default: "
-                                "sqlite:///studies/<study>.db."),
+    storage: str = storage_option(help="Optuna storage URL of the study. Default: "
+                                       "sqlite:///studies/<study>.db."),
     trial: int = typer.Option(None, "--trial", help="Trial number to plan. Default: the study's best feasible trial."),
     gpu: str = typer.Option(None, "--gpu", help="Plan a configuration given here instead of a study: GPU from the "
                             "catalog (as in tuner estimate; default H100-SXM)."),
@@ -59,22 +69,20 @@ def plan_cmd(
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
                                           "knob flags do (not with --study/--trial)."),
-    trace: str = typer.Option(None, "--trace", callback=existing_file, help="Request log to replay instead of the study's workload (any "
-                              "format tuner trace reads), on purpose: when it is not the study's, plan says so in "
-                              "one warning line and replays it. Default: the requests the study searched on (the "
-                              "file it read, checked by fingerprint: plan refuses, exit 2, when that file now "
-                              "holds other requests), or its synthetic mix; the built-in 40/40/20 mix of article "
-                              "004 for a configuration given here."),
+    trace: str = trace_option(help="Request log to replay instead of the study's workload (any format tuner "
+                                   "trace reads), on purpose: when it is not the study's, plan says so in "
+                                   "one warning line and replays it. Default: the requests the study "
+                                   "searched on (the file it read, checked by fingerprint: plan refuses, "
+                                   "exit 2, when that file now holds other requests), or its synthetic mix; "
+                                   "the built-in 40/40/20 mix of article 004 for a configuration given here."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
                                   "stopping at the first (a note says how many and why)."),
     num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: the first N rows of "
                                      "--trace or of the study's file (a subset, noted in the plan), or N of the "
                                      "synthetic mix (default max(study's, 1000): a larger sample of the same "
                                      "distribution, doubled up to 16,000 while the target holds at half of it)."),
-    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded simulator; vllm: start real vLLM "
-                                "(or tuner sim-serve) once and replay over HTTP; endpoint: a running server."),
-    vllm_cmd: str = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. "
-                                 "'vllm serve' or 'python -m tuner sim-serve --speed 20'."),
+    backend: Backend = backend_option(),
+    vllm_cmd: str = vllm_cmd_option(),
     endpoint: str = typer.Option(None, "--endpoint", help="Base URL(s) of a running server, comma-separated "
                                  "(endpoint backend)."),
     api_key_file: str = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's "
@@ -179,8 +187,8 @@ def plan_cmd(
     runs = repeats * (len(sweep.grid) + 1)
     with bad_rows_advice(None), Runs(runs) as progress:  # the study's own file, read whole (--skip-bad is for --trace)
         est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
-                         workload=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
-                         store=store, observer=progress, slos=list(slo) if slo else None)
+                         requests=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
+                         store=store, observer=progress, slo=list(slo) if slo else None)
     paths = _write_files(est, out) if files else None
     if output == "json":
         data = est.to_dict()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import typer
 
+from tuner.cli.options import storage_option
+
 from tuner.cli.app import app
 
 
@@ -11,8 +13,8 @@ def report_cmd(
     study: str | None = typer.Argument(
         None, metavar="STUDY", help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db file, or a "
                    "storage URL holding one study. Default: the newest study in studies/."),
-    storage: str | None = typer.Option(
-        None, "--storage", metavar="URL", help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to tuner search --storage."),
+    storage: str | None = storage_option(help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to "
+                                              "tuner search --storage."),
     out: str | None = typer.Option(
         None, "--out", metavar="DIR",
         help="Folder for report.html and the PNG files. Default: studies/<study>/ beside the study's database."),

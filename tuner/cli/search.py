@@ -8,7 +8,15 @@ import typer
 
 from tuner.cli._knobs import SET_HELP, parse_gpus, pins, quantization_flag, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import Backend, Output, Sampler, existing_file
+from tuner.cli.options import (
+    Backend,
+    Output,
+    Sampler,
+    backend_option,
+    storage_option,
+    trace_option,
+    vllm_cmd_option,
+)
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
@@ -69,29 +77,57 @@ _PIN = " Pinned: fixed in the space, not searched (a study of its own)."
 TIMEOUT_GRACE_S = 10.0
 
 
-@app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.")
+#: ``tuner search --help`` (the command's docstring would make it 25 lines longer than it reads).
+SEARCH_HELP = """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
+
+Each trial samples a configuration from the search space, pre-checks it with the simulator's memory planner (a configuration vLLM would refuse costs nothing), starts it, and searches the highest load whose P95 TTFT meets the target; the token throughput there is the trial's score.
+
+With --backend vllm, the simulator also predicts each configuration before it starts (--no-predict turns this off): the load search starts where it predicts the edge of the target, and a configuration predicted far below the best trial, or the same as a weaker one, is recorded as PRUNED without a launch. Its predictions are scaled by how far the measured trials were from them.
+
+Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
+
+A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129. --timeout starts a trial only when the study's longest trial fits in the time left, and --timeout stops one still running at the limit the same way; the run then prints the best so far, as a finished run does, and exits 124 while trials of the budget (or the winner's confirmation) are left, 0 once none is. A trial stopped either way, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
+
+Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 5 the --endpoint server cannot be talked to (refused, reset, no answer in time, implausible streams; the URL and the cause are named), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
+
+\b
+Examples:
+  tuner search --budget 40
+  tuner search --budget 40 --gpu H200 --model qwen2.5-14b --target-ttft 1s
+  tuner search --budget 40 --slo p95:ttft<=2s --slo p99:tpot<=30ms
+  tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
+  tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
+  tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
+  tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
+  tuner search --budget 40 --recipe winner.json
+"""
+
+
+@app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.",
+             help=SEARCH_HELP)
 @with_knob_options(_PIN)
 def search_cmd(
     space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
-    backend: Backend = typer.Option(Backend.sim, "--backend", help="sim: the embedded vLLM simulator (no GPU); vllm: restart real vLLM per trial; endpoint: a server someone else runs."),
+    backend: Backend = backend_option(),
     model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),
     quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
     gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
-    trace: str | None = typer.Option(None, "--trace", callback=existing_file, help="Request log to optimise for (any format tuner trace reads). Default: the built-in synthetic mix."),
+    trace: str | None = trace_option(help="Request log to optimise for (any format tuner trace reads). "
+                                          "Default: the built-in synthetic mix."),
     target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
     slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),
     objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
     load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
     budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
     timeout: str | None = typer.Option(None, "--timeout", help="Wall time of this run: 2h, 45m or 3600 (seconds). No trial starts that would not finish in time; the best so far is printed, and the exit is 124 while the budget is not used (the same command goes on)."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage (SQLAlchemy URL). Default: sqlite:///studies/<study>.db."),
+    storage: str | None = storage_option(),
     study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
     sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of the load's randomness."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text: a table and the vllm serve command; json: one JSON object on stdout, for scripts."),
     warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
-    vllm_cmd: str | None = typer.Option(None, "--vllm-cmd", help="Command that starts vLLM (vllm backend), e.g. 'python -m vllm.entrypoints.openai.api_server'."),
+    vllm_cmd: str | None = vllm_cmd_option(),
     endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend); several, comma-separated, are replicas."),
     api_key_file: str | None = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's API key, sent as 'Authorization: Bearer KEY'. Default: $OPENAI_API_KEY, else $VLLM_API_KEY. The key is never stored, logged or printed."),
     predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
@@ -111,35 +147,12 @@ def search_cmd(
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
-    """Find the vLLM configuration with the most token throughput while P95 TTFT meets the target.
-
-    Each trial samples a configuration from the search space, pre-checks it with the simulator's memory planner (a configuration vLLM would refuse costs nothing), starts it, and searches the highest load whose P95 TTFT meets the target; the token throughput there is the trial's score.
-
-    With --backend vllm, the simulator also predicts each configuration before it starts (--no-predict turns this off): the load search starts where it predicts the edge of the target, and a configuration predicted far below the best trial, or the same as a weaker one, is recorded as PRUNED without a launch. Its predictions are scaled by how far the measured trials were from them.
-
-    Every trial is stored in an Optuna study (default sqlite:///studies/NAME.db); running the same command again resumes it and tops it up to --budget finished trials.
-
-    A stop signal (Ctrl-C, SIGTERM from timeout/systemd/cron, SIGHUP) stops the trial in progress and its servers, and exits 130/143/129. --timeout starts a trial only when the study's longest trial fits in the time left, and --timeout stops one still running at the limit the same way; the run then prints the best so far, as a finished run does, and exits 124 while trials of the budget (or the winner's confirmation) are left, 0 once none is. A trial stopped either way, and one failed by the machine (a taken port, a full disk, a flag the server rejects), is not counted and is measured again when the study resumes.
-
-    Exit codes: 0 a feasible configuration was found, 2 bad input or a fault of the environment (the message says what and where), 3 no configuration met the target (the closest miss is explained), 5 the --endpoint server cannot be talked to (refused, reset, no answer in time, implausible streams; the URL and the cause are named), 124 --timeout ended the run before the budget was used (a trial starts only when the study's longest trial fits in the time left; the same command goes on), 130/143/129 interrupted.
-
-    \b
-    Examples:
-      tuner search --budget 40
-      tuner search --budget 40 --gpu H200 --model qwen2.5-14b --target-ttft 1s
-      tuner search --budget 40 --slo p95:ttft<=2s --slo p99:tpot<=30ms
-      tuner search --budget 40 --trace logs.jsonl --storage postgresql://db/tuner
-      tuner search --backend vllm --model /models/qwen2.5-7b --gpus 0-7
-      tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
-      tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
-      tuner search --budget 40 --recipe winner.json
-    """
-    import tuner
     from tuner.cli.trace import bad_rows_advice
     from tuner.core.units import parse_seconds
     from tuner.runtime.interrupts import alarm
     from tuner.search import SearchSettings
-    from tuner.study import closest_miss, miss_explanation
+    from tuner.search.workflow import search as run_search
+    from tuner.serving.slo import SloSet
 
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
@@ -151,35 +164,42 @@ def search_cmd(
                               objective=objective, resume_anyway=resume_anyway)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, startup_timeout=startup_timeout,
                               request_timeout=request_timeout, api_key_file=api_key_file)
-    target = parse_seconds(target_ttft, what="--target-ttft") if target_ttft else None
-    slos = list(slo or ())
-    if slos:
-        from tuner.serving.slo import split_slos
-
-        ttft, others = split_slos(([f"p95:ttft<={target}s"] if target else []) + slos)
-        target, slos = ttft or target, list(others)
+    service = SloSet.parse(slo or (), target_ttft)  # --slo and --target-ttft, read once here
     pinned, where = pins(knob_flags, set_, layout={"tensor_parallel_size": tensor_parallel_size, "replicas": replicas})
-    workload = {"target_ttft_s": target, "trace": trace, "load": load, "slos": tuple(slos) if slo else None}
+    # --slo replaces the space's service levels; --target-ttft alone changes its target only
+    workload = {"trace": trace, "load": load, "target_ttft_s": None if slo or service is None else service.target_ttft_s}
     alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with Bar("trials", budget, best=True, objective=objective) as progress, \
             bad_rows_advice(trace):
-        outcome = tuner.search(
+        outcome = run_search(
             space, deployment=deployment_changes(model=model, quantization=quantization, gpu=gpu, gpus=gpus),
-            workload=workload, backend=backend, backend_options=options,
+            workload=workload, slo=service if slo else None, backend=backend, backend_options=options,
             study=study, storage=storage, settings=settings, predict=predict, warm_start=warm_start == "sim",
             observer=progress, pin=pinned, pin_where=where)
     alarm(None)
-    dep = outcome.deployment
-    from tuner.core.urls import redact, redact_value
-    from tuner.study import error_totals, recommendation
+    report = _report(outcome, objective)
+    if recipe and outcome.best is not None:
+        write_recipe_of(recipe, outcome.best, outcome.deployment, outcome.name)
+    if output == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report)
+    _raise_for_end(outcome, report, budget, confirm, timeout_s)
 
-    best = outcome.best
+
+def _report(outcome: Any, objective: str) -> dict[str, Any]:
+    """What ``tuner search`` says of a run: its study, trials, the best (or the closest miss)."""
+    from tuner.core.urls import redact, redact_value
+    from tuner.study import closest_miss, error_totals, miss_explanation, recommendation
+
+    dep, best = outcome.deployment, outcome.best
     recommended = recommendation(outcome.study)
     report: dict[str, Any] = {
         "study": outcome.name, "storage": redact(outcome.storage or f"sqlite:///studies/{outcome.name}.db"),
         "finished_trials": outcome.finished, "new_trials": outcome.new_trials, "copies": outcome.copies,
         "wall_s": round(outcome.wall_s, 2), "gpu_s": round(outcome.gpu_s, 1),
-        "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective, "backend": outcome.backend,
+        "target_ttft_s": outcome.target_ttft_s, "slos": list(outcome.slos), "objective": objective,
+        "backend": outcome.backend,
         "pruned_trials": sum(1 for t in outcome.study.trials if t.state.name == "PRUNED"),
         "deployment": dep.to_dict(), "best": None, "notes": outcome.notes, "timed_out": outcome.timed_out,
         "errors_total": error_totals(outcome.study),
@@ -194,13 +214,13 @@ def search_cmd(
         miss = closest_miss(outcome.study)
         report["closest_miss"] = None if miss is None else miss_explanation(miss)
         report["closest_miss_errors"] = None if miss is None else TrialRecord.from_trial(miss).errors
-    report = redact_value(report)
-    if recipe and best is not None:
-        write_recipe_of(recipe, best, dep, outcome.name)
-    if output == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        _print_report(report)
+    return redact_value(report)
+
+
+def _raise_for_end(outcome: Any, report: dict[str, Any], budget: int, confirm: int, timeout_s: float | None) -> None:
+    """The run's exit where it is not 0: --timeout left trials or the confirmation (124), or
+    no configuration met the service levels (3)."""
+    best = outcome.best
     if outcome.timed_out and outcome.finished < budget:
         raise WindowClosed(f"--timeout {timeout_s:g} s reached with {outcome.finished} of {budget} trials finished"
                            + ("" if best is None else f" (best so far: trial {best.number})")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Output
+from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 from tuner.cli.output import console, fit, print_json, table
 from tuner.serving.slo import OBJECTIVES, value_text
 from tuner.study.record import StudyRecord, TrialRecord
@@ -179,8 +179,7 @@ def write_recipe_of(path: str, best: Any, deployment: Deployment, study: str) ->
 @studies_app.callback()
 def studies_list(
     ctx: typer.Context,
-    storage: str | None = typer.Option(None, "--storage", metavar="URL",
-                                       help="Optuna storage URL to list. Default: every studies/*.db."),
+    storage: str | None = storage_option(help="Optuna storage URL to list. Default: every studies/*.db."),
 ) -> None:
     """List the studies in studies/ (or in --storage), or show one.
 
@@ -282,25 +281,27 @@ def _trials_text(budget: dict[str, int], states: dict[str, int]) -> str:
     return text + (f"; not counted: {', '.join(left)}" if left else "")
 
 
-@studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.")
+#: ``tuner studies show --help`` (a constant: the docstring would make the command longer than it reads).
+SHOW_HELP = """Show one study: its settings, trial counts and best feasible trial.
+
+The best trial comes with its measurements, its configuration and the vllm
+serve command that runs it; a study with no feasible trial says which trial
+came closest and why it missed.
+
+\b
+Examples:
+  tuner studies show 1xH100-SXM.qwen2.5-7b.default.10e707e7.ttft2s
+  tuner studies show NAME --recipe winner.json
+"""
+
+
+@studies_app.command("show", short_help="One study: its settings, trials and best feasible trial.", help=SHOW_HELP)
 def studies_show(
     name: str = typer.Argument(..., metavar="NAME", help="Study name (tuner studies lists them)."),
-    storage: str | None = typer.Option(None, "--storage", metavar="URL",
-                                       help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
+    storage: str | None = storage_option(help="Optuna storage URL. Default: sqlite:///studies/NAME.db."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
     recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
 ) -> None:
-    """Show one study: its settings, trial counts and best feasible trial.
-
-    The best trial comes with its measurements, its configuration and the vllm
-    serve command that runs it; a study with no feasible trial says which trial
-    came closest and why it missed.
-
-    \b
-    Examples:
-      tuner studies show 1xH100-SXM.qwen2.5-7b.default.10e707e7.ttft2s
-      tuner studies show NAME --recipe winner.json
-    """
     from optuna.trial import TrialState
 
     from tuner.cli.storage import readable_storage

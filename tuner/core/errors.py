@@ -25,6 +25,10 @@ class InputError(TunerError):
 
     ``InputError("negative length", path="t.csv", line=7, hint="use --skip-bad")``
     reads ``t.csv:7: negative length (use --skip-bad)``.
+
+    ``argument`` names the library argument a message starts with (``InputError("budget must
+    be >= 1, got 0", argument="budget")``): a notebook reads the argument it passed, and the
+    command line says the flag it maps to (:meth:`for_flag`: ``--budget must be >= 1, got 0``).
     """
 
     exit_code = 2
@@ -36,11 +40,13 @@ class InputError(TunerError):
         path: str | Path | None = None,
         line: int | None = None,
         hint: str | None = None,
+        argument: str | None = None,
     ) -> None:
         self.message = message
         self.path = None if path is None else str(path)
         self.line = line
         self.hint = hint
+        self.argument = argument
         where = ""
         if self.path is not None:
             where = f"{self.path}:{line}: " if line is not None else f"{self.path}: "
@@ -48,6 +54,17 @@ class InputError(TunerError):
         if hint:
             text += f" ({hint})"
         super().__init__(text)
+
+    def for_flag(self, flag: str, hint: str | None = None) -> InputError:
+        """The same error as the command line says it: its argument, where the message first
+        names it, named by its ``flag`` (``budget must be >= 1`` -> ``--budget must be >= 1``),
+        and ``hint`` in place of the library's where given."""
+        import re
+
+        message = self.message
+        if self.argument:  # its first mention, where the message names it
+            message = re.sub(rf"(?<![\w-]){re.escape(self.argument)}(?![\w-])", flag, message, count=1)
+        return InputError(message, path=self.path, line=self.line, hint=hint or self.hint)
 
 
 class ConfigRejected(TunerError):

@@ -53,6 +53,7 @@ class Knob:
     choices: tuple[Any, ...] = ()
     since: str | None = None
     negatable_since: str | None = None
+    headroom: float | None = None
 
     def render(self, value: Any, version: str) -> list[str]:
         """``vllm serve``'s arguments for ``value`` under vLLM ``version``: none for ``unset``
@@ -80,10 +81,10 @@ class Knob:
 KNOBS: tuple[Knob, ...] = (
     Knob("gpu_memory_utilization", float, "gpu-memory-utilization",
          "Fraction of TOTAL GPU memory vLLM may use, e.g. 0.9. Default: the version's (0.92 now, 0.9 in older lines).",
-         sim="tuner.sim.memory.defaults:default_gpu_memory_utilization"),
+         sim="tuner.sim.memory.defaults:default_gpu_memory_utilization", headroom=1.0),
     Knob("max_num_seqs", int, "max-num-seqs",
          "Most requests running at once per replica, e.g. 256. Default by GPU memory (256, or 1024 on H100/H200).",
-         sim="tuner.sim.memory.defaults:default_batch_limits", high=MAX_NUM_SEQS),
+         sim="tuner.sim.memory.defaults:default_batch_limits", high=MAX_NUM_SEQS, headroom=1e9),
     Knob("max_model_len", int, "max-model-len",
          "Longest prompt+output in tokens, e.g. 8192. Default: the model's max_position_embeddings.",
          sim="tuner.sim.memory.planner:plan_memory", high=MAX_TOKENS),
@@ -103,7 +104,7 @@ KNOBS: tuple[Knob, ...] = (
          sim="tuner.sim.kvcache:BlockPool", negatable_since="0.7"),
     Knob("enforce_eager", bool, "enforce-eager",
          "No CUDA graphs: more KV memory, slower decode steps.",
-         sim="tuner.sim.memory.empirical:activation_tokens", unset=False),
+         sim="tuner.sim.memory.empirical:activation_tokens", unset=False, headroom=0),
     Knob("kv_cache_dtype", str, "kv-cache-dtype",
          "auto (the model's dtype) or fp8 (half the KV bytes, twice the blocks; changes model outputs slightly), "
          "e.g. --kv-cache-dtype fp8.",
@@ -115,7 +116,7 @@ KNOBS: tuple[Knob, ...] = (
          "API server processes in front of the engine, e.g. 4 (vLLM's default 1): each takes in and streams its "
          "share of the requests (detokenise, frame, send), so a few lift the cap one process puts on tokens/s "
          "at high concurrency; each needs a free CPU core.",
-         sim="tuner.sim.scheduler.frontend:FrontEnd", high=MAX_API_SERVERS, since="0.9.0"),
+         sim="tuner.sim.scheduler.frontend:FrontEnd", high=MAX_API_SERVERS, since="0.9.0", headroom=1),
 )
 
 #: Each knob by its name.

@@ -165,7 +165,7 @@ def _truth(fleet: Fleet, kind: Kind, space: SearchSpace) -> tuple[KindPlan, Kind
 
 def _search(fleet: Fleet, kind: Kind, traffic: Traffic, space: SearchSpace, tp: int, storage: str | None,
             budget: int, obs: Observer) -> dict[str, Any]:
-    import tuner.search as search_pkg
+    from tuner.search import workflow as search_pkg
     from tuner.search import SearchSettings
     from tuner.study import closest_miss, miss_explanation, trial_config
 

@@ -234,7 +234,7 @@ def run_nightly(
     check_seed(seed)  # before the study is opened: bad input writes nothing
     t0 = time.perf_counter()
     name = study or nightly_study_name(space.deployment, space.name, backend if isinstance(backend, str) else backend.name)
-    backend_obj = backend_for(backend, name, backend_options)
+    backend_obj = backend_for(backend, name, backend_options, space.workload.slo)
     url = storage or default_storage(name)
     started = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
     started_at = started.isoformat(timespec="seconds")

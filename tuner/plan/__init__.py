@@ -40,8 +40,8 @@ and can be written as Markdown and a PNG (:func:`write_plan_files`).
 The package, one noun a module: :mod:`~tuner.plan.planner` (:func:`plan_capacity`, and
 :class:`Figures`), :mod:`~tuner.plan.sweep` (the sweep of one started configuration, and
 :class:`Sweep`), :mod:`~tuner.plan.workload` (which requests it replays),
-:mod:`~tuner.plan.files` (Markdown and PNG). The package is callable as
-:func:`plan_capacity`: ``tuner.plan(...)``.
+:mod:`~tuner.plan.files` (Markdown and PNG). The verb
+:func:`tuner.plan` calls :func:`plan_capacity`.
 
 For a backend that runs faster than real time (``tuner sim-serve --speed 20``), its
 ``time_scale`` of 20 (or ``Sweep.time_scale``) multiplies every measured time by 20 and
@@ -50,39 +50,39 @@ the simulated GPU's time.
 """
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from tuner.core.lazy import lazy_exports
 
-from tuner.plan.files import (
-    default_out_dir,
-    plot_plan,
-    render_markdown,
-    summary_rows,
-    sweep_rows,
-    workload_line,
-    write_plan_files,
-)
-from tuner.plan.planner import DEFAULT_TARGET_S, Figures, load_plan, plan_capacity
-from tuner.plan.sweep import ARTICLE_LEVELS, MAX_EXTENSIONS, Sweep, rescale
-from tuner.plan.workload import PLAN_REQUESTS, find_newest_study, newest_study
-from tuner.serving.capacity import CapacityEstimate, SweepPoint, list_plans, plan_key, store_plan
-
-
-
-class _Package(types.ModuleType):
-    """This package, callable as :func:`plan_capacity`: ``tuner.plan(...)`` (the reason it
-    is a module's class, not a function: :class:`tuner.search._Package`)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return plan_capacity(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _Package
+#: The package's names, each from the module that defines it (imported on first use).
+_WHERE = {
+    "CapacityEstimate": "tuner.serving.capacity",
+    "SweepPoint": "tuner.serving.capacity",
+    "list_plans": "tuner.serving.capacity",
+    "plan_key": "tuner.serving.capacity",
+    "store_plan": "tuner.serving.capacity",
+    "ARTICLE_LEVELS": "sweep",
+    "DEFAULT_TARGET_S": "planner",
+    "Figures": "planner",
+    "MAX_EXTENSIONS": "sweep",
+    "PLAN_REQUESTS": "workload",
+    "Sweep": "sweep",
+    "default_out_dir": "files",
+    "find_newest_study": "workload",
+    "load_plan": "planner",
+    "newest_study": "workload",
+    "plan_capacity": "planner",
+    "plot_plan": "files",
+    "render_markdown": "files",
+    "rescale": "sweep",
+    "summary_rows": "files",
+    "sweep_rows": "files",
+    "workload_line": "files",
+    "write_plan_files": "files",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
-    "ARTICLE_LEVELS", "DEFAULT_TARGET_S", "MAX_EXTENSIONS", "PLAN_REQUESTS", "CapacityEstimate", "Figures", "Sweep",
-    "SweepPoint", "default_out_dir", "find_newest_study", "list_plans", "load_plan", "newest_study", "plan_capacity",
-    "plan_key", "plot_plan", "render_markdown", "rescale", "store_plan", "summary_rows", "sweep_rows",
-    "workload_line", "write_plan_files",
+    "ARTICLE_LEVELS", "CapacityEstimate", "DEFAULT_TARGET_S", "Figures", "MAX_EXTENSIONS", "PLAN_REQUESTS",
+    "Sweep", "SweepPoint", "default_out_dir", "find_newest_study", "list_plans", "load_plan", "newest_study",
+    "plan_capacity", "plan_key", "plot_plan", "render_markdown", "rescale", "store_plan", "summary_rows",
+    "sweep_rows", "workload_line", "write_plan_files",
 ]

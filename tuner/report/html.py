@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.core.files import write_atomic
+from tuner.core.knobs import KNOBS
 from tuner.core.urls import redact
 from tuner.plots import CAPTIONS, plan_command, png_bytes, study_plots, study_slos
 from tuner.serving.result import describe_errors
@@ -37,13 +38,15 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 REPORT_NAME = "report.html"
+#: The knob columns of the top-configurations table: every row of :data:`tuner.core.knobs.KNOBS`,
+#: in its order (a knob the study did not vary is left out where the frame has no column).
+KNOB_COLUMNS = tuple(k.name for k in KNOBS)
 #: Columns of the top-configurations table (:func:`tuner.study.analysis.top_groups`).
-TOP_COLUMNS = ("number", "trials", "tokens/s", "ttft_p95_s", "chosen_load", "errors", "layout",
-               "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-               "enable_prefix_caching", "enforce_eager", "kv_cache_dtype")
-#: Left-aligned (text) columns of that table: a folded knob reads "any (why)".
-_TOP_TEXT = ("trials", "chosen_load", "errors", "layout", "max_model_len", "enable_prefix_caching",
-             "kv_cache_dtype")
+TOP_COLUMNS = ("number", "trials", "tokens/s", "ttft_p95_s", "chosen_load", "errors", "layout", *KNOB_COLUMNS)
+#: Left-aligned (text) columns of that table: a folded knob reads "any (why)"; a switch or a
+#: choice of words reads as words, and max_model_len as the model's own where unset.
+_TOP_TEXT = ("trials", "chosen_load", "errors", "layout", "max_model_len",
+             *(k.name for k in KNOBS if k.type in (bool, str)))
 #: Headers a person reads, for the columns whose frame names are not.
 _HEADERS = {"number": "trial", "tokens/s": "tokens/s (min–max)",
             "ttft_p95_s": "P95 TTFT (s)", "chosen_load": "at load"}
@@ -192,7 +195,7 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial |
     marked = [chosen is not None and chosen.number in members for members in top["members"]]
     top["number"] = [f"★ {n}" if m else str(n) for n, m in zip(top["number"], marked)]
     columns = [c for c in TOP_COLUMNS if c != "errors" or top["errors"].notna().any()]
-    knobs = TOP_COLUMNS[TOP_COLUMNS.index("gpu_memory_utilization"):]
+    knobs = KNOB_COLUMNS
     for c in knobs:
         if c in top.columns:
             top[c] = [_knob(v) for v in top[c]]

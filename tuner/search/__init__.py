@@ -20,9 +20,10 @@ Per trial (:func:`evaluate_config`, :mod:`tuner.search.objective`):
    requests failed at 64 users: http_429 x400``), never a latency. Refining also stops
    once even the failing load could not beat the study's best trial (Little's law bound).
 
-The P95 TTFT constraint goes to the sampler as an Optuna constraint (the trial's
-``constraints`` system attr, :func:`~tuner.search.constraints.tell_constraints`: TPE, GP and
-optuna-dashboard read it), so it learns the feasible region. Infeasible
+The P95 TTFT constraint (one per SLO) goes to the sampler as an Optuna constraint through
+Optuna's public paths (:mod:`~tuner.search.constraints`: a ``constraints_func`` for TPE and
+GP, ``Trial.set_constraint`` otherwise; optuna-dashboard reads it), so it learns the
+feasible region. Infeasible
 configurations are COMPLETE trials with value 0 and a positive constraint; a backend
 crash marks only that trial FAIL and the study goes on. A configuration the sampler
 proposes again is not relaunched: the trial copies the earlier result (``repeat_of``).
@@ -42,9 +43,10 @@ sampler, log paths, plan facts).
 The package, one noun a module, each importing only those below it:
 
 * :mod:`~tuner.search.run` — :func:`run_search`; :mod:`~tuner.search.driver` — its
-  :class:`SearchRun`: the study, its trials, resume, workers (set up by
-  :mod:`~tuner.search.setup`; :mod:`~tuner.search.settings`, :mod:`~tuner.search.outcome`
-  what it takes and leaves);
+  :class:`SearchRun`: the study, resume, workers, on a run opened by
+  :mod:`~tuner.search.setup`, each trial a :mod:`~tuner.search.trial`, all sharing one
+  :class:`~tuner.search.context.TrialContext` (:mod:`~tuner.search.context`;
+  :mod:`~tuner.search.settings`, :mod:`~tuner.search.outcome` what it takes and leaves);
 * :mod:`~tuner.search.confirm` — the winner's repeat measurements (decided by
   :mod:`tuner.study.race`);
 * :mod:`~tuner.search.pruning` and :mod:`~tuner.search.prediction` — the simulator as
@@ -57,58 +59,58 @@ The package, one noun a module, each importing only those below it:
   trials, the samplers, backend and workload, what is recorded around a trial, Optuna
   kept quiet, the ``vllm serve`` line;
 * :mod:`~tuner.search.workflow` — :func:`search`, what ``tuner search`` does as one call
-  (space, deployment, workload, backend, study), and the package is callable as it:
-  ``tuner.search(...)``; :mod:`~tuner.search.backend` — the protocol a backend meets;
+  (space, deployment, workload, backend, study): the verb :func:`tuner.search` calls it;
+  :mod:`~tuner.search.backend` — the protocol a backend meets;
 * :mod:`~tuner.search.recipe` — the winner handed to deployment (``--recipe``).
 """
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from tuner.core.lazy import lazy_exports
 
-from tuner.search.command import serve_command
-from tuner.search.confirm import CONFIRM_ROUNDS, confirm_winner, study_noise
-from tuner.search.defaults import default_trials
-from tuner.search.driver import SearchRun
-from tuner.search.goodput import (
-    EDGE_TOLERANCE,
-    MAX_ERROR_RATE,
-    MAX_REPLAYS,
-    edge_width,
-    error_stop_hook,
-    load_for,
-    max_users,
-    monotone_crossing,
-    slo_stop_hook,
-)
-from tuner.search.inputs import build_workload, get_backend_by_name, num_heads, workload_facts
-from tuner.search.objective import CONSTRAINT, Evaluation, evaluate_config, planner_precheck
-from tuner.search.outcome import SearchOutcome
-from tuner.search.run import run_search, warm_start_configs
-from tuner.search.samplers import N_STARTUP_TRIALS, SAMPLERS, make_sampler
-from tuner.search.settings import SearchSettings
-from tuner.search.workflow import Prepared, backend_for, prepare, search
-
-
-
-class _Package(types.ModuleType):
-    """This package, callable as :func:`search`: ``tuner.search(...)``. Python binds an
-    imported package to its parent's attribute of that name (``import tuner.search.driver``
-    sets ``tuner.search``), so the name cannot be a plain function too; a module whose
-    class has ``__call__`` is Python's documented way to give a module more behaviour."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return search(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _Package
+#: The package's names, each from the module that defines it (imported on first use).
+_WHERE = {
+    "CONFIRM_ROUNDS": "confirm",
+    "CONSTRAINT": "objective",
+    "EDGE_TOLERANCE": "goodput",
+    "Evaluation": "objective",
+    "MAX_ERROR_RATE": "goodput",
+    "MAX_REPLAYS": "goodput",
+    "N_STARTUP_TRIALS": "samplers",
+    "Prepared": "workflow",
+    "SAMPLERS": "samplers",
+    "SearchOutcome": "outcome",
+    "SearchRun": "driver",
+    "SearchSettings": "settings",
+    "backend_for": "workflow",
+    "build_workload": "inputs",
+    "confirm_winner": "confirm",
+    "default_trials": "defaults",
+    "edge_width": "goodput",
+    "error_stop_hook": "goodput",
+    "evaluate_config": "objective",
+    "get_backend_by_name": "inputs",
+    "load_for": "goodput",
+    "make_sampler": "samplers",
+    "max_users": "goodput",
+    "monotone_crossing": "goodput",
+    "num_heads": "inputs",
+    "planner_precheck": "objective",
+    "prepare": "workflow",
+    "run_search": "run",
+    "search": "workflow",
+    "serve_command": "command",
+    "slo_stop_hook": "goodput",
+    "study_noise": "confirm",
+    "warm_start_configs": "run",
+    "workload_facts": "inputs",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
-    "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "MAX_ERROR_RATE", "MAX_REPLAYS", "N_STARTUP_TRIALS",
-    "SAMPLERS", "Evaluation", "Prepared", "SearchOutcome", "SearchRun", "SearchSettings",
+    "CONFIRM_ROUNDS", "CONSTRAINT", "EDGE_TOLERANCE", "Evaluation", "MAX_ERROR_RATE", "MAX_REPLAYS",
+    "N_STARTUP_TRIALS", "Prepared", "SAMPLERS", "SearchOutcome", "SearchRun", "SearchSettings", "backend_for",
     "build_workload", "confirm_winner", "default_trials", "edge_width", "error_stop_hook", "evaluate_config",
     "get_backend_by_name", "load_for", "make_sampler", "max_users", "monotone_crossing", "num_heads",
-    "backend_for", "planner_precheck", "prepare", "run_search", "search", "serve_command", "slo_stop_hook", "study_noise", "warm_start_configs",
-    "workload_facts",
+    "planner_precheck", "prepare", "run_search", "search", "serve_command", "slo_stop_hook", "study_noise",
+    "warm_start_configs", "workload_facts",
 ]

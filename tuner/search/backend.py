@@ -63,6 +63,9 @@ class Backend(Protocol):
     measures_gpu_time: bool
     simulated: bool
     time_scale: float
+    #: Where ``measures_gpu_time``: when (``time.monotonic()``) the server its last start
+    #: launched began holding the GPUs, ``None`` before any (what a failed trial throws away).
+    launched_at: float | None
 
     def preflight(self, deployment: Deployment) -> None:
         """Before any study is written; raises :class:`~tuner.core.errors.EnvironmentFault` or

@@ -8,33 +8,25 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import EndpointFault, EnvironmentFault
 from tuner.core.urls import redact
-from tuner.runtime.progress import Observer, observer_or_headless
-from tuner.search.boundary import doubtful, lowest_p95, study_objective_sd
-from tuner.search.constraints import CONSTRAINTS_ATTR, constraint_list
-from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.blame import itl_tail
-from tuner.search.objective import CONSTRAINT, evaluate_config, rejected
+from tuner.search.boundary import doubtful, lowest_p95, study_objective_sd
+from tuner.search.objective import CONSTRAINT, evaluate, rejected
+from tuner.search.settings import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS
 from tuner.search.verdict import start_p95, start_p95s, study_ttft_sd
-from tuner.serving.config import Deployment, ServeConfig
-from tuner.serving.slo import SloSet
+from tuner.serving.config import ServeConfig
 from tuner.study.headroom import kv_filled
-from tuner.study.race import FEASIBILITY, Candidate, candidates, race
+from tuner.study.race import Candidate, candidates, race
 from tuner.study.record import RunFacts, TrialRecord, write_confirmation
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import optuna
+    from optuna.trial import FrozenTrial
 
-    from tuner.search.backend import Backend
     from tuner.search.blame import Referee
-    from tuner.traffic.workload import Workload
+    from tuner.search.context import TrialContext
 
-#: Repeat measurements per candidate when confirming a study's winner (``--confirm``).
-CONFIRM_ROUNDS = 2
-#: Rounds a race may go on to while a candidate that differs from the leader in a speed
-#: knob is still tied with it (``--confirm-max``).
-CONFIRM_MAX_ROUNDS = 5
 #: Races at most, when every candidate of one misses the target on a repeat: each next
 #: one takes the next-best configurations not raced yet.
 MAX_WAVES = 3
@@ -139,131 +131,154 @@ class WindowFull(Exception):
     started only to be thrown away; the repeats measured so far are kept for the next run."""
 
 
-def confirm_winner(
-    study: optuna.Study, backend: Backend, deployment: Deployment, workload: Workload, target: float | SloSet, *, objective: str = "tokens",
-    rounds: int = CONFIRM_ROUNDS, max_rounds: int = CONFIRM_MAX_ROUNDS, seed: int = 0, load_kind: str = "concurrency", max_replays: int = MAX_REPLAYS,
-    precheck: bool = True, edge_tolerance: float = EDGE_TOLERANCE, observer: Observer | None = None,
-    run_facts: RunFacts | None = None, tags: dict[str, Any] | None = None, feasibility_min: float = FEASIBILITY,
-    may_start: Callable[[], bool] | None = None, referee: Referee | None = None, start_refused: bool = False,
-) -> Any:
-    """Measure the configurations within the noise band of the study's best ``rounds``
-    more times each (up to ``max_rounds`` while one that differs from the leader in a
-    speed knob is still tied with it, :func:`~tuner.study.race.undecided`) (fresh start; round r replays the requests in another order,
-    :meth:`Workload.reordered`, and draws arrivals with seed + r; the same sample for
-    every candidate) and store the decision (:mod:`tuner.study.race`) as the study's
-    ``confirmation``. Each repeat is a COMPLETE trial with ``confirm_of`` in the study's
-    companion (:func:`~tuner.study.confirmation_study`), outside its trials, written when measured: an interrupted confirmation keeps its repeats and
-    the next run reuses them. ``may_start`` is asked before each repeat is started; when it
-    says no, :class:`WindowFull` is raised. A repeat's failed start or disrupted replay is
-    judged by ``referee`` (:mod:`tuner.search.blame`): a fault of the machine is measured
-    again, never stored as the candidate's repeat (two in a row stop the race). Returns the
-    Confirmation, or None with no feasible trial."""
-    from optuna.trial import TrialState, create_trial
+def confirm_winner(study: optuna.Study, ctx: TrialContext, *, run_facts: RunFacts | None = None,
+                   tags: dict[str, Any] | None = None, may_start: Callable[[], bool] | None = None,
+                   referee: Referee | None = None) -> Any:
+    """Measure the configurations within the noise band of the study's best
+    ``ctx.settings.confirm`` more times each (up to ``confirm_max`` while one that differs
+    from the leader in a speed knob is still tied with it, :func:`~tuner.study.race.undecided`)
+    (fresh start; round r replays the requests in another order, :meth:`TrialContext.repeat`,
+    and draws arrivals with seed + r; the same sample for every candidate) and store the
+    decision (:mod:`tuner.study.race`) as the study's ``confirmation``. Each repeat is a
+    COMPLETE trial with ``confirm_of`` in the study's companion
+    (:func:`~tuner.study.confirmation_study`), outside its trials, written when measured: an
+    interrupted confirmation keeps its repeats and the next run reuses them. ``may_start`` is
+    asked before each repeat is started; when it says no, :class:`WindowFull` is raised. A
+    repeat's failed start or disrupted replay is judged by ``referee``
+    (:mod:`tuner.search.blame`): a fault of the machine is measured again, never stored as the
+    candidate's repeat (two in a row stop the race). Returns the Confirmation, or None with
+    no feasible trial."""
+    from tuner.study import confirmation
 
-    from tuner.study import confirmation, confirmation_study, count_finished, is_feasible, repeats
-    from tuner.study.workers import identity
-
-    obs = observer_or_headless(observer)
     fresh = confirmation(study)
-    if fresh is not None and fresh.rounds >= rounds:
+    if fresh is not None and fresh.rounds >= ctx.settings.confirm:
         return fresh
-    trials = study.get_trials(deepcopy=False)
-    records = {t.number: TrialRecord.from_trial(t) for t in trials}
-    tags = tags or {}
-    fingerprint = workload.fingerprint()
-
-    def original(rec: TrialRecord) -> bool:
-        """A measurement of this run's own (same tags, same workload), not a copy or a repeat."""
-        studied = rec.run.workload_fingerprint
-        return (all(rec.tags.get(k) == v for k, v in tags.items()) and (studied or fingerprint) == fingerprint
-                and not rec.is_repeat and not rec.is_confirmation and rec.config is not None)
-
-    originals = [t for t in trials if is_feasible(t) and original(records[t.number])]
-    if not originals:
+    entrants = ConfirmRace.entrants(study, ctx.workload.fingerprint(), tags or {})
+    if entrants is None:
         return None
-    done = {(int(rec.confirm_of), int(rec.confirm_round or 0)): (t, rec)  # numbers of the companion's own
-            for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(study))
-            if rec.is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
-    entries = distinct(originals, records)
-    # the objective's own noise (the edge moves with a start's TTFT), not the tokens/s noise
-    # alone, and the study's own replicates (trials of one effective configuration); the
-    # race's paired repeats lean on that
-    prior = study_objective_sd((records[t.number] for t, _, _ in entries), backend.simulated)
-    noise = study_noise(study, backend.simulated, prior)
-    ttft_noise = study_ttft_sd(trials, backend.simulated)  # what a miss is weighed against in the race
-    groups_of = {t.number: members for t, members, _ in entries}
-    # each start's P95 (two where a verdict near the target was measured again: tuner.search.verdict)
-    pool = [Candidate(t.number, records[t.number].config.to_dict(), [mean], cap_bound(records[t.number]),
-                      *start_p95s(records[t.number]), kv_filled(records[t.number].server)) for t, _, mean in entries]
-    # P95s at one user per replica are weighed (--feasibility) for a candidate that met the target there; a
-    # repeat of one whose edge lies higher reaches it only on a miss, and those alone would be a biased sample
-    floor_bound = {c.number for c in pool if lowest_p95(records[c.number]) is not None}
-    unsure = {t.number for t, _, _ in entries if doubtful(records[t.number])}
-    entrants = {c.number for c in candidates(pool, noise, unsure=unsure)}  # the first race's: their repeats are its own
-    history = []
-    groups: dict[str, list[float]] = {}
-    for (number, _r), (t, rec) in done.items():
-        if number not in entrants and t.state == TrialState.COMPLETE:
-            config = rec.config
-            groups.setdefault(config_key(config.to_dict() if config else {}), []).append(float(t.value or 0.0))
-    history = list(groups.values())
-    by_number = {t.number: t for t in originals}
-    base = run_facts or RunFacts()
+    return ConfirmRace(study, ctx, *entrants, run_facts=run_facts, tags=tags or {}, may_start=may_start,
+                       referee=referee).decide()
 
-    def of(r: int) -> int:  # the rounds a progress line counts to: the set ones, then the most
-        return rounds if r <= rounds else max_rounds
 
-    tail = itl_tail(study)
-    in_a_row: list[str] = []  # the machine's faults met by repeats in a row
+class ConfirmRace:
+    """The race :func:`confirm_winner` runs: its candidates (one per effective configuration),
+    the repeats already stored, the study's noise, and how one repeat is measured and kept."""
 
-    def judged(config: ServeConfig, r: int, start: float | None) -> Any:
+    @staticmethod
+    def entrants(study: optuna.Study, fingerprint: str, tags: dict[str, Any],
+                 ) -> tuple[list[FrozenTrial], dict[int, TrialRecord]] | None:
+        """The feasible trials of this run's own (same tags and workload, not copies or
+        repeats) with every trial's record; None when there is none."""
+        from tuner.study import is_feasible
+
+        trials = study.get_trials(deepcopy=False)
+        records = {t.number: TrialRecord.from_trial(t) for t in trials}
+
+        def original(rec: TrialRecord) -> bool:
+            studied = rec.run.workload_fingerprint
+            return (all(rec.tags.get(k) == v for k, v in tags.items()) and (studied or fingerprint) == fingerprint
+                    and not rec.is_repeat and not rec.is_confirmation and rec.config is not None)
+
+        originals = [t for t in trials if is_feasible(t) and original(records[t.number])]
+        return (originals, records) if originals else None
+
+    def __init__(self, study: optuna.Study, ctx: TrialContext, originals: list[FrozenTrial],
+                 records: dict[int, TrialRecord], *, run_facts: RunFacts | None, tags: dict[str, Any],
+                 may_start: Callable[[], bool] | None, referee: Referee | None) -> None:
+        self.study, self.ctx, self.records, self.tags = study, ctx, records, tags
+        self.may_start, self.referee, self.base = may_start, referee, run_facts or RunFacts()
+        self.done = self._stored_repeats()
+        simulated = ctx.backend.simulated
+        entries = distinct(originals, records)
+        # the objective's own noise (the edge moves with a start's TTFT), not the tokens/s noise
+        # alone, and the study's own replicates (trials of one effective configuration); the
+        # race's paired repeats lean on that
+        prior = study_objective_sd((records[t.number] for t, _, _ in entries), simulated)
+        self.noise = study_noise(study, simulated, prior)
+        self.ttft_noise = study_ttft_sd(study.get_trials(deepcopy=False), simulated)  # what a miss is weighed against
+        self.groups_of = {t.number: members for t, members, _ in entries}
+        # each start's P95 (two where a verdict near the target was measured again: tuner.search.verdict)
+        self.pool = [Candidate(t.number, records[t.number].config.to_dict(), [mean], cap_bound(records[t.number]),
+                               *start_p95s(records[t.number]), kv_filled(records[t.number].server))
+                     for t, _, mean in entries]
+        # P95s at one user per replica are weighed (--feasibility) for a candidate that met the target there; a
+        # repeat of one whose edge lies higher reaches it only on a miss, and those alone would be a biased sample
+        self.floor_bound = {c.number for c in self.pool if lowest_p95(records[c.number]) is not None}
+        self.unsure = {t.number for t, _, _ in entries if doubtful(records[t.number])}
+        self.history = self._history({c.number for c in candidates(self.pool, self.noise, unsure=self.unsure)})
+        self.by_number = {t.number: t for t in originals}
+        self.tail = itl_tail(study)
+        self.in_a_row: list[str] = []  # the machine's faults met by repeats in a row
+
+    def _stored_repeats(self) -> dict[tuple[int, int], tuple[FrozenTrial, TrialRecord]]:
+        """(trial, round) -> the repeat an earlier run stored (the companion's trials)."""
+        from optuna.trial import TrialState
+
+        from tuner.study import repeats
+
+        return {(int(rec.confirm_of), int(rec.confirm_round or 0)): (t, rec)
+                for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(self.study))
+                if rec.is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
+
+    def _history(self, entrants: set[int]) -> list[list[float]]:
+        """Earlier races' repeats of configurations not in the first race, grouped by configuration."""
+        from optuna.trial import TrialState
+
+        groups: dict[str, list[float]] = {}
+        for (number, _r), (t, rec) in self.done.items():
+            if number not in entrants and t.state == TrialState.COMPLETE:
+                config = rec.config
+                groups.setdefault(config_key(config.to_dict() if config else {}), []).append(float(t.value or 0.0))
+        return list(groups.values())
+
+    def rounds_of(self, r: int) -> int:
+        """The rounds a progress line counts to: the set ones, then the most."""
+        s = self.ctx.settings
+        return s.confirm if r <= s.confirm else s.confirm_max
+
+    def judged(self, config: ServeConfig, r: int, start: float | None) -> Any:
         """One repeat measured; a fault of the machine measures it again (two in a row: raised)."""
-        def evaluate() -> Any:
-            return evaluate_config(backend, deployment, config, workload.reordered(seed + r), target,
-                                   load_kind=load_kind, max_replays=max_replays, precheck=precheck, seed=seed + r,
-                                   observer=obs, start_level=start, edge_tolerance=edge_tolerance,
-                                   objective=objective, itl_tail_s=tail, start_refused=start_refused)
+        ctx, referee = self.ctx.repeat(r), self.referee
+
+        def measure() -> Any:
+            return evaluate(ctx, config, start_level=start, itl_tail_s=self.tail)
 
         def reject(err: Any, gpu_s: float) -> Any:
-            return rejected(TrialRecord(config=config, target_ttft_s=SloSet.of(target).target_ttft_s), err,
-                            launched=True, gpu_s=gpu_s, slos=SloSet.of(target))
+            return rejected(TrialRecord(config=config, target_ttft_s=ctx.slo.target_ttft_s), err,
+                            launched=True, gpu_s=gpu_s, slos=ctx.slo)
 
         while True:
             try:
-                ev = evaluate() if referee is None else referee.judge(study, None, config, evaluate, reject)
+                ev = measure() if referee is None else referee.judge(self.study, None, config, measure, reject)
             except EnvironmentFault as err:
-                in_a_row.append(f"{err.kind}: {err.message}")
-                if referee is None or len(in_a_row) >= 2 or isinstance(err, WINDOW_FAULTS):
+                self.in_a_row.append(f"{err.kind}: {err.message}")
+                if referee is None or len(self.in_a_row) >= 2 or isinstance(err, WINDOW_FAULTS):
                     raise
-                obs.on_warning(f"a confirmation repeat failed by the environment, measured again: {in_a_row[-1]}")
+                ctx.obs.on_warning(f"a confirmation repeat failed by the environment, measured again: "
+                                   f"{self.in_a_row[-1]}")
                 continue
-            in_a_row.clear()
+            self.in_a_row.clear()
             return ev
 
-    def measure(c: Candidate, r: int) -> float:
-        nonlocal base
-        if (c.number, r) in done:
-            t, kept = done[(c.number, r)]
-            c.capped = c.capped or cap_bound(kept)
-            c.kv_full = c.kv_full or (kept.feasible and kv_filled(kept.server))
-            if (p95 := p95_of(kept)) is not None:
-                c.p95s.append(p95)
-            if (low := lowest_p95(kept)) is not None and c.number in floor_bound:
-                c.floor_p95s.append(low)
-            return float(t.value or 0.0) if t.state == TrialState.COMPLETE and kept.feasible else 0.0
-        if may_start is not None and not may_start():  # the window cannot hold another start
+    def measure(self, c: Candidate, r: int) -> float:
+        """Candidate ``c``'s repeat ``r``: the one stored before, else measured and stored."""
+        if (c.number, r) in self.done:
+            return self._kept(c, r)
+        if self.may_start is not None and not self.may_start():  # the window cannot hold another start
             raise WindowFull(f"trial {c.number}'s repeat {r}")
-        obs.on_phase(f"confirming trial {c.number}: repeat {r}/{of(r)}")
-        edge = records[c.number].edge
-        start = edge.level if edge is not None and load_kind == "concurrency" else None
+        self.ctx.obs.on_phase(f"confirming trial {c.number}: repeat {r}/{self.rounds_of(r)}")
+        from optuna.trial import TrialState
+
+        from tuner.study.workers import identity
+
+        edge = self.records[c.number].edge
+        start = edge.level if edge is not None and self.ctx.load_kind == "concurrency" else None
         config = ServeConfig.from_dict(c.config)
-        rec = TrialRecord(confirm_of=c.number, confirm_round=r, tags=tags, **identity(deployment.gpu_ids or None))
-        state = TrialState.COMPLETE
-        value: float | None = 0.0
-        constraint = 1.0
-        named: dict[str, float] = {}
+        rec = TrialRecord(confirm_of=c.number, confirm_round=r, tags=self.tags,
+                          **identity(self.ctx.deployment.gpu_ids or None))
+        state, value, constraint, named = TrialState.COMPLETE, 0.0, 1.0, {}
         try:
-            ev = judged(config, r, start)
+            ev = self.judged(config, r, start)
         except (KeyboardInterrupt, EnvironmentFault):
             raise  # nothing measured: not recorded against the configuration
         except Exception as err:  # the server crashed on this sample: the configuration's
@@ -271,51 +286,90 @@ def confirm_winner(
             rec = rec.replace(fail_kind="crash", fail_reason=redact(f"{type(err).__name__}: {err}")[:2000],
                               config=config)
         else:
-            base = base.with_start(ev.record.run)
+            self.base = self.base.with_start(ev.record.run)
             c.capped = c.capped or cap_bound(ev.record)
             c.kv_full = c.kv_full or (ev.feasible and kv_filled(ev.record.server))
             rec = ev.record.replace(**{k: getattr(rec, k) for k in CONFIRMATION})
             value, constraint, named = ev.value, ev.constraint, ev.named_constraints()
-        rec = rec.replace(run=base.replace(load_seed=seed + r, sample=f"reordered (seed {seed + r})"))
-        if (p95 := p95_of(rec)) is not None:
-            c.p95s.append(p95)
-        if (low := lowest_p95(rec)) is not None and c.number in floor_bound:
-            c.floor_p95s.append(low)
-        trial = by_number[c.number]
-        companion = confirmation_study(study, create=True)
-        told = constraint_list(named or {CONSTRAINT: float(constraint)})
-        companion.add_trial(create_trial(  # constraints as the list optuna-dashboard reads (tuner.search.constraints)
-            state=state, value=value, params=trial.params, distributions=trial.distributions,
-            user_attrs=rec.to_attrs(), system_attrs={CONSTRAINTS_ATTR: told} if state == TrialState.COMPLETE else None))
+        seed = self.ctx.settings.seed + r
+        rec = rec.replace(run=self.base.replace(load_seed=seed, sample=f"reordered (seed {seed})"))
+        self._add_p95s(c, rec)
+        self._store(c, rec, state, value, named or {CONSTRAINT: float(constraint)})
         return float(value or 0.0) if rec.feasible else 0.0
 
-    def on_round(r: int, alive: list[Candidate]) -> None:
-        obs.on_phase(f"confirmed round {r}/{of(r)}: {len(alive)} in the race")
+    def _kept(self, c: Candidate, r: int) -> float:
+        """A repeat an earlier run stored, read into the candidate."""
+        from optuna.trial import TrialState
 
-    conf, raced = None, set()
-    for _wave in range(MAX_WAVES):  # a wave whose every candidate missed the target: the next-best
-        field_ = candidates([c for c in pool if c.number not in raced], noise, unsure=unsure)
-        if not field_:
-            break
-        raced |= {c.number for c in field_}
-        this = race(field_, measure, noise, rounds=rounds, max_rounds=max_rounds, simulated=backend.simulated,
-                    history=history, on_round=on_round, target=SloSet.of(target).target_ttft_s, objective=objective,
-                    feasibility_min=feasibility_min, prior=noise.rel_sd, ttft_noise=ttft_noise)
-        if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
-            measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
-            if not this.held:  # and the closest of the waves
-                this = min((conf, this), key=closeness)
-            this.measurements, this.out = measured, out
-        conf = this
-        if conf.held:
-            break
-    if conf is None:
-        return None
-    if not conf.held:
-        conf.reason += f" ({len(raced)} configuration{'s' * (len(raced) != 1)} raced)"
-    elif same := [n for n in groups_of.get(conf.winner, []) if n != conf.winner]:
+        t, kept = self.done[(c.number, r)]
+        c.capped = c.capped or cap_bound(kept)
+        c.kv_full = c.kv_full or (kept.feasible and kv_filled(kept.server))
+        self._add_p95s(c, kept)
+        return float(t.value or 0.0) if t.state == TrialState.COMPLETE and kept.feasible else 0.0
+
+    def _add_p95s(self, c: Candidate, rec: TrialRecord) -> None:
+        if (p95 := p95_of(rec)) is not None:
+            c.p95s.append(p95)
+        if (low := lowest_p95(rec)) is not None and c.number in self.floor_bound:
+            c.floor_p95s.append(low)
+
+    def _store(self, c: Candidate, rec: TrialRecord, state: Any, value: float | None,
+               constraints: dict[str, float]) -> None:
+        """The repeat as a trial of the companion study, with its constraints (by name, through
+        ``create_trial``'s documented ``constraints``; no sampler reads the companion)."""
+        from optuna.trial import TrialState, create_trial
+
+        from tuner.study import confirmation_study
+
+        trial = self.by_number[c.number]
+        complete = state == TrialState.COMPLETE
+        confirmation_study(self.study, create=True).add_trial(create_trial(
+            state=state, value=value, params=trial.params, distributions=trial.distributions,
+            user_attrs=rec.to_attrs(), constraints=dict(constraints) if complete else None))
+
+    def decide(self) -> Any:
+        """Race in waves (a wave whose every candidate missed the target: the next-best),
+        and store the decision as the study's ``confirmation``."""
+        from tuner.study import count_finished
+
+        s, obs = self.ctx.settings, self.ctx.obs
+
+        def on_round(r: int, alive: list[Candidate]) -> None:
+            obs.on_phase(f"confirmed round {r}/{self.rounds_of(r)}: {len(alive)} in the race")
+
+        conf, raced = None, set()
+        for _wave in range(MAX_WAVES):
+            field_ = candidates([c for c in self.pool if c.number not in raced], self.noise, unsure=self.unsure)
+            if not field_:
+                break
+            raced |= {c.number for c in field_}
+            this = race(field_, self.measure, self.noise, rounds=s.confirm, max_rounds=s.confirm_max,
+                        simulated=self.ctx.backend.simulated, history=self.history, on_round=on_round,
+                        target=self.ctx.slo.target_ttft_s, objective=s.objective, feasibility_min=s.feasibility,
+                        prior=self.noise.rel_sd, ttft_noise=self.ttft_noise)
+            if conf is not None:  # an earlier wave's candidates all missed: keep what they measured
+                measured, out = {**conf.measurements, **this.measurements}, {**conf.out, **this.out}
+                if not this.held:  # and the closest of the waves
+                    this = min((conf, this), key=closeness)
+                this.measurements, this.out = measured, out
+            conf = this
+            if conf.held:
+                break
+        if conf is None:
+            return None
+        conf.reason += self._reason(conf, raced)
+        write_confirmation(self.study.set_user_attr, {**conf.to_dict(), "finished": count_finished(self.study)})
+        return conf
+
+    def _reason(self, conf: Any, raced: set[int]) -> str:
+        """What the decision's reason adds: how many were raced (none held), or the trials
+        that are the winner's configuration for this workload."""
+        if not conf.held:
+            return f" ({len(raced)} configuration{'s' * (len(raced) != 1)} raced)"
+        same = [n for n in self.groups_of.get(conf.winner, []) if n != conf.winner]
+        if not same:
+            return ""
         shown = ", ".join(map(str, same[:8])) + (f" and {len(same) - 8} more" if len(same) > 8 else "")
-        conf.reason += (f"; trial{'s' * (len(same) > 1)} {shown} {'are' if len(same) > 1 else 'is'} the same "
-                        f"configuration for this workload (only knobs without effect differ)")
-    write_confirmation(study.set_user_attr, {**conf.to_dict(), "finished": count_finished(study)})
-    return conf
+        return (f"; trial{'s' * (len(same) > 1)} {shown} {'are' if len(same) > 1 else 'is'} the same "
+                f"configuration for this workload (only knobs without effect differ)")
+

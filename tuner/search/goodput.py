@@ -21,11 +21,11 @@ from tuner.runtime.interrupts import current_deadline
 from tuner.serving.config import ServeConfig
 from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.serving.result import describe_errors
-from tuner.serving.slo import MAX_ERROR_RATE, SloSet, monotone_crossing
+from tuner.serving.slo import MAX_ERROR_RATE, monotone_crossing
 
 if TYPE_CHECKING:
     from tuner.runtime.control import RunControl, StopHook
-    from tuner.runtime.progress import Observer
+    from tuner.search.context import TrialContext
     from tuner.serving.result import RunResult
     from tuner.traffic.workload import Workload
 
@@ -168,140 +168,178 @@ def edge_width(level: float, load_kind: str, tolerance: float = EDGE_TOLERANCE) 
     return max(1.0, width) if load_kind == "concurrency" else width
 
 
-def goodput_search(
-    instance: Any, workload: Workload, target: float | SloSet, *, load_kind: str, max_replays: int,
-    early_stop: bool, seed: int, observer: Observer, top: int, incumbent: float | None = None,
-    start: float | None = None, expected: float | None = None, tolerance: float = EDGE_TOLERANCE,
-    ceiling: int | None = None, itl_tail_s: float | None = None,
-) -> list[LoadPoint]:
-    """The load points measured to find the most load that meets ``target``: from the
-    top (or a predicted ``start``), down or up, then between the last passing and
-    failing loads at the crossing of a monotone fit of every point, until the two are
-    within :func:`edge_width` or ``max_replays`` are spent. On the closed loop a
-    configuration that still meets the target at ``top`` (max-num-seqs x replicas, what
-    its KV cache holds) is tried above it, up to ``ceiling`` users: queued requests may
-    still meet the target, and that is the edge ``tuner plan`` finds. A replay every stream
-    of which stalled at once for longer than the serving pauses (``itl_tail_s``: the study's
-    inter-token tail; :func:`tuner.replay.disruption.disruption`) measured nothing:
-    :class:`~tuner.core.errors.Disrupted` is raised."""
-    points: list[LoadPoint] = []
-    closed = load_kind == "concurrency"
-    slos = SloSet.of(target)
-    # the TTFT SLOs stop a replay early: over the bound for more than (100 - percentile) % of
-    # all requests, the percentile cannot recover (P95: 5 %, EARLY_STOP_SHARE)
-    ttft_bounds = [(s.bound_s, (100 - s.percentile) / 100) for s in slos.slos if s.metric == "ttft"]
+def goodput_search(instance: Any, ctx: TrialContext, *, top: int, incumbent: float | None = None,
+                   start: float | None = None, expected: float | None = None, ceiling: int | None = None,
+                   itl_tail_s: float | None = None) -> list[LoadPoint]:
+    """The load points measured on ``instance`` to find the most load that meets ``ctx.slo``
+    (offered as ``ctx.load_kind``, at most ``ctx.settings.max_replays``): from the top (or a
+    predicted ``start``), down or up, then between the last passing and failing loads at the
+    crossing of a monotone fit of every point, until the two are within :func:`edge_width`
+    or the replays are spent. On the closed loop a configuration that still meets the target
+    at ``top`` (max-num-seqs x replicas, what its KV cache holds) is tried above it, up to
+    ``ceiling`` users: queued requests may still meet the target, and that is the edge
+    ``tuner plan`` finds. A replay every stream of which stalled at once for longer than the
+    serving pauses (``itl_tail_s``: the study's inter-token tail;
+    :func:`tuner.replay.disruption.disruption`) measured nothing: :class:`~tuner.core.errors.Disrupted`
+    is raised."""
+    return EdgeSearch(instance, ctx, incumbent=incumbent, expected=expected, itl_tail_s=itl_tail_s).search(
+        top, start, ceiling)
 
-    deadline = current_deadline()
 
-    def run(level: float, kind: str) -> LoadPoint:
-        load = load_for(kind, level, workload, seed)
-        observer.on_phase(f"replay {len(points) + 1}/{max_replays} at {load.label}")
+class EdgeSearch:
+    """One configuration's goodput search (:func:`goodput_search`): its load points so far,
+    the last passing (``good``) and failing (``bad``) ones, and the axis's bounds."""
+
+    def __init__(self, instance: Any, ctx: TrialContext, *, incumbent: float | None, expected: float | None,
+                 itl_tail_s: float | None) -> None:
+        s = ctx.settings
+        self.instance, self.workload, self.slo, self.load_kind = instance, ctx.workload, ctx.slo, ctx.load_kind
+        self.early_stop, self.seed, self.max_replays, self.tolerance = s.early_stop, s.seed, s.max_replays, \
+            s.edge_tolerance
+        self.obs, self.incumbent, self.expected, self.itl_tail_s = ctx.obs, incumbent, expected, itl_tail_s
+        self.closed = ctx.load_kind == "concurrency"
+        # the TTFT SLOs stop a replay early: over the bound for more than (100 - percentile) % of
+        # all requests, the percentile cannot recover (P95: 5 %, EARLY_STOP_SHARE)
+        self.ttft_bounds = [(x.bound_s, (100 - x.percentile) / 100) for x in ctx.slo.slos if x.metric == "ttft"]
+        self.deadline = current_deadline()
+        self.points: list[LoadPoint] = []
+        self.good: LoadPoint | None = None
+        self.bad: LoadPoint | None = None
+
+    def run(self, level: float, kind: str) -> LoadPoint:
+        """One replay at ``level`` on the axis ``kind``, as a load point."""
+        workload, deadline = self.workload, self.deadline
+        load = load_for(kind, level, workload, self.seed)
+        self.obs.on_phase(f"replay {len(self.points) + 1}/{self.max_replays} at {load.label}")
         deadline.check()
         # The closed-loop run that calibrates an open-loop axis measures the rate served flat out: an SLO
         # stop would end it while the queue fills, at a fraction of that rate (a 14B model on an H100,
         # 162 users: stopped after 13.6 s at 1.9 req/s, where 10 req/s are served), and cap the axis there.
-        slo_hooks = early_stop and kind == load_kind
-        hooks = [slo_stop_hook(b, len(workload), share) for b, share in ttft_bounds] if slo_hooks else []
-        errs = error_stop_hook(len(workload)) if early_stop else None
+        slo_hooks = self.early_stop and kind == self.load_kind
+        hooks = [slo_stop_hook(b, len(workload), share) for b, share in self.ttft_bounds] if slo_hooks else []
+        errs = error_stop_hook(len(workload)) if self.early_stop else None
 
         def stop(c: RunControl) -> bool:
             return deadline.passed() or bool(errs and errs(c)) or any(h(c) for h in hooks)
 
-        result = instance.run(workload, load, stop=stop if early_stop or deadline.at is not None else None)
+        result = self.instance.run(workload, load, stop=stop if self.early_stop or deadline.at is not None else None)
         deadline.check()  # a replay cut by --timeout measured nothing: the trial is interrupted
         if result.stall_s:  # a streaming replay: was it disrupted?
             from tuner.replay.disruption import disruption
 
-            if (why := disruption(result, itl_tail_s)) is not None:
+            if (why := disruption(result, self.itl_tail_s)) is not None:
                 raise Disrupted(f"the replay at {load.label}: {why}")
-        summary = {**result.summary(), "goodput_requests_per_s": slos.goodput(result)}
-        ok = kind == load_kind and not result.stopped_early and slos.meets(summary)
-        point = LoadPoint(level if kind == load_kind else math.inf, load, result, summary, ok,
-                          slos.ratio(summary), slos.binding(summary).text)
-        points.append(point)
+        summary = {**result.summary(), "goodput_requests_per_s": self.slo.goodput(result)}
+        ok = kind == self.load_kind and not result.stopped_early and self.slo.meets(summary)
+        point = LoadPoint(level if kind == self.load_kind else math.inf, load, result, summary, ok,
+                          self.slo.ratio(summary), self.slo.binding(summary).text)
+        self.points.append(point)
         return point
 
-    hi_level: float = float(top)
-    floor_level = 1.0
-    if not closed:
-        # Calibrate the open-loop axis with one closed-loop run at the most users: its
-        # request rate is what the configuration serves flat out.
-        sat = run(top, "concurrency")
-        rate = sat.summary.get("requests_per_s") or 0.0
-        if not rate > 0:
-            return points
-        base = 1.0 if load_kind == "rate" else max(len(workload) / max(workload.span_s, 1e-9), 1e-9)
-        hi_level = 0.95 * rate / base
-        floor_level = hi_level / 64
-        max_replays -= 1
-        start = None  # a predicted start is in users; this axis is only known now
-    beyond = float(ceiling) if closed and ceiling and ceiling > hi_level else None
-    first_level = min(hi_level, max(start, floor_level)) if start and closed else hi_level
-    if closed:
-        first_level = float(max(1, round(first_level)))
-    first = run(first_level, load_kind)
-    good: LoadPoint | None = first if first.passed else None
-    bad: LoadPoint | None = None if first.passed else first
+    def search(self, top: int, start: float | None, ceiling: int | None) -> list[LoadPoint]:
+        """Every load point measured, from the first (the top, or ``start``) to the edge."""
+        hi_level, floor_level = float(top), 1.0
+        if not self.closed:
+            # Calibrate the open-loop axis with one closed-loop run at the most users: its
+            # request rate is what the configuration serves flat out.
+            sat = self.run(top, "concurrency")
+            rate = sat.summary.get("requests_per_s") or 0.0
+            if not rate > 0:
+                return self.points
+            base = 1.0 if self.load_kind == "rate" else max(len(self.workload) / max(self.workload.span_s, 1e-9),
+                                                            1e-9)
+            hi_level = 0.95 * rate / base
+            floor_level = hi_level / 64
+            self.max_replays -= 1  # the calibrating run was one of them
+            start = None  # a predicted start is in users; this axis is only known now
+        self.beyond = float(ceiling) if self.closed and ceiling and ceiling > hi_level else None
+        self.hi_level, self.floor_level, self.start = hi_level, floor_level, start
+        first_level = min(hi_level, max(start, floor_level)) if start and self.closed else hi_level
+        if self.closed:
+            first_level = float(max(1, round(first_level)))
+        self.record(self.run(first_level, self.load_kind))
+        for _ in range(self.max_replays - 1):
+            level = self.next_level()
+            if level is None:
+                break
+            self.record(self.run(level, self.load_kind))
+        return self.points
 
-    def contender(p: LoadPoint, level: float) -> bool:
+    def record(self, point: LoadPoint) -> None:
+        if point.passed:
+            self.good = point
+        else:
+            self.bad = point
+
+    def contender(self, p: LoadPoint, level: float) -> bool:
         """Could a passing point at ``level`` (closed loop: tokens/s grows at most in
         proportion to users, Little's law) come within reach of the incumbent?"""
-        return not (incumbent and closed
-                    and p.summary["tokens_per_s"] * level / p.level < incumbent)
+        return not (self.incumbent and self.closed
+                    and p.summary["tokens_per_s"] * level / p.level < self.incumbent)
 
-    for _ in range(max_replays - 1):
-        if good is not None and good.level >= hi_level:
+    def next_level(self) -> float | None:
+        """The next load to replay, or ``None`` when the edge is found (or cannot matter)."""
+        good, bad = self.good, self.bad
+        if good is not None and good.level >= self.hi_level:
             # holds at the top: above it only queueing grows; look for the edge there
             # only for a configuration that competes for the best
-            if beyond is None or bad is not None or not contender(good, good.level):
-                break
-            hi_level, beyond = beyond, None
+            if self.beyond is None or bad is not None or not self.contender(good, good.level):
+                return None
+            self.hi_level, self.beyond = self.beyond, None
         if good is None:
-            assert bad is not None
-            if bad.level <= floor_level:
-                break
-            ratio = 1 / bad.severity if math.isfinite(bad.severity) and bad.severity > 0 else 0.25
-            # from the top, a large step down; from a predicted load, a small one unless the
-            # P95 measured there says the prediction was far off
-            level = bad.level * min(max(ratio * 0.9, 0.1), 1 / STEP_UP if start else 0.7)
+            level = self._below(bad)
         elif bad is None:
-            # passing below the most it may hold: step up, unless the prediction says this
-            # configuration cannot come near the incumbent
-            if incumbent and expected is not None and expected * EXPECTED_SLACK < incumbent:
-                break
-            if not contender(good, hi_level):
-                break
-            level = min(hi_level, good.level * STEP_UP)
+            level = self._above(good)
         else:
-            if bad.level - good.level <= edge_width(good.level, load_kind, tolerance):
-                break  # located
-            # No load below the failing one beats good's tokens/s x bad.level / good.level:
-            # below the incumbent, stop refining.
-            if not contender(good, bad.level):
-                break
-            # A replay stopped early knows only a lower bound of its P95. On the closed loop
-            # it stays in the fit: with it the fit has two points from the first pass and
-            # fail on, and a bound far over the target (a load past a cliff) points near the
-            # edge. A bound just over the target pulls the crossing next to the failing load:
-            # after two failing loads in a row the next one is the middle of the gap.
-            fitted = monotone_crossing([(p.level, p.severity) for p in points
-                                        if p.level != math.inf and (closed or not p.result.stopped_early)],
-                                       1.0, good.level, bad.level)
-            if closed and not points[-1].passed and not points[-2].passed:
-                fitted = None
-            level = fitted if fitted is not None else (good.level + bad.level) / 2
-            margin = (FIT_MARGIN if closed else 0.25) * (bad.level - good.level)
-            level = min(max(level, good.level + margin), bad.level - margin)
-        if closed:
+            level = self._between(good, bad)
+        if level is None:
+            return None
+        if self.closed:
             level = float(max(1, round(level)))
             if good is not None and level <= good.level:
                 level = good.level + 1
-            if level in {p.level for p in points} or level > hi_level:
-                break
-        level = max(level, floor_level)
-        point = run(level, load_kind)
-        if point.passed:
-            good = point
-        else:
-            bad = point
-    return points
+            if level in {p.level for p in self.points} or level > self.hi_level:
+                return None
+        return max(level, self.floor_level)
+
+    def _below(self, bad: LoadPoint | None) -> float | None:
+        """Nothing passed yet: a step down from the failing load."""
+        assert bad is not None
+        if bad.level <= self.floor_level:
+            return None
+        ratio = 1 / bad.severity if math.isfinite(bad.severity) and bad.severity > 0 else 0.25
+        # from the top, a large step down; from a predicted load, a small one unless the
+        # P95 measured there says the prediction was far off
+        return bad.level * min(max(ratio * 0.9, 0.1), 1 / STEP_UP if self.start else 0.7)
+
+    def _above(self, good: LoadPoint) -> float | None:
+        """Passing below the most it may hold: step up, unless the prediction says this
+        configuration cannot come near the incumbent."""
+        if self.incumbent and self.expected is not None and self.expected * EXPECTED_SLACK < self.incumbent:
+            return None
+        if not self.contender(good, self.hi_level):
+            return None
+        return min(self.hi_level, good.level * STEP_UP)
+
+    def _between(self, good: LoadPoint, bad: LoadPoint) -> float | None:
+        """Between a passing and a failing load: the fitted crossing, kept off either end."""
+        if bad.level - good.level <= edge_width(good.level, self.load_kind, self.tolerance):
+            return None  # located
+        # No load below the failing one beats good's tokens/s x bad.level / good.level:
+        # below the incumbent, stop refining.
+        if not self.contender(good, bad.level):
+            return None
+        # A replay stopped early knows only a lower bound of its P95. On the closed loop
+        # it stays in the fit: with it the fit has two points from the first pass and
+        # fail on, and a bound far over the target (a load past a cliff) points near the
+        # edge. A bound just over the target pulls the crossing next to the failing load:
+        # after two failing loads in a row the next one is the middle of the gap.
+        points, closed = self.points, self.closed
+        fitted = monotone_crossing([(p.level, p.severity) for p in points
+                                    if p.level != math.inf and (closed or not p.result.stopped_early)],
+                                   1.0, good.level, bad.level)
+        if closed and not points[-1].passed and not points[-2].passed:
+            fitted = None
+        level = fitted if fitted is not None else (good.level + bad.level) / 2
+        margin = (FIT_MARGIN if closed else 0.25) * (bad.level - good.level)
+        return min(max(level, good.level + margin), bad.level - margin)

@@ -93,15 +93,16 @@ class Predictor:
     ``profile`` replaces the calibration the simulator would pick for the deployment's
     GPU (the benchmarks use it to give the predictor deliberately wrong constants)."""
 
-    def __init__(self, deployment: Deployment, workload: Workload, target_ttft_s: float | SloSet, *,
+    def __init__(self, deployment: Deployment, workload: Workload, slo: float | SloSet, *,
                  load_kind: str = "concurrency", profile: Calibration | None = None) -> None:
         from tuner.backends.sim import SimBackend
+        from tuner.search.context import TrialContext
+        from tuner.search.settings import SearchSettings
+        from tuner.serving.slo import SloSet
 
-        self.deployment = deployment
-        self.workload = workload
-        self.target_ttft_s = target_ttft_s
-        self.load_kind = load_kind
-        self.backend = SimBackend(profile=profile)
+        # the same goodput search as a trial's, on the simulator, with replays to spare
+        self.ctx = TrialContext(SimBackend(profile=profile), deployment, workload, SloSet.of(slo), load_kind,
+                                SearchSettings(max_replays=PREDICT_REPLAYS))
         self._cache: dict[str, Prediction | None] = {}
 
     def predict(self, config: ServeConfig) -> Prediction | None:
@@ -116,11 +117,10 @@ class Predictor:
         return self._cache[key]
 
     def _predict(self, config: ServeConfig) -> Prediction | None:
-        from tuner.search.objective import evaluate_config
+        from tuner.search.objective import evaluate
 
         try:
-            ev = evaluate_config(self.backend, self.deployment, config, self.workload, self.target_ttft_s,
-                                 load_kind=self.load_kind, max_replays=PREDICT_REPLAYS)
+            ev = evaluate(self.ctx, config)
         except (InputError, ConfigRejected):
             return None
         rec = ev.record
@@ -134,7 +134,7 @@ class Predictor:
         return Prediction(True, float(level), ev.value, p95, constraints=constraints)
 
 
-def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: float | SloSet,
+def sim_predictor(deployment: Deployment, workload: Workload, slo: SloSet,
                   load_kind: str = "concurrency") -> Predictor | None:
     """A predictor for ``deployment``, or None when the simulator cannot model it (a GPU
     or model it does not know)."""
@@ -146,7 +146,7 @@ def sim_predictor(deployment: Deployment, workload: Workload, target_ttft_s: flo
         get_gpu(deployment.gpu)
     except InputError:
         return None
-    return Predictor(deployment, workload, target_ttft_s, load_kind=load_kind)
+    return Predictor(deployment, workload, slo, load_kind=load_kind)
 
 
 def correction(trials: Iterable[FrozenTrial]) -> Correction:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuner.core.jsonsafe import json_safe
-from tuner.search.constraints import tell_constraints
+from tuner.search.constraints import CONSTRAINT, tell_by_name
 from tuner.search.defaults import snapped_grid
-from tuner.search.objective import CONSTRAINT, slo_constraints
 from tuner.serving.config import ServeConfig
 from tuner.study.record import RunFacts, TrialRecord, write
 
@@ -79,7 +78,7 @@ def pruned_constraints(study: optuna.Study, advice: Advice, slos: SloSet) -> dic
     predicted twin's are what the twin measured; otherwise the prediction's own (at the
     predicted load), and for an SLO the prediction does not cover, P95 TTFT from its
     ``p95_ttft_s`` when predicted feasible, else 1.0 (nothing measured)."""
-    out = slo_constraints(slos, None)
+    out = slos.constraints(None)
     if advice.twin_of is not None:
         twin = TrialRecord.from_trial(study.get_trials(deepcopy=False)[advice.twin_of])
         measured = dict(twin.constraints) or ({CONSTRAINT: twin.constraint} if twin.constraint is not None else {})
@@ -94,15 +93,16 @@ def pruned_constraints(study: optuna.Study, advice: Advice, slos: SloSet) -> dic
 
 
 def prune(trial: optuna.Trial, config: ServeConfig, advice: Advice, run_facts: RunFacts, slos: SloSet,
-          named: bool = False) -> None:
+          by_name: bool = False) -> None:
     """Record a configuration the predictor ruled out, without launching it: PRUNED,
     with the prediction as evidence (TPE ranks pruned trials below every measured one)
-    and one constraint per SLO of ``slos`` (:func:`pruned_constraints`), kept by name in
-    its record too."""
+    and one constraint per SLO of ``slos`` (:func:`pruned_constraints`) in its record, which
+    the sampler reads (told by name where ``by_name``: :mod:`tuner.search.constraints`)."""
     import optuna
 
     constraints = pruned_constraints(trial.study, advice, slos)
-    tell_constraints(trial, constraints, named=named)
+    if by_name:
+        tell_by_name(trial, constraints)
     write(trial.set_user_attr, TrialRecord(config=config, prediction=json_safe(advice.prediction),
                                            pruned_reason=advice.reason, constraints=constraints,
                                            feasible=False, gpu_s=0.0, run=run_facts, twin_of=advice.twin_of))

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.runtime.progress import Observer
-from tuner.search.confirm import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS
 from tuner.search.driver import SearchRun
 from tuner.search.goodput import EDGE_TOLERANCE, MAX_REPLAYS
 from tuner.search.outcome import SearchOutcome
-from tuner.search.settings import SearchSettings
+from tuner.search.settings import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, SearchSettings
+from tuner.search.setup import open_search
 from tuner.serving.config import ServeConfig
 from tuner.study import top_feasible_trials
 from tuner.study.race import FEASIBILITY
@@ -88,8 +88,20 @@ def run_search(
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,
                               objective=objective, feasibility=feasibility, resume_anyway=resume_anyway,
                               start_refused=start_refused)
-    return SearchRun(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
-                     tags=tags, predictor=predictor).run()
+    return run_settings(space, settings, backend=backend, workload=workload, storage=storage, study=study,
+                        enqueue=enqueue, observer=observer, tags=tags, predictor=predictor)
+
+
+@guard_storage
+def run_settings(space: SearchSpace, settings: SearchSettings, *, backend: Backend | str = "sim",
+                 workload: Workload | None = None, storage: str | None = None, study: str | None = None,
+                 enqueue: Sequence[ServeConfig] = (), observer: Observer | None = None,
+                 tags: dict[str, Any] | None = None, predictor: Predictor | str | None = "auto") -> SearchOutcome:
+    """:func:`run_search` with its measuring options as one :class:`SearchSettings`, handed
+    whole to the opened run (:func:`~tuner.search.setup.open_search`) and its trials."""
+    setup = open_search(space, backend, workload, storage, study, settings, enqueue=enqueue, observer=observer,
+                        tags=tags, predictor=predictor)
+    return SearchRun(setup).run()
 
 
 def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, budget: int = 40,

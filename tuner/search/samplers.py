@@ -6,7 +6,10 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     import optuna
+    from optuna.trial import FrozenTrial
 
     from tuner.space import SearchSpace
 
@@ -38,23 +41,33 @@ def _grid(cls: type) -> type:
     return Grid
 
 
-def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = None) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = None,
+                 constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
+                 ) -> optuna.samplers.BaseSampler:
     """TPE with constraints (default), GP with constraints, random, or grid over the
     space's discretised version. A model sampler fits the study's trials as they are: the
     confirmation's repeats are kept in the study's companion (:func:`tuner.study.confirmation_study`),
     so a race's 10-30 repeats of the few best never fill TPE's "good" group with copies of one
-    region (benchmarks/search_noise.py, V100 family)."""
+    region (benchmarks/search_noise.py, V100 family). ``constraints_func`` (TPE and GP: what a
+    finished trial's constraints are, :func:`tuner.search.constraints.sampler_constraints`) has
+    Optuna write them as the list its samplers and optuna-dashboard read."""
+    import warnings
+
     import optuna
 
     name = name.lower()
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS)
-    if name == "gp":
-        try:
-            import torch  # noqa: F401  (GPSampler's dependency)
-        except ImportError as err:
-            raise InputError("the GP sampler needs PyTorch", hint="pip install torch, or use --sampler tpe") from err
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS)
+    with warnings.catch_warnings():  # Optuna 5 announces constraints_func's removal in 7.0 (tuner.search.constraints)
+        warnings.filterwarnings("ignore", message=".*constraints_func.*", category=FutureWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS,
+                                              constraints_func=constraints_func)
+        if name == "gp":
+            try:
+                import torch  # noqa: F401  (GPSampler's dependency)
+            except ImportError as err:
+                raise InputError("the GP sampler needs PyTorch", hint="pip install torch, or use --sampler tpe") from err
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS,
+                                             constraints_func=constraints_func)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":

@@ -8,15 +8,21 @@ shares; :func:`search` the whole.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.core.errors import InputError
+from tuner.core.values import replaced
 from tuner.search.inputs import build_workload, get_backend_by_name, num_heads
 from tuner.search.outcome import SearchOutcome
-from tuner.search.run import run_search, warm_start_configs
+from tuner.search.run import run_settings, warm_start_configs
 from tuner.search.settings import SearchSettings
+from tuner.serving.config import Deployment
+from tuner.serving.slo import SloSet
+from tuner.space.workload import WorkloadSpec
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -39,84 +45,112 @@ class Prepared:
         """The study's default name (:func:`tuner.study.study_name`)."""
         from tuner.study import study_name
 
+        slo = self.space.workload.slo
         return study_name(self.space.deployment, self.workload.fingerprint(), self.space.name, backend,
-                          self.space.workload.target_ttft_s, self.space.workload.slo_set().key())
+                          slo.target_ttft_s, slo.key())
 
 
-def prepare(space: str | Path | SearchSpace = "default", *, deployment: Mapping[str, Any] | None = None,
-            workload: Mapping[str, Any] | None = None, requests: Workload | None = None,
-            pin: Mapping[str, Any] | None = None, pin_where: Mapping[str, str] | None = None) -> Prepared:
-    """The search space (a shipped name, a YAML file, or a :class:`SearchSpace`) with
-    ``deployment`` changes (fields of :class:`~tuner.serving.config.Deployment`: ``model``, ``gpu``,
-    ``gpu_count``, ``gpu_ids``, ``quantization``, ``calibration``, ...) and ``workload``
-    changes (of its workload section: ``target_ttft_s`` in seconds or as ``"2s"``,
-    ``trace``, ``load``, ``requests``, ...; ``None`` leaves a field as the space says),
-    bound to the deployment (layouts resolved and checked); ``requests`` replaces the
-    workload the space would build. ``pin`` fixes knobs at values (``{"max_num_seqs": 256}``;
-    ``tensor_parallel_size`` and ``replicas`` keep the layouts with that value:
-    :meth:`~tuner.space.SearchSpace.pinned`, a study of its own); ``pin_where`` names, per
-    knob, what the user wrote (``--tensor-parallel-size``), for messages."""
-    from tuner.core.units import parse_seconds
-    from tuner.serving.slo import split_slos
+def prepare(space: str | Path | SearchSpace = "default", *, deployment: Deployment | Mapping[str, Any] | None = None,
+            workload: WorkloadSpec | Mapping[str, Any] | None = None, slo: SloSet | str | Sequence[str] | None = None,
+            requests: Workload | None = None, pin: Mapping[str, Any] | None = None,
+            pin_where: Mapping[str, str] | None = None) -> Prepared:
+    """The search space (a shipped name, a YAML file, or a :class:`SearchSpace`) on
+    ``deployment`` (a :class:`~tuner.serving.config.Deployment`, or a dict of changes to the
+    space's: ``model``, ``gpu``, ``gpu_count``, ...) for ``workload`` (a
+    :class:`~tuner.space.WorkloadSpec`, or a dict of changes to the space's: ``trace``,
+    ``load``, ``requests``, and as a convenience ``target_ttft_s`` (seconds or ``"2s"``) and
+    ``slos`` (SLO texts); ``None`` leaves a field as the space says) meeting ``slo`` (a
+    :class:`~tuner.serving.slo.SloSet` or SLO texts, read once here: without a P95 TTFT bound
+    the workload's target stays), bound to the deployment (layouts resolved and checked);
+    ``requests`` replaces the workload the space would build. ``pin`` fixes knobs at values
+    (``{"max_num_seqs": 256}``; ``tensor_parallel_size`` and ``replicas`` keep the layouts
+    with that value: :meth:`~tuner.space.SearchSpace.pinned`, a study of its own);
+    ``pin_where`` names, per knob, what the user wrote (``--tensor-parallel-size``), for messages.
+
+    Raises :class:`~tuner.core.errors.InputError` naming the argument (``deployment``,
+    ``workload``, ``slo``) that is not what it should be."""
     from tuner.space import SearchSpace, load_space
 
-    trace = (workload or {}).get("trace")
+    trace = workload.get("trace") if isinstance(workload, Mapping) else getattr(workload, "trace", None)
     sp = space if isinstance(space, SearchSpace) else load_space(space, trace=trace)
     sp = sp.pinned(pin or {}, pin_where)
-    dep = dataclasses.replace(sp.deployment, **deployment) if deployment else sp.deployment
-    changes = {k: v for k, v in (workload or {}).items() if v is not None}  # None: as the space says
-    if "target_ttft_s" in changes:
-        changes["target_ttft_s"] = parse_seconds(changes["target_ttft_s"], what="target_ttft_s")
-    if "slos" in changes:  # SLO texts; a P95 TTFT one is the target
-        ttft, changes["slos"] = split_slos(changes["slos"])
-        if ttft is not None:
-            changes["target_ttft_s"] = ttft
-    if changes:
-        sp = sp.with_workload(**changes)
+    dep = replaced(sp.deployment, deployment, "deployment")
+    spec = workload_spec(sp.workload, workload, slo)
+    if spec != sp.workload:
+        sp = sp.with_workload(spec)
     sp = sp.bind(dep, num_heads(dep))
     return Prepared(sp, requests if requests is not None else build_workload(sp.workload, dep))
 
 
-#: Constructor options a backend gets by default, from the study's name.
-_STUDY_OPTIONS = {"vllm": lambda study: {"log_dir": f"studies/{study}/logs"}}
+def workload_spec(base: WorkloadSpec, workload: WorkloadSpec | Mapping[str, Any] | None,
+                  slo: SloSet | str | Sequence[str] | None = None) -> WorkloadSpec:
+    """``base`` changed by ``workload`` (a spec, or a dict of changes in which
+    ``target_ttft_s`` and ``slos`` are read as one :class:`SloSet`) and ``slo``."""
+    if isinstance(workload, Mapping):
+        changes = {k: v for k, v in workload.items() if v is not None}  # None: as the space says
+        texts, target = changes.pop("slos", None), changes.pop("target_ttft_s", None)
+        if isinstance(texts, str):
+            texts = [texts]
+        if texts is not None or target is not None:
+            changes["slo"] = _slo_argument(lambda: SloSet.parse(texts or (), target), "workload").or_target(
+                base.target_ttft_s)
+        workload = changes
+    spec = replaced(base, workload, "workload")
+    if slo is not None:
+        given = slo if isinstance(slo, SloSet) else _slo_argument(lambda: SloSet.of(slo), "slo")
+        spec = dataclasses.replace(spec, slo=given.or_target(spec.target_ttft_s))
+    return spec
 
 
-def backend_for(backend: Backend | str, study: str, options: Mapping[str, Any] | None = None) -> Backend:
-    """``backend`` made from its name and constructor ``options`` (a vLLM backend logs to
-    ``studies/<study>/logs`` unless told otherwise), or as given."""
+def _slo_argument(parse: Any, argument: str) -> SloSet:
+    """``parse()``, its InputError naming ``argument``."""
+    try:
+        return parse()
+    except InputError as err:
+        raise InputError(f"{argument}: {err.message}", argument=argument, hint=err.hint) from err
+
+
+def backend_for(backend: Backend | str, study: str, options: Mapping[str, Any] | None = None,
+                slo: SloSet | None = None) -> Backend:
+    """``backend`` made from its name and constructor ``options``, or as given. What its
+    constructor takes says what it is told by default: a backend that keeps logs
+    (``log_dir``) keeps them in ``studies/<study>/logs``, and one that can record every
+    token's gap (``record_itl``) does where an SLO bounds the inter-token latency."""
     if not isinstance(backend, str):
         return backend
-    return get_backend_by_name(backend, **{**_STUDY_OPTIONS.get(backend, lambda _: {})(study), **(options or {})})
+    from tuner.backends import backend_class
+
+    cls = backend_class(backend)
+    takes = inspect.signature(cls).parameters
+    defaults: dict[str, Any] = {}
+    if "log_dir" in takes:
+        defaults["log_dir"] = f"studies/{study}/logs"
+    if "record_itl" in takes and slo is not None and slo.needs_itl:
+        defaults["record_itl"] = True
+    return cls(**{**defaults, **(options or {})})
 
 
-def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[str, Any] | None = None,
-           workload: Mapping[str, Any] | None = None, requests: Workload | None = None,
-           backend: Backend | str = "sim", backend_options: Mapping[str, Any] | None = None,
-           study: str | None = None, storage: str | None = None, settings: SearchSettings | None = None,
-           predict: bool = True, warm_start: bool = False, observer: Observer | None = None,
-           tags: Mapping[str, Any] | None = None, pin: Mapping[str, Any] | None = None,
-           pin_where: Mapping[str, str] | None = None) -> SearchOutcome:
-    """Run (or resume) the study of ``space`` (see :func:`prepare` for ``deployment``,
-    ``workload``, ``requests`` and ``pin``) on ``backend`` (``sim``, ``vllm`` or ``endpoint`` with
-    ``backend_options`` for its constructor, or a backend object) until it holds
-    ``settings.budget`` finished trials (:class:`SearchSettings`), and confirm its winner.
-
-    ``study`` defaults to a name made of the deployment, space, workload and target, so
-    the same call resumes the same study in ``storage`` (default ``studies/<study>.db``).
-    ``predict``: let the simulator guide trials that cost GPU time. ``warm_start``: for a
-    backend whose trials cost GPU time, run a simulator study first and try its best
-    configurations first. ``observer`` (:class:`~tuner.runtime.progress.Observer`) sees progress;
-    ``None`` is headless. Returns the :class:`SearchOutcome`; ``outcome.best`` is the
-    recommendation (``None`` when nothing met the target)."""
+def search(space: str | Path | SearchSpace = "default", *, deployment: Deployment | Mapping[str, Any] | None = None,
+           workload: WorkloadSpec | Mapping[str, Any] | None = None, slo: SloSet | str | Sequence[str] | None = None,
+           requests: Workload | None = None, backend: Backend | str = "sim",
+           backend_options: Mapping[str, Any] | None = None, study: str | None = None, storage: str | None = None,
+           settings: SearchSettings | None = None, predict: bool = True, warm_start: bool = False,
+           observer: Observer | None = None, tags: Mapping[str, Any] | None = None,
+           pin: Mapping[str, Any] | None = None, pin_where: Mapping[str, str] | None = None) -> SearchOutcome:
+    """Run (or resume) the study of ``space`` and confirm its winner: :func:`tuner.search`,
+    whose docstring says what each argument is (:func:`prepare` reads ``deployment``,
+    ``workload``, ``slo``, ``requests`` and ``pin``)."""
     from tuner.runtime.progress import observer_or_headless
 
+    if settings is not None and not isinstance(settings, SearchSettings):
+        raise InputError(f"settings must be a SearchSettings, got {type(settings).__name__}", argument="settings",
+                         hint="e.g. settings=tuner.SearchSettings(budget=40)")
     s = settings or SearchSettings()
-    prepared = prepare(space, deployment=deployment, workload=workload, requests=requests, pin=pin,
+    prepared = prepare(space, deployment=deployment, workload=workload, slo=slo, requests=requests, pin=pin,
                        pin_where=pin_where)
     if isinstance(backend, str):
-        if backend == "sim" and any(t.split(":")[1].startswith("itl") for t in prepared.space.workload.slos):
-            backend_options = {"record_itl": True, **(backend_options or {})}  # an ITL SLO needs the gaps
-        backend = backend_for(backend, study or prepared.study_name(backend), backend_options)
+        backend = backend_for(backend, study or prepared.study_name(backend), backend_options,
+                              prepared.space.workload.slo)
     name = study or prepared.study_name(backend.name) + (".goodput" if s.objective == "goodput" else "")
     enqueue = []
     if warm_start and backend.measures_gpu_time:
@@ -126,9 +160,9 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Mapping[s
     idle = _idle_layouts(prepared.space)
     if idle is not None:
         observer_or_headless(observer).on_warning(idle)
-    outcome = run_search(prepared.space, backend=backend, workload=prepared.workload, storage=storage, study=name,
-                         enqueue=enqueue, observer=observer, tags=dict(tags or {}),
-                         predictor="auto" if predict else None, **dataclasses.asdict(s))
+    outcome = run_settings(prepared.space, s, backend=backend, workload=prepared.workload, storage=storage,
+                           study=name, enqueue=enqueue, observer=observer, tags=dict(tags or {}),
+                           predictor="auto" if predict else None)
     outcome.notes.extend([idle] if idle is not None else _idle_winner(outcome))
     return outcome
 

@@ -62,8 +62,13 @@ class Slo:
 
     @property
     def name(self) -> str:
-        """``p95_ttft``: its Optuna constraint is ``p95_ttft_over_target``."""
+        """``p95_ttft``: its Optuna constraint is ``p95_ttft_over_target`` (:attr:`constraint`)."""
         return f"p{self.percentile}_{self.metric}"
+
+    @property
+    def constraint(self) -> str:
+        """The name of its Optuna constraint (measured / bound - 1): ``p99_tpot_over_target``."""
+        return f"{self.name}_over_target"
 
     def bound_text(self, space: str = "") -> str:
         """``30ms`` or ``2s`` (``30 ms`` with ``space=" "``)."""
@@ -123,19 +128,11 @@ def parse_slo(text: str) -> Slo:
 
 
 def split_slos(texts: Iterable[str | Slo]) -> tuple[float | None, tuple[str, ...]]:
-    """SLO texts -> (the P95 TTFT bound among them or ``None``, the others as texts):
-    a search space keeps P95 TTFT as ``target_ttft_s`` and the rest in ``slos``."""
-    ttft: float | None = None
-    others: list[str] = []
-    for s in dict.fromkeys(parse_slo(t) for t in texts):
-        if s.name == "p95_ttft":
-            if ttft is not None and ttft != s.bound_s:
-                raise InputError(f"two bounds for P95 TTFT: {ttft:g}s and {s.bound_s:g}s",
-                                 hint="give --slo p95:ttft once (--target-ttft is the same SLO)")
-            ttft = s.bound_s
-        else:
-            others.append(s.text)
-    return ttft, tuple(others)
+    """SLO texts -> (the P95 TTFT bound among them or ``None``, the others as texts)."""
+    found = SloSet.parse(texts)
+    if found is None:
+        return None, ()
+    return found.target_ttft_s, found.other_texts
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,14 +160,53 @@ class SloSet:
         return cls((Slo(95, "ttft", float(target_s)),))
 
     @classmethod
-    def of(cls, target: float | SloSet | Iterable[str | Slo]) -> SloSet:
-        """From a P95 TTFT target (seconds), a set, or SLO texts."""
+    def of(cls, target: float | str | SloSet | Iterable[str | Slo]) -> SloSet:
+        """From a P95 TTFT target (seconds), a set, one SLO text or several."""
         if isinstance(target, SloSet):
             return target
-        if isinstance(target, (int, float)):
+        if isinstance(target, (int, float)) and not isinstance(target, bool):
             return cls.ttft(float(target))
-        slos = tuple(dict.fromkeys(parse_slo(t) for t in target))
+        slos = tuple(dict.fromkeys(parse_slo(t) for t in ((target,) if isinstance(target, (str, Slo)) else target)))
         return cls(slos)
+
+    @classmethod
+    def parse(cls, texts: Iterable[str | Slo] = (), target_ttft_s: float | str | None = None) -> SloSet | None:
+        """What a user typed, read once at the edge: SLO texts (``--slo``, a space's ``slos``)
+        and a P95 TTFT target (``--target-ttft``: seconds or ``"2s"``, the same SLO) as one set,
+        P95 TTFT first; ``None`` when neither says anything. Two different P95 TTFT bounds are
+        one :class:`InputError`."""
+        slos = list(dict.fromkeys(parse_slo(t) for t in texts))
+        if target_ttft_s is not None:
+            slos.insert(0, Slo(95, "ttft", parse_seconds(target_ttft_s, what="target_ttft_s")))
+        ttfts = list(dict.fromkeys(s.bound_s for s in slos if s.name == "p95_ttft"))
+        if len(ttfts) > 1:
+            raise InputError(f"two bounds for P95 TTFT: {ttfts[0]:g}s and {ttfts[1]:g}s",
+                             hint="give --slo p95:ttft once (--target-ttft is the same SLO)")
+        ordered = [s for s in slos if s.name == "p95_ttft"][:1] + [s for s in slos if s.name != "p95_ttft"]
+        return cls(tuple(dict.fromkeys(ordered))) if ordered else None
+
+    def with_target(self, target_s: float) -> SloSet:
+        """The set with its P95 TTFT bound set to ``target_s`` (first, as a study stores it)."""
+        return SloSet((Slo(95, "ttft", float(target_s)), *self.others), self.max_error_rate)
+
+    def or_target(self, target_s: float) -> SloSet:
+        """The set, with P95 TTFT at most ``target_s`` where it names no P95 TTFT bound of its
+        own (a space's target under SLOs given without one)."""
+        return self if self.target_ttft_s is not None else self.with_target(target_s)
+
+    @property
+    def others(self) -> tuple[Slo, ...]:
+        """Its SLOs other than P95 TTFT (what a study stores beside ``target_ttft_s``)."""
+        return tuple(s for s in self.slos if s.name != "p95_ttft")
+
+    @property
+    def other_texts(self) -> tuple[str, ...]:
+        return tuple(s.text for s in self.others)
+
+    @property
+    def needs_itl(self) -> bool:
+        """Whether an SLO bounds the inter-token latency: a run must record every token's gap."""
+        return any(s.metric == "itl" for s in self.slos)
 
     @property
     def target_ttft_s(self) -> float | None:
@@ -213,6 +249,36 @@ class SloSet:
     def meets(self, summary: Mapping[str, float]) -> bool:
         """Every SLO met, and at most :attr:`max_error_rate` of requests failed (:func:`within`)."""
         return within(self.ratio(summary), summary.get("error_rate", 0.0), self.max_error_rate)
+
+    def constraints(self, ratios: Mapping[str, float] | None, floor: float | None = None) -> dict[str, float]:
+        """One Optuna constraint per SLO (:attr:`Slo.constraint`): measured / bound - 1, 1.0
+        where nothing was measured (or for a refusal: ``ratios`` None); at least ``floor``
+        when given."""
+        out = {}
+        for s in self.slos:
+            r = (ratios or {}).get(s.name, math.inf)
+            c = r - 1.0 if math.isfinite(r) else 1.0
+            out[s.constraint] = max(c, floor) if floor is not None else c
+        return out
+
+    def over_text(self, summary: Mapping[str, float]) -> str:
+        """How a run missed: ``P95 TTFT 2.4 s over the 2 s target`` (P95 TTFT alone, as
+        before SLO sets), else ``P99 TPOT 41 ms over its 30 ms bound (p99:tpot<=30ms binds)``."""
+        slo = self.binding(summary)
+        value = slo.measured(summary)
+        if self.only_ttft:
+            return f"P95 TTFT {value:.3g} s over the {slo.bound_s:g} s target"
+        shown = f"{value * 1e3:.3g} ms" if slo.bound_s < 1 else f"{value:.3g} s"
+        return f"{slo.label()} {shown} over its {slo.bound_text(' ')} bound ({slo.text} binds)"
+
+    def fields(self, summary: Mapping[str, float], constraints: Mapping[str, float]) -> dict[str, object]:
+        """What a measurement's record says of the set at a load: the goodput there, the SLO
+        that binds (:meth:`binding`) and, for a set beyond P95 TTFT, its ``constraints``."""
+        out: dict[str, object] = {"binding_slo": self.binding(summary).text,
+                                  "goodput_requests_per_s": summary.get("goodput_requests_per_s")}
+        if not self.only_ttft:
+            out["constraints"] = dict(constraints)
+        return out
 
     def goodput(self, result: RunResult) -> float:
         """Requests/s of requests that completed meeting every per-request bound, as

@@ -11,14 +11,14 @@ divides the attention heads, with as many replicas as the GPUs hold.
 
 The package, one module per noun: ``search_space`` (:class:`SearchSpace`,
 :func:`space_difference`), ``param`` (:class:`Param`, layouts), ``workload``
-(:class:`WorkloadSpec` and its limits), ``knob_values`` (:data:`KNOBS`, :func:`pin_value`),
+(:class:`WorkloadSpec` and its limits), ``knob_values`` (:data:`KNOB_TYPES`, :func:`pin_value`),
 ``reader`` (:func:`load_space`, :func:`parse_space`, the shipped spaces), ``parameters`` (the
 ``parameters`` and ``layouts`` sections) and ``checks`` (a file's keys). Every public name is
 imported here.
 """
 from __future__ import annotations
 
-from tuner.space.knob_values import KNOBS, pin_value
+from tuner.space.knob_values import KNOB_TYPES, pin_value
 from tuner.space.param import LAYOUT_PINS, Param, choice_param, layout_name, parse_layout, pin_layout_value
 from tuner.space.parameters import MAX_CHOICES
 from tuner.space.reader import MAX_NAME, SHIPPED_DIR, list_spaces, load_space, parse_space, resolve_space_path
@@ -34,7 +34,7 @@ from tuner.space.workload import (
 )
 
 __all__ = [
-    "KNOBS",
+    "KNOB_TYPES",
     "pin_value",
     "LAYOUT_PINS",
     "pin_layout_value",

@@ -1,4 +1,4 @@
-"""A knob's value as a space file or ``--set`` writes it: :data:`KNOBS` (the knobs a space may
+"""A knob's value as a space file or ``--set`` writes it: :data:`KNOB_TYPES` (the knobs a space may
 vary, with their Python type), :func:`pin_value`, and the number readers both share."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import fields
 from typing import Any
 
 from tuner.core.errors import InputError
-from tuner.core.knobs import KNOBS as KNOB_ROWS, knob
+from tuner.core.knobs import KNOBS, knob
 from tuner.core.values import is_int, is_number, shown
 from tuner.serving.config import ServeConfig
 
 #: Knobs a space may vary, with their Python type (the rows of :data:`tuner.core.knobs.KNOBS`).
-KNOBS: dict[str, type] = {k.name: k.type for k in KNOB_ROWS}
+KNOB_TYPES: dict[str, type] = {k.name: k.type for k in KNOBS}
 
 #: Knobs whose ``null`` means "vLLM's default" (ServeConfig fields that default to None).
 DEFAULT_NONE = {f.name for f in fields(ServeConfig) if f.default is None}
@@ -23,7 +23,7 @@ def knob_problem(name: str, value: Any) -> tuple[str, str | None] | None:
     """What is wrong with ``value`` as knob ``name``'s (not its type, or not one of its choices:
     a KV cache dtype vLLM does not have) as ``(message, hint)``; None when nothing is. A space file's value
     (:func:`~tuner.space.parameters._typed`) and a pinned one (:func:`pin_value`) are checked by it alike."""
-    typ = KNOBS[name]
+    typ = KNOB_TYPES[name]
     ok = (
         (typ is bool and isinstance(value, bool))
         or (typ is int and is_int(value))
@@ -44,7 +44,7 @@ _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 def pin_value(name: str, value: Any, said: str) -> Any:
     """``value`` (typed, or text from ``--set``) as knob ``name`` takes it, checked as a
     space file's value is; InputError naming ``said`` (what the user wrote) otherwise."""
-    typ = KNOBS[name]
+    typ = KNOB_TYPES[name]
     if isinstance(value, str) and typ is not str:
         text = value.strip().lower()
         try:

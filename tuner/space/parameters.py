@@ -8,7 +8,7 @@ from tuner.core.errors import InputError
 from tuner.core.values import shown
 from tuner.serving.config import ServeConfig
 from tuner.space.checks import check_keys
-from tuner.space.knob_values import DEFAULT_NONE, KNOBS, as_float, knob_problem, numeric, own_message, whole
+from tuner.space.knob_values import DEFAULT_NONE, KNOB_TYPES, as_float, knob_problem, numeric, own_message, whole
 from tuner.space.param import Param, choice_param, parse_layout
 
 if TYPE_CHECKING:
@@ -19,12 +19,12 @@ MAX_CHOICES = 1024
 
 
 def parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...], tuple[tuple[str, Any], ...]]:
-    check_keys(space, data, KNOBS, ("parameters",))
+    check_keys(space, data, KNOB_TYPES, ("parameters",))
     params: list[Param] = []
     fixed: list[tuple[str, Any]] = []
     for name, spec in data.items():
         where = ("parameters", name)
-        typ = KNOBS[name]
+        typ = KNOB_TYPES[name]
         if isinstance(spec, dict):
             check_keys(space, spec, ("low", "high", "step", "log", "choices"), where)
             if "choices" in spec:
@@ -73,7 +73,7 @@ def parse_parameters(space: SearchSpace, data: Any) -> tuple[tuple[Param, ...], 
 
 def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) -> Any:
     """``value`` checked against knob ``name``'s type and ServeConfig's own validation."""
-    typ = KNOBS[name]
+    typ = KNOB_TYPES[name]
     if typ in (int, float):
         value = numeric(value)
         value = whole(value) if typ is int else value

@@ -12,7 +12,7 @@ from tuner.core.units import parse_seconds
 from tuner.core.values import is_number, shown
 from tuner.core.yamlfile import YamlDoc, parse_yaml, read_yaml
 from tuner.serving.config import Deployment
-from tuner.serving.slo import split_slos
+from tuner.serving.slo import SloSet
 from tuner.space.checks import check_keys, kind
 from tuner.space.knob_values import as_float, numeric, own_message, whole
 from tuner.space.parameters import parse_layouts, parse_parameters
@@ -157,18 +157,19 @@ def _parse_deployment(space: SearchSpace, data: Any) -> Deployment:
 def _parse_workload(space: SearchSpace, data: Any) -> WorkloadSpec:
     check_keys(space, data, _WORKLOAD_KEYS, ("workload",))
     values: dict[str, Any] = {}
+    target, slos = data.get("target_ttft_s"), data.get("slos") or []
     for name, value in data.items():
         where = ("workload", name)
         try:
             if name == "target_ttft_s":
-                value = parse_seconds(value, what="target_ttft_s")
-            elif name == "slos":
+                WorkloadSpec(slo=SloSet.ttft(parse_seconds(value, what="target_ttft_s")))
+                continue
+            if name == "slos":
                 if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
                     raise InputError(f"must be a list of SLOs such as [p99:tpot<=30ms], got {shown(value)}")
-                ttft, value = split_slos(value)
-                if ttft is not None:
-                    values["target_ttft_s"] = ttft
-            elif name in ("requests", "seed", "rate"):
+                SloSet.parse(value)
+                continue
+            if name in ("requests", "seed", "rate"):
                 value = numeric(value)
                 if not is_number(value):
                     raise InputError(f"must be a number, got {shown(value)}")
@@ -177,7 +178,14 @@ def _parse_workload(space: SearchSpace, data: Any) -> WorkloadSpec:
         except InputError as err:
             raise space.error(own_message(err.message, name), where, hint=err.hint) from err
         values[name] = value
-    return WorkloadSpec(**values)
+    try:  # the space's service levels, read once: its target and its slos, P95 TTFT first
+        # a P95 TTFT SLO among slos is the target (as --slo p95:ttft is --target-ttft)
+        target_s = 2.0 if target is None else parse_seconds(target, what="target_ttft_s")
+        found = SloSet.parse(slos)
+        return WorkloadSpec(slo=found.or_target(target_s) if found else SloSet.ttft(target_s), **values)
+    except InputError as err:
+        raise space.error(own_message(err.message, "slos"), ("workload", "slos" if "slos" in data else "target_ttft_s"),
+                          hint=err.hint) from err
 
 
 def _check_references(space: SearchSpace, deployment: Deployment, workload: WorkloadSpec) -> None:

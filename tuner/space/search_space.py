@@ -10,7 +10,7 @@ from tuner.core.errors import InputError
 from tuner.core.values import shown
 from tuner.core.yamlfile import line_of
 from tuner.serving.config import Deployment, ServeConfig
-from tuner.space.knob_values import KNOBS, pin_value
+from tuner.space.knob_values import KNOB_TYPES, pin_value
 from tuner.space.param import (
     LAYOUT_PINS, MISSING, Param, choice_param, index_key, layout_name, parse_layout, pin_layout_value,
 )
@@ -177,17 +177,18 @@ class SearchSpace:
                 saids.append(said if said.startswith("--set") else
                              f"{said} {layout_pin[name]}" if said.startswith("--") else f"{name}={layout_pin[name]}")
                 continue
-            if name not in KNOBS:
+            if name not in KNOB_TYPES:
                 raise InputError(f"{said}: {shown(name)} is not a knob tuner can pin",
-                                 hint=f"pin one of {', '.join((*KNOBS, *LAYOUT_PINS))} (or its vLLM flag, --max-num-seqs)")
+                                 hint=f"pin one of {', '.join((*KNOB_TYPES, *LAYOUT_PINS))} (or its vLLM flag, --max-num-seqs)")
             fixed[name] = pin_value(name, value, said)
         params = tuple(p for p in self.params if p.name not in values)
         suffix = "+".join(f"{k}={v}" for k, v in sorted({**values, **{k: layout_pin[k] for k in values if k in LAYOUT_PINS}}.items()))
         return _replace(self, params=params, fixed=tuple(fixed.items()), name=f"{self.name}+{suffix}",
                         layout_pin=tuple(sorted(layout_pin.items())), pin_said=" ".join(saids))
 
-    def with_workload(self, **changes: Any) -> SearchSpace:
-        return _replace(self, workload=_replace(self.workload, **changes))
+    def with_workload(self, workload: WorkloadSpec) -> SearchSpace:
+        """The space with another workload section."""
+        return _replace(self, workload=workload)
 
     def error(self, message: str, key: tuple[Any, ...], *, hint: str | None = None) -> InputError:
         """An :class:`InputError` pointing at ``key`` (a path of YAML keys) in the file."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.core.knobs import KNOBS
+
 #: A KV cache this full at the edge (share of its blocks at the peak) left the traffic no room.
 KV_FULL = 0.95
 
@@ -30,20 +32,25 @@ def kv_filled(server: Mapping[str, Any] | None) -> bool:
     return float(s.get("num_preemptions") or 0) > 0 or float(s.get("kv_cache_usage_max") or 0) >= KV_FULL
 
 
-def headroom_key(config: dict[str, Any], tight: bool = False) -> tuple[float, float, int, int]:
-    """Sorts the configuration with the most headroom first: lower gpu-memory-utilization
-    (memory left to other work and to fragmentation; higher where ``tight``: a KV cache of
-    the ties filled at the edge, see the module docstring), fewer max-num-seqs (less
-    preemption risk on longer requests), CUDA graphs rather than eager, fewer API server
-    processes (CPU cores left to the host)."""
-    gmu = float(config.get("gpu_memory_utilization") or 1.0)
-    return (-gmu if tight else gmu, float(config.get("max_num_seqs") or 1e9),
-            int(bool(config.get("enforce_eager"))), int(config.get("api_server_count") or 1))
+def headroom_key(config: dict[str, Any], tight: bool = False) -> tuple[float, ...]:
+    """Sorts the configuration with the most headroom first, by the knobs whose rows say how
+    (:data:`HEADROOM_KNOBS`, in the rows' order): lower gpu-memory-utilization (memory left to
+    other work and to fragmentation; higher where ``tight``: a KV cache of the ties filled at
+    the edge, see the module docstring), fewer max-num-seqs (less preemption risk on longer
+    requests), CUDA graphs rather than eager, fewer API server processes (CPU cores left to
+    the host). An unset knob counts as its row's ``headroom`` value."""
+    key = []
+    for k in _HEADROOM_ROWS:
+        given = config.get(k.name)
+        value = float(bool(given)) if k.type is bool else float(given or k.headroom)  # type: ignore[arg-type]
+        key.append(-value if tight and k.name == "gpu_memory_utilization" else value)
+    return tuple(key)
 
 
-#: The knobs :func:`headroom_key` weighs; a tie is traded for headroom only where nothing
-#: else differs.
-HEADROOM_KNOBS = ("gpu_memory_utilization", "max_num_seqs", "enforce_eager", "api_server_count")
+#: The knobs :func:`headroom_key` weighs (rows of :data:`tuner.core.knobs.KNOBS` with a
+#: ``headroom``); a tie is traded for headroom only where nothing else differs.
+_HEADROOM_ROWS = tuple(k for k in KNOBS if k.headroom is not None)
+HEADROOM_KNOBS = tuple(k.name for k in _HEADROOM_ROWS)
 
 
 def headroom_tie(c: Any, leader: Any) -> bool:
