@@ -65,3 +65,19 @@ def test_search_studies_and_show_fit_80_columns(tmp_path, monkeypatch, capsys):
     assert row.split()[1] == "2"  # the finished trials search counts (its confirmation repeats aside)
     assert f"best feasible trial #{report['best']['trial']}" in shown and "P95 TTFT <= 2 s" in shown
     assert report["best"]["command"] in shown.splitlines()
+
+
+@pytest.mark.slow
+def test_a_plan_with_slos_keeps_each_loads_limit_on_its_row_at_80_columns(tmp_path, monkeypatch, capsys):
+    """The sweep of a study with an SLO beside P95 TTFT names the SLO that limits each load; at
+    80 columns that cell wrapped over three rows ('P99' / 'TPOT' / '22%') under every load."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, _, _ = run_cli(["search", "--budget", "3", "--confirm", "0", "--target-ttft", "2s",
+                          "--slo", "p99:tpot<=30ms"], capsys)
+    assert code == 0
+    code, text, _ = run_cli(["plan", "--no-files", "-c", "5,20"], capsys)
+    assert code == 0
+    rows = [line for line in text.splitlines() if re.match(r"\s+\d+\s+\d", line)]
+    assert rows and all(re.search(r"P99 TPOT \d+%", line) for line in rows), text
+    assert all(len(line) <= 80 for line in text.splitlines() if not line.startswith("vllm serve "))

@@ -230,16 +230,17 @@ def _print(est: Any, paths: Any) -> None:
     axis = "users" if est.load_kind == "concurrency" else "req/s in"
     sweep = table()
     slos = bool(est.slos)  # more than P95 TTFT: goodput and the SLO that limits each load
-    for col in (axis, "TTFT avg", "TTFT p95", "E2E avg", "tok/s", "out tok/s", "req/s",
+    # with SLOs, goodput and the limiting SLO take the place of output tokens/s (the summary keeps it)
+    for col in (axis, "TTFT avg", "TTFT p95", "E2E avg", "tok/s", *(() if slos else ("out tok/s",)), "req/s",
                 *(("goodput", "limit") if slos else ()), "run"):
-        sweep.add_column(col, justify="left" if col in ("run", "limit") else "right")
+        sweep.add_column(col, justify="left" if col in ("run", "limit") else "right", no_wrap=col == "limit")
     for p in sweep_rows(est):
         style = "green" if p.ttft_p95_s <= est.target_ttft_s else "red"
         limit = (f"[{'green' if p.meets(est.target_ttft_s) else 'red'}]{parse_slo(p.binding_slo).label()} "
                  f"{p.slo_ratio:.0%}[/]",) if slos and p.binding_slo else ("",) if slos else ()
         sweep.add_row(f"{p.level:.4g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
-                      f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}", f"{p.output_tokens_per_s:,.0f}",
-                      f"{p.requests_per_s:.2f}", *((f"{p.goodput_requests_per_s:.2f}",) + limit if slos else ()),
+                      f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}",
+                      *(() if slos else (f"{p.output_tokens_per_s:,.0f}",)), f"{p.requests_per_s:.2f}", *((f"{p.goodput_requests_per_s:.2f}",) + limit if slos else ()),
                       p.role)
     out.print(fit(sweep, out, labels=()))
     say(f"workload: {workload_line(est.workload)}")
