@@ -80,9 +80,9 @@ def test_a_knob_only_some_vllm_lines_have_is_written_only_when_set():
     """A configuration written before tuner knew a knob reads and writes the same after (its
     key, the copies and twins found by it, a resumed study's trials)."""
     late = [k.name for k in KNOBS if k.since is not None]
-    assert late  # long_prefill_token_threshold (vLLM 0.7.2), api_server_count (0.9.0)
+    assert late  # long_prefill_token_threshold (vLLM 0.7.2), api_server_count (0.9.0), enable_chunked_prefill
     unset = ServeConfig(max_num_seqs=64)
     assert not set(late) & set(unset.to_dict()) and ServeConfig.from_dict(unset.to_dict()) == unset
-    values = {name: min(2048, BY_NAME[name].high) for name in late}
+    values = {name: False if BY_NAME[name].type is bool else min(2048, BY_NAME[name].high) for name in late}
     given = ServeConfig(max_num_seqs=64, **values)
     assert all(given.to_dict()[name] == values[name] for name in late) and ServeConfig.from_dict(given.to_dict()) == given

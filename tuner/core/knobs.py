@@ -63,6 +63,8 @@ class Knob:
             if value is None or value == self.unset:
                 return []
             return [f"--{self.flag}", f"{value:g}" if isinstance(value, float) else str(value)]
+        if value is None:  # vLLM's own default: no flag
+            return []
         if value:
             return [f"--{self.flag}"]
         negatable = self.negatable_since is not None and parse_version(version) >= parse_version(self.negatable_since)
@@ -99,6 +101,13 @@ KNOBS: tuple[Knob, ...] = (
          "Most prompt tokens one request may prefill in a step, e.g. 2048: a long prompt is cut into chunks "
          "of this size so short requests beside it start sooner (vLLM's default 0: no cap).",
          sim="tuner.sim.scheduler.policy:prefill_chunk", high=MAX_TOKENS, since="0.7.2"),
+    # vLLM's V1 scheduler: with chunked prefill off, a waiting request whose prompt does not fit the step's
+    # token budget stops admission for that step (v1/core/sched/scheduler.py: "If chunked_prefill is disabled,
+    # we can stop the scheduling here"), and a budget under max_model_len is refused (config/scheduler.py)
+    Knob("enable_chunked_prefill", bool, "enable-chunked-prefill",
+         "Split long prompts across steps, beside decodes (vLLM's default: on). Off: a prompt is prefilled "
+         "in one step, so max-num-batched-tokens must hold max-model-len.",
+         sim="tuner.sim.scheduler.policy:Scheduler", since="0.4.1", negatable_since="0.8.5"),
     Knob("enable_prefix_caching", bool, "enable-prefix-caching",
          "Reuse KV of shared prompt prefixes (vLLM's default: on).",
          sim="tuner.sim.kvcache:BlockPool", negatable_since="0.7"),

@@ -56,6 +56,7 @@ class ServeConfig:
     block_size: int | None = None
     max_num_batched_tokens: int | None = None
     long_prefill_token_threshold: int | None = None
+    enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"

@@ -208,13 +208,16 @@ def _resolved(config: ServeConfig, gpu: GPU, version: Version, v1: bool, max_mod
         max_num_batched_tokens = min(default_tokens, max_num_seqs * max_model_len)
     else:
         max_num_batched_tokens = default_tokens
+    if config.max_num_batched_tokens is None and config.enable_chunked_prefill is False:
+        max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)  # a whole prompt fits one step
     if max_num_batched_tokens < max_num_seqs:
         raise ConfigRejected(
             "batch_tokens",
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal "
             f"to max_num_seqs ({max_num_seqs}).",
         )
-    if not v1 and max_model_len <= 32768 and max_num_batched_tokens < max_model_len:
+    one_step = config.enable_chunked_prefill is False or not v1 and max_model_len <= 32768  # prompts not split
+    if one_step and max_num_batched_tokens < max_model_len:
         raise ConfigRejected(
             "batch_tokens",
             f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "

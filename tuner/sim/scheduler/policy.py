@@ -73,6 +73,7 @@ class Scheduler:
         self.bs = int(config.block_size)
         self.budget = int(config.max_num_batched_tokens)
         self.chunk_cap = int(config.long_prefill_token_threshold or 0)  # --long-prefill-token-threshold (0: none)
+        self.chunked = config.enable_chunked_prefill is not False  # unset: vLLM's default, on; off: a prompt is prefilled in one step or waits
         self.max_seqs = int(config.max_num_seqs)
         self.caching = bool(config.enable_prefix_caching)
         self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
@@ -274,7 +275,7 @@ class Scheduler:
             j = waiting[0]
             if simple or (j not in reqs.hashes and j not in self.own_start):
                 ntok = int(prompt[j] + out[j])
-                if -(-ntok // bs) > free:
+                if -(-ntok // bs) > free or not self.chunked and prefill_chunk(ntok, self.chunk_cap) > left:
                     break
                 waiting.popleft()
                 chunk = int(prefill_chunk(min(ntok, left), self.chunk_cap))
@@ -310,7 +311,7 @@ class Scheduler:
         None when it does not fit; returns its new column."""
         pool = self.pool
         ok, plan, ntok = self.fits(j)
-        if not ok:
+        if not ok or not self.chunked and prefill_chunk(ntok - plan.hit_blocks * self.bs, self.chunk_cap) > left:
             return None
         self.waiting.popleft()
         own_start = self.own_start.pop(j, -1)
