@@ -98,7 +98,7 @@ def run_in_pty(command: str, cwd: Path, *, cols: int, timeout_s: float, log: Pat
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     code = os.waitstatus_to_exitcode(status)
-    return (128 - code if code < 0 else code), b"".join(chunks).decode("utf-8", "replace")  # a signal as a shell says it
+    return (128 - code if code < 0 else code), b"".join(chunks).decode("utf-8", "replace")  # a signal as a shell says it  # noqa: E501
 
 
 def screen_lines(raw: str) -> list[str]:

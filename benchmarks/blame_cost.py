@@ -60,7 +60,7 @@ def study(folder: Path, rate: float, seed: int) -> dict:
             "crashed": sum(s.startswith("crash") for s in starts), "extra_starts": int(m.group(1)) if m else 0,
             "judging_gpu_s": float(m.group(2).replace(",", "")) if m else 0.0, "gpu_s": report.get("gpu_s") or 0.0,
             "controls": int(m.group(3)) if m else 0, "control_gpu_s": float(m.group(4).replace(",", "")) if m else 0.0,
-            "blamed": blamed, "wall_s": wall, "stderr": done.stderr.strip().splitlines()[-1:] if done.returncode else []}
+            "blamed": blamed, "wall_s": wall, "stderr": done.stderr.strip().splitlines()[-1:] if done.returncode else []}  # noqa: E501
 
 
 def _blamed(folder: Path) -> int:

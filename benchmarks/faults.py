@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
             outcome = run(Path(tmp) / name)
             took = time.monotonic() - t0
             if outcome is None:
-                rows.append((name, "not run here (needs root: a tmpfs mount or a PostgreSQL server)", "-", "-", "-", "-",
+                rows.append((name, "not run here (needs root: a tmpfs mount or a PostgreSQL server)", "-", "-", "-", "-",  # noqa: E501
                              "skipped", f"{took:.0f} s"))
             else:
                 fault, happened, trials, left, verdict = outcome.row()

@@ -161,7 +161,7 @@ def main(folder: Path) -> None:
             f"{r(o, k):6.2f} ({r(b, k):4.2f})" for k in ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s",
                                                          "tpot_p99_s", "itl_p95_s")))
 
-    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows, excluded))
+    noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows, excluded))  # noqa: E501
     pairs = replicate_pairs(rows, excluded) + [(a, b) for a in load_points(read_measurements(folder / MEASUREMENTS))
                                       for b in load_points(read_measurements(folder / "replicate.jsonl"))
                                       if a.key == b.key]
@@ -181,7 +181,7 @@ def main(folder: Path) -> None:
             if other in again and again[other] in by_name:
                 a = by_name[again[other]] if side == "A" else by_name[c.crossover.a]
                 b = by_name[again[other]] if side == "B" else by_name[c.crossover.b]
-                print(f"    {c.crossover.question[:54]:54s} against {side}'s fresh start ({again[other].split(':')[0]}): "
+                print(f"    {c.crossover.question[:54]:54s} against {side}'s fresh start ({again[other].split(':')[0]}): "  # noqa: E501
                       f"measured A/B {a[k] / b[k]:5.2f}")
     sides = [c for c in results if c.verdict != "tie (within noise)"]
     print(f"  {sum(c.verdict == 'right side' for c in sides)}/{len(sides)} measured crossovers on the right side, "
@@ -230,7 +230,7 @@ def main(folder: Path) -> None:
     if pairs:
         print("  replicate starts of the same configuration (output tok/s, P95 TTFT):")
         for a, b in pairs:
-            print(f"    {point_name(b)[:60]:60s} {b.measured['output_tokens_per_s'] / a.measured['output_tokens_per_s']:5.2f}x "
+            print(f"    {point_name(b)[:60]:60s} {b.measured['output_tokens_per_s'] / a.measured['output_tokens_per_s']:5.2f}x "  # noqa: E501
                   f"{b.measured['ttft_p95_s'] / a.measured['ttft_p95_s']:5.2f}x of {a.trial}")
     names = read_names(folder / "fit_points.txt") if (folder / "fit_points.txt").is_file() else []
     if names:

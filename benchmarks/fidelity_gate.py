@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
     groups = group_errors(points, table, pairs, set(profile["fit"]["fit_points"]))
     committed = {g.group: g for g in read_table(folder / TABLE)} if (folder / TABLE).is_file() else {}
     if "--loso" in argv:
-        noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows, excluded))
+        noise = measurement_noise(rows, read_measurements(folder / "replicate.jsonl"), pairs=replicate_pairs(rows, excluded))  # noqa: E501
         start = load_calibration(get_gpu(dep.gpu), str(folder / "profile.yaml"))
         t0 = time.process_time()
         groups = leave_one_out(rows, points, Deployment(model="qwen2.5-7b", gpu=dep.gpu, vllm_version=dep.vllm_version),

@@ -40,7 +40,7 @@ def starts() -> list[dict]:
     for where, gpu, read in SOURCES:
         rows = read(ROOT / where)
         points = startups(rows)
-        for s, r in zip(points, compare_startups(points, Deployment(model="qwen2.5-7b", gpu=gpu, vllm_version="0.26.0"))):
+        for s, r in zip(points, compare_startups(points, Deployment(model="qwen2.5-7b", gpu=gpu, vllm_version="0.26.0"))):  # noqa: E501
             key = (gpu, r["trial"])
             if key in seen:
                 continue
@@ -52,7 +52,7 @@ def starts() -> list[dict]:
 def pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
     """Starts of one configuration on one GPU kind, each in a fresh process."""
     out = []
-    for (gpu, model), group in itertools.groupby(sorted(rows, key=lambda r: (r["gpu"], r["model"])),
+    for _, group in itertools.groupby(sorted(rows, key=lambda r: (r["gpu"], r["model"])),
                                                  key=lambda r: (r["gpu"], r["model"])):
         group = [r for r in group if r["measured_ok"] and r.get("measured_blocks")]
         for a, b in itertools.combinations(group, 2):
@@ -89,7 +89,7 @@ def main() -> None:
     print("\nstarts of one configuration (fresh processes): vLLM's own KV blocks, start to start")
     for a, b in pairs(rows):
         gap = 100.0 * (b["measured_blocks"] - a["measured_blocks"]) / a["measured_blocks"]
-        print(f"  {a['gpu']:<9} {a['trial']:<16} {b['trial']:<16} {a['measured_blocks']:>8,} {b['measured_blocks']:>8,} "
+        print(f"  {a['gpu']:<9} {a['trial']:<16} {b['trial']:<16} {a['measured_blocks']:>8,} {b['measured_blocks']:>8,} "  # noqa: E501
               f"{gap:+.3f} %")
     if args.write:
         OUT.write_text("# The memory planner's KV cache against vLLM 0.26.0's, per GPU kind: (predicted - measured)\n"

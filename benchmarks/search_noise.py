@@ -246,7 +246,7 @@ def crossing_table(fam: Family, jobs: int, extra: list[str] = ()) -> dict[str, d
             n += 1
     if n:
         path.write_text(json.dumps(cache))
-        print(f"{fam.name}: {n} first-crossing scans without noise in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(f"{fam.name}: {n} first-crossing scans without noise in {time.perf_counter() - t0:.0f} s", file=sys.stderr)  # noqa: E501
     return {k: done.get(k, {"value": 0.0, "feasible": False, "level": None}) for k in table}
 
 
@@ -401,7 +401,7 @@ def spread(name: str, n: int, jobs: int) -> None:
                       len(vals) - len(ok)))
     best = max(stats, key=lambda s: s[1])
     print(f"{name}: {n} fresh starts per configuration on reordered requests (what the race measures)")
-    print(f"{'truth':>6} {'race mean':>9} {'sd/start':>8} {'missed':>6} {'starts to tell from the best':>28}  configuration")
+    print(f"{'truth':>6} {'race mean':>9} {'sd/start':>8} {'missed':>6} {'starts to tell from the best':>28}  configuration")  # noqa: E501
     for key, mean, sd, missed in stats:
         c = json.loads(key)
         gap = (best[1] - mean) / best[1]
@@ -432,7 +432,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--families", nargs="*", default=[f.name for f in FAMILIES], choices=[f.name for f in FAMILIES])
-    parser.add_argument("--detail", action="store_true", help="one line per seed: the winner's and the ties' share of the optimum")
+    parser.add_argument("--detail", action="store_true", help="one line per seed: the winner's and the ties' share of the optimum")  # noqa: E501
     parser.add_argument("--results", type=Path, default=None,
                         help="write each study's outcome (winner, ties, copies, repeats) to this JSON file")
     parser.add_argument("--rescore", type=Path, default=None,
@@ -488,7 +488,7 @@ def main() -> None:
         n = len(mine)
         infeasible = sum(1 for r in mine if r["winner"] is None or not located[r["winner"]]["feasible"])
 
-        def hits(f: Callable[[str | None], float]) -> tuple[int, int]:
+        def hits(f: Callable[[str | None], float], mine: list = mine) -> tuple[int, int]:
             return (sum(1 for r in mine if f(r["winner"]) >= 0.99),
                     sum(1 for r in mine if max(f(k) for k in [r["winner"], *r["ties"]]) >= 0.99))
 
@@ -505,7 +505,7 @@ def main() -> None:
         if args.detail:
             for r in mine:
                 tied = ", ".join(f"{share(k):.1%}" for k in r["ties"])
-                print(f"{'':<16} seed {r['seed']}: winner {share(r['winner']):.1%} (located edge {old(r['winner']):.1%}), "
+                print(f"{'':<16} seed {r['seed']}: winner {share(r['winner']):.1%} (located edge {old(r['winner']):.1%}), "  # noqa: E501
                       f"ties [{tied}], repeats {r['repeats']}, reason: {r.get('reason', '')}")
         free = sum(r["copies"] - r.get("copy_slots", r["copies"]) for r in mine)
         print(f"{'':<16} worst recommendation {worst:.1%} of the optimum; {free} copies in all took no slot; "

@@ -239,11 +239,11 @@ def miscalibrated(base, kind: str):
         return base
     if kind == "30% slow":
         return base.replace(hbm_efficiency=base.hbm_efficiency * 0.7, flops_efficiency=base.flops_efficiency * 0.7,
-                            step_overhead_s=base.step_overhead_s * 1.4, per_seq_overhead_s=base.per_seq_overhead_s * 1.4)
+                            step_overhead_s=base.step_overhead_s * 1.4, per_seq_overhead_s=base.per_seq_overhead_s * 1.4)  # noqa: E501
     if kind == "25% fast":
         return base.replace(hbm_efficiency=min(1.0, base.hbm_efficiency * 1.25),
                             flops_efficiency=min(1.0, base.flops_efficiency * 1.25),
-                            step_overhead_s=base.step_overhead_s * 0.6, per_seq_overhead_s=base.per_seq_overhead_s * 0.6)
+                            step_overhead_s=base.step_overhead_s * 0.6, per_seq_overhead_s=base.per_seq_overhead_s * 0.6)  # noqa: E501
     if kind == "skewed":
         return base.replace(launch_per_layer_s={k: v * 3 for k, v in base.launch_per_layer_s.items()},
                             link_efficiency=base.link_efficiency * 0.5, flops_efficiency=base.flops_efficiency * 0.8)
@@ -315,7 +315,7 @@ def print_gpu_time(rows: list[dict]) -> None:
           "vLLM, vs the same trials run naively (each launched, every replay to its end, repeats relaunched);\n"
           "predictor: the simulator guiding the search (start load, pruning); 'none' = pre-check + early stop only.\n"
           "best found: the study's best trial as a share of the best any study here found on that space.")
-    print(f"{'space':<26} {'predictor':<10} {'GPU h: study / naive (median)':>30}  {'GPU time vs naive (per seed)':<30} "
+    print(f"{'space':<26} {'predictor':<10} {'GPU h: study / naive (median)':>30}  {'GPU time vs naive (per seed)':<30} "  # noqa: E501
           f"{'median':>7} {'worst':>6} {'pruned':>7} {'best found: median':>19} {'worst':>6}")
     for space in GPU_SPACES:
         known = max(r["best"] for r in rows if r["space"] == space)
@@ -336,7 +336,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="worker processes filling the grid cache")
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--gpu-seeds", type=int, default=3, help="seeds of the GPU-time studies per space and predictor")
+    parser.add_argument("--gpu-seeds", type=int, default=3, help="seeds of the GPU-time studies per space and predictor")  # noqa: E501
     args = parser.parse_args()
     space, workload = scenario()
     points = grid_points(space)
@@ -374,7 +374,7 @@ def main() -> None:
           f"{at_frac:.1%} every seed)")
     defaults = [space.config_from_params(p) for p in default_trials(space)]
     print("defaults run first by tuner search (vLLM's defaults at each layout): "
-          + ", ".join(f"{c.tensor_parallel_size}x{c.replicas} {table[key_of(c)]['value'] / optimum:.1%}" for c in defaults))
+          + ", ".join(f"{c.tensor_parallel_size}x{c.replicas} {table[key_of(c)]['value'] / optimum:.1%}" for c in defaults))  # noqa: E501
     print(f"{'seed':>4} {'TPE@15':>8} {'TPE@40':>8} {'random@15':>10} {'random@40':>10} {'TPE@15 w/o defaults':>20}")
     for r in rows:
         print(f"{r['seed']:>4} {r['tpe15']:>8.1%} {r['tpe40']:>8.1%} {r['random15']:>10.1%} {r['random40']:>10.1%}"

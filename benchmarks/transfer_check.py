@@ -72,7 +72,7 @@ def h200_rows() -> tuple[list[dict], set[str]]:
 
 def show(name: str, err) -> None:
     print(f"{name:22s} {err.points:3d} points {err.starts:2d} starts | tokens/s MAPE {err.tokens_per_s_mape:5.1f} % "
-          f"(worst {err.tokens_per_s_worst:5.1f}) | P95 TTFT {err.ttft_p95_mape:5.1f} % (worst {err.ttft_p95_worst:5.1f})"
+          f"(worst {err.tokens_per_s_worst:5.1f}) | P95 TTFT {err.ttft_p95_mape:5.1f} % (worst {err.ttft_p95_worst:5.1f})"  # noqa: E501
           f" | KV tokens {err.kv_tokens_mape:5.2f} % (worst {err.kv_tokens_worst:5.2f})")
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> None:
                            calibration=load_calibration(get_gpu("H200"), str(only100)))
     show("H100 -> H200", b)
     fitted_in = res.errors.get("fit", {})
-    print(f"  (in-sample on the H100 points: tokens/s-out MAPE {fitted_in.get('output_tokens_per_s_mape', float('nan')):.1f} %,"
+    print(f"  (in-sample on the H100 points: tokens/s-out MAPE {fitted_in.get('output_tokens_per_s_mape', float('nan')):.1f} %,"  # noqa: E501
           f" P95 TTFT {fitted_in.get('ttft_p95_s_mape', float('nan')):.1f} %)")
 
     never = [p for p in pts100 if point_name(p) not in MOE_LADDER]

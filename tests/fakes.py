@@ -32,7 +32,7 @@ class FakeInstance:
         self.config = config
         self.ttft_per_user = ttft_per_user
         self.crash = crash
-        self.info = {"startup_s": 30.0, "kv_cache_tokens": 10**6, "vllm_version": "0.0-fake", "log_paths": ["/tmp/fake.log"]}
+        self.info = {"startup_s": 30.0, "kv_cache_tokens": 10**6, "vllm_version": "0.0-fake", "log_paths": ["/tmp/fake.log"]}  # noqa: E501
         self.runs: list[str] = []
         self.closed = 0
 

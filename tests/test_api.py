@@ -54,7 +54,7 @@ def test_the_verbs_are_plain_functions_with_their_parameters():
     search = inspect.signature(tuner.search).parameters
     assert {"space", "deployment", "workload", "slo", "backend", "settings", "observer"} <= set(search)
     assert search["deployment"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert {"target_ttft_s", "study", "trial", "deployment", "sweep", "slo"} <= set(inspect.signature(tuner.plan).parameters)
+    assert {"target_ttft_s", "study", "trial", "deployment", "sweep", "slo"} <= set(inspect.signature(tuner.plan).parameters)  # noqa: E501
     assert list(inspect.signature(tuner.open_study).parameters) == ["path_or_name", "storage"]
     # the packages are still there to import from
     from tuner.plan import plan_capacity
@@ -66,7 +66,7 @@ def test_the_verbs_are_plain_functions_with_their_parameters():
 
 def test_all_lists_the_public_names_only():
     assert all(not n.startswith("_") or n == "__version__" for n in tuner.__all__)
-    assert {"search", "plan", "open_study", "Deployment", "WorkloadSpec", "SloSet", "SearchSettings"} <= set(tuner.__all__)
+    assert {"search", "plan", "open_study", "Deployment", "WorkloadSpec", "SloSet", "SearchSettings"} <= set(tuner.__all__)  # noqa: E501
     for name in tuner.__all__:
         getattr(tuner, name)
 

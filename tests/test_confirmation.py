@@ -128,7 +128,7 @@ def test_fewer_api_servers_break_a_tie_last_and_a_real_gain_keeps_them():
     four = Candidate(1, {**cfg(seqs=64), "api_server_count": 4}, [1000.0, 1000.0])
     one = Candidate(2, cfg(seqs=64), [999.0, 999.0])
     conf = decide([four, one], noise)
-    assert conf.leader == 1 and conf.winner == 2 and "1 API server process instead of 4 (CPU cores left to the host)" in conf.reason
+    assert conf.leader == 1 and conf.winner == 2 and "1 API server process instead of 4 (CPU cores left to the host)" in conf.reason  # noqa: E501
     # the headroom knobs come first: fewer max-num-seqs wins over fewer API servers
     fewer_seqs = Candidate(3, {**cfg(seqs=32), "api_server_count": 4}, [998.0, 998.0])
     assert decide([four, one, fewer_seqs], noise).winner == 3
@@ -376,7 +376,7 @@ def test_without_a_prediction_a_closed_loop_trial_starts_at_the_best_trials_edge
     out = run_search(fake_space(), backend=FakeBackend(ttft_per_user=0.05), workload=small_workload(),
                      budget=8, storage=f"sqlite:///{tmp_path}/s.db", sampler="random", seed=3, confirm=0,
                      predictor=None)
-    best_edge, checked = None, 0
+    best_edge, best_value, checked = None, 0.0, 0
     for t in sorted(out.study.trials, key=lambda t: t.number):
         rec = TrialRecord.from_trial(t)
         if rec.loads and not rec.is_repeat:
@@ -460,7 +460,7 @@ layouts: [tp1x1]
         assert min(values) * (1 - 1e-12) <= out.confirmation.measurements[n][0] <= max(values) * (1 + 1e-12)
     # and the recommendation names the trials that are its configuration here
     same = sorted(m for m in searched if groups[m] == groups[out.confirmation.winner] and m != out.confirmation.winner)
-    assert same and f"{', '.join(map(str, same))} are the same configuration for this workload" in out.confirmation.reason
+    assert same and f"{', '.join(map(str, same))} are the same configuration for this workload" in out.confirmation.reason  # noqa: E501
 
 
 # -- feasibility confirmed, not assumed ---------------------------------------------------------
@@ -487,7 +487,7 @@ def margin_study(tmp_path, base: dict[int, float], seed: int = 9, feasibility: f
     space = parse_space(MARGIN_SPACE, path="margin.yaml").bind(Deployment(gpu_count=1), num_heads=28)
     out = run_search(space, backend=backend, workload=small_workload(), budget=3, storage=f"sqlite:///{tmp_path}/s.db",
                      sampler="grid", seed=0, confirm=2, predictor=None, feasibility=feasibility)
-    lucky = [t for t in out.study.trials if t.user_attrs["config"]["max_num_seqs"] == 64 and "confirm_of" not in t.user_attrs]
+    lucky = [t for t in out.study.trials if t.user_attrs["config"]["max_num_seqs"] == 64 and "confirm_of" not in t.user_attrs]  # noqa: E501
     assert [f for s, f in backend.draws if s == 64][0] < 1 / 1.07 and lucky[0].value == 3000.0  # the lucky start passed
     return out, lucky[0].number
 
@@ -501,7 +501,7 @@ def test_a_configuration_that_passed_on_a_lucky_start_and_missed_on_a_repeat_is_
     # the next-best configuration was raced, and it met the target on every measurement
     values = conf.measurements[conf.winner]
     assert len(values) >= 3 and min(values) > 0
-    assert conf.worst_p95_s is not None and conf.worst_p95_s <= 1.0 and conf.margin == pytest.approx(1 - conf.worst_p95_s)
+    assert conf.worst_p95_s is not None and conf.worst_p95_s <= 1.0 and conf.margin == pytest.approx(1 - conf.worst_p95_s)  # noqa: E501
     assert "SLO margin: worst P95 TTFT" in conf.reason and confirmation(out.study).worst_p95_s == conf.worst_p95_s
 
 
@@ -519,7 +519,7 @@ def test_a_lucky_pass_is_not_taught_to_the_sampler_as_a_sure_success(tmp_path):
     (told,) = trial.constraints.values()  # Optuna's one constraint (P95 TTFT's): > 0 is not feasible to TPE
     p95 = trial.user_attrs["boundary"]["p95_ttft_s"]
     assert p95 <= 1.0 < trial.user_attrs["boundary"]["upper_p95_ttft_s"] and told > 0
-    sure = [t for t in out.study.trials if t.user_attrs["config"]["max_num_seqs"] == 16 and "confirm_of" not in t.user_attrs]
+    sure = [t for t in out.study.trials if t.user_attrs["config"]["max_num_seqs"] == 16 and "confirm_of" not in t.user_attrs]  # noqa: E501
     assert sure and "boundary" not in sure[0].user_attrs  # 0.1 s against 1 s: sure
 
 
@@ -547,7 +547,7 @@ def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_an
     from tuner.search.confirm import distinct
 
     config = ServeConfig(max_num_seqs=16, max_model_len=4096)
-    trials = [create_trial(value=v, user_attrs=TrialRecord(config=config.replace(max_model_len=n), feasible=True).to_attrs())
+    trials = [create_trial(value=v, user_attrs=TrialRecord(config=config.replace(max_model_len=n), feasible=True).to_attrs())  # noqa: E501
               for v, n in ((1800.0, 4096), (1400.0, 8192))]
     for number, t in enumerate(trials):
         t.number = number

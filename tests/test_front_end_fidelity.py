@@ -23,7 +23,7 @@ def _decode_at_256() -> dict[tuple[int, int], list[tuple[dict, dict]]]:
     probe replayed on the simulator (:func:`tuner.calibrate.compare_loads`) on the H100 it ran on."""
     points = [p for p in load_points(read_measurements(ROWS)) if (p.workload or {}).get("kind") == "decode"]
     out: dict[tuple[int, int], list[tuple[dict, dict]]] = {}
-    for p, r in zip(points, compare_loads(points, Deployment(model="qwen2.5-7b", gpu="H100-SXM", vllm_version="0.26.0"))):
+    for p, r in zip(points, compare_loads(points, Deployment(model="qwen2.5-7b", gpu="H100-SXM", vllm_version="0.26.0"))):  # noqa: E501
         pair = ({k: r[f"{k}_measured"] for k in METRICS}, {k: r[f"{k}_predicted"] for k in METRICS})
         out.setdefault((p.config.api_server_count or 1, p.requests), []).append(pair)
     return out

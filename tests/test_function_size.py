@@ -83,7 +83,7 @@ def functions() -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
         def walk(node: ast.AST, prefix: str) -> None:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    out[f"{where}:{prefix}{child.name}"] = child
+                    out[f"{where}:{prefix}{child.name}"] = child  # noqa: B023 (walk runs in this iteration)
                     walk(child, f"{prefix}{child.name}.")
                 elif isinstance(child, ast.ClassDef):
                     walk(child, f"{prefix}{child.name}.")

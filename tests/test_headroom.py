@@ -21,7 +21,7 @@ def test_ties_with_room_go_to_less_memory_and_a_filled_cache_leans_to_more():
     conf = decide(tight, NoiseFloor(0.01))
     assert conf.winner == 1 and conf.leader == 1
     # and when the leader is the one with less memory, the tie with more is preferred for its KV room
-    tight = [Candidate(1, cfg(0.85), [1002.0, 1003.0, 1000.0], kv_full=True), Candidate(2, cfg(0.95), [999.0, 1001.0, 997.0])]
+    tight = [Candidate(1, cfg(0.85), [1002.0, 1003.0, 1000.0], kv_full=True), Candidate(2, cfg(0.95), [999.0, 1001.0, 997.0])]  # noqa: E501
     conf = decide(tight, NoiseFloor(0.01))
     assert conf.winner == 2 and "gpu-memory-utilization 0.95 vs 0.85 (more KV memory" in conf.reason
 

@@ -85,4 +85,4 @@ def test_a_knob_only_some_vllm_lines_have_is_written_only_when_set():
     assert not set(late) & set(unset.to_dict()) and ServeConfig.from_dict(unset.to_dict()) == unset
     values = {name: False if BY_NAME[name].type is bool else min(2048, BY_NAME[name].high) for name in late}
     given = ServeConfig(max_num_seqs=64, **values)
-    assert all(given.to_dict()[name] == values[name] for name in late) and ServeConfig.from_dict(given.to_dict()) == given
+    assert all(given.to_dict()[name] == values[name] for name in late) and ServeConfig.from_dict(given.to_dict()) == given  # noqa: E501

@@ -26,7 +26,7 @@ from tuner.study.record import TrialRecord
 from tuner.traffic.synth import default_workload
 
 
-def measured(number: int, config: ServeConfig, *, value: float, level: float, pred: Prediction) -> optuna.trial.FrozenTrial:
+def measured(number: int, config: ServeConfig, *, value: float, level: float, pred: Prediction) -> optuna.trial.FrozenTrial:  # noqa: E501
     """A COMPLETE trial as run_search stores it: measured value and load, and the prediction."""
     t = create_trial(
         value=value, params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)},

@@ -143,7 +143,7 @@ def test_trials_store_results_and_infeasible_reasons(tmp_path):
         assert "oom" in t.user_attrs["infeasible_reason"]
     for t in ran:
         attrs = t.user_attrs
-        assert {"ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p95_s", "e2e_p99_s", "error_rate"} <= set(attrs["summary"])
+        assert {"ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p95_s", "e2e_p99_s", "error_rate"} <= set(attrs["summary"])  # noqa: E501
         assert attrs["loads"] and attrs["server"] == {"num_preemptions": 0}
         run = attrs["run"]
         assert run["backend"] == "fake" and run["vllm_version"] == "0.0-fake"

@@ -132,7 +132,7 @@ def test_grid_is_the_discretised_space():
     assert "block_size" not in grid  # fixed knobs are not searched
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("5s", 5.0), ("500ms", 0.5), ("5", 5.0), (2, 2.0), ("1.5 s", 1.5), ("2m", 120.0), ("24h", 86400.0)])
+@pytest.mark.parametrize(("text", "seconds"), [("5s", 5.0), ("500ms", 0.5), ("5", 5.0), (2, 2.0), ("1.5 s", 1.5), ("2m", 120.0), ("24h", 86400.0)])  # noqa: E501
 def test_parse_seconds(text, seconds):
     assert parse_seconds(text) == pytest.approx(seconds)
 
@@ -238,7 +238,7 @@ def test_repeated_choices_are_bad_input():
         ("workload:\n  target_ttft_s: 2d\n", 2, "(0, 86400]"),
         ("workload:\n  trace: no/such/log.csv\n", 2, "no such file"),
         ("parameters:\n  max_model_len: 1000000000000\n", 2, "max_model_len: must be an integer in 1-10,000,000"),
-        ("parameters:\n  max_num_seqs: {low: 1, high: 100000000}\n", 2, "max_num_seqs.high: must be an integer in 1-65,536"),
+        ("parameters:\n  max_num_seqs: {low: 1, high: 100000000}\n", 2, "max_num_seqs.high: must be an integer in 1-65,536"),  # noqa: E501
         ("parameters:\n  gpu_memory_utilization: 5\n", 2, "(0, 1]"),
         ("parameters:\n  gpu_memory_utilization: {low: .nan, high: 0.9}\n", 2, "(0, 1]"),
         ("parameters:\n  kv_cache_dtype: null\n", 2, "leave the key out"),

@@ -503,7 +503,7 @@ def test_generated_search_spaces_are_read_or_refused_at_their_line(doc):
     _check(read_space, _dump(doc), need_line=True)
 
 
-NASTY = st.sampled_from(list(":-[]{}&*!|>'\"#%@`,? \t\n0123456789.") + ["\x00", "\xff", "1e400", ".nan", "<<", "---", "~"])
+NASTY = st.sampled_from(list(":-[]{}&*!|>'\"#%@`,? \t\n0123456789.") + ["\x00", "\xff", "1e400", ".nan", "<<", "---", "~"])  # noqa: E501
 
 
 @st.composite

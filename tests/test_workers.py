@@ -304,7 +304,7 @@ def test_a_worker_killed_mid_trial_is_failed_by_heartbeat_and_retried_once(tmp_p
     assert by_number[victim.number].state == TrialState.FAIL
     retries = [t for t in trials if t.user_attrs.get("retry_of") == victim.number]
     assert len(retries) == 1
-    assert retries[0].params == by_number[victim.number].params == victim.params and retries[0].user_attrs["pid"] != victim.user_attrs["pid"]
+    assert retries[0].params == by_number[victim.number].params == victim.params and retries[0].user_attrs["pid"] != victim.user_attrs["pid"]  # noqa: E501
     if retries[0].state == TrialState.COMPLETE:  # else its worker stalled too: check_failures holds it to that
         assert retries[0].system_attrs["constraints"] == [retries[0].user_attrs["constraint"]]
     # the study completed: the budget is used exactly, nothing left running or waiting; any

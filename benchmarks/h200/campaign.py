@@ -174,11 +174,11 @@ def plan4() -> list[Trial]:
     eager128 = eager.replace(gpu_memory_utilization=0.7, max_num_seqs=128, max_num_batched_tokens=512)
 
     def eager_probes(seed: int) -> tuple[Probe, ...]:
-        return (Probe(ref_of("uniform", 5, seed=seed), c(1), 12), Probe(ref_of("uniform", 128, seed=seed + 1), c(32), 14),
+        return (Probe(ref_of("uniform", 5, seed=seed), c(1), 12), Probe(ref_of("uniform", 128, seed=seed + 1), c(32), 14),  # noqa: E501
                 Probe(ref_of("uniform", 1024, seed=seed + 2), c(512), 26))
 
     return [
-        Trial("moe-warm", short, model=MODELS["moe"], start_s=170, purpose="MoE after a warm-up of every shape", probes=(
+        Trial("moe-warm", short, model=MODELS["moe"], start_s=170, purpose="MoE after a warm-up of every shape", probes=(  # noqa: E501
             Probe(ref_of("mix", 64, seed=71), c(64), 10),      # warm
             Probe(ref_of("mix", 128, seed=72), c(256), 12),    # warm
             Probe(ref_of("prefill", 48, seed=73), c(16), 6),   # warm
@@ -191,7 +191,7 @@ def plan4() -> list[Trial]:
             Probe(ref_of("decode", 384, seed=17), c(256), 20),  # a third start of campaign 2's probe
             Probe(ref_of("uniform", 128, seed=82), c(32), 8),   # the graph twin of the eager 32-user probe
         )),
-        Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a third start", probes=eager_probes(81)),
+        Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a third start", probes=eager_probes(81)),  # noqa: E501
         Trial("eager128-r", eager128, model=MODELS["q7"], start_s=70, purpose="eager at 128 seqs / 512 tokens, again",
               probes=(Probe(ref_of("uniform", 5, seed=81), c(1), 12), Probe(ref_of("uniform", 128, seed=82), c(32), 14),
                       Probe(ref_of("uniform", 384, seed=85), c(192), 16))),
@@ -252,26 +252,26 @@ def plan6() -> list[Trial]:
     eager = ServeConfig(gpu_memory_utilization=0.9, max_model_len=4096, enforce_eager=True)
     eager128 = eager.replace(gpu_memory_utilization=0.7, max_num_seqs=128, max_num_batched_tokens=512)
 
-    def decode(name: str, config: ServeConfig = q7, purpose: str = "decode-heavy at 256 users, twice on one start") -> Trial:
+    def decode(name: str, config: ServeConfig = q7, purpose: str = "decode-heavy at 256 users, twice on one start") -> Trial:  # noqa: E501
         return Trial(name, config, model=MODELS["q7"], start_s=110, purpose=purpose,
-                     probes=(Probe(ref_of("uniform", 128, seed=82), c(32), 8),   # the graph twin of the eager 32-user probe
+                     probes=(Probe(ref_of("uniform", 128, seed=82), c(32), 8),   # the graph twin of the eager 32-user probe  # noqa: E501
                              Probe(ref_of("decode", 384, seed=17), c(256), 20),   # campaign 2's probe
                              Probe(ref_of("mix", 512, seed=13), c(256), 17),      # campaign 2's mix at 256 users
                              Probe(ref_of("decode", 320, seed=18), c(256), 18)))  # again on this start, other requests
 
     def eager_probes(seed: int) -> tuple[Probe, ...]:
-        return (Probe(ref_of("uniform", 5, seed=seed), c(1), 12), Probe(ref_of("uniform", 128, seed=seed + 1), c(32), 14))
+        return (Probe(ref_of("uniform", 5, seed=seed), c(1), 12), Probe(ref_of("uniform", 128, seed=seed + 1), c(32), 14))  # noqa: E501
 
     return [
         decode("q7-decode-r"),
         # the simulator puts 256 decode-heavy users on one API server at its per-token cost (72 us a token,
         # fitted): four processes share that work; the same probes on the same host say whether it is so
         decode("q7-api4", q7.replace(api_server_count=4), "the same probes with --api-server-count 4"),
-        Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a fifth start", probes=eager_probes(81)),
+        Trial("eager-r2", eager, model=MODELS["q7"], start_s=70, purpose="eager, a fifth start", probes=eager_probes(81)),  # noqa: E501
         decode("q7-decode-r2"),
         Trial("eager128-r", eager128, model=MODELS["q7"], start_s=70, purpose="eager at 128 seqs / 512 tokens, again",
               probes=eager_probes(81)),
-        Trial("eager-r3", eager, model=MODELS["q7"], start_s=70, purpose="eager, a sixth start", probes=eager_probes(81)),
+        Trial("eager-r3", eager, model=MODELS["q7"], start_s=70, purpose="eager, a sixth start", probes=eager_probes(81)),  # noqa: E501
     ]
 
 
@@ -292,7 +292,7 @@ def write_plan(trials: list[Trial], folder: Path, campaign: int | None = None) -
             if p.workload.get("kind") == "trace":
                 cache_workload(p.workload, folder / "workloads")
     doc = [{"name": t.name, "config": t.config.to_dict(), "model": t.model, "start_s": t.start_s,
-            "purpose": t.purpose, "expect_refusal": t.expect_refusal, "probes": [{"workload": p.workload, "load": p.load, "expected_s": p.expected_s}
+            "purpose": t.purpose, "expect_refusal": t.expect_refusal, "probes": [{"workload": p.workload, "load": p.load, "expected_s": p.expected_s}  # noqa: E501
                                              for p in t.probes]} for t in trials]
     path = folder / "plan.json"
     path.write_text(json.dumps({"campaign": campaign, "trials": doc}, indent=1))
@@ -384,7 +384,7 @@ def run(args: argparse.Namespace, *, dry: bool = False) -> None:
     def deployment_for(trial: Trial) -> Deployment:
         return Deployment(model=str(models[trial.model]), gpu=gpu, vllm_version=VLLM_VERSION)
 
-    meta = {"campaign": number if number is not None else int(args.campaign), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,
+    meta = {"campaign": number if number is not None else int(args.campaign), "gpu": gpu, "nvidia_smi": smi, "vllm_version": VLLM_VERSION, "vllm_cmd": cmd,  # noqa: E501
             "extra_args": shlex.join(extra), "python": platform.python_version(), "host": platform.node(),
             "cpu": _cpu_model(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry,

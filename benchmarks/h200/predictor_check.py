@@ -99,8 +99,8 @@ def main() -> None:
         cfg = c["config"]
         err = c["pred_tokens_per_s"] / c["tokens_per_s"] - 1
         first = f"{c['first_level']:.0f} {'pass' if c['first_passed'] else 'miss'}"
-        print(f"{c['trial']:>5} {cfg['max_num_seqs']:>5} {cfg['max_num_batched_tokens']:>5} {cfg['enforce_eager']!s:>5} "
-              f"{c['pred_level']:>16.0f} {c['level']:>9.0f} {c['pred_tokens_per_s']:>17,.0f} {c['tokens_per_s']:>9,.0f} "
+        print(f"{c['trial']:>5} {cfg['max_num_seqs']:>5} {cfg['max_num_batched_tokens']:>5} {cfg['enforce_eager']!s:>5} "  # noqa: E501
+              f"{c['pred_level']:>16.0f} {c['level']:>9.0f} {c['pred_tokens_per_s']:>17,.0f} {c['tokens_per_s']:>9,.0f} "  # noqa: E501
               f"{err:>+7.1%} {first:>13} {c['gpu_s']:>6.0f}")
     errors = [abs(c["pred_tokens_per_s"] / c["tokens_per_s"] - 1) for c in rows_cmp]
     print(f"\npredicted tokens/s at the edge vs measured: mean |error| {statistics.mean(errors):.1%}, "

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from tuner.backends.endpoint import EndpointBackend
-from tuner.core.errors import BackendError
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.load import Concurrency
 from tuner.traffic.workload import Workload

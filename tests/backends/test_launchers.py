@@ -24,7 +24,7 @@ from tuner.traffic.synth import default_workload
 SERVE = f"{sys.executable} -m tuner sim-serve --speed 50"
 LAUNCHERS = {
     "timeout": f"#!/bin/bash\ntimeout --kill-after=30s 6h {SERVE} \"$@\"\n",
-    "daemon_tail": (f"#!/bin/bash\nlog=\"$PWD/server-$$.log\"\nsetsid nohup {SERVE} \"$@\" > \"$log\" 2>&1 < /dev/null &\n"
+    "daemon_tail": (f"#!/bin/bash\nlog=\"$PWD/server-$$.log\"\nsetsid nohup {SERVE} \"$@\" > \"$log\" 2>&1 < /dev/null &\n"  # noqa: E501
                     "tail -n +1 -f \"$log\"\n"),
     "daemon_return": f"#!/bin/bash\nsetsid nohup {SERVE} \"$@\" > /dev/null 2>&1 < /dev/null &\nexit 0\n",
 }

@@ -17,7 +17,7 @@ from tuner.backends import get_backend
 from tuner.backends.vllm import VllmBackend
 from tuner.backends.vllm_args import classify_failure, parse_startup, render_flags
 from tuner.backends.vllm_command import detect_version
-from tuner.core.errors import BackendError, ConfigRejected, Disrupted, EnvironmentFault
+from tuner.core.errors import ConfigRejected, Disrupted, EnvironmentFault
 from tuner.core.versions import parse_version
 from tuner.runtime.processes import group_alive
 from tuner.serving.config import Deployment, ServeConfig

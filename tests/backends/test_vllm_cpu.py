@@ -63,7 +63,7 @@ def test_dist_files_are_read_from_our_log_only(tmp_path):
     theirs = tmp_path / "vllm_dist_ffff0000"
     ours.write_text("x")
     theirs.write_text("y")
-    log = f"(Worker pid=1) INFO [parallel_state.py:1906] world_size=1 distributed_init_method=file://{ours} backend=gloo\n"
+    log = f"(Worker pid=1) INFO [parallel_state.py:1906] world_size=1 distributed_init_method=file://{ours} backend=gloo\n"  # noqa: E501
     assert vllm_cpu.dist_files(log) == [ours]
     assert vllm_cpu.remove_dist_files(log) == [ours]
     assert not ours.exists() and theirs.exists()

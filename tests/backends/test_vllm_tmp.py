@@ -58,7 +58,7 @@ def backend(tmp_path):
 
 def test_a_stopped_server_leaves_nothing_in_the_temporary_folder(backend, tmpdir_of_this_run):
     dep = Deployment(model="qwen2.5-7b", gpu="H100-SXM", gpu_count=2)
-    with backend.start(dep, ServeConfig(max_model_len=4096, replicas=2)) as inst:
+    with backend.start(dep, ServeConfig(max_model_len=4096, replicas=2)):
         made = sorted(os.listdir(tmpdir_of_this_run))
         assert len(made) == 2, made  # a folder of its own per server, not the sockets themselves
         assert all(len(os.listdir(tmpdir_of_this_run / d)) == 4 for d in made)  # 3 sockets and the dist file

@@ -57,7 +57,7 @@ def test_help_fits_80_columns_and_names_every_option_whole(path, command, monkey
             assert all(c in out for c in shown), f"{param.name}: choices {shown} not listed"
 
 
-@pytest.mark.parametrize(("path", "command"), [c for c in COMMANDS if c[0]], ids=[" ".join(p) for p, _ in COMMANDS if p])
+@pytest.mark.parametrize(("path", "command"), [c for c in COMMANDS if c[0]], ids=[" ".join(p) for p, _ in COMMANDS if p])  # noqa: E501
 def test_every_command_says_what_it_does_with_an_example(path, command, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "80")
     text = command.help or ""

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import optuna
-import pytest
 from cli_runner import run_cli
 
 from tuner.plan import load_plan

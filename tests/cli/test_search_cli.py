@@ -294,7 +294,7 @@ def test_the_study_holds_the_budget_its_companion_the_repeats_and_every_reader_r
     assert analysis.recommendation(opened).to_dict() == said and analysis.best_trial(opened).number == trial
     page, _ = render_report(opened)
     assert f"recommended trial #{trial}" in page and f"{said['mean']:,.0f} tok/s mean of {said['measurements']}" in page
-    assert f"2 trials (" in page and f"; {len(companion.trials)} confirmation repeats outside them" in page
+    assert "2 trials (" in page and f"; {len(companion.trials)} confirmation repeats outside them" in page
     assert html.escape(conf["reason"][1:]) in page
 
 

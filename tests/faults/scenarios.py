@@ -271,7 +271,7 @@ def wrapper(folder: Path) -> str:
 
 def servers_of(owner: int) -> list[psutil.Process]:
     """The marked server processes (not their launcher shells) of tuner ``owner``."""
-    return [p for p in marked(owner) if "sim-serve" in " ".join(p.cmdline()) and "launch.sh" not in " ".join(p.cmdline())]
+    return [p for p in marked(owner) if "sim-serve" in " ".join(p.cmdline()) and "launch.sh" not in " ".join(p.cmdline())]  # noqa: E501
 
 
 def wrapper_sigkill(folder: Path) -> Outcome:
@@ -342,7 +342,7 @@ def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outc
     infeasible_env = [t for t in recs if "SIGKILL" in str(t.user_attrs.get("infeasible_reason", ""))]
     counts = measured_configs(folder)
     if times == 1:
-        remeasured = all(any(t.state.name == "COMPLETE" and t.params == f.params and t.user_attrs.get("repeat_of") is None
+        remeasured = all(any(t.state.name == "COMPLETE" and t.params == f.params and t.user_attrs.get("repeat_of") is None  # noqa: E501
                              for t in recs) for f in env_faults)
         ok = (len(killed) == 1 and code == 0 and finished(folder) == GRID and len(env_faults) == 1 and remeasured
               and (sampler != "grid" or len(counts) == GRID) and not infeasible_env and left == 0
@@ -433,7 +433,7 @@ def start_listening(argv: list[str], env: dict[str, str], attempts: int = 3) -> 
         port = free_port()
         proc = subprocess.Popen([*argv, "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for(lambda: proc.poll() is not None or answers(port), 180)
+        wait_for(lambda: proc.poll() is not None or answers(port), 180)  # noqa: B023 (called here)
         if proc.poll() is None and answers(port):
             return proc
         with contextlib.suppress(ProcessLookupError):
@@ -860,7 +860,7 @@ def shared_sqlite_creation(folder: Path, pairs: int = 4) -> Outcome:
                                    "--study", f"{name}{i}", budget=1, sampler=sampler)], cwd=folder, env=env(),
                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
                  for name, sampler in (("a", "tpe"), ("b", "grid"))]
-        wait_for(lambda: all((folder / f"ready-{p.pid}").exists() or p.poll() is not None for p in procs),
+        wait_for(lambda: all((folder / f"ready-{p.pid}").exists() or p.poll() is not None for p in procs),  # noqa: B023
                  timeout=60, step=0.01)  # both imported and waiting
         (folder / "go").write_text("")
         for proc in procs:

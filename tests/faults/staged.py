@@ -13,13 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import scenarios as sc
@@ -279,7 +277,7 @@ def transient(folder: Path) -> Outcome:
                              left=left)
     lines = [ln.split() for ln in (state / "starts").read_text().splitlines()] if (state / "starts").exists() else []
     ended = max((t.datetime_complete.timestamp() for t in sc.trials(folder) if t.datetime_complete), default=0.0)
-    phases = {"search": [k for k, at in lines if float(at) <= ended], "race": [k for k, at in lines if float(at) > ended]}
+    phases = {"search": [k for k, at in lines if float(at) <= ended], "race": [k for k, at in lines if float(at) > ended]}  # noqa: E501
     everything = sc.trials(folder) + sc.confirmation_repeats(folder)
     blamed = [t.number for t in everything if "NCCL" in str(t.user_attrs.get("infeasible_reason"))
               or ("NCCL" in str(t.user_attrs.get("fail_reason")) and t.user_attrs.get("fail_kind") == "crash")]

@@ -109,7 +109,7 @@ def endpoint_command(folder: Path) -> Outcome:
                                      what="sim-serve", timeout_s=120)
     left: list[int] = []
     try:
-        tcode, tout, terr = sc._run(folder, *[a for a in sc.endpoint_args(url, budget=1) if a not in ("--output", "json")],
+        tcode, tout, terr = sc._run(folder, *[a for a in sc.endpoint_args(url, budget=1) if a not in ("--output", "json")],  # noqa: E501
                                     left=left)
         jcode, jout, _ = sc._run(folder, *sc.endpoint_args(url, budget=1), left=left)
     finally:

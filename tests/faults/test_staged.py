@@ -5,7 +5,6 @@ judged by experiment, studies that must not vanish, nightly runs, credentials an
 from __future__ import annotations
 
 import pytest
-import scenarios as sc
 import staged
 import staged_ops
 

@@ -68,6 +68,6 @@ def test_a_profile_fitted_against_sim_serve_narrows_the_kinds_band(tmp_path, mon
     assert band.profile == str(folder / "profile.yaml") and "your profile" in band.basis
     assert band.calibrated and not band.floor
     assert band.tokens_per_s == pytest.approx(check["output_tokens_per_s_mape"] / 100)
-    assert band.tokens_per_s < before.band.tokens_per_s, (band.tokens_per_s, before.band.tokens_per_s)  # narrower than the floor
+    assert band.tokens_per_s < before.band.tokens_per_s, (band.tokens_per_s, before.band.tokens_per_s)  # narrower than the floor  # noqa: E501
     # the simulator ran the kind's search and sweep on the fitted constants: the capacity moved with them
     assert after.capacity["tokens_per_s"] != pytest.approx(before.capacity["tokens_per_s"], rel=0.02)

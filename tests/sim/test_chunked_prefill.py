@@ -42,7 +42,8 @@ def test_off_a_prompt_waits_for_a_step_with_room_for_all_of_it():
 
 def test_off_a_token_budget_under_max_model_len_is_refused_and_the_default_budget_holds_it():
     dep = Deployment(model="qwen2.5-7b", gpu="H100-SXM")
-    with pytest.raises(ConfigRejected, match=r"max_num_batched_tokens \(2048\) is smaller than max_model_len \(16384\)"):
+    refused = r"max_num_batched_tokens \(2048\) is smaller than max_model_len \(16384\)"
+    with pytest.raises(ConfigRejected, match=refused):
         plan_memory(dep, ServeConfig(max_model_len=16384, max_num_batched_tokens=2048, enable_chunked_prefill=False))
     plan_memory(dep, ServeConfig(max_model_len=16384, max_num_batched_tokens=2048))  # unset (on): chunks fit any budget
     off = plan_memory(dep, ServeConfig(max_model_len=16384, enable_chunked_prefill=False))

@@ -117,7 +117,7 @@ def test_concurrency_is_blocks_over_blocks_per_request():
 
 def test_defaults_follow_the_vllm_version_and_gpu():
     new = plan_memory(H200_7B, ServeConfig())
-    assert (new.config.gpu_memory_utilization, new.config.max_num_seqs, new.config.max_num_batched_tokens) == (0.92, 1024, 8192)
+    assert (new.config.gpu_memory_utilization, new.config.max_num_seqs, new.config.max_num_batched_tokens) == (0.92, 1024, 8192)  # noqa: E501
     assert new.config.max_model_len == 32768 and new.config.block_size == 16
     a100 = plan_memory(Deployment(model="qwen2.5-7b", gpu="A100-80GB"), ServeConfig())
     assert (a100.config.max_num_seqs, a100.config.max_num_batched_tokens) == (256, 2048)

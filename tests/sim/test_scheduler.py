@@ -180,7 +180,7 @@ def test_invariants_every_step(seed: int) -> None:
     assert log[:, 1].max() <= plan.config.max_num_seqs
     assert not np.any((log[:, 2] > 0) & (log[:, 3] > 0))              # no admission when preempting
     assert log[:, 2].sum() > 0                                          # the pool was tight
-    np.testing.assert_array_equal(core.requests.out[:60], np.minimum(w.output_tokens, plan.config.max_model_len - w.prompt_tokens))
+    np.testing.assert_array_equal(core.requests.out[:60], np.minimum(w.output_tokens, plan.config.max_model_len - w.prompt_tokens))  # noqa: E501
 
 
 @pytest.mark.parametrize("load", [Concurrency(8), Poisson(rate=30.0, seed=3), Concurrency(40)])

@@ -68,7 +68,7 @@ def test_default_workload_is_the_closed_loop_mix():
 
 
 def test_bad_arguments():
-    for kwargs in ({"n": 0}, {"n": 10, "chars_per_token": 0}, {"n": 10, "rate": -1.0}, {"n": 10, "template_tokens": -2}):
+    for kwargs in ({"n": 0}, {"n": 10, "chars_per_token": 0}, {"n": 10, "rate": -1.0}, {"n": 10, "template_tokens": -2}):  # noqa: E501
         with pytest.raises(InputError):
             article_mix(**kwargs)
     assert class_counts(7, (0.4, 0.4, 0.2)) in ([3, 3, 1], [3, 2, 2], [2, 3, 2])

@@ -6,7 +6,7 @@ or shrink alike, and a study that learnt from that would blame the configuration
 before a start :func:`foreign_holders` lists the compute processes on those GPUs that are
 not servers of this run (found by tuner's marker, not by their process group), and the
 backend refuses the start as an environment fault that names them. Without ``nvidia-smi`` (no GPU here, the CPU build) there is nothing to check.
-"""
+"""  # noqa: E501
 from __future__ import annotations
 
 import os

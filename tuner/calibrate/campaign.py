@@ -113,7 +113,7 @@ class _Campaign:
 
     def run_trial(self, trial: Trial, deployment_of: Callable[[Trial], Deployment]) -> bool:
         """Start ``trial`` (on its deployment, ``deployment_of(trial)``), replay its loads and missing probes, and write their
-        rows; False when the campaign stops here (the budget, or a setup that is broken)."""
+        rows; False when the campaign stops here (the budget, or a setup that is broken)."""  # noqa: E501
         todo = _missing_probes(trial, self.rows)
         if trial.probes and not todo:
             self.emit({"kind": "trial_end", "trial": trial.name})

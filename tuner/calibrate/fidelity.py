@@ -222,5 +222,5 @@ H200_CROSSOVERS = (
 )
 
 
-__all__ = ["COLUMNS", "TAILS", "Crossover", "CrossoverResult", "H200_CROSSOVERS", "NO_PREFERENCE", "by_shape", "crossovers", "with_tails",
+__all__ = ["COLUMNS", "TAILS", "Crossover", "CrossoverResult", "H200_CROSSOVERS", "NO_PREFERENCE", "by_shape", "crossovers", "with_tails",  # noqa: E501
            "longest_silence", "mape", "noise_bucket", "noise_by_bucket", "shape", "worst"]

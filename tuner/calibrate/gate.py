@@ -100,7 +100,7 @@ def noise_pairs(folder: str | Path, rows: Sequence[dict[str, Any]],
         extra = [(a, b) for a in load_points(read_measurements(Path(folder) / MEASUREMENTS))
                  for b in later if a.key == b.key]
     skip = set(exclude)
-    return [(a, b) for a, b in replicate_pairs(rows, skip) + extra if point_name(a) not in skip and point_name(b) not in skip]
+    return [(a, b) for a, b in replicate_pairs(rows, skip) + extra if point_name(a) not in skip and point_name(b) not in skip]  # noqa: E501
 
 
 def _noise_pp(points: Sequence[LoadPoint], sd: dict[str, float]) -> float:

@@ -108,7 +108,7 @@ def _weight_overheads(ok: Sequence[Startup], loads: Sequence[Startup],
     for s in loads:
         if s.model_load_gib:
             name = s.model or deployment.model
-            by_model.setdefault(name, []).append(s.model_load_gib * GiB - load_model(name).weight_bytes_per_rank(None, 1))
+            by_model.setdefault(name, []).append(s.model_load_gib * GiB - load_model(name).weight_bytes_per_rank(None, 1))  # noqa: E501
     overhead = {name: max(0.0, float(np.median(v))) for name, v in by_model.items()}
     fitted = [s.model_load_gib * GiB - load_model(s.model or deployment.model).weight_bytes_per_rank(None, 1)
               for s in ok if s.model_load_gib]

@@ -207,10 +207,10 @@ def label(ref: dict[str, Any], load: dict[str, Any]) -> str:
             + (" shared prefixes" if ref.get("groups") else "") + (" made unique" if ref.get("unique_prefixes") else "")
             if ref.get("kind") == "trace" else f"{ref['kind']} x{ref['n']}")
     how = {"concurrency": lambda s: f"{s['users']} users",
-           "poisson": lambda s: f"{s['rate']:g}/s" + ("" if s.get("burstiness", 1) == 1 else f" gamma {s['burstiness']:g}"),
+           "poisson": lambda s: f"{s['rate']:g}/s" + ("" if s.get("burstiness", 1) == 1 else f" gamma {s['burstiness']:g}"),  # noqa: E501
            "trace": lambda s: f"trace x{s['multiplier']:g}"}[load["kind"]](load)
     return f"{what} @ {how}"
 
 
-__all__ = ["CACHE_ENV", "SHAPES", "TRACES", "build", "cache_workload", "label", "load_from", "load_spec", "ref_of", "synthetic", "trace_ref",
+__all__ = ["CACHE_ENV", "SHAPES", "TRACES", "build", "cache_workload", "label", "load_from", "load_spec", "ref_of", "synthetic", "trace_ref",  # noqa: E501
            "trace_rows"]

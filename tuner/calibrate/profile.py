@@ -108,12 +108,12 @@ def _report(loads: Sequence[Any], started: Sequence[Any], in_fit: Any, fit_set: 
                    if not r["measured_ok"] and not math.isnan(r.get("error_pct", math.nan))]
     errors["kv"] = {"max_abs_error_pct": max(kv_err) if kv_err else math.nan,
                     "starts": float(len(kv_err)),
-                    "refusals_matched": float(sum(1 for r in kv_table if not r["measured_ok"] and not r["predicted_ok"])),
+                    "refusals_matched": float(sum(1 for r in kv_table if not r["measured_ok"] and not r["predicted_ok"])),  # noqa: E501
                     "refusal_max_model_len_error_pct": max(refusal_err) if refusal_err else math.nan}
     return table, kv_table, errors
 
 
-def rewrite_report(folder: str | Path, rows: Sequence[dict[str, Any]], deployment: Deployment, *, why: str) -> dict[str, Any]:
+def rewrite_report(folder: str | Path, rows: Sequence[dict[str, Any]], deployment: Deployment, *, why: str) -> dict[str, Any]:  # noqa: E501
     """Recompute the ``fit.errors`` of the profile in ``folder`` for its constants as they
     stand and write them back, the constants untouched: after a constant was set from other
     measurements (``why`` says which, kept as ``fit.report``) rather than refitted with the

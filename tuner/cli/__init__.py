@@ -2,7 +2,7 @@
 itself on :data:`~tuner.cli.app.app` when :func:`main` imports it; commands stay thin and call the same library functions that
 notebooks call. Errors print one line (``tuner: ...``) and exit with the error's code
 (2 bad input, 3 no feasible configuration, 5 an endpoint that cannot be talked to, 1 otherwise); ``--debug`` shows the traceback.
-"""
+"""  # noqa: E501
 from __future__ import annotations
 
 import os

@@ -58,14 +58,14 @@ def calibrate(
                                                        "'python -m vllm.entrypoints.cli.main serve')."),
     extra_args: str = typer.Option("", "--extra-args", help="Flags added to every vllm serve, e.g. "
                                    "'--load-format dummy' for random weights of the model's shape."),
-    out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Profile folder (measurements.jsonl, logs/, profile.yaml); "
+    out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Profile folder (measurements.jsonl, logs/, profile.yaml); "  # noqa: E501
                                     "default ~/.config/tuner/calibration/<gpu>-vllm-<version>, where the "
                                     "simulator looks."),
     timeout: str | None = typer.Option(None, "--timeout", help="Start no trial that would not finish within "
                                        "this long: 20m, 1h or 1200 (seconds); run again later to continue."),
     budget_s: str | None = old_spelling("--budget-s"),
     trials: str | None = typer.Option(None, "--trials", help="Comma-separated subset of the design "
-                                      "(base, eager, refuse, seqs64, kvlimited, seqs16, mbt1024, eager128, mml8k, bs32)."),
+                                      "(base, eager, refuse, seqs64, kvlimited, seqs16, mbt1024, eager128, mml8k, bs32)."),  # noqa: E501
     fit_only: bool = typer.Option(False, "--fit-only", help="Measure nothing; fit what --out already holds."),
     report_only: str | None = typer.Option(None, "--report-only", metavar="WHY", help="Measure and fit nothing: "
                                            "recompute the profile's errors for its constants as they stand (after a "
@@ -127,7 +127,7 @@ def calibrate(
         keep = [t.strip() for t in trials.split(",") if t.strip()]
         unknown = sorted(set(keep) - {t.name for t in design})
         if unknown:
-            raise InputError(f"unknown trial(s) {', '.join(unknown)}", hint=f"known: {', '.join(t.name for t in design)}")
+            raise InputError(f"unknown trial(s) {', '.join(unknown)}", hint=f"known: {', '.join(t.name for t in design)}")  # noqa: E501
         design = [t for t in design if t.name in keep]
     if report_only is not None:
         from tuner.calibrate.profile import rewrite_report

@@ -15,7 +15,7 @@ from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 def doctor_cmd(
     storage: str | None = storage_option(help="Also check this Optuna storage URL (postgresql://...). "
                                               "studies/*.db are always checked."),
-    kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop the servers a dead tuner run left behind (only processes carrying tuner's marker)."),
+    kill_stale: bool = typer.Option(False, "--kill-stale", help="Stop the servers a dead tuner run left behind (only processes carrying tuner's marker)."),  # noqa: E501
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
 ) -> None:
     """Show what tuner left running on this host and whether its studies are sound.
@@ -28,7 +28,7 @@ def doctor_cmd(
     Examples:
       tuner doctor
       tuner doctor --kill-stale
-    """
+    """  # noqa: E501
     from tuner.cli.output import console, fit, table
     from tuner.core.urls import redact
     from tuner.ops.doctor import diagnose, stop_stale

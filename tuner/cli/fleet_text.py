@@ -68,7 +68,7 @@ def truth_lines(k: KindPlan) -> list[str]:
         c, cap = k.ceiling, k.capacity
         one = f"{k.decode_one_user:,.0f}" if k.decode_one_user else "-"
         lines.append(f"  ceilings at TP{c.tp}: {c.weights_gib:.1f} GiB of weights a GPU; one stream's decode <= "
-                     f"{c.decode_tokens_per_s:,.0f} tok/s (predicted {one}); the engine <= {c.compute_tokens_per_s:,.0f} "
+                     f"{c.decode_tokens_per_s:,.0f} tok/s (predicted {one}); the engine <= {c.compute_tokens_per_s:,.0f} "  # noqa: E501
                      f"tok/s of compute (predicted {cap['tokens_per_s']:,.0f}, "
                      f"{cap['tokens_per_s'] / c.compute_tokens_per_s:.0%})")
     b = k.band
@@ -87,7 +87,7 @@ def options_table(plan: FleetPlan, out: Any) -> Any:
     for i, m in enumerate(plan.options, 1):
         lo, hi = m.cost_range
         rng = f"{_num(lo, 2)}-{_num(hi, 2) if math.isfinite(hi) else 'not held'}"
-        tbl.add_row(str(i), m.text(), str(sum(m.gpus.values())), f"{m.cost_per_hour:,.2f}", _num(m.capacity), rng, m.why)
+        tbl.add_row(str(i), m.text(), str(sum(m.gpus.values())), f"{m.cost_per_hour:,.2f}", _num(m.capacity), rng, m.why)  # noqa: E501
     return fit(tbl, out, labels=(1, 6))
 
 

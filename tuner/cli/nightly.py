@@ -30,33 +30,33 @@ A second nightly run on the same study exits at once. Exit codes: 0 no regressio
 Examples:
   tuner nightly --trace /var/log/llm/requests.jsonl --window 24h
   tuner nightly --trials 10 --timeout 2h --threshold 5%
-"""
+"""  # noqa: E501
 
 
 @app.command("nightly", short_help="Tune on the latest traffic; exit 4 on a throughput regression.", help=NIGHTLY_HELP)
 def nightly_cmd(
     trace: str | None = trace_option(help="Request log of the deployment (any format tuner trace reads). "
                                           "Default: the built-in synthetic mix."),
-    window: str | None = typer.Option(None, "--window", help="Only the last part of --trace: 24h, 90m, 1d. Default: the whole log."),
-    space: str = typer.Option("default", "--space", help="Search space: a shipped name or a YAML file (as tuner search)."),
-    model: str | None = typer.Option(None, "--model", help="Model preset or local folder with config.json. Default: the space's."),
-    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, L4, ...). Default: the space's."),
+    window: str | None = typer.Option(None, "--window", help="Only the last part of --trace: 24h, 90m, 1d. Default: the whole log."),  # noqa: E501
+    space: str = typer.Option("default", "--space", help="Search space: a shipped name or a YAML file (as tuner search)."),  # noqa: E501
+    model: str | None = typer.Option(None, "--model", help="Model preset or local folder with config.json. Default: the space's."),  # noqa: E501
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, L4, ...). Default: the space's."),  # noqa: E501
     gpus: str | None = typer.Option(None, "--gpus", help="GPUs: a count (8) or device ids (0-7)."),
-    calibration: str | None = typer.Option(None, "--calibration", help="Simulator calibration profile YAML (efficiencies of this GPU class); a slower profile simulates a slower deployment."),
-    target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 TTFT target: 2s, 500ms. Default: the space's."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Simulator calibration profile YAML (efficiencies of this GPU class); a slower profile simulates a slower deployment."),  # noqa: E501
+    target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 TTFT target: 2s, 500ms. Default: the space's."),  # noqa: E501
     backend: Backend = backend_option(),
     vllm_cmd: str | None = vllm_cmd_option(),
-    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),
-    trials: int = typer.Option(20, "--trials", help="New trials tonight (the first re-runs last night's best configuration)."),
-    timeout: str | None = typer.Option(None, "--timeout", help="Stop starting trials after this long: 2h, 45m, 3600 (seconds), as tuner search --timeout. Default: no limit but --trials."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend)."),  # noqa: E501
+    trials: int = typer.Option(20, "--trials", help="New trials tonight (the first re-runs last night's best configuration)."),  # noqa: E501
+    timeout: str | None = typer.Option(None, "--timeout", help="Stop starting trials after this long: 2h, 45m, 3600 (seconds), as tuner search --timeout. Default: no limit but --trials."),  # noqa: E501
     wall_clock: str | None = old_spelling("--wall-clock"),
-    threshold: str = typer.Option("10%", "--threshold", help="A best throughput this much below the last night of the same workload shape is a regression (exit 4)."),
+    threshold: str = typer.Option("10%", "--threshold", help="A best throughput this much below the last night of the same workload shape is a regression (exit 4)."),  # noqa: E501
     storage: str | None = storage_option(),
-    study: str | None = typer.Option(None, "--study", help="Study name. Default: nightly.<deployment>.<space>, the same every night."),
-    out: str | None = typer.Option(None, "--out", metavar="DIR", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),
+    study: str | None = typer.Option(None, "--study", help="Study name. Default: nightly.<deployment>.<space>, the same every night."),  # noqa: E501
+    out: str | None = typer.Option(None, "--out", metavar="DIR", help="Folder for nightly.md/.html/.json and report.html. Default: studies/<study>/nightly/."),  # noqa: E501
     report_dir: str | None = old_spelling("--report-dir"),
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
-    output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),  # noqa: E501
 ) -> None:
     from tuner.cli.search import backend_options, deployment_changes
     from tuner.cli.trace import bad_rows_advice

@@ -136,4 +136,4 @@ def existing_file(value: str | None) -> str | None:
     return value
 
 
-__all__ = ["OUTPUT_HELP", "existing_file", "RENAMED", "Backend", "CalibrationBackend", "Output", "Sampler", "old_spelling", "renamed"]
+__all__ = ["OUTPUT_HELP", "existing_file", "RENAMED", "Backend", "CalibrationBackend", "Output", "Sampler", "old_spelling", "renamed"]  # noqa: E501

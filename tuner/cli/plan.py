@@ -25,7 +25,7 @@ from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS
 
 #: The options that describe a configuration (a deployment and every knob of tuner.core.knobs).
-_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))
+_KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))  # noqa: E501
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
@@ -49,7 +49,7 @@ def plan_cmd(
                                     "(seconds). Default: the study's target (5s for a config given here)."),
     slo: list[str] = typer.Option(None, "--slo", help="A service level each load must meet besides P95 TTFT, "
                                   "repeatable: p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (p95:ttft<=X is "
-                                  "--target-ttft X). Default: the study's. The sweep names the one that limits each load."),
+                                  "--target-ttft X). Default: the study's. The sweep names the one that limits each load."),  # noqa: E501
     study: str = typer.Option(None, "--study", help="Study to plan from (see tuner studies). Default: the newest "
                               "in studies/ (or in --storage)."),
     storage: str = storage_option(help="Optuna storage URL of the study. Default: "
@@ -67,7 +67,7 @@ def plan_cmd(
                                              "the heads)."),
     tp: int = old_spelling("--tp"),
     replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
-    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "  # noqa: E501
                                           "knob flags do (not with --study/--trial)."),
     trace: str = trace_option(help="Request log to replay instead of the study's workload (any format tuner "
                                    "trace reads), on purpose: when it is not the study's, plan says so in "
@@ -109,7 +109,7 @@ def plan_cmd(
     repeats: int = typer.Option(1, "--repeats", help="Repeat the sweep with other seeds; figures get min-max ranges."),
     seed: int = typer.Option(0, "--seed", help="Seed of the workload sample and open-loop arrivals."),
     output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
-    out: str = typer.Option(None, "--out", metavar="DIR", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "
+    out: str = typer.Option(None, "--out", metavar="DIR", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "  # noqa: E501
                             "(studies/plans/ for a config given here)."),
     files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
@@ -151,7 +151,7 @@ def plan_cmd(
     from tuner.cli.estimate import parse_list
     from tuner.cli.search import backend_options
     from tuner.cli.storage import readable_storage
-    from tuner.plan import Figures, Sweep, write_plan_files
+    from tuner.plan import Figures, Sweep
     from tuner.serving.demand import parse_fraction
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
@@ -168,7 +168,7 @@ def plan_cmd(
                              "from a study", hint="give one or the other")
         deployment, config = _config_from_flags(values)
     sweep = Sweep(levels=parse_list(concurrency, int, "--concurrency") or None,
-                  rates=parse_list(renamed(rate, rates, "--rates"), float, "--rate") or None, repeats=repeats, seed=seed,
+                  rates=parse_list(renamed(rate, rates, "--rates"), float, "--rate") or None, repeats=repeats, seed=seed,  # noqa: E501
                   requests=num_requests, time_scale=time_scale)
     figures = Figures(tokens_per_conversation=tokens_per_conversation, demand=demand,
                       headroom=parse_fraction(headroom), gpu_hour_cost=gpu_hour_cost)
@@ -240,7 +240,7 @@ def _print(est: Any, paths: Any) -> None:
                  f"{p.slo_ratio:.0%}[/]",) if slos and p.binding_slo else ("",) if slos else ()
         sweep.add_row(f"{p.level:.4g}", f"{p.ttft_mean_s:.2f} s", f"[{style}]{p.ttft_p95_s:.2f} s[/]",
                       f"{p.e2e_mean_s:.1f} s", f"{p.tokens_per_s:,.0f}",
-                      *(() if slos else (f"{p.output_tokens_per_s:,.0f}",)), f"{p.requests_per_s:.2f}", *((f"{p.goodput_requests_per_s:.2f}",) + limit if slos else ()),
+                      *(() if slos else (f"{p.output_tokens_per_s:,.0f}",)), f"{p.requests_per_s:.2f}", *((f"{p.goodput_requests_per_s:.2f}",) + limit if slos else ()),  # noqa: E501
                       p.role)
     out.print(fit(sweep, out, labels=()))
     say(f"workload: {workload_line(est.workload)}")

@@ -11,7 +11,7 @@ from tuner.cli.app import app
 @app.command("report", short_help="Write a study's HTML report and its figures as PNG files.")
 def report_cmd(
     study: str | None = typer.Argument(
-        None, metavar="STUDY", help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db file, or a "
+        None, metavar="STUDY", help="The study: a name in studies/ (tuner studies lists them), a studies/NAME.db file, or a "  # noqa: E501
                    "storage URL holding one study. Default: the newest study in studies/."),
     storage: str | None = storage_option(help="Optuna storage (SQLAlchemy URL) holding STUDY, as given to "
                                               "tuner search --storage."),

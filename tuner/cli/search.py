@@ -100,50 +100,50 @@ Examples:
   tuner search --budget 20 --max-num-seqs 256 --set kv_cache_dtype=auto
   tuner search --budget 20 --gpus 8 --tensor-parallel-size 2
   tuner search --budget 40 --recipe winner.json
-"""
+"""  # noqa: E501
 
 
 @app.command("search", short_help="Find the vLLM flags with the most tokens/s at a P95 TTFT target.",
              help=SEARCH_HELP)
 @with_knob_options(_PIN)
 def search_cmd(
-    space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),
+    space: str = typer.Option("default", "--space", help="Search space: a shipped name (default, article-000-v100-16gb, article-004-8xv100-32gb) or a YAML file."),  # noqa: E501
     backend: Backend = backend_option(),
-    model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),
-    quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),
-    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),
+    model: str | None = typer.Option(None, "--model", help="Model: a preset (qwen2.5-7b, ...) or a local folder with config.json. Default: the space's."),  # noqa: E501
+    quantization: str | None = typer.Option(None, "--quantization", "-q", help="Weight quantization of --model (awq, gptq, fp8, ...). Default: the space's."),  # noqa: E501
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type from the catalog (H100-SXM, V100-32GB-SXM2, ...), as in tuner estimate."),  # noqa: E501
+    gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use: a count (8) or device ids for the vLLM backend (0-7, 0,2,4)."),  # noqa: E501
     trace: str | None = trace_option(help="Request log to optimise for (any format tuner trace reads). "
                                           "Default: the built-in synthetic mix."),
-    target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),
-    slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),
-    objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),
-    load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),
-    budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),
-    timeout: str | None = typer.Option(None, "--timeout", help="Wall time of this run: 2h, 45m or 3600 (seconds). No trial starts that would not finish in time; the best so far is printed, and the exit is 124 while the budget is not used (the same command goes on)."),
+    target_ttft: str | None = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the space's."),  # noqa: E501
+    slo: list[str] | None = typer.Option(None, "--slo", help="A service level every chosen load must meet, repeatable: p95:ttft<=2s, p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (percentiles p50/p90/p95/p99). --target-ttft X is --slo p95:ttft<=X; P95 TTFT is always one of them (default: the space's). Each is an Optuna constraint; another set is another study."),  # noqa: E501
+    objective: str = typer.Option("tokens", "--objective", help="What a trial scores at its edge: tokens (tokens/s, prompt + output) or goodput (requests/s meeting every SLO, as vllm bench serve --goodput counts them); a goodput study is a study of its own."),  # noqa: E501
+    load: str | None = typer.Option(None, "--load", help="How the goodput search offers the traffic: concurrency (closed loop), rate (Poisson) or trace (logged times, compressed)."),  # noqa: E501
+    budget: int = typer.Option(40, "--budget", help="Finished trials the study should hold; re-running tops an existing study up to this number."),  # noqa: E501
+    timeout: str | None = typer.Option(None, "--timeout", help="Wall time of this run: 2h, 45m or 3600 (seconds). No trial starts that would not finish in time; the best so far is printed, and the exit is 124 while the budget is not used (the same command goes on)."),  # noqa: E501
     storage: str | None = storage_option(),
-    study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),
-    sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),
+    study: str | None = typer.Option(None, "--study", help="Study name. Default: deployment label + space + workload fingerprint, so the same job resumes the same study."),  # noqa: E501
+    sampler: Sampler = typer.Option(Sampler.tpe, "--sampler", case_sensitive=False, help="tpe (with the TTFT constraint, default), gp (needs torch), random, or grid (the space's discretised grid)."),  # noqa: E501
     seed: int = typer.Option(0, "--seed", help="Seed of the sampler and of the load's randomness."),
-    output: Output = typer.Option(Output.text, "--output", "-o", help="text: a table and the vllm serve command; json: one JSON object on stdout, for scripts."),
-    warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),
+    output: Output = typer.Option(Output.text, "--output", "-o", help="text: a table and the vllm serve command; json: one JSON object on stdout, for scripts."),  # noqa: E501
+    warm_start: str | None = typer.Option(None, "--warm-start", help="sim: run a simulator study first and try its best few configurations first (for real backends)."),  # noqa: E501
     vllm_cmd: str | None = vllm_cmd_option(),
-    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend); several, comma-separated, are replicas."),
-    api_key_file: str | None = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's API key, sent as 'Authorization: Bearer KEY'. Default: $OPENAI_API_KEY, else $VLLM_API_KEY. The key is never stored, logged or printed."),
-    predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),
-    startup_timeout: str | None = typer.Option(None, "--startup-timeout", help="vllm backend: a server not healthy after this long (30m, 900s) is recorded as a start timeout. Default 30m."),
-    request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),
-    confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),
-    confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),
-    feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),
-    edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),
-    start_refused: bool = typer.Option(False, "--start-refused", help="Start a configuration the memory planner predicts vLLM will refuse for memory (KV cache too small for one max-model-len request, or none at all) anyway: the trial records the prediction's margin and the planner's measured error beside what the start did (vLLM's refusal in its own words, or the KV cache it got). Default: such a configuration is recorded as refused without a start."),
-    resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),
-    tensor_parallel_size: int | None = typer.Option(None, "--tensor-parallel-size", help="Keep only the space's layouts with this tensor-parallel size (GPUs per replica); --set tensor_parallel_size=N is the same. A study of its own."),
-    replicas: int | None = typer.Option(None, "--replicas", help="Keep only the space's layouts with this many replicas (independent engines); --set replicas=N is the same. A study of its own."),
+    endpoint: str | None = typer.Option(None, "--endpoint", help="Base URL of a running OpenAI-compatible server (endpoint backend); several, comma-separated, are replicas."),  # noqa: E501
+    api_key_file: str | None = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's API key, sent as 'Authorization: Bearer KEY'. Default: $OPENAI_API_KEY, else $VLLM_API_KEY. The key is never stored, logged or printed."),  # noqa: E501
+    predict: bool = typer.Option(True, "--predict/--no-predict", help="vllm backend: let the simulator guide each trial (start the load search at its predicted load, skip configurations it predicts under 80% of the best, or the same as a weaker trial). Pruned trials store the prediction."),  # noqa: E501
+    startup_timeout: str | None = typer.Option(None, "--startup-timeout", help="vllm backend: a server not healthy after this long (30m, 900s) is recorded as a start timeout. Default 30m."),  # noqa: E501
+    request_timeout: str | None = typer.Option(None, "--request-timeout", help="vllm/endpoint backends: one request taking longer is an error of kind timeout. Default 10m."),  # noqa: E501
+    confirm: int = typer.Option(2, "--confirm", min=0, max=20, help="Once the budget is spent, measure the configurations within the noise band of the best this many more times each (fresh start, the requests in another order) and recommend on the repeats; 0: recommend the single best measurement."),  # noqa: E501
+    confirm_max: int = typer.Option(5, "--confirm-max", min=0, max=20, help="Go on confirming, up to this many repeats each, while a configuration that differs from the leader in a knob that changes speed (KV dtype, batched-token budget, layout, prefix caching) is still within the noise band of it (1-3 % run-to-run noise needs about 5 repeats to tell a 2.5 % gap)."),  # noqa: E501
+    feasibility: float = typer.Option(0.9, "--feasibility", help="A configuration in the confirmation race whose P95 TTFT at one user per replica lies near the target stays in only while the probability that it meets the target (from its repeats and a 10 % per-start TTFT noise prior on real vLLM) is above this; when none holds, the next-best are raced, and with none left the search exits 3 naming the closest (worst P95 of its repeats vs the target)."),  # noqa: E501
+    edge_tolerance: float = typer.Option(0.05, "--edge-tolerance", min=0.001, max=0.5, help="A trial's edge (the most load meeting the target) is located when a passing and a failing load are this share apart (closed loop: at least one user)."),  # noqa: E501
+    start_refused: bool = typer.Option(False, "--start-refused", help="Start a configuration the memory planner predicts vLLM will refuse for memory (KV cache too small for one max-model-len request, or none at all) anyway: the trial records the prediction's margin and the planner's measured error beside what the start did (vLLM's refusal in its own words, or the KV cache it got). Default: such a configuration is recorded as refused without a start."),  # noqa: E501
+    resume_anyway: bool = typer.Option(False, "--resume-anyway", help="Resume the study even though its search space was another (a study is refused when the same name comes with a space that parses differently: its best trial may lie outside the new one)."),  # noqa: E501
+    tensor_parallel_size: int | None = typer.Option(None, "--tensor-parallel-size", help="Keep only the space's layouts with this tensor-parallel size (GPUs per replica); --set tensor_parallel_size=N is the same. A study of its own."),  # noqa: E501
+    replicas: int | None = typer.Option(None, "--replicas", help="Keep only the space's layouts with this many replicas (independent engines); --set replicas=N is the same. A study of its own."),  # noqa: E501
     set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + _PIN),
     recipe: str | None = typer.Option(None, "--recipe", metavar="FILE", help=RECIPE_HELP),
-    kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),
+    kill_stale: bool = typer.Option(False, "--kill-stale", help="Kept for old scripts: servers a dead tuner run left on this host (tuner's marker, owner gone) are always stopped now, never others' processes; one that will not stop makes the run refuse to start (exit 2)."),  # noqa: E501
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
@@ -167,7 +167,7 @@ def search_cmd(
     service = SloSet.parse(slo or (), target_ttft)  # --slo and --target-ttft, read once here
     pinned, where = pins(knob_flags, set_, layout={"tensor_parallel_size": tensor_parallel_size, "replicas": replicas})
     # --slo replaces the space's service levels; --target-ttft alone changes its target only
-    workload = {"trace": trace, "load": load, "target_ttft_s": None if slo or service is None else service.target_ttft_s}
+    workload = {"trace": trace, "load": load, "target_ttft_s": None if slo or service is None else service.target_ttft_s}  # noqa: E501
     alarm(None if timeout_s is None else timeout_s + TIMEOUT_GRACE_S)  # the hard stop behind --timeout
     with Bar("trials", budget, best=True, objective=objective) as progress, \
             bad_rows_advice(trace):

@@ -250,7 +250,7 @@ def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, st
     plans = list_plans(study)
     if plans:
         rows.append(("capacity plans", "; ".join(
-            f"trial {p.trial} at {p.target_ttft_s:g} s: {p.max_load:g} {'users' if p.load_kind == 'concurrency' else 'req/s'}"
+            f"trial {p.trial} at {p.target_ttft_s:g} s: {p.max_load:g} {'users' if p.load_kind == 'concurrency' else 'req/s'}"  # noqa: E501
             for p in plans.values())))
     return rows
 

@@ -117,7 +117,7 @@ STATS_HELP = (
 )
 CONVERT_HELP = (
     "Write a request log as tuner's own JSONL, optionally cut, sampled, sped up.\n\n"
-    "Windowed, sampled, sped up and truncated in that order. The file reads back exactly (same fingerprint); read back, its source is the "
+    "Windowed, sampled, sped up and truncated in that order. The file reads back exactly (same fingerprint); read back, its source is the "  # noqa: E501
     "file itself (what a study or plan names and replays) and the log it came from is its first note.\n\n"
     "\b\nExamples:\n  tuner trace convert azure.csv azure-40s.jsonl --end 40\n"
     "  tuner trace convert bad.csv clean.jsonl --skip-bad"
@@ -144,7 +144,7 @@ def stats_cmd(
 @trace_app.command("convert", help=CONVERT_HELP, short_help="Write a log as tuner's JSONL (cut, sampled, sped up).")
 def convert_cmd(
     file: str = typer.Argument(..., metavar="FILE", help="The request log to read."),
-    out: str = typer.Argument(..., metavar="OUT", help="Where to write the tuner's JSONL (read back with --format tuner)."),
+    out: str = typer.Argument(..., metavar="OUT", help="Where to write the tuner's JSONL (read back with --format tuner)."),  # noqa: E501
     fmt: str = typer.Option(None, "--format", "-f", help=FORMAT_HELP),
     skip_bad: bool = typer.Option(False, "--skip-bad", help=SKIP_HELP),
     mapping: list[str] = typer.Option(None, "--map", metavar="KEY=COLUMN", help=MAP_HELP),

@@ -86,7 +86,7 @@ def read_api_key(path: str | Path | None = None, environ: Mapping[str, str] | No
         try:
             key = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
-            raise InputError(f"the API key file {p} is not UTF-8 text", hint="write the key alone on one line") from None
+            raise InputError(f"the API key file {p} is not UTF-8 text", hint="write the key alone on one line") from None  # noqa: E501
         if not key:
             raise InputError(f"the API key file {p} is empty", hint="write the key alone on one line")
         if any(c.isspace() for c in key) or not key.isprintable():

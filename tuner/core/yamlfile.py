@@ -24,7 +24,7 @@ MAX_YAML_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32
 #: Digits of one plain number: more is a typo (and Python refuses ints of over 4,300).
 MAX_NUMBER_CHARS = 100
-_NUMBERISH = re.compile(r"[-+]?(0x[0-9a-fA-F_]+|0o?[0-7_]+|[0-9][0-9_:]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?|\.[0-9_]+([eE][-+]?[0-9]+)?)")
+_NUMBERISH = re.compile(r"[-+]?(0x[0-9a-fA-F_]+|0o?[0-7_]+|[0-9][0-9_:]*(\.[0-9_]*)?([eE][-+]?[0-9]+)?|\.[0-9_]+([eE][-+]?[0-9]+)?)")  # noqa: E501
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ def _compose(events: Iterator[yaml.Event]) -> yaml.Node | None:
             if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMBERISH.fullmatch(event.value):
                 raise _Refused(f"a number of {len(event.value):,} characters, more than the "
                                f"{MAX_NUMBER_CHARS} tuner reads", line)
-            tag = event.tag if event.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, event.value, event.implicit)
+            tag = event.tag if event.tag not in (None, "!") else resolver.resolve(yaml.ScalarNode, event.value, event.implicit)  # noqa: E501
             node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
         else:
             kind = yaml.SequenceNode if isinstance(event, yaml.SequenceStartEvent) else yaml.MappingNode

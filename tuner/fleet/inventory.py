@@ -83,7 +83,7 @@ class Fleet:
             raise InputError("a fleet needs at least one GPU kind", path=self.path)
         labels = [k.label for k in self.kinds]
         if len(set(labels)) != len(labels):
-            raise InputError(f"two kinds share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}",
+            raise InputError(f"two kinds share a label: {', '.join(sorted({x for x in labels if labels.count(x) > 1}))}",  # noqa: E501
                              path=self.path)
 
     def to_dict(self) -> dict[str, Any]:

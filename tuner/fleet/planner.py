@@ -59,7 +59,7 @@ def plan_fleet(fleet: Fleet | str | Path, demand: str | float, *, slos: Sequence
         raise InputError("a fleet plan needs a P95 TTFT target", hint="add --slo p95:ttft<=5s (or --target-ttft 5s)")
     texts = SloSet.of((f"p95:ttft<={ttft:g}s",) + tuple(others)).texts
     wanted = parse_demand(demand)
-    traffic = Traffic(slos=tuple(texts), demand=wanted, headroom=headroom, tokens_per_conversation=tokens_per_conversation,
+    traffic = Traffic(slos=tuple(texts), demand=wanted, headroom=headroom, tokens_per_conversation=tokens_per_conversation,  # noqa: E501
                       trace=trace, requests=requests, pins=dict(pins or {}), seed=seed)
     where = Path(folder) if folder is not None else default_folder(fl)
     url = storage or f"sqlite:///{where / 'studies.db'}"

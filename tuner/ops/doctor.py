@@ -89,7 +89,7 @@ def _gpu_holders(ours: set[int]) -> tuple[list[dict[str, Any]], str | None]:
     if exe is None:
         return [], "nvidia-smi not found: GPU holders not listed"
     try:
-        out = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],
+        out = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"],  # noqa: E501
                              capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         return [], f"nvidia-smi failed: {err}"

@@ -28,7 +28,7 @@ requests where there were 200: the study cannot offer the load it offered before
 best throughput falls with the traffic, not with the configuration) the report says
 what changed and makes no throughput verdict against nights of another workload. Throughput more than ``threshold`` below the comparable night is a
 regression: :data:`REGRESSION_EXIT` (4) from ``tuner nightly``.
-"""
+"""  # noqa: E501
 from __future__ import annotations
 
 import datetime as dt
@@ -40,11 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError, TunerError
 from tuner.ops.night import LIKE_FACTOR, NIGHTS_ATTR, Night, nights, workload_difference
-from tuner.ops.nightly_report import render_markdown, write_nightly_report
+from tuner.ops.nightly_report import write_nightly_report
 from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
-    import optuna
 
     from tuner.runtime.progress import Observer
     from tuner.search.backend import Backend
@@ -233,7 +232,7 @@ def run_nightly(
         raise InputError(f"--trials must be >= 1, got {trials}")
     check_seed(seed)  # before the study is opened: bad input writes nothing
     t0 = time.perf_counter()
-    name = study or nightly_study_name(space.deployment, space.name, backend if isinstance(backend, str) else backend.name)
+    name = study or nightly_study_name(space.deployment, space.name, backend if isinstance(backend, str) else backend.name)  # noqa: E501
     backend_obj = backend_for(backend, name, backend_options, space.workload.slo)
     url = storage or default_storage(name)
     started = (now or dt.datetime.now(dt.timezone.utc)).astimezone(dt.timezone.utc)
@@ -283,7 +282,7 @@ def _feasible(trial: Any) -> bool:
     return is_feasible(trial)
 
 
-__all__ = ["DEFAULT_THRESHOLD", "LIKE_FACTOR", "NIGHTS_ATTR", "REGRESSION_EXIT", "Night", "NightlyOutcome", "RegressionDetected",
+__all__ = ["DEFAULT_THRESHOLD", "LIKE_FACTOR", "NIGHTS_ATTR", "REGRESSION_EXIT", "Night", "NightlyOutcome", "RegressionDetected",  # noqa: E501
            "Verdict",
            "compare", "latest_window", "nightly_study_name", "nights", "run_nightly", "workload_difference",
            "workload_shape", "write_nightly_report"]

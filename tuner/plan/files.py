@@ -53,7 +53,7 @@ def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
                      + f"{gpus} each)"))
     if est.gpu_hour_cost is not None:
         rows.append(("cost per hour", f"{est.cost_per_hour:,.2f} per deployment ({gpus} x {est.gpu_hour_cost:g})"
-                     + ("" if est.total_cost_per_hour is None else f", {est.total_cost_per_hour:,.2f} for all replicas")))
+                     + ("" if est.total_cost_per_hour is None else f", {est.total_cost_per_hour:,.2f} for all replicas")))  # noqa: E501
         rows.append(("cost per 1M tokens", _fmt_range(est, "cost_per_million_tokens",
                                                            est.cost_per_million_tokens, ",.3f")
                      + ("" if est.cost_per_million_output_tokens is None

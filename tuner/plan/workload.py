@@ -54,7 +54,7 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
             name = names[-1]
             return name, None if db == Path(folder) / f"{name}.db" else url
     raise InputError(f"no study in {folder}/",
-                     hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tensor-parallel-size ...")
+                     hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tensor-parallel-size ...")  # noqa: E501
 
 def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> str:
     """Name of the newest study (see :func:`find_newest_study`, which also gives its storage)."""
@@ -183,7 +183,7 @@ def study_workload(study: optuna.Study, trial: Any, num_requests: int | None, se
         n = num_requests or PLAN_REQUESTS
         base = default_workload(seed=seed, n=n)
         if studied.fingerprint is None:
-            return Chosen(base, lambda s: default_workload(seed=s, n=n), lambda s, k: default_workload(seed=s, n=k), notes=(
+            return Chosen(base, lambda s: default_workload(seed=s, n=n), lambda s, k: default_workload(seed=s, n=k), notes=(  # noqa: E501
                 f"plan replays the built-in mix ({n:,} requests): the study's workload cannot be rebuilt and "
                 "recorded no fingerprint to check",))
         why = (f": the study's file {spec.trace} is not here" if spec and spec.trace

@@ -118,6 +118,6 @@ def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[
 
 __all__ = [
     "CAPTIONS", "SLO_COLORS", "STATUS_COLORS", "STYLE", "StudyPlot", "knob_importances", "knob_name", "load_points",
-    "per_user_front", "plan_command", "plot_capacity", "plot_history", "plot_importances", "plot_layouts", "plot_per_user_front",
+    "per_user_front", "plan_command", "plot_capacity", "plot_history", "plot_importances", "plot_layouts", "plot_per_user_front",  # noqa: E501
     "plot_tradeoff", "plot_ttft_by_load", "png_bytes", "study_plots", "study_slos", "value_label",
 ]

@@ -213,7 +213,6 @@ def _retrieve(future: asyncio.Future) -> None:
 
 
 def _result(workload, outcomes, elapsed, stopped, load, poller, record_itl, urls) -> RunResult:
-    ok = [o.error is None for o in outcomes]
     detail: dict[str, str] = {}
     for o in outcomes:
         if o.error is not None and o.detail and o.error not in detail:

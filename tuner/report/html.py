@@ -62,7 +62,7 @@ td.l,th.l{text-align:left} td.l{max-width:760px;overflow-wrap:break-word} pre{ba
 @media (max-width:1000px){body{padding:0 .5em} table.top{font-size:.75em} table.top td,table.top th{padding:2px 3px}}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption{color:#444;max-width:900px} .skipped{color:#a60}
-"""
+"""  # noqa: E501
 
 
 def default_report_dir(study: optuna.Study) -> Path:
@@ -214,7 +214,7 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial |
     note = ("Trials that differ only in knobs without effect on this study's workload are one row; such a "
             "knob reads <i>any</i>. " if folded else "")
     note += ("<i>trials</i> counts the feasible trials of each configuration (repeats included; <i>missed</i>: "
-             "those that ran it and missed the target) and the <i>min–max</i> under <i>tokens/s</i> is the spread of their "
+             "those that ran it and missed the target) and the <i>min–max</i> under <i>tokens/s</i> is the spread of their "  # noqa: E501
              "throughput: noise between repeats, or what the folded knobs did after all. <i>trial</i> is the "
              "configuration's fastest measurement")
     if any(marked):
@@ -230,7 +230,7 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial |
     out.append(_table(top, columns, left=_TOP_TEXT, cls="top"))
     if whys:
         said = "; ".join(f"{c}: {why}" for c, why in whys.items())
-        out.append(f"<p class='meta'><i>any</i>: the knob has no effect on this workload ({html.escape(redact(said))}).</p>")
+        out.append(f"<p class='meta'><i>any</i>: the knob has no effect on this workload ({html.escape(redact(said))}).</p>")  # noqa: E501
     return out
 
 

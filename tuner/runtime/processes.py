@@ -13,7 +13,7 @@ carrying this process's marker, or one server's token), on every exit path, and 
 check never takes one of them for a foreigner (:func:`is_ours`). From the marker a later
 run, or ``tuner doctor``, finds the servers whose owner is gone (a run killed with SIGKILL, a
 crashed host session) and stops them. Processes without the marker are never signalled.
-"""
+"""  # noqa: E501
 from __future__ import annotations
 
 import os

@@ -132,4 +132,4 @@ def incumbent(study: Any) -> Any:
     return max(trials, key=lambda t: (t.value, -t.number), default=None)
 
 
-__all__ = ["doubtful", "edge_slope", "incumbent", "feasibility", "lowest_p95", "objective_sd", "study_objective_sd", "sampler_constraint", "ttft_sd", "unsure", "upper_p95"]
+__all__ = ["doubtful", "edge_slope", "incumbent", "feasibility", "lowest_p95", "objective_sd", "study_objective_sd", "sampler_constraint", "ttft_sd", "unsure", "upper_p95"]  # noqa: E501

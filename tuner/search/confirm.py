@@ -11,7 +11,6 @@ from tuner.core.urls import redact
 from tuner.search.blame import itl_tail
 from tuner.search.boundary import doubtful, lowest_p95, study_objective_sd
 from tuner.search.objective import CONSTRAINT, evaluate, rejected
-from tuner.search.settings import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS
 from tuner.search.verdict import start_p95, start_p95s, study_ttft_sd
 from tuner.serving.config import ServeConfig
 from tuner.study.headroom import kv_filled
@@ -78,7 +77,7 @@ def distinct(originals: list[optuna.trial.FrozenTrial],
     objective's noise of ~5 % per start, the best of three sits ~4 % over the configuration's
     value), and the configuration the sampler returned to most, because it measured well,
     would enter the race with the largest head start (benchmarks/search_noise.py: such a
-    configuration 6 % under the optimum won races against it)."""
+    configuration 6 % under the optimum won races against it)."""  # noqa: E501
     groups: dict[str, list[optuna.trial.FrozenTrial]] = {}
     for t in originals:
         groups.setdefault(effective_key(records[t.number]), []).append(t)  # originals have a configuration
@@ -117,7 +116,7 @@ def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None
     for t, rec in searched + [(t, TrialRecord.from_trial(t)) for t in repeats(study)]:
         if t.state != TrialState.COMPLETE or rec.is_repeat or rec.config is None or not rec.feasible:
             continue
-        group = keys.get(int(rec.confirm_of)) if rec.is_confirmation and rec.confirm_of is not None else keys.get(t.number)
+        group = keys.get(int(rec.confirm_of)) if rec.is_confirmation and rec.confirm_of is not None else keys.get(t.number)  # noqa: E501
         groups.setdefault(group or config_key(rec.config.to_dict()), []).append(float(t.value or 0.0))
     return noise_floor(groups.values(), simulated, prior)
 

@@ -258,4 +258,4 @@ def _chosen_level(rec: TrialRecord) -> float | None:
     return max(passed) if passed else None
 
 
-__all__ = ["Advice", "Correction", "Prediction", "Predictor", "advise", "correction", "predicted_twins", "sim_predictor"]
+__all__ = ["Advice", "Correction", "Prediction", "Predictor", "advise", "correction", "predicted_twins", "sim_predictor"]  # noqa: E501

@@ -54,7 +54,7 @@ def prediction(deployment: Deployment, config: ServeConfig, err: ConfigRejected)
     from tuner.sim.memory import plan_memory
 
     plan = plan_memory(deployment, config, strict=False)
-    needed = (math.ceil(plan.config.max_model_len / plan.config.block_size) * plan.page_bytes if err.kind == "max_model_len"
+    needed = (math.ceil(plan.config.max_model_len / plan.config.block_size) * plan.page_bytes if err.kind == "max_model_len"  # noqa: E501
               else plan.page_bytes)
     out: dict[str, Any] = {"kind": err.kind, "message": err.message, "needed_gib": needed / GiB,
                            "available_gib": plan.kv_bytes / GiB, "short_gib": (needed - plan.kv_bytes) / GiB}

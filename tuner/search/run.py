@@ -82,7 +82,7 @@ def run_search(
     trial scores at its edge, ``tokens`` (tokens/s) or ``goodput`` (requests/s meeting every SLO,
     as ``vllm bench serve --goodput``; a study of its own, named ``....goodput``). ``start_refused``:
     a configuration the memory planner predicts vLLM will refuse for memory is started anyway and
-    the start judges the prediction (:mod:`tuner.search.refusal`)."""
+    the start judges the prediction (:mod:`tuner.search.refusal`)."""  # noqa: E501
     settings = SearchSettings(budget=budget, timeout_s=timeout_s, sampler=sampler, seed=seed, precheck=precheck,
                               early_stop=early_stop, max_replays=max_replays, confirm=confirm,
                               confirm_max=confirm_max, edge_tolerance=edge_tolerance, kill_stale=kill_stale,

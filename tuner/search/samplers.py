@@ -65,7 +65,7 @@ def make_sampler(name: str, *, seed: int | None, space: SearchSpace | None = Non
             try:
                 import torch  # noqa: F401  (GPSampler's dependency)
             except ImportError as err:
-                raise InputError("the GP sampler needs PyTorch", hint="pip install torch, or use --sampler tpe") from err
+                raise InputError("the GP sampler needs PyTorch", hint="pip install torch, or use --sampler tpe") from err  # noqa: E501
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=N_STARTUP_TRIALS,
                                              constraints_func=constraints_func)
     if name == "random":

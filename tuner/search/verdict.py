@@ -135,7 +135,7 @@ def _other_text(other: dict[str, Any], target: float, sure_miss: bool) -> str:
     shown = "no P95 TTFT" if other["p95_s"] is None else f"P95 TTFT {other['p95_s']:.3g} s at {other['load']}"
     if other["feasible"]:
         shown = f"met the target ({shown})"
-    why = "the P95s miss the target with confidence" if sure_miss else f"both within a start's noise of the {target:g} s target"
+    why = "the P95s miss the target with confidence" if sure_miss else f"both within a start's noise of the {target:g} s target"  # noqa: E501
     return f"on another start: {shown} ({why})"
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.core.values import replaced
-from tuner.search.inputs import build_workload, get_backend_by_name, num_heads
+from tuner.search.inputs import build_workload, num_heads
 from tuner.search.outcome import SearchOutcome
 from tuner.search.run import run_settings, warm_start_configs
 from tuner.search.settings import SearchSettings
@@ -175,7 +175,7 @@ def _idle_layouts(space: SearchSpace) -> str | None:
     notes = [dep.idle_note(tp, r) for tp, r in (space.layouts or ((1, dep.gpu_count),))]
     if not notes or not all(notes):
         return None
-    said = f"{space.pin_said} on {dep.gpu_count} GPUs" if space.pin_said else f"the space's layouts on {dep.gpu_count} GPUs"
+    said = f"{space.pin_said} on {dep.gpu_count} GPUs" if space.pin_said else f"the space's layouts on {dep.gpu_count} GPUs"  # noqa: E501
     return f"{said}: {'; '.join(notes)} (the study is named for all {dep.gpu_count})"
 
 

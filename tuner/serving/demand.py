@@ -69,7 +69,7 @@ def parse_demand(text: str | float, unit: str = "conversations") -> Demand:
     if not m:
         raise InputError(f"cannot read demand {text!r}",
                          hint="write 1200/min, 20/s or 72000/h (conversations; add req for requests: 20req/s)")
-    per = {"s": 60.0, "sec": 60.0, "second": 60.0, "h": 1 / 60, "hr": 1 / 60, "hour": 1 / 60}.get(m.group(3) or "min", 1.0)
+    per = {"s": 60.0, "sec": 60.0, "second": 60.0, "h": 1 / 60, "hr": 1 / 60, "hour": 1 / 60}.get(m.group(3) or "min", 1.0)  # noqa: E501
     word = m.group(2) or ""
     if word.startswith("req"):
         unit = "requests"

@@ -329,7 +329,7 @@ def _check_section(doc: YamlDoc, name: str) -> dict[str, Any]:
             continue
         top = 1.0 if key == "cudagraph_kv_fraction" else MAX_MEMORY_VALUE
         if not is_number(value) or not 0 <= value <= top:
-            raise InputError(f"memory.{key} must be a number in 0-{top:g}, got {shown(value)}", path=doc.path, line=line)
+            raise InputError(f"memory.{key} must be a number in 0-{top:g}, got {shown(value)}", path=doc.path, line=line)  # noqa: E501
     return dict(section)
 
 

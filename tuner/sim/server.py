@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 import uuid
 from collections import OrderedDict, deque

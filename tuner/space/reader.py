@@ -137,7 +137,7 @@ def _parse_deployment(space: SearchSpace, data: Any) -> Deployment:
             if value is None:
                 value = ()
             elif not isinstance(value, list):
-                raise space.error(f"must be a list of device ids, got {shown(value)}", where, hint="e.g. gpu_ids: [0, 1]")
+                raise space.error(f"must be a list of device ids, got {shown(value)}", where, hint="e.g. gpu_ids: [0, 1]")  # noqa: E501
             value = tuple(value)
             probe: dict[str, Any] = {"gpu_ids": value, "gpu_count": max(len(value), 1)}
         else:

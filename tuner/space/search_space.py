@@ -179,10 +179,10 @@ class SearchSpace:
                 continue
             if name not in KNOB_TYPES:
                 raise InputError(f"{said}: {shown(name)} is not a knob tuner can pin",
-                                 hint=f"pin one of {', '.join((*KNOB_TYPES, *LAYOUT_PINS))} (or its vLLM flag, --max-num-seqs)")
+                                 hint=f"pin one of {', '.join((*KNOB_TYPES, *LAYOUT_PINS))} (or its vLLM flag, --max-num-seqs)")  # noqa: E501
             fixed[name] = pin_value(name, value, said)
         params = tuple(p for p in self.params if p.name not in values)
-        suffix = "+".join(f"{k}={v}" for k, v in sorted({**values, **{k: layout_pin[k] for k in values if k in LAYOUT_PINS}}.items()))
+        suffix = "+".join(f"{k}={v}" for k, v in sorted({**values, **{k: layout_pin[k] for k in values if k in LAYOUT_PINS}}.items()))  # noqa: E501
         return _replace(self, params=params, fixed=tuple(fixed.items()), name=f"{self.name}+{suffix}",
                         layout_pin=tuple(sorted(layout_pin.items())), pin_said=" ".join(saids))
 

@@ -360,6 +360,6 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
 
 
 __all__ = [
-    "BASE_COLUMNS", "GROUP_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep", "recommendation",
+    "BASE_COLUMNS", "GROUP_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep", "recommendation",  # noqa: E501
     "study_location", "target_ttft_s", "top_groups", "trial_row", "trials_frame",
 ]

@@ -220,7 +220,7 @@ def trial_group(rec: TrialRecord, *, started: bool) -> tuple[str | None, dict[st
 def caveat(run: Mapping[str, Any]) -> str | None:
     """Why the configurations cannot be told apart at all, or ``None``."""
     if run.get("restarts") is False or (run.get("restarts") is None and run.get("backend") == "endpoint"):
-        return (f"backend {run.get('backend') or '?'}: tuner measured a server it did not start and applied none of these "
+        return (f"backend {run.get('backend') or '?'}: tuner measured a server it did not start and applied none of these "  # noqa: E501
                 "configurations, so trials differ by measurement noise only; nothing is folded")
     return None
 

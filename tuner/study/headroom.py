@@ -72,7 +72,7 @@ def why(chosen: dict[str, Any], other: dict[str, Any], tight: bool = False) -> s
     for key, label in (("gpu_memory_utilization", "gpu-memory-utilization"), ("max_num_seqs", "max-num-seqs")):
         a, b = chosen.get(key), other.get(key)
         if a != b:
-            room = " (more KV memory: a tie's KV cache filled at its edge)" if tight and key == "gpu_memory_utilization" else ""
+            room = " (more KV memory: a tie's KV cache filled at its edge)" if tight and key == "gpu_memory_utilization" else ""  # noqa: E501
             return f"{label} {a} vs {b}{room}"
     if bool(chosen.get("enforce_eager")) != bool(other.get("enforce_eager")):
         return "CUDA graphs instead of eager"

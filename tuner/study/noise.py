@@ -150,5 +150,5 @@ def paired_noise(rows: Sequence[Sequence[float]], simulated: bool = False, prior
     return NoiseFloor(math.sqrt((PRIOR_DOF * prior**2 + ss) / (PRIOR_DOF + dof)), dof, "paired repeats")
 
 
-__all__ = ["DEFAULT_PRIOR_SD", "PRIOR_DOF", "SIMULATED_PRIOR_SD", "SIMULATED_TTFT_SD", "TTFT_PRIOR_SD", "Z", "Z_FEASIBLE",
-           "NoiseFloor", "feasibility", "misses_with_confidence", "near_target", "noise_floor", "paired_noise", "prior_sd", "ttft_sd", "upper_p95"]
+__all__ = ["DEFAULT_PRIOR_SD", "PRIOR_DOF", "SIMULATED_PRIOR_SD", "SIMULATED_TTFT_SD", "TTFT_PRIOR_SD", "Z", "Z_FEASIBLE",  # noqa: E501
+           "NoiseFloor", "feasibility", "misses_with_confidence", "near_target", "noise_floor", "paired_noise", "prior_sd", "ttft_sd", "upper_p95"]  # noqa: E501

@@ -59,12 +59,6 @@ from tuner.study.headroom import why as _why_headroom
 from tuner.study.misses import verdict
 from tuner.study.noise import (
     DEFAULT_PRIOR_SD,
-    PRIOR_DOF,
-    SIMULATED_PRIOR_SD,
-    SIMULATED_TTFT_SD,
-    TTFT_PRIOR_SD,
-    Z,
-    Z_FEASIBLE,
     NoiseFloor,
     feasibility,
     noise_floor,
@@ -293,7 +287,7 @@ def decide(race_: Sequence[Candidate], noise: NoiseFloor, *, rounds: int = 0,
         counts = [c.count for c in (leader, *ties)]  # what the race could tell (equivalent ones are ties)
         low, high = min(counts), max(counts)
         reason += (f"; statistically tied with trial{'s' * (len(tied_numbers) > 1)} "
-                   f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%}; {low}{f'-{high}' * (high > low)} measurements each "
+                   f"{', '.join(map(str, tied_numbers))} (noise sd {noise.rel_sd:.1%}; {low}{f'-{high}' * (high > low)} measurements each "  # noqa: E501
                    f"tell gaps over {noise.band(low, high):.1%})")
     worst = max(winner.p95s, default=None)
     if margin := margin_text(worst, len(winner.p95s), target):
@@ -381,6 +375,6 @@ def race(entrants: Sequence[Candidate], measure: Callable[[Candidate, int], floa
                   objective=objective)
 
 
-__all__ = ["HEADROOM_KNOBS", "feasibility", "ttft_sd", "upper_p95", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",
-           "headroom_key", "headroom_tie", "margin_text", "no_holder", "noise_floor", "paired_noise", "prior_sd", "race",
+__all__ = ["HEADROOM_KNOBS", "feasibility", "ttft_sd", "upper_p95", "SETTLED", "Candidate", "Confirmation", "NoiseFloor", "candidates", "confirmation_rows", "decide",  # noqa: E501
+           "headroom_key", "headroom_tie", "margin_text", "no_holder", "noise_floor", "paired_noise", "prior_sd", "race",  # noqa: E501
            "undecided"]

@@ -109,4 +109,4 @@ def _key(params: dict[str, Any]) -> tuple:
     return tuple(sorted(params.items()))
 
 
-__all__ = ["MAX_FAILURES", "NOT_MEASURED", "Requeued", "fail_leftovers", "failure", "mark_failed", "not_measured", "requeue"]
+__all__ = ["MAX_FAILURES", "NOT_MEASURED", "Requeued", "fail_leftovers", "failure", "mark_failed", "not_measured", "requeue"]  # noqa: E501

@@ -71,7 +71,7 @@ def read(path: str, *, skip_bad: bool = False, tokenizer: str | None = None, **_
             clock.check(t, line)
         except SkipRow:
             continue
-        session = next((str(v) for k in SESSION_KEYS if (v := dig(obj, k)) is not None and not isinstance(v, (dict, list))),
+        session = next((str(v) for k in SESSION_KEYS if (v := dig(obj, k)) is not None and not isinstance(v, (dict, list))),  # noqa: E501
                        None)
         turn = 0
         if session is not None:

@@ -10,7 +10,7 @@ block ids (16-token blocks, vLLM's default ``--block-size``) from their messages
 (:mod:`tuner.traffic._prefix`): each turn re-sends the earlier turns, so its leading
 blocks reuse theirs, and conversations that open alike share their opening blocks. There are no arrival times: all requests are at t=0,
 in conversation order, for closed-loop replay or a rate chosen at run time.
-"""
+"""  # noqa: E501
 from __future__ import annotations
 
 from tuner.traffic._rows import BAD_VALUE, MISSING, BadRows, Collected, SkipRow, iter_records, read_text

@@ -68,7 +68,7 @@ def row(letter: str, study: str, label: str, db: Path, base: float | None) -> tu
     wall = wall_s(study, db)
     return [letter, label, pick(info["best"]["config"]), f"{mean:,.0f} ({lo:,.0f}-{hi:,.0f}, n={n})",
             f"x{mean / base:.3f}" if base else "-",
-            f"{g['total_s']:,.0f} (starts {g['start_s']:,.0f}, loads {g['replay_s']:,.0f}, thrown {g['wasted_s']:,.0f})",
+            f"{g['total_s']:,.0f} (starts {g['start_s']:,.0f}, loads {g['replay_s']:,.0f}, thrown {g['wasted_s']:,.0f})",  # noqa: E501
             f"{wall:,.0f}" if wall else "-"], mean
 
 

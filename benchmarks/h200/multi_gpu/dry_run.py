@@ -75,7 +75,7 @@ def check_assignment(records: list[dict]) -> tuple[list[str], list[str]]:
         devices = [r["cuda_visible_devices"] or "" for r in group]
         sets = [set(d.split(",")) - {""} for d in devices]
         used = set().union(*sets)
-        ok = all(len(s) == tp for s in sets) and sum(len(s) for s in sets) == len(used) and used <= set(map(str, range(8)))
+        ok = all(len(s) == tp for s in sets) and sum(len(s) for s in sets) == len(used) and used <= set(map(str, range(8)))  # noqa: E501
         if not ok:
             problems.append(f"tp{tp}x{len(group)}: devices {devices} are not {len(group)} disjoint sets of {tp} in 0-7")
         rows.append(f"tp{tp}x{len(group)}: CUDA_VISIBLE_DEVICES {' | '.join(devices)}; --tensor-parallel-size {tp}; "

@@ -73,7 +73,8 @@ class Scheduler:
         self.bs = int(config.block_size)
         self.budget = int(config.max_num_batched_tokens)
         self.chunk_cap = int(config.long_prefill_token_threshold or 0)  # --long-prefill-token-threshold (0: none)
-        self.chunked = config.enable_chunked_prefill is not False  # unset: vLLM's default, on; off: a prompt is prefilled in one step or waits
+        # --enable-chunked-prefill; unset: vLLM's default (on); off: a prompt is prefilled in one step, or waits
+        self.chunked = config.enable_chunked_prefill is not False
         self.max_seqs = int(config.max_num_seqs)
         self.caching = bool(config.enable_prefix_caching)
         self.pool = BlockPool(num_gpu_blocks, config.enable_prefix_caching)
