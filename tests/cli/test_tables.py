@@ -81,3 +81,4 @@ def test_a_plan_with_slos_keeps_each_loads_limit_on_its_row_at_80_columns(tmp_pa
     rows = [line for line in text.splitlines() if re.match(r"\s+\d+\s+\d", line)]
     assert rows and all(re.search(r"P99 TPOT \d+%", line) for line in rows), text
     assert all(len(line) <= 80 for line in text.splitlines() if not line.startswith("vllm serve "))
+    assert "under other SLOs" not in " ".join(text.split())  # the study's own SLOs, the TTFT one among them
