@@ -18,6 +18,10 @@ from tuner.backends.local_server import _http
 from tuner.core.errors import BackendError, EndpointFault, InputError, connection_cause
 from tuner.core.urls import redact
 from tuner.runtime.control import StopHook
+from tuner.replay.client import bad_stream_fault, replay
+from tuner.replay.endpoints import _endpoints
+from tuner.replay.endpoints import _denied
+from tuner.replay.metrics import parse_prometheus, snapshot
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig
@@ -32,7 +36,6 @@ class EndpointInstance:
         self.info = info
 
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
-        from tuner.replay.client import bad_stream_fault, replay
 
         import time
 
@@ -84,7 +87,6 @@ class EndpointBackend:
         metrics: bool = True,
         api_key: str | None = None,
     ) -> None:
-        from tuner.replay.endpoints import _endpoints
 
         self.given = [urls] if isinstance(urls, str) else list(urls)
         endpoints = _endpoints(self.given, api_key)
@@ -116,7 +118,6 @@ class EndpointBackend:
         import http.client
         import json
 
-        from tuner.replay.endpoints import _denied
 
         try:
             status, body = _http(f"{url}/v1/models", timeout=self._probe_s, headers=headers)
@@ -136,7 +137,6 @@ class EndpointBackend:
         return card
 
     def start(self, deployment: Deployment, config: ServeConfig) -> EndpointInstance:
-        from tuner.replay.metrics import parse_prometheus, snapshot
 
         model = self.model
         info: dict[str, Any] = {"startup_s": 0.0, "endpoints": [redact(u) for u in self.urls], "argv": [],

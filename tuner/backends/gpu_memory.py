@@ -16,6 +16,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import psutil
+from tuner.runtime.processes import is_ours
 
 #: How long ``nvidia-smi`` may take (a GPU in a bad state can hang it).
 QUERY_TIMEOUT_S = 30.0
@@ -77,7 +78,6 @@ def foreign_holders(gpus: Iterable[int], ours: Collection[int] = ()) -> list[Hol
     """:func:`holders` that are not this run's: neither carrying this process's marker
     (:func:`tuner.runtime.processes.is_ours`: a server of this run, whatever launcher put it
     in another group or session) nor in the process groups ``ours``."""
-    from tuner.runtime.processes import is_ours
 
     return [h for h in holders(gpus) if not is_ours(h.pid) and not _in_groups(h.pid, ours)]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from tuner.runtime.processes import stop_group, stop_marked
 
 #: Seconds between SIGTERM and SIGKILL when the reaper stops a group.
 GRACE_S = 10.0
@@ -70,7 +71,6 @@ def main() -> int:
     and what carries the marker of the process that started it."""
     import os
 
-    from tuner.runtime.processes import stop_group, stop_marked
 
     owner = os.getppid()  # the tuner process, read before it can die
     groups: set[int] = set()

@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import ConfigRejected
+from tuner.sim.calibration import load_calibration
+from tuner.sim.engine import run_plan
+from tuner.sim.memory import plan_memory
 
 if TYPE_CHECKING:
     from tuner.runtime.control import StopHook
@@ -43,7 +46,6 @@ class SimInstance:
 
     def __init__(self, plan: MemoryPlan, replicas: int, *, router: str = "round_robin",
                  record_itl: bool = False, profile: Calibration | None = None) -> None:
-        from tuner.sim.calibration import load_calibration
 
         self.plan = plan
         self.replicas = replicas
@@ -64,7 +66,6 @@ class SimInstance:
         }
 
     def run(self, workload: Workload, load: Load, *, stop: StopHook | None = None) -> RunResult:
-        from tuner.sim.engine import run_plan
 
         return run_plan(self.plan, workload, load, replicas=self.replicas, router=self.router,
                         stop=stop, record_itl=self.record_itl, profile=self.profile)
@@ -96,7 +97,6 @@ class SimBackend:
         self.profile = profile
 
     def _plan(self, deployment: Deployment, config: ServeConfig) -> MemoryPlan:
-        from tuner.sim.memory import plan_memory
 
         if config.gpus_needed > deployment.gpu_count:
             raise ConfigRejected(
@@ -116,7 +116,6 @@ class SimBackend:
         return facts
 
     def start(self, deployment: Deployment, config: ServeConfig) -> SimInstance:
-        from tuner.sim.calibration import load_calibration
 
         plan = self._plan(deployment, config)
         profile = self.profile

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import ConfigRejected, EnvironmentFault
 from tuner.core.knobs import KNOBS
 from tuner.core.versions import parse_version
+from tuner.backends.vllm_cpu import classify_failure as cpu_refusal
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig
@@ -212,7 +213,6 @@ def classify_failure(
     configuration (:func:`engine_started`). ``exit_code`` None means it never became
     healthy in time (``timeout``; the search decides whether the configuration or the
     machine is to blame, :mod:`tuner.search.blame`)."""
-    from tuner.backends.vllm_cpu import classify_failure as cpu_refusal  # CPU build's own refusals
 
     lines = [ln for ln in log_text.splitlines() if ln.strip()]
     tail = "\n".join(lines[-400:])

@@ -14,6 +14,8 @@ from tuner.backends.vllm_args import classify_failure
 from tuner.backends.vllm_replica import _Replica
 from tuner.core.errors import BackendError, Disrupted, EnvironmentFault
 from tuner.runtime.control import StopHook
+from tuner.replay.client import bad_stream_fault, replay
+from tuner.backends.local_server import _http
 
 if TYPE_CHECKING:
     from tuner.backends.vllm import VllmBackend
@@ -51,7 +53,6 @@ class VllmInstance:
         """Replay ``load`` against the replicas. Raises :class:`Disrupted` when a replica
         exited before or during the run, or stopped answering (the log path and vLLM's last
         line are in the message), :class:`EnvironmentFault` ``killed`` for a signal from outside."""
-        from tuner.replay.client import bad_stream_fault, replay
 
         if self.closed:
             raise BackendError("this vLLM instance is closed; start a new one")
@@ -84,7 +85,6 @@ class VllmInstance:
     def _raise_if_silent(self) -> None:
         """After a replay whose requests lost their connections: a replica that no longer
         answers ``/health`` (or has exited meanwhile) disrupted it."""
-        from tuner.backends.local_server import _http
 
         for r in self.replicas:
             try:

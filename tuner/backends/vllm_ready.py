@@ -17,6 +17,7 @@ from tuner.backends.vllm_replica import _Replica
 from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault
 from tuner.runtime import processes
 from tuner.runtime.interrupts import current_deadline
+from tuner.replay.metrics import parse_prometheus, snapshot
 
 
 def wait_healthy(r: _Replica, t_start: float, startup_timeout_s: float, stop_grace_s: float) -> None:
@@ -116,7 +117,6 @@ def warm_up(r: _Replica, model: str, t_start: float, startup_timeout_s: float) -
 
 def metrics_facts(r: _Replica) -> dict[str, Any]:
     """What ``/metrics`` tells of the start (the KV blocks allocated); empty when it does not answer."""
-    from tuner.replay.metrics import parse_prometheus, snapshot
 
     try:
         status, body = _http(f"{r.url}/metrics", timeout=10.0)

@@ -20,6 +20,9 @@ from tuner.core.jsonsafe import json_safe
 from tuner.runtime.progress import Observer, observer_or_headless
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.load import Concurrency
+from tuner.calibrate.probes import build, load_from
+from tuner.serving.load import Poisson, TraceReplay
+from tuner.plan.sweep import rescale
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend
@@ -222,7 +225,6 @@ class _Campaign:
 def _run_probe(instance: Any, backend: Any, trial: Trial, probe: Probe, emit: Callable[[dict[str, Any]], None],
                log: Callable[[str], None], stop: Callable[[Any], bool]) -> bool:
     """One probe's replay and its row; False when the trial should stop (an error or the budget)."""
-    from tuner.calibrate.probes import build, load_from
 
     work = build(probe.workload)
     load = _faster(load_from(probe.load), float(getattr(backend, "time_scale", 1.0) or 1.0))
@@ -257,7 +259,6 @@ def _faster(load: Any, scale: float) -> Any:
     than real time (its arrivals in the measured GPU's time stay the probe's)."""
     import dataclasses
 
-    from tuner.serving.load import Poisson, TraceReplay
 
     if scale == 1.0:
         return load
@@ -275,7 +276,6 @@ def _timed(backend: Any, result: Any) -> Any:
     scale = float(getattr(backend, "time_scale", 1.0) or 1.0)
     if scale == 1.0:
         return result
-    from tuner.plan.sweep import rescale
 
     return rescale(result, scale)
 

@@ -15,12 +15,14 @@ from tuner.calibrate.trials import calibration_workload
 from tuner.core.errors import ConfigRejected
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.load import Concurrency
+from tuner.sim.engine import simulate
+from tuner.calibrate.probes import build
+from tuner.sim.memory import plan_memory
 
 
 def simulate_point(point: LoadPoint, deployment: Deployment, calib: Any = None) -> Any:
     """The simulator's run (a :class:`~tuner.serving.result.RunResult`) of the same workload rows and
     load as ``point``, on the point's own model shape when it names one."""
-    from tuner.sim.engine import simulate
 
     if point.load is None:
         work, load = calibration_workload(point.requests, offset=point.offset), Concurrency(point.users)
@@ -49,7 +51,6 @@ def _built(ref: dict[str, Any] | None) -> Any:
     """:func:`tuner.calibrate.probes.build`, once per reference (a fit simulates each point often)."""
     import json
 
-    from tuner.calibrate.probes import build
 
     key = json.dumps(ref, sort_keys=True)
     if key not in _BUILT:
@@ -60,7 +61,6 @@ def _built(ref: dict[str, Any] | None) -> Any:
 def predict_startup(config: ServeConfig, deployment: Deployment) -> dict[str, Any]:
     """The memory planner's answer: ``kv_cache_tokens`` or the refusal's kind and
     ``estimated_max_model_len``."""
-    from tuner.sim.memory import plan_memory
 
     try:
         plan = plan_memory(deployment, config)

@@ -11,6 +11,12 @@ import numpy as np
 from tuner.calibrate.points import Startup
 from tuner.core.errors import InputError
 from tuner.serving.config import Deployment
+from tuner.core.versions import parse_version
+from tuner.sim.hardware import get_gpu
+from tuner.sim.memory import EMPIRICAL
+from tuner.sim.model import load_model
+from tuner.sim.memory import default_batch_limits
+from tuner.sim.memory.planner import _cudagraph_sizes
 
 
 GiB = 1 << 30
@@ -43,9 +49,6 @@ def fit_memory(points: Sequence[Startup], deployment: Deployment, *, graph_fract
     activation"), that value is a second residual of the start. ``graph_fraction`` fixes
     ``g`` instead of fitting it (what the starts show directly: an eager and a graph start
     of one configuration with the same KV cache mean 0)."""
-    from tuner.core.versions import parse_version
-    from tuner.sim.hardware import get_gpu
-    from tuner.sim.memory import EMPIRICAL
 
     gpu = get_gpu(deployment.gpu)
     version = parse_version(deployment.vllm_version)
@@ -102,7 +105,6 @@ def _weight_overheads(ok: Sequence[Startup], loads: Sequence[Startup],
                       deployment: Deployment) -> tuple[dict[str, float], list[float]]:
     """Each loaded shape's weight overhead (the median over its starts in ``loads``: logged
     "Model loading took" over its weight shapes), and the overheads of the fitted starts."""
-    from tuner.sim.model import load_model
 
     by_model: dict[str, list[float]] = {}
     for s in loads:
@@ -119,9 +121,6 @@ def _columns(s: Startup, deployment: Deployment, gpu: Any, version: tuple[int, i
              overhead: dict[str, float], eager_seen: bool) -> tuple[list[float], float, float]:
     """One start's activation columns (fixed, compiled per token x hidden, compiled per
     vocab x hidden, MoE, eager per token x hidden), its graph estimate and its weights."""
-    from tuner.sim.memory import EMPIRICAL, default_batch_limits
-    from tuner.sim.memory.planner import _cudagraph_sizes
-    from tuner.sim.model import load_model
 
     name = s.model or deployment.model
     model = load_model(name)
@@ -147,7 +146,6 @@ def _solve(a: np.ndarray, target: np.ndarray, graph_fraction: float | None) -> A
     then graphs; ``graph_fraction`` fixes the last)."""
     from scipy.optimize import least_squares
 
-    from tuner.sim.memory import EMPIRICAL
 
     scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0, 1.0])
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.serving.config import ServeConfig
+from tuner.calibrate.probes import label
 
 
 #: The metrics fitted and checked per load point (RunResult.summary() keys).
@@ -54,7 +55,6 @@ class LoadPoint:
     def label(self) -> str:
         if self.load is None:
             return f"uniform x{self.requests} @ {self.users} users"
-        from tuner.calibrate.probes import label
 
         return label(self.workload or {}, self.load)
 

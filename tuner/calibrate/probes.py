@@ -27,6 +27,8 @@ import numpy as np
 
 from tuner.core.errors import InputError
 from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
+from tuner.traffic.workload import Workload
+from tuner.traffic import load_trace
 
 #: Where the traces tuner ships live: inside the package (``tuner/data/traces``, with their sources and licences).
 TRACES_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -48,7 +50,6 @@ def _lognormal(rng: np.random.Generator, n: int, mean: float, p95: float, lo: in
 
 def synthetic(kind: str, n: int, seed: int = 0, offset: int = 0) -> Any:
     """Rows ``offset .. offset+n`` of one seeded sequence of shape ``kind``; arrivals 0."""
-    from tuner.traffic.workload import Workload
 
     if kind == "mix":
         from tuner.traffic.synth import default_workload
@@ -78,7 +79,6 @@ def trace_rows(trace: str, rows: tuple[int, int], *, max_tokens: int | None = No
     ``max_tokens`` prompt + output, when given), arrivals rebased to 0. With ``groups``,
     the rows are counted among the requests whose first prefix block is one of the
     ``groups`` most shared first blocks (ties by block id): a prefix-sharing subset."""
-    from tuner.traffic import load_trace
 
     rel = TRACES.get(trace)
     if rel is None:
@@ -146,7 +146,6 @@ def _cached(ref: dict[str, Any]) -> Any:
     import json
     import os
 
-    from tuner.traffic.workload import Workload
 
     folder = os.environ.get(CACHE_ENV)
     if not folder or not ref.get("fingerprint"):

@@ -15,6 +15,9 @@ from tuner.calibrate.points import load_points, point_name, startups
 from tuner.calibrate.step_time import fit_step_time
 from tuner.runtime.progress import Observer
 from tuner.serving.config import Deployment
+from tuner.sim.calibration import load_calibration
+from tuner.sim.hardware import get_gpu
+from tuner.core.files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,6 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
 
     log = None if observer is None else observer.on_phase
 
-    from tuner.sim.calibration import load_calibration
-    from tuner.sim.hardware import get_gpu
 
     dropped = set(exclude)
     loads, started = [p for p in load_points(rows) if point_name(p) not in dropped], startups(rows)
@@ -120,9 +121,6 @@ def rewrite_report(folder: str | Path, rows: Sequence[dict[str, Any]], deploymen
     rest. The same points are fit and check as in the fit the profile records. Returns the errors."""
     import yaml
 
-    from tuner.core.files import write_atomic
-    from tuner.sim.calibration import load_calibration
-    from tuner.sim.hardware import get_gpu
 
     path = Path(folder) / "profile.yaml"
     doc = yaml.safe_load(path.read_text())
@@ -194,7 +192,6 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, Any], *, match: dict[s
         doc["match"] = match
     doc.update(extra)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from tuner.core.files import write_atomic
 
     write_atomic(path, yaml.safe_dump(doc, sort_keys=False, width=110))
 

@@ -27,6 +27,10 @@ from tuner.calibrate.comparison import compare_loads, compare_startups
 from tuner.calibrate.points import LoadPoint, Startup, point_name
 from tuner.core.errors import InputError
 from tuner.serving.config import Deployment
+from tuner.calibrate.noise import measurement_noise, replicate_pairs
+from tuner.calibrate.points import load_points
+from tuner.calibrate.profile import fit
+from tuner.core.yamlfile import read_yaml
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "calibration"
 #: The committed result of the check, and the two profiles it compared.
@@ -115,9 +119,6 @@ def fit_on(rows: Sequence[dict[str, Any]], deployment: Deployment, *, exclude: S
     """``tuner calibrate``'s fit (:func:`tuner.calibrate.fit`) on every load point and start
     of ``rows`` but ``exclude``: one start from the class table, the run-to-run noise from the
     rows' own replicate starts. Returns the :class:`~tuner.calibrate.FitResult`."""
-    from tuner.calibrate.noise import measurement_noise, replicate_pairs
-    from tuner.calibrate.points import load_points
-    from tuner.calibrate.profile import fit
 
     names = [point_name(p) for p in load_points(rows) if point_name(p) not in set(exclude)]
     noise = measurement_noise(rows, pairs=replicate_pairs(rows, exclude))
@@ -128,7 +129,6 @@ def fit_on(rows: Sequence[dict[str, Any]], deployment: Deployment, *, exclude: S
 def read_transfer(path: str | Path = TRANSFER_FILE) -> dict[str, TransferError]:
     """The committed transfer errors by direction (``h200_to_h100``, ``h100_to_h200``, and the
     Hopper class table on the H100's points, ``hopper_table_on_h100``)."""
-    from tuner.core.yamlfile import read_yaml
 
     doc = read_yaml(path, what="transfer check")
     data = doc.data.get("directions") if isinstance(doc.data, dict) else None

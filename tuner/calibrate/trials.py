@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.calibrate.probes import synthetic
+from tuner.sim.memory import plan_memory
+from tuner.sim.model import load_model
+from tuner.calibrate.probes import label
 
 if TYPE_CHECKING:
     from tuner.traffic.workload import Workload
@@ -32,7 +36,6 @@ class Probe:
 
     @property
     def label(self) -> str:
-        from tuner.calibrate.probes import label
 
         return label(self.workload, self.load)
 
@@ -64,7 +67,6 @@ def calibration_workload(n: int, *, seed: int = WORKLOAD_SEED, offset: int = 0) 
     """``n`` requests (rows ``offset .. offset+n`` of one seeded sequence) with uniform
     prompt and output lengths (:data:`PROMPT_RANGE`, :data:`OUTPUT_RANGE`); arrivals are
     all 0 (closed-loop loads ignore them). The ``uniform`` shape of :mod:`tuner.calibrate.probes`."""
-    from tuner.calibrate.probes import synthetic
 
     return synthetic("uniform", n, seed=seed, offset=offset)
 
@@ -82,7 +84,6 @@ def requests_for(users: int, eager: bool) -> int:
 def _gmu_for_kv(deployment: Deployment, config: ServeConfig, kv_bytes: float) -> float:
     """The gpu_memory_utilization whose planned KV memory is about ``kv_bytes`` (bisection
     on :func:`tuner.sim.memory.plan_memory`, rounded to 0.005)."""
-    from tuner.sim.memory import plan_memory
 
     lo, hi = 0.01, 0.99
     for _ in range(40):
@@ -97,8 +98,6 @@ def design_trials(deployment: Deployment, *, max_model_len: int = 4096) -> list[
     (a lease that ends early still has the anchors). gpu_memory_utilization values that
     depend on the GPU's size (the KV-limited point, the refusal) are solved with the
     memory planner so the design carries over to other GPUs."""
-    from tuner.sim.memory import plan_memory
-    from tuner.sim.model import load_model
 
     model = load_model(deployment.model)
     mml = max_model_len

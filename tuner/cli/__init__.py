@@ -12,6 +12,7 @@ import typer
 
 from tuner.cli.app import app
 from tuner.core.errors import TunerError, TunerWarning
+from tuner.runtime.interrupts import handle_signals, hold_signals
 
 def _register(argv: list[str] | None = None) -> None:
     """Each module adds its commands to `app` on import: the one ``argv`` names, else all."""
@@ -27,7 +28,6 @@ def main(argv: list[str] | None = None) -> None:
     the exit status is 128 + the signal (130, 143, 129). A reader of stdout that went away
     (``tuner ... | head``) ends it as ``cat`` ends: quietly, by SIGPIPE (141 in the shell).
     Whatever the exit, no server this process started is left running."""
-    from tuner.runtime.interrupts import handle_signals, hold_signals
 
     argv = _debug_anywhere(list(sys.argv[1:] if argv is None else argv))
     _one_line_warnings()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import typer
+from tuner.serving.config import DEFAULT_VLLM_VERSION
 
 app = typer.Typer(
     name="tuner",
@@ -37,7 +38,6 @@ def _version(shown: bool) -> None:
     from importlib.metadata import version
 
     from tuner import __version__
-    from tuner.serving.config import DEFAULT_VLLM_VERSION
 
     typer.echo(f"tuner {__version__} (simulates vLLM {DEFAULT_VLLM_VERSION} by default; Python "
                f"{platform.python_version()}, optuna {version('optuna')})")

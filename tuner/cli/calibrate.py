@@ -11,6 +11,8 @@ from tuner.cli.app import app
 from tuner.cli.options import CalibrationBackend, backend_option, old_spelling, renamed, vllm_cmd_option
 from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
+from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment
+from tuner.core.units import parse_seconds
 
 
 class _Lines(Bar):
@@ -101,11 +103,9 @@ def calibrate(
         replicate_pairs,
         write_profile,
     )
-    from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment
     from tuner.sim.calibration import profile_section
     from tuner.sim.hardware import get_gpu
 
-    from tuner.core.units import parse_seconds
 
     timeout = renamed(timeout, budget_s, "--budget-s")
     seconds = parse_seconds(timeout, what="--timeout") if timeout else None

@@ -9,6 +9,8 @@ import typer
 
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, storage_option
+from tuner.cli.output import console, fit, table
+from tuner.core.urls import redact
 
 
 @app.command("doctor", short_help="Show what tuner left running and whether studies are sound.")
@@ -29,8 +31,6 @@ def doctor_cmd(
       tuner doctor
       tuner doctor --kill-stale
     """  # noqa: E501
-    from tuner.cli.output import console, fit, table
-    from tuner.core.urls import redact
     from tuner.ops.doctor import diagnose, stop_stale
 
     d = diagnose(storage=storage)

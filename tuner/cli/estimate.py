@@ -19,6 +19,7 @@ from tuner.serving.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
 from tuner.traffic.workload import Request, Workload
+from tuner.runtime.progress import observer_or_headless
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -68,7 +69,6 @@ def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
     """One simulated run per load; rows with tuner's aggregates (seconds) and the same under
     ``vllm bench serve``'s names (:func:`tuner.serving.result.bench_fields`, milliseconds).
     ``observer`` sees a phase a load (``None``: headless)."""
-    from tuner.runtime.progress import observer_or_headless
     from tuner.serving.result import bench_fields
     from tuner.sim.engine import simulate  # the engine module arrives separately
 

@@ -11,6 +11,8 @@ from tuner.cli.options import storage_option
 
 from tuner.cli.app import app
 from tuner.report.export import TABLES, formats
+from tuner.cli.storage import study_argument
+from tuner.core.errors import InputError
 
 #: The formats this installation can write (Parquet needs pyarrow), as --format's choices.
 Format = Enum("Format", {f: f for f in formats()}, type=str)  # type: ignore[misc]
@@ -50,8 +52,6 @@ def export_cmd(
       tuner export NAME --format json --out trials.json
       tuner export --out - | head
     """
-    from tuner.cli.storage import study_argument
-    from tuner.core.errors import InputError
     from tuner.report.export import export, table, to_bytes
 
     kind, fmt_name = what.value, fmt.value

@@ -9,6 +9,8 @@ from typing import Any
 
 from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
+from tuner.cli._knobs import pins
+from tuner.serving.demand import parse_fraction
 
 #: Options of ``tuner plan`` that describe one configuration or a study; a fleet file says
 #: those per kind. Option -> what to do instead.
@@ -55,10 +57,8 @@ class FleetBar(Bar):
 
 def fleet_cmd(fleet: str, values: dict[str, Any], knob_flags: dict[str, Any]) -> None:
     """``tuner plan --fleet``: ``values`` are ``tuner plan``'s options as given."""
-    from tuner.cli._knobs import pins
     from tuner.fleet.inventory import read_fleet
     from tuner.fleet.planner import plan_fleet
-    from tuner.serving.demand import parse_fraction
     from tuner.serving.slo import split_slos
 
     for name, why in _CONFLICTS.items():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
+from tuner.cli.output import fit, table
+from tuner.cli.output import console
 
 if TYPE_CHECKING:
     from tuner.fleet.record import FleetPlan, KindPlan
@@ -29,7 +31,6 @@ def flags_text(cfg: dict[str, Any] | None) -> str:
 
 
 def kinds_table(plan: FleetPlan, out: Any) -> Any:
-    from tuner.cli.output import fit, table
 
     tbl = table()
     # 80 columns hold the nine columns whole: short headers, "any" for a kind one can rent without limit
@@ -79,7 +80,6 @@ def truth_lines(k: KindPlan) -> list[str]:
 
 
 def options_table(plan: FleetPlan, out: Any) -> Any:
-    from tuner.cli.output import fit, table
 
     tbl = table()
     for col in ("#", "deployment", "GPUs", "cost/h", "holds/min", "within bands", "why"):
@@ -92,7 +92,6 @@ def options_table(plan: FleetPlan, out: Any) -> Any:
 
 
 def print_plan(plan: FleetPlan) -> None:
-    from tuner.cli.output import console
 
     out = console()
     say = lambda text="": out.print(text, markup=False, highlight=False)  # noqa: E731

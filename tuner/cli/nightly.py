@@ -16,6 +16,8 @@ from tuner.cli.options import (
     vllm_cmd_option,
 )
 from tuner.core.errors import InputError
+from tuner.core.units import parse_seconds
+from tuner.cli.progress import Bar
 
 
 
@@ -60,7 +62,6 @@ def nightly_cmd(
 ) -> None:
     from tuner.cli.search import backend_options, deployment_changes
     from tuner.cli.trace import bad_rows_advice
-    from tuner.core.units import parse_seconds
     from tuner.ops.nightly import (
         RegressionDetected,
         latest_window,
@@ -89,7 +90,6 @@ def nightly_cmd(
     workload = prepared.workload
     if window:
         workload = latest_window(workload, parse_seconds(window, what="--window"))
-    from tuner.cli.progress import Bar
 
     with Bar("trials", trials, best=True) as progress:
         outcome = run_nightly(prepared.space, workload, backend=backend,

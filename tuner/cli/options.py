@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from tuner.core.errors import InputError
 
 
 
@@ -50,7 +51,6 @@ FLAG_OF = {"timeout_s": "--timeout", "target_ttft_s": "--target-ttft", "slo": "-
 def as_flag(err: Exception) -> Exception:
     """A library error as the command line says it: an :class:`InputError` that names its
     argument (``budget must be >= 1``) names the flag instead (``--budget must be >= 1``)."""
-    from tuner.core.errors import InputError
 
     argument = getattr(err, "argument", None)
     if not isinstance(err, InputError) or not argument or argument.startswith("-"):

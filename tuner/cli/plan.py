@@ -23,14 +23,18 @@ from tuner.cli.options import (
 )
 from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS
+from tuner.cli._knobs import build_deployment_config
+from tuner.serving.config import DEFAULT_VLLM_VERSION
+from tuner.cli.storage import readable_storage
+from tuner.serving.demand import parse_fraction
+from tuner.cli.progress import Runs
+from tuner.cli.output import console, fit, table
 
 #: The options that describe a configuration (a deployment and every knob of tuner.core.knobs).
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))  # noqa: E501
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
-    from tuner.cli._knobs import build_deployment_config
-    from tuner.serving.config import DEFAULT_VLLM_VERSION
     from tuner.sim.hardware import get_gpu
 
     tp, replicas = (1 if v[k] is None else v[k] for k in ("tensor_parallel_size", "replicas"))
@@ -150,9 +154,7 @@ def plan_cmd(
     import tuner
     from tuner.cli.estimate import parse_list
     from tuner.cli.search import backend_options
-    from tuner.cli.storage import readable_storage
     from tuner.plan import Figures, Sweep
-    from tuner.serving.demand import parse_fraction
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
@@ -180,7 +182,6 @@ def plan_cmd(
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, api_key_file=api_key_file)
     from tuner.cli.trace import bad_rows_advice
 
-    from tuner.cli.progress import Runs
 
     # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions and
     # the runs between the last load that held and the first that broke grow the total
@@ -219,7 +220,6 @@ def _write_files(est: Any, out: str | None) -> Any:
 
 
 def _print(est: Any, paths: Any) -> None:
-    from tuner.cli.output import console, fit, table
     from tuner.plan import summary_rows, sweep_rows, workload_line
     from tuner.serving.slo import parse_slo
 

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tuner.runtime.progress import Observer
+from tuner.core.urls import redact
 
 
 def shown() -> bool:
@@ -19,7 +20,6 @@ def shown() -> bool:
 
 def warn(text: str) -> None:
     """One line on stderr, as every tuner message (credentials masked)."""
-    from tuner.core.urls import redact
 
     print(f"tuner: warning: {redact(text)}", file=sys.stderr, flush=True)
 
@@ -111,7 +111,6 @@ class Bar(Observer):
         self._set(completed=finished if total is None else min(finished, total), best=text, phase="")
 
     def on_warning(self, text: str) -> None:
-        from tuner.core.urls import redact
 
         if self.progress.disable:
             warn(text)

@@ -6,6 +6,8 @@ import typer
 from tuner.cli.options import storage_option
 
 from tuner.cli.app import app
+from tuner.cli.storage import study_argument
+from tuner.cli.progress import Bar
 
 
 @app.command("report", short_help="Write a study's HTML report and its figures as PNG files.")
@@ -36,11 +38,9 @@ def report_cmd(
       tuner report NAME --out /tmp/report
       tuner report NAME --storage postgresql://db/tuner
     """
-    from tuner.cli.storage import study_argument
     from tuner.plots import CAPTIONS
     from tuner.report.html import write_report
 
-    from tuner.cli.progress import Bar
 
     st = study_argument(study, storage, "report")
     with Bar("report", None) as progress:  # no hooks inside: a spinner and the time spent

@@ -21,6 +21,11 @@ from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.study.record import TrialRecord
+from tuner.core.units import parse_seconds
+from tuner.core.urls import read_api_key
+from tuner.runtime.interrupts import alarm
+from tuner.core.urls import redact, redact_value
+from tuner.cli.output import console
 
 def deployment_changes(*, model: str | None = None, quantization: str | None = None,
                        gpu: str | None = None, gpus: str | None = None) -> dict[str, Any]:
@@ -46,8 +51,6 @@ def backend_options(backend: str, *, vllm_cmd: str | None = None,
     ``--startup-timeout`` (vllm) and ``--request-timeout`` (vllm, endpoint) as durations;
     the endpoint's API key from ``--api-key-file`` or the environment
     (:func:`tuner.core.urls.read_api_key`: ``OPENAI_API_KEY``, ``VLLM_API_KEY``)."""
-    from tuner.core.units import parse_seconds
-    from tuner.core.urls import read_api_key
 
     if api_key_file and backend != "endpoint":
         raise InputError(f"--api-key-file is for --backend endpoint, not {backend}",
@@ -148,8 +151,6 @@ def search_cmd(
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
     from tuner.cli.trace import bad_rows_advice
-    from tuner.core.units import parse_seconds
-    from tuner.runtime.interrupts import alarm
     from tuner.search import SearchSettings
     from tuner.search.workflow import search as run_search
     from tuner.serving.slo import SloSet
@@ -189,7 +190,6 @@ def search_cmd(
 
 def _report(outcome: Any, objective: str) -> dict[str, Any]:
     """What ``tuner search`` says of a run: its study, trials, the best (or the closest miss)."""
-    from tuner.core.urls import redact, redact_value
     from tuner.study import closest_miss, error_totals, miss_explanation, recommendation
 
     dep, best = outcome.deployment, outcome.best
@@ -240,7 +240,6 @@ def _raise_for_end(outcome: Any, report: dict[str, Any], budget: int, confirm: i
 
 
 def _print_report(report: dict[str, Any]) -> None:
-    from tuner.cli.output import console
     from tuner.serving.result import describe_errors
 
     out = console()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuner.core.errors import InputError
+from tuner.core.urls import redact
 
 if TYPE_CHECKING:
     import optuna
@@ -19,7 +20,6 @@ def readable_storage(storage: str | None) -> None:
         return
     import optuna
 
-    from tuner.core.urls import redact
     from tuner.study.locks import driver_url, sqlite_path
     from tuner.study.storage import storage_open_error
 

@@ -12,6 +12,10 @@ from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 from tuner.cli.output import console, fit, print_json, table
 from tuner.serving.slo import OBJECTIVES, value_text
 from tuner.study.record import StudyRecord, TrialRecord
+from tuner.serving.config import Deployment
+from tuner.cli.storage import readable_storage
+from tuner.core.urls import redact
+from tuner.core.urls import redact_value
 
 if TYPE_CHECKING:
     import optuna
@@ -31,7 +35,6 @@ app.add_typer(studies_app, name="studies", short_help="List the studies, or show
 
 def deployment_of(study: optuna.Study) -> Deployment:
     """The deployment ``tuner search`` stamped on the study (the default one when none)."""
-    from tuner.serving.config import Deployment
 
     return StudyRecord.from_study(study).deployment or Deployment()
 
@@ -194,8 +197,6 @@ def studies_list(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from tuner.cli.storage import readable_storage
-    from tuner.core.urls import redact
     from tuner.study import list_studies
 
     readable_storage(storage)
@@ -304,8 +305,6 @@ def studies_show(
 ) -> None:
     from optuna.trial import TrialState
 
-    from tuner.cli.storage import readable_storage
-    from tuner.core.urls import redact_value
     from tuner.serving.result import describe_errors
     from tuner.study import (
         best_feasible_trial,

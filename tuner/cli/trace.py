@@ -14,6 +14,8 @@ from tuner.cli.options import Output
 from tuner.core.errors import InputError
 from tuner.traffic import READERS, load_trace, trace_stats
 from tuner.traffic.workload import Workload
+from tuner.cli.output import console, fit
+from tuner.cli.output import table as make_table
 
 trace_app = typer.Typer(
     help=(
@@ -80,8 +82,6 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def render_stats(stats: dict) -> None:
-    from tuner.cli.output import console, fit
-    from tuner.cli.output import table as make_table
 
     est = " (estimated)" if stats["estimated_tokens"] else ""
     out = console()

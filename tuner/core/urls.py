@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
+from tuner.core.errors import InputError
 
 #: ``scheme://user:password@host`` or ``scheme://token@host``.
 _USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s?#]+)@")
@@ -71,7 +72,6 @@ def read_api_key(path: str | Path | None = None, environ: Mapping[str, str] | No
     """The API key in ``path`` (one line; surrounding whitespace dropped), else the first
     of :data:`API_KEY_ENV` set in ``environ`` (default ``os.environ``), else ``None``.
     A bad file is an :class:`~tuner.core.errors.InputError` that never quotes its content."""
-    from tuner.core.errors import InputError
 
     if path is not None:
         p = Path(path).expanduser()

@@ -6,6 +6,7 @@ import dataclasses
 import reprlib
 from collections.abc import Mapping
 from typing import Any, TypeVar
+from tuner.core.errors import InputError
 
 T = TypeVar("T")
 
@@ -31,7 +32,6 @@ def replaced(base: T, value: T | Mapping[str, Any] | None, argument: str) -> T:
     ``value`` changes, or ``base`` for ``None``: how the API takes ``deployment=`` and
     ``workload=`` (an object, or a dict of changes as a convenience). Anything else, or a
     key that is not a field, is one :class:`~tuner.core.errors.InputError` naming ``argument``."""
-    from tuner.core.errors import InputError
 
     kind = type(base)
     if value is None:

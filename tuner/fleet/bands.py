@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import InputError
+from tuner.calibrate.transfer import read_transfer
+from tuner.sim.calibration import profile_section
+from tuner.sim.calibration import DATA_DIR, find_profile, gpu_class, load_calibration
+from tuner.sim.hardware import get_gpu
 
 #: Volta's table fitted on article 004: tokens/s within -18 % .. +5 % of the article's seven
 #: rows (tuner/data/calibration/volta.yaml); its worst row is its band's floor.
@@ -70,7 +74,6 @@ def _gate_band(folder: Path, *, eager: bool, closed: bool) -> tuple[float, float
 
 
 def _transfer() -> dict[str, Any]:
-    from tuner.calibrate.transfer import read_transfer
 
     return read_transfer()
 
@@ -85,7 +88,6 @@ def _worst_transfer() -> tuple[float, float, float, str]:
 
 
 def _user_band(path: str) -> Band:
-    from tuner.sim.calibration import profile_section
 
     errors = profile_section(path, "fit").get("errors") or {}
     which = "check" if errors.get("check") else "fit"
@@ -105,8 +107,6 @@ def band_for(gpu_name: str, vllm_version: str, *, calibration: str | None = None
     """The band of ``gpu_name`` with ``vllm_version`` (a user's ``calibration`` profile, else
     the one the simulator finds, else the class table); ``eager`` and ``closed`` pick the
     fidelity groups of the configuration and traffic."""
-    from tuner.sim.calibration import DATA_DIR, find_profile, gpu_class, load_calibration
-    from tuner.sim.hardware import get_gpu
 
     gpu = get_gpu(gpu_name)
     path = calibration or find_profile(gpu.name, vllm_version)

@@ -8,6 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from tuner.fleet.record import units_of
+from tuner.fleet.solver import cheapest
+from tuner.core.files import write_atomic
+from tuner.plots import png_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -19,8 +23,6 @@ def fleet_figure(plan: FleetPlan, points: int = 60) -> Figure:
     """Cost an hour (y) against demand a minute (x) per kind and for the cheapest mix."""
     from matplotlib.figure import Figure
 
-    from tuner.fleet.record import units_of
-    from tuner.fleet.solver import cheapest
 
     units = units_of(plan.kinds, plan.demand_unit)
     top = max(plan.demand_per_min * 2.0, 1.0)
@@ -54,8 +56,6 @@ def fleet_figure(plan: FleetPlan, points: int = 60) -> Figure:
 
 def write_figure(plan: FleetPlan, path: str | Path) -> Path:
     """The figure as a PNG at ``path``."""
-    from tuner.core.files import write_atomic
-    from tuner.plots import png_bytes
 
     p = Path(path)
     write_atomic(p, png_bytes(fleet_figure(plan)))

@@ -26,6 +26,9 @@ from typing import Any
 from tuner.core.errors import InputError
 from tuner.core.values import is_int, is_number, shown
 from tuner.serving.config import DEFAULT_VLLM_VERSION, DTYPES, QUANTIZATIONS
+from tuner.core.yamlfile import read_yaml
+from tuner.core.versions import parse_version
+from tuner.sim.hardware import get_gpu
 
 #: Shipped fleet files (``--fleet NAME``), beside the shipped search spaces.
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "search_spaces" / "fleets"
@@ -113,7 +116,6 @@ def resolve_fleet_path(name_or_path: str | Path) -> Path:
 
 def read_fleet(name_or_path: str | Path) -> Fleet:
     """The fleet file at ``name_or_path`` (or a shipped one by name), every value checked."""
-    from tuner.core.yamlfile import read_yaml
 
     doc = read_yaml(resolve_fleet_path(name_or_path), what="fleet file")
     return _fleet(doc)
@@ -181,8 +183,6 @@ def _choice(value: Any, key: str, fail: Any, where: tuple[Any, ...] = ()) -> str
 
 
 def _kind(label: str, entry: Any, fail: Any) -> Kind:
-    from tuner.core.versions import parse_version
-    from tuner.sim.hardware import get_gpu
 
     where = ("kinds", label)
     if not isinstance(entry, dict):

@@ -17,6 +17,23 @@ from tuner.fleet.inventory import Fleet, Kind
 from tuner.fleet.record import KindPlan
 from tuner.fleet.truth import CURRENT, ceiling, facts, lines_for, refusals, serves_instead, wheels_run
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.sim.model import load_model
+from tuner.space import load_space
+from tuner.space.param import choice_param
+from tuner.sim.memory import plan_memory
+from tuner.runtime.progress import observer_or_headless
+from tuner.sim.hardware import get_gpu
+from tuner.search import workflow as search_pkg
+from tuner.search import SearchSettings
+from tuner.study import closest_miss, miss_explanation, trial_config
+from tuner.backends.sim import SimBackend
+from tuner.search import evaluate_config
+from tuner.serving.slo import SloSet
+from tuner.plan import Figures, Sweep, plan_capacity
+from tuner.search import serve_command
+from tuner.serving.load import Concurrency
+from tuner.sim.engine import simulate
+from tuner.traffic.synth import default_workload
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -42,7 +59,6 @@ class Traffic:
 
     @property
     def target_ttft_s(self) -> float:
-        from tuner.serving.slo import SloSet
 
         return float(SloSet.of(self.slos).target_ttft_s)  # type: ignore[arg-type]
 
@@ -57,9 +73,6 @@ def deployment_of(fleet: Fleet, kind: Kind, gpus: int = 1) -> Deployment:
 def space_for(fleet: Fleet, pins: dict[str, Any]) -> SearchSpace:
     """The fleet's search space, with the choices of max-model-len the model cannot take dropped
     (vLLM refuses a length above the model's; keeping them spends a small budget on refusals)."""
-    from tuner.sim.model import load_model
-    from tuner.space import load_space
-    from tuner.space.param import choice_param
 
     space = load_space(fleet.space)
     top = load_model(fleet.model).max_position_embeddings
@@ -96,8 +109,6 @@ def lenient(space: SearchSpace, model_max: int) -> ServeConfig:
 def _smallest_tp(fleet: Fleet, kind: Kind, cfg: ServeConfig) -> tuple[list[int], int | None, tuple[Any, ...]]:
     """Tensor-parallel sizes to consider (powers of two up to ``max_tp`` dividing the heads),
     the smallest one whose lenient configuration starts, and the refusals at the largest."""
-    from tuner.sim.memory import plan_memory
-    from tuner.sim.model import load_model
 
     heads = load_model(fleet.model).num_heads
     tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= kind.max_tp and heads % t == 0]
@@ -114,7 +125,6 @@ def _smallest_tp(fleet: Fleet, kind: Kind, cfg: ServeConfig) -> tuple[list[int],
 def plan_kind(fleet: Fleet, kind: Kind, traffic: Traffic, *, storage: str | None, observer: Observer | None = None,
               budget: int | None = None) -> KindPlan:
     """The kind's truth, band, best flags and layout, and one engine's capacity (see the module)."""
-    from tuner.runtime.progress import observer_or_headless
 
     obs = observer_or_headless(observer)
     clock, timings = time.process_time(), {}
@@ -140,8 +150,6 @@ def _truth(fleet: Fleet, kind: Kind, space: SearchSpace) -> tuple[KindPlan, Kind
     that starts (None, with vLLM's refusals and what the box serves instead, when none does).
     A bfloat16 checkpoint that the kind's vLLM refuses with ``dtype auto`` (before 0.9 below
     compute capability 8.0) is planned in float16, as vLLM's message says, with a note."""
-    from tuner.sim.hardware import get_gpu
-    from tuner.sim.model import load_model
 
     gpu, model = get_gpu(kind.gpu), load_model(fleet.model)
     loose = lenient(space, model.max_position_embeddings)
@@ -165,9 +173,6 @@ def _truth(fleet: Fleet, kind: Kind, space: SearchSpace) -> tuple[KindPlan, Kind
 
 def _search(fleet: Fleet, kind: Kind, traffic: Traffic, space: SearchSpace, tp: int, storage: str | None,
             budget: int, obs: Observer) -> dict[str, Any]:
-    from tuner.search import workflow as search_pkg
-    from tuner.search import SearchSettings
-    from tuner.study import closest_miss, miss_explanation, trial_config
 
     dep = deployment_of(fleet, kind, tp)
     fields = {f.name: getattr(dep, f.name) for f in dataclasses.fields(dep) if f.name != "gpu_ids"}
@@ -190,8 +195,6 @@ def _wider(fleet: Fleet, kind: Kind, traffic: Traffic, found: dict[str, Any], tp
            obs: Observer) -> tuple[ServeConfig, int, tuple[str, ...]]:
     """The search's flags at each larger tensor-parallel size while it gives more tokens/s a GPU
     (the search's own goodput measurement on its requests; the search's value at its own size)."""
-    from tuner.backends.sim import SimBackend
-    from tuner.search import evaluate_config
 
     best: ServeConfig = found["best"]
     tp0 = best.tensor_parallel_size
@@ -212,19 +215,12 @@ def _wider(fleet: Fleet, kind: Kind, traffic: Traffic, found: dict[str, Any], tp
 
 
 def _slo_set(traffic: Traffic) -> Any:
-    from tuner.serving.slo import SloSet
 
     return SloSet.of(traffic.slos)
 
 
 def _capacity(fleet: Fleet, kind: Kind, traffic: Traffic, base: KindPlan, cfg: ServeConfig, found: dict[str, Any],
               tp_notes: tuple[str, ...], timings: dict[str, float], clock: float, obs: Observer) -> KindPlan:
-    from tuner.plan import Figures, Sweep, plan_capacity
-    from tuner.search import serve_command
-    from tuner.serving.load import Concurrency
-    from tuner.sim.engine import simulate
-    from tuner.sim.memory import plan_memory
-    from tuner.traffic.synth import default_workload
 
     tp = cfg.tensor_parallel_size
     dep = deployment_of(fleet, kind, tp)

@@ -17,6 +17,10 @@ from tuner.fleet.inventory import Fleet, read_fleet
 from tuner.fleet.kinds import Traffic, plan_kind
 from tuner.fleet.record import FleetPlan, KindPlan, units_of, write_fleet
 from tuner.fleet.solver import most_capacity, options
+from tuner.study.storage import STUDIES_DIR
+from tuner.runtime.progress import observer_or_headless
+from tuner.serving.demand import parse_demand
+from tuner.serving.slo import SloSet, split_slos
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -25,7 +29,6 @@ if TYPE_CHECKING:
 
 def default_folder(fleet: Fleet) -> Path:
     """Where a fleet's studies, record and figure go: ``studies/fleet-<name>/``."""
-    from tuner.study.storage import STUDIES_DIR
 
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in fleet.name)
     return Path(STUDIES_DIR) / f"fleet-{safe}"
@@ -46,9 +49,6 @@ def plan_fleet(fleet: Fleet | str | Path, demand: str | float, *, slos: Sequence
     ``sqlite:///<folder>/studies.db``), the record and figure to ``folder`` (default
     ``studies/fleet-<name>/``) unless ``files`` is False. ``observer`` sees each kind's search
     and sweep (None: headless)."""
-    from tuner.runtime.progress import observer_or_headless
-    from tuner.serving.demand import parse_demand
-    from tuner.serving.slo import SloSet, split_slos
 
     t0, c0 = time.perf_counter(), time.process_time()
     fl = fleet if isinstance(fleet, Fleet) else read_fleet(fleet)

@@ -15,6 +15,7 @@ from tuner.core.jsonsafe import json_safe
 from tuner.fleet.bands import Band
 from tuner.fleet.solver import Mix, Unit
 from tuner.fleet.truth import Ceiling, LineSupport, Refusal
+from tuner.core.files import write_atomic
 
 SCHEMA_VERSION = 1
 RECORD = "fleet-plan.json"
@@ -166,7 +167,6 @@ def units_of(kinds: tuple[KindPlan, ...] | list[KindPlan], unit: str) -> list[Un
 
 def write_fleet(plan: FleetPlan, folder: str | Path) -> Path:
     """The record as ``<folder>/fleet-plan.json`` (atomically); returns the path."""
-    from tuner.core.files import write_atomic
 
     path = Path(folder) / RECORD
     path.parent.mkdir(parents=True, exist_ok=True)

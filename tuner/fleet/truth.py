@@ -21,6 +21,13 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import ConfigRejected
 from tuner.core.versions import parse_version
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.sim.memory.support import NO_SM70_WHEELS_SINCE
+from tuner.sim.memory.defaults import uses_v1_engine
+from tuner.sim.memory.support import attention_backend
+from tuner.sim.model import load_model, preset_names
+from tuner.sim.hardware import get_gpu
+from tuner.sim.memory import plan_memory
+from tuner.sim.memory.support import MIN_CAPABILITY
 
 if TYPE_CHECKING:
     from tuner.sim.hardware import GPU
@@ -88,15 +95,12 @@ class Ceiling:
 
 def wheels_run(gpu: GPU, version: str) -> bool:
     """Whether the official wheels of ``version`` carry kernels for the GPU."""
-    from tuner.sim.memory.support import NO_SM70_WHEELS_SINCE
 
     return not (gpu.cc < 75 and parse_version(version) >= NO_SM70_WHEELS_SINCE) and gpu.cc >= 70
 
 
 def lines_for(gpu: GPU, head_dim: int = 128) -> tuple[LineSupport, ...]:
     """Each vLLM line on ``gpu``: whether its wheels run, the engine and attention backend."""
-    from tuner.sim.memory.defaults import uses_v1_engine
-    from tuner.sim.memory.support import attention_backend
 
     out = []
     for line in LINES:
@@ -116,7 +120,6 @@ def _wheel_message(gpu: GPU, version: str) -> str:
 
 def _gptq_twin(dep: Deployment) -> Deployment | None:
     """The same model in GPTQ int4: its ``-gptq`` preset, or GPTQ weights of a 16-bit checkpoint."""
-    from tuner.sim.model import load_model, preset_names
 
     if dep.model.endswith("-awq"):
         twin = dep.model[: -len("-awq")] + "-gptq"
@@ -125,7 +128,6 @@ def _gptq_twin(dep: Deployment) -> Deployment | None:
 
 
 def _tried(dep: Deployment, cfg: ServeConfig) -> str:
-    from tuner.sim.model import load_model
 
     quant = dep.quantization or load_model(dep.model).quantization or "16-bit"
     return (f"{dep.model} ({quant} weights, dtype {dep.dtype}), TP {cfg.tensor_parallel_size}, gpu-memory-utilization "
@@ -138,8 +140,6 @@ def refusals(dep: Deployment, cfg: ServeConfig, versions: tuple[str, ...]) -> tu
     the wheels, then the planner's checks (quantisation, dtype, attention, memory). A
     quantisation refused is tried again with the next method that runs there (AWQ -> GPTQ:
     the same 4-bit arithmetic, minimum capability 6.0) to show what would refuse next."""
-    from tuner.sim.hardware import get_gpu
-    from tuner.sim.memory import plan_memory
 
     gpu, out = get_gpu(dep.gpu), []
     for version in dict.fromkeys(versions):
@@ -174,8 +174,6 @@ def serves_instead(dep: Deployment, cfg: ServeConfig) -> str | None:
     """The largest shipped model preset that starts on ``dep``'s GPU and version with ``cfg``
     and holds at least one max-length request (16-bit, or GPTQ int4 where it is not already
     quantised), as a line; None when none does."""
-    from tuner.sim.memory import plan_memory
-    from tuner.sim.model import load_model, preset_names
 
     best: tuple[int, str] | None = None
     for name in preset_names():
@@ -204,7 +202,6 @@ def ceiling(plan: MemoryPlan) -> Ceiling:
 
 def facts(gpu: GPU) -> dict[str, Any]:
     """bf16, FP8 and the quantisation methods on this GPU (current vLLM's minimums)."""
-    from tuner.sim.memory.support import MIN_CAPABILITY
 
     cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
     fp8 = ("native W8A8" if gpu.cc >= 89 else "weight-only (Marlin)" if gpu.cc >= 75 else "no")

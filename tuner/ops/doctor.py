@@ -26,6 +26,11 @@ from typing import Any
 import psutil
 
 from tuner.runtime.processes import ServerProcess, marked_processes, stop_group
+from tuner.study.locks import StudyLock
+from tuner.study.sqlite_file import StudyFileFault, check
+from tuner.core.urls import redact
+from tuner.study import own_studies
+from tuner.study.storage import optuna_storage
 
 #: Free space under which the studies' disk is reported (a trial writes a few kB; logs more).
 LOW_DISK_BYTES = 512 * 2**20
@@ -113,8 +118,6 @@ def _gpu_holders(ours: set[int]) -> tuple[list[dict[str, Any]], str | None]:
 def check_sqlite(db: Path) -> StudyHealth:
     """Integrity, stale RUNNING trials, leftover locks, WAL size and free space of one file;
     an empty or foreign file is named (:func:`tuner.study.sqlite_file.check`)."""
-    from tuner.study.locks import StudyLock
-    from tuner.study.sqlite_file import StudyFileFault, check
 
     health = StudyHealth(path=str(db), ok=True, integrity="not checked")
     try:
@@ -178,9 +181,6 @@ def check_storage(url: str) -> StudyHealth:
     """A server database: can it be reached, and which studies does it hold."""
     import optuna
 
-    from tuner.core.urls import redact
-    from tuner.study import own_studies
-    from tuner.study.storage import optuna_storage
 
     health = StudyHealth(path=redact(url), ok=True, integrity="server database")
     try:

@@ -42,6 +42,14 @@ from tuner.core.errors import InputError, TunerError
 from tuner.ops.night import LIKE_FACTOR, NIGHTS_ATTR, Night, nights, workload_difference
 from tuner.ops.nightly_report import write_nightly_report
 from tuner.study.record import TrialRecord
+from tuner.traffic.shape import window
+from tuner.search import backend_for, run_search
+from tuner.study import open_study, repeats
+from tuner.study.locks import StudyBusy, StudyLock
+from tuner.study.storage import default_storage, is_shared
+from tuner.study.workers import budget_used
+from tuner.search.settings import check_seed
+from tuner.study import is_feasible
 
 if TYPE_CHECKING:
 
@@ -84,7 +92,6 @@ def nightly_study_name(deployment: Deployment, space_name: str = "default", back
 
 def latest_window(workload: Workload, seconds: float) -> Workload:
     """The last ``seconds`` of a request log (``--window 24h``), rebased to 0."""
-    from tuner.traffic.shape import window
 
     if seconds <= 0:
         raise InputError(f"--window must be positive, got {seconds:g} s")
@@ -220,13 +227,7 @@ def run_nightly(
     ``backend_options``) or a backend."""
     import time
 
-    from tuner.search import backend_for, run_search
-    from tuner.study import open_study, repeats
-    from tuner.study.locks import StudyBusy, StudyLock
-    from tuner.study.storage import default_storage, is_shared
-    from tuner.study.workers import budget_used
 
-    from tuner.search.settings import check_seed
 
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
@@ -277,7 +278,6 @@ def run_nightly(
 
 
 def _feasible(trial: Any) -> bool:
-    from tuner.study import is_feasible
 
     return is_feasible(trial)
 

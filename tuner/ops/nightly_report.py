@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.ops.night import Night, workload_difference
+from tuner.core.files import write_atomic
 
 if TYPE_CHECKING:
     import optuna
@@ -50,7 +51,6 @@ def write_nightly_report(study: optuna.Study, verdict: Verdict, history: list[Ni
     report (``report.html``, :mod:`tuner.report.html`) in ``folder``; returns nightly.html."""
     folder.mkdir(parents=True, exist_ok=True)
     text = render_markdown(verdict, history, study.study_name)
-    from tuner.core.files import write_atomic
 
     write_atomic(folder / "nightly.md", text)
     write_atomic(folder / "nightly.json", json.dumps({

@@ -10,6 +10,8 @@ import numpy as np
 from tuner.serving.capacity import CapacityEstimate, ReplayedWorkload, SweepPoint
 from tuner.serving.slo import monotone_fit
 from tuner.study.storage import STUDIES_DIR
+from tuner.core.files import write_atomic
+from tuner.plots import png_bytes
 
 # -- reports ------------------------------------------------------------------------------
 def _fmt_range(est: CapacityEstimate, key: str, value: float | None, fmt: str) -> str:
@@ -137,8 +139,6 @@ def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     fig.suptitle(f"capacity at P95 TTFT ≤ {est.target_ttft_s:g} s: {est.max_load:.4g} "
                  f"{'users' if est.load_kind == 'concurrency' else 'req/s'}, {est.tokens_per_s:,.0f} tok/s")
     fig.tight_layout()
-    from tuner.core.files import write_atomic
-    from tuner.plots import png_bytes
 
     data = png_bytes(fig, dpi=110)
     plt.close(fig)
@@ -153,7 +153,6 @@ def write_plan_files(est: CapacityEstimate, out_dir: str | Path | None = None) -
     folder = Path(out_dir) if out_dir is not None else default_out_dir(est)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"plan-{est.target_ttft_s:g}s" + ("" if est.trial is None else f"-trial{est.trial}")
-    from tuner.core.files import write_atomic
 
     md = write_atomic(folder / f"{stem}.md", render_markdown(est))
     png = plot_plan(est, folder / f"{stem}.png")

@@ -26,6 +26,13 @@ from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.demand import Demand, parse_demand, requests_per_conversation
 from tuner.serving.slo import SloSet, split_slos
 from tuner.study.record import StudyRecord, TrialRecord
+from tuner.study import best_feasible_trial, is_feasible
+from tuner.search import get_backend_by_name
+from tuner.study import load_study_by_name, trial_config
+from tuner.core.units import parse_seconds
+from tuner.traffic.synth import default_workload
+from tuner.study.storage import storage_fault
+from tuner.search import EDGE_TOLERANCE, edge_width
 
 if TYPE_CHECKING:
     import optuna
@@ -67,7 +74,6 @@ class Figures:
 
 def _chosen_trial(st: optuna.Study, trial: int | None, notes: list[str]) -> FrozenTrial:
     """Trial ``trial`` of the study, or its best feasible trial."""
-    from tuner.study import best_feasible_trial, is_feasible
 
     if trial is None:
         chosen = best_feasible_trial(st)
@@ -119,7 +125,6 @@ def plan_capacity(
     feasible trial, or even the lowest load misses the target), ConfigRejected (the
     configuration does not start). The estimate is stored in the study unless ``store``
     is False or there is no study."""
-    from tuner.search import get_backend_by_name
 
     obs = observer_or_headless(observer)
     notes: list[str] = []
@@ -167,7 +172,6 @@ def _source(study: optuna.Study | str | None, storage: str | None, trial: int | 
             deployment: Deployment | None, sweep: Sweep, notes: list[str], *, want_workload: bool) -> _Source:
     """The configuration to plan: ``config`` as given, or trial ``trial`` of ``study`` (or
     the newest study; its best feasible trial), with the study's deployment and workload."""
-    from tuner.study import load_study_by_name, trial_config
 
     if config is not None:
         st = None
@@ -191,7 +195,6 @@ def _source(study: optuna.Study | str | None, storage: str | None, trial: int | 
 def _slo_set(target_ttft_s: float | str | None, slos: Sequence[str] | None, st: optuna.Study | None) -> SloSet:
     """The service levels planned for: the P95 TTFT target (given, the study's, else
     :data:`DEFAULT_TARGET_S`; a ``p95:ttft`` SLO overrides it) and the other SLOs."""
-    from tuner.core.units import parse_seconds
 
     if target_ttft_s is None:
         target_ttft_s = (StudyRecord.from_study(st).target_ttft_s if st is not None else None) or DEFAULT_TARGET_S
@@ -209,7 +212,6 @@ def _workload(workload: Workload | None, src: _Source, sweep: Sweep, obs: Observ
         return given(workload, src.studied, obs.on_warning)
     if src.workload is not None:
         return src.workload
-    from tuner.traffic.synth import default_workload
 
     n = sweep.requests or PLAN_REQUESTS
     return Chosen(default_workload(seed=sweep.seed, n=n), lambda s: default_workload(seed=s, n=n),
@@ -219,7 +221,6 @@ def _workload(workload: Workload | None, src: _Source, sweep: Sweep, obs: Observ
 def _stored(st: optuna.Study, est: CapacityEstimate) -> CapacityEstimate:
     """Store ``est`` on the study; a read-only study is read, planned, and left as it is
     (a note says so)."""
-    from tuner.study.storage import storage_fault
 
     try:
         store_plan(st, est)
@@ -317,7 +318,6 @@ def agreement(chosen: FrozenTrial, st: optuna.Study, est: CapacityEstimate, tole
     """One note setting the plan beside what the search measured on the same trial (the edge
     it located and its tokens/s there): they agree within the share both locate the edge to,
     or the note says why the two figures differ. None when the search recorded no edge."""
-    from tuner.search import EDGE_TOLERANCE, edge_width
 
     rec = TrialRecord.from_trial(chosen)
     kind = StudyRecord.from_study(st).load_kind or "concurrency"
@@ -347,7 +347,6 @@ def load_plan(study: optuna.Study | str, *, trial: int | None = None, target_ttf
     """The stored plan for ``trial`` at ``target_ttft_s`` (either may be left out: then
     the newest matching plan), or ``None``. ``study`` is an Optuna study or a name
     (:func:`tuner.serving.capacity.stored_plan` reads it)."""
-    from tuner.study import load_study_by_name
 
     st = load_study_by_name(study, storage) if isinstance(study, str) else study
     return stored_plan(st, trial=trial, target_ttft_s=target_ttft_s)

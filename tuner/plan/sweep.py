@@ -16,6 +16,8 @@ from tuner.core.errors import InputError, NoFeasibleConfig
 from tuner.serving.capacity import SweepPoint, max_load_meeting
 from tuner.serving.demand import Demand, conversations_per_min, cost_figures, replicas_needed
 from tuner.serving.slo import MAX_ERROR_RATE
+from tuner.search import EDGE_TOLERANCE, edge_width
+from tuner.search import load_for
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -115,7 +117,6 @@ class Sweeper:
         self.points: list[SweepPoint] = []
 
     def run(self, level: float, role: str) -> SweepPoint:
-        from tuner.search import load_for
 
         offered = level * self.time_scale if self.kind == "rate" else level
         load = load_for(self.kind, offered, self.workload, self.seed)
@@ -220,7 +221,6 @@ def locate(sw: Sweeper, curve: Callable[[], tuple[list[float], list[float]]], ta
     ``EDGE_TOLERANCE``; closed loop at least one user), or :data:`MAX_VERIFY_RUNS` are spent. The
     answer is always a load that was run and held: (that point, the fit's crossing,
     ``interpolated``, True)."""
-    from tuner.search import EDGE_TOLERANCE, edge_width
 
     tolerance = EDGE_TOLERANCE if tolerance is None else tolerance
     kind, first = sw.kind, True

@@ -20,6 +20,11 @@ import numpy as np
 from tuner.core.errors import InputError
 from tuner.study.record import StudyRecord, TrialRecord
 from tuner.study.storage import STUDIES_DIR
+from tuner.study import own_studies
+from tuner.space import LOAD_KINDS, load_space
+from tuner.traffic import load_trace
+from tuner.search import build_workload
+from tuner.traffic.synth import default_workload
 
 if TYPE_CHECKING:
     import optuna
@@ -37,7 +42,6 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
     the default), or the last created in ``storage``. InputError when there is none."""
     import optuna
 
-    from tuner.study import own_studies
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
@@ -113,7 +117,6 @@ def _study_spec(study: optuna.Study, studied: Studied) -> tuple[WorkloadSpec | N
     """The study's search space's workload section with the load kind the study ran
     (``tuner search --load`` changes it), and the space's name or path; ``None`` when
     the space cannot be read."""
-    from tuner.space import LOAD_KINDS, load_space
 
     stamp = StudyRecord.from_study(study)
     path = stamp.space_path or stamp.space
@@ -131,7 +134,6 @@ def _from_file(studied: Studied, candidates: Sequence[str], num_requests: int | 
     """The study's file: the first candidate whose rows (all, or the first
     ``num_requests``) are the study's requests; InputError naming both fingerprints when
     none is."""
-    from tuner.traffic import load_trace
 
     first = load_trace(candidates[0])
     for path in candidates:
@@ -166,8 +168,6 @@ def study_workload(study: optuna.Study, trial: Any, num_requests: int | None, se
     least :data:`PLAN_REQUESTS`) requests at the study's seed + ``seed``: a deliberate
     other sample of the same distribution, and the notes say so. InputError (plan would
     replay other requests than the study's) names both fingerprints and ``--trace``."""
-    from tuner.search import build_workload
-    from tuner.traffic.synth import default_workload
 
     studied = Studied.of(study, trial)
     spec, space = _study_spec(study, studied)

@@ -20,6 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.core.errors import InputError
+from tuner.plan import list_plans
+from tuner.study.analysis import SLO_COLUMNS, SWEEP_COLUMNS, plan_sweep
+from tuner.core.urls import redact
+from tuner.study.analysis import trials_frame
+from tuner.report.html import default_report_dir
+from tuner.core.files import write_atomic
 
 if TYPE_CHECKING:
     import optuna
@@ -43,8 +49,6 @@ def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
     the study holds no plan."""
     import pandas as pd
 
-    from tuner.plan import list_plans
-    from tuner.study.analysis import SLO_COLUMNS, SWEEP_COLUMNS, plan_sweep
 
     frames = []
     for key, est in sorted(list_plans(study).items(), key=lambda kv: kv[1].created):
@@ -61,8 +65,6 @@ def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
 
 def table(study: optuna.Study, what: str = "trials") -> pd.DataFrame:
     """The table ``what`` (one of :data:`TABLES`) of ``study``, every text cell masked."""
-    from tuner.core.urls import redact
-    from tuner.study.analysis import trials_frame
 
     if what not in TABLES:
         raise InputError(f"cannot export {what!r}", hint=f"choose one of {', '.join(TABLES)}")
@@ -91,7 +93,6 @@ def to_bytes(frame: pd.DataFrame, fmt: str = "csv") -> bytes:
 
 def default_path(study: optuna.Study, what: str, fmt: str) -> Path:
     """``studies/<study>/<what>.<fmt>``, beside the study's report."""
-    from tuner.report.html import default_report_dir
 
     return default_report_dir(study) / f"{what}.{fmt}"
 
@@ -99,7 +100,6 @@ def default_path(study: optuna.Study, what: str, fmt: str) -> Path:
 def export(study: optuna.Study, what: str = "trials", fmt: str = "csv", path: str | Path | None = None) -> Path:
     """Write the table ``what`` of ``study`` to ``path`` (default :func:`default_path`),
     whole or not at all; returns the path."""
-    from tuner.core.files import write_atomic
 
     data = to_bytes(table(study, what), fmt)
     target = Path(path) if path is not None else default_path(study, what, fmt)

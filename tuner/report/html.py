@@ -31,6 +31,10 @@ from tuner.study.analysis import best_trial, study_location, target_ttft_s, top_
 from tuner.study.effective import ANY
 from tuner.study.record import StudyRecord, TrialRecord
 from tuner.study.storage import STUDIES_DIR
+from tuner.search import serve_command
+from tuner.study import closest_miss, confirmation, miss_explanation, trial_config
+from tuner.study.race import confirmation_rows
+from tuner.plan import load_plan, summary_rows
 
 if TYPE_CHECKING:
     import optuna
@@ -122,9 +126,6 @@ def _pairs(rows: list[tuple[str, str]]) -> str:
 
 def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
     """The recommended trial (``best``, :func:`tuner.study.analysis.best_trial`) and why."""
-    from tuner.search import serve_command
-    from tuner.study import closest_miss, confirmation, miss_explanation, trial_config
-    from tuner.study.race import confirmation_rows
 
     if best is None:
         miss = closest_miss(study)
@@ -170,7 +171,6 @@ def _answer(study: optuna.Study, best: FrozenTrial | None) -> str:
 
 
 def _plan_section(study: optuna.Study) -> str:
-    from tuner.plan import load_plan, summary_rows
 
     est = load_plan(study)
     if est is None:

@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import BackendError, ConfigRejected, Disrupted, EnvironmentFault
 from tuner.core.knobs import KNOBS
 from tuner.study.record import TrialRecord
+from tuner.search.boundary import incumbent
+from tuner.replay.disruption import disruption
+from tuner.serving.load import Concurrency
 
 if TYPE_CHECKING:
     import optuna
@@ -136,7 +139,6 @@ def worked(rec: TrialRecord) -> bool:
 def control_of(study: optuna.Study, config: ServeConfig) -> tuple[int, ServeConfig] | None:
     """A configuration known to work on this machine, other than ``config``: the incumbent,
     else the study's first trial that measured."""
-    from tuner.search.boundary import incumbent
 
     best = incumbent(study)
     rec = TrialRecord.from_trial(best) if best is not None else None
@@ -292,8 +294,6 @@ class Referee:
     def _control(self, number: int, config: ServeConfig) -> tuple[Failure | None, float]:
         """Start trial ``number``'s configuration and replay a few requests: its failure
         (None when it served) and the GPU seconds it took."""
-        from tuner.replay.disruption import disruption
-        from tuner.serving.load import Concurrency
 
         self.observer.on_phase(f"control: starting trial {number}'s configuration")
         t0 = time.monotonic()

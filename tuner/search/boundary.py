@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from tuner.study.race import feasibility, prior_sd, ttft_sd, upper_p95
+from tuner.study.record import TrialRecord
+from tuner.study import is_confirmation, is_feasible
 
 
 def lowest_p95(rec: Any) -> float | None:
@@ -117,7 +119,6 @@ def doubtful(rec: Any) -> bool:
 def unsure(trial: Any) -> bool:
     """A trial that met the target only within the noise of a start (:func:`doubtful`): not
     the incumbent the next trials refine against."""
-    from tuner.study.record import TrialRecord
 
     return doubtful(TrialRecord.from_trial(trial))
 
@@ -125,7 +126,6 @@ def unsure(trial: Any) -> bool:
 def incumbent(study: Any) -> Any:
     """The best trial that met the target surely (not :func:`unsure`, not a confirmation
     repeat): what the next trials refine against and start their search at."""
-    from tuner.study import is_confirmation, is_feasible
 
     trials = [t for t in study.get_trials(deepcopy=False) if is_feasible(t) and not is_confirmation(t)
               and not unsure(t)]

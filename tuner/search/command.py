@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.backends.vllm_args import render_flags
+from tuner.sim.model import serve_model_name
 
 def serve_command(deployment: Deployment, config: ServeConfig) -> str:
     """The ``vllm serve`` command line of ``config`` for the deployment's vLLM version
@@ -10,8 +12,6 @@ def serve_command(deployment: Deployment, config: ServeConfig) -> str:
     server; max-num-seqs applies per replica there too)."""
     import shlex
 
-    from tuner.backends.vllm_args import render_flags
-    from tuner.sim.model import serve_model_name
 
     flags = render_flags(deployment, config, deployment.vllm_version, host="0.0.0.0", port=8000)
     argv = ["vllm", "serve", serve_model_name(deployment.model)]

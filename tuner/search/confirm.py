@@ -16,6 +16,14 @@ from tuner.serving.config import ServeConfig
 from tuner.study.headroom import kv_filled
 from tuner.study.race import Candidate, candidates, race
 from tuner.study.record import RunFacts, TrialRecord, write_confirmation
+from tuner.study.effective import trial_group
+from tuner.study import repeats
+from tuner.study.race import noise_floor
+from tuner.study import confirmation
+from tuner.study import is_feasible
+from tuner.study.workers import identity
+from tuner.study import confirmation_study
+from tuner.study import count_finished
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,7 +64,6 @@ def p95_of(rec: TrialRecord) -> float | None:
 def effective_key(rec: TrialRecord) -> str:
     """The configuration ``rec`` ran as the workload could tell it (:func:`tuner.study.effective.trial_group`:
     knobs without effect folded), or its whole configuration."""
-    from tuner.study.effective import trial_group
 
     return trial_group(rec, started=True)[0] or config_key(rec.config.to_dict())
 
@@ -106,8 +113,6 @@ def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None
     earlier trial are left out (no start of their own)."""
     from optuna.trial import TrialState
 
-    from tuner.study import repeats
-    from tuner.study.race import noise_floor
 
     groups: dict[str, list[float]] = {}
     records = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
@@ -147,7 +152,6 @@ def confirm_winner(study: optuna.Study, ctx: TrialContext, *, run_facts: RunFact
     (:mod:`tuner.search.blame`): a fault of the machine is measured again, never stored as the
     candidate's repeat (two in a row stop the race). Returns the Confirmation, or None with
     no feasible trial."""
-    from tuner.study import confirmation
 
     fresh = confirmation(study)
     if fresh is not None and fresh.rounds >= ctx.settings.confirm:
@@ -168,7 +172,6 @@ class ConfirmRace:
                  ) -> tuple[list[FrozenTrial], dict[int, TrialRecord]] | None:
         """The feasible trials of this run's own (same tags and workload, not copies or
         repeats) with every trial's record; None when there is none."""
-        from tuner.study import is_feasible
 
         trials = study.get_trials(deepcopy=False)
         records = {t.number: TrialRecord.from_trial(t) for t in trials}
@@ -213,7 +216,6 @@ class ConfirmRace:
         """(trial, round) -> the repeat an earlier run stored (the companion's trials)."""
         from optuna.trial import TrialState
 
-        from tuner.study import repeats
 
         return {(int(rec.confirm_of), int(rec.confirm_round or 0)): (t, rec)
                 for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(self.study))
@@ -268,7 +270,6 @@ class ConfirmRace:
         self.ctx.obs.on_phase(f"confirming trial {c.number}: repeat {r}/{self.rounds_of(r)}")
         from optuna.trial import TrialState
 
-        from tuner.study.workers import identity
 
         edge = self.records[c.number].edge
         start = edge.level if edge is not None and self.ctx.load_kind == "concurrency" else None
@@ -318,7 +319,6 @@ class ConfirmRace:
         ``create_trial``'s documented ``constraints``; no sampler reads the companion)."""
         from optuna.trial import TrialState, create_trial
 
-        from tuner.study import confirmation_study
 
         trial = self.by_number[c.number]
         complete = state == TrialState.COMPLETE
@@ -329,7 +329,6 @@ class ConfirmRace:
     def decide(self) -> Any:
         """Race in waves (a wave whose every candidate missed the target: the next-best),
         and store the decision as the study's ``confirmation``."""
-        from tuner.study import count_finished
 
         s, obs = self.ctx.settings, self.ctx.obs
 

@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.serving.config import ServeConfig
+from tuner.space import parse_layout
+from tuner.sim.memory import plan_memory
 
 if TYPE_CHECKING:
     from tuner.space import SearchSpace
@@ -15,7 +17,6 @@ def default_trials(space: SearchSpace) -> list[dict[str, Any]]:
     nearest value the space allows). A new TPE/GP study runs these first: it always holds
     the out-of-the-box answer to compare with, and its model starts from a sound point in
     every layout, the knob that matters most."""
-    from tuner.space import parse_layout
 
     out = []
     for layout in space.layout_choices:
@@ -51,7 +52,6 @@ def startable(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
     defaults into a space can make them refuse, e.g. max-num-batched-tokens below
     max-model-len without chunked prefill; a refused first trial would teach the sampler
     that the rest of it is infeasible). Unchanged when no single knob helps."""
-    from tuner.sim.memory import plan_memory
 
     def starts(candidate: dict[str, Any]) -> bool:
         try:

@@ -26,6 +26,11 @@ from tuner.search.trial import TrialObjective
 from tuner.search.window import trial_estimate
 from tuner.study import best_feasible_trial, confirmation, count_finished
 from tuner.study.record import TrialRecord
+from tuner.study.workers import Worker
+from tuner.study.recovery import requeue
+from tuner.study.sqlite_file import lost
+from tuner.study.locks import StudyLock
+from tuner.study.workers import budget_used
 
 if TYPE_CHECKING:
     import optuna
@@ -63,7 +68,6 @@ class SearchRun:
     # -- the run --------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
         """Trials until the budget is used (or ``--timeout``), the winner confirmed, the outcome."""
-        from tuner.study.workers import Worker
 
         self._endpoint_budget()
         s, st, dep = self.settings, self.study, self.ctx.deployment
@@ -104,7 +108,6 @@ class SearchRun:
 
     def _recover(self) -> None:
         """Trials a dead run left RUNNING, and configurations given up on, said once."""
-        from tuner.study.recovery import requeue
 
         for number in self.worker.leftovers:
             self.obs.on_warning(f"trial {number} was left RUNNING by a run that is gone: failed as interrupted "
@@ -186,7 +189,6 @@ class SearchRun:
 
     def after(self, st: optuna.Study, trial: FrozenTrial) -> None:
         """Optuna's callback after each trial: environment faults counted, progress."""
-        from tuner.study.sqlite_file import lost
 
         rec = TrialRecord.from_trial(trial)
         self.copies += rec.is_repeat and not rec.is_confirmation
@@ -235,8 +237,6 @@ class SearchRun:
     def _confirm(self) -> None:
         """Confirm the winner once the budget is spent and nothing runs elsewhere; of
         several workers, the one that takes the study's confirm lock does it."""
-        from tuner.study.locks import StudyLock
-        from tuner.study.workers import budget_used
 
         s, st, worker = self.settings, self.study, self.worker
         used, running = budget_used(st, shared=worker.shared)

@@ -6,6 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.serving.config import Deployment
+from tuner.backends import get_backend
+from tuner.traffic.synth import article_mix, default_workload
+from tuner.sim.model import load_model
+from tuner.core.errors import InputError
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend
@@ -14,7 +18,6 @@ if TYPE_CHECKING:
 
 def get_backend_by_name(name: str, **options: Any) -> Backend:
     """``sim`` (default), ``vllm`` or ``endpoint`` (:func:`tuner.backends.get_backend`)."""
-    from tuner.backends import get_backend
 
     return get_backend(name, **options)
 
@@ -25,7 +28,6 @@ def build_workload(spec: WorkloadSpec, deployment: Deployment | None = None) -> 
         from tuner.traffic import load_trace  # type: ignore[attr-defined]
 
         return load_trace(spec.trace)
-    from tuner.traffic.synth import article_mix, default_workload
 
     if spec.load == "trace":  # the trace axis compresses logged times: give it Poisson arrivals
         return article_mix(spec.requests, rate=spec.rate, seed=spec.seed)
@@ -33,7 +35,6 @@ def build_workload(spec: WorkloadSpec, deployment: Deployment | None = None) -> 
 
 
 def num_heads(deployment: Deployment) -> int:
-    from tuner.sim.model import load_model
 
     return load_model(deployment.model).num_heads
 
@@ -68,8 +69,6 @@ def longest_context(space: SearchSpace) -> int | None:
     """The most tokens (prompt + output) one request may hold under any configuration of
     ``space``: its largest max-model-len, the model's own where a configuration leaves it
     unset; None when the model cannot be read."""
-    from tuner.core.errors import InputError
-    from tuner.sim.model import load_model
 
     try:
         model_max = int(load_model(space.deployment.model).max_position_embeddings)
@@ -88,7 +87,6 @@ def check_requests_fit(workload: Workload, space: SearchSpace) -> None:
 
     import numpy as np
 
-    from tuner.core.errors import InputError
 
     limit = longest_context(space)
     if limit is None or not len(workload):

@@ -22,6 +22,10 @@ from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.slo import OBJECTIVES as OBJECTIVE_UNITS
 from tuner.serving.slo import SloSet
 from tuner.study.record import Edge, LoadRecord, RunFacts, TrialRecord
+from tuner.search.settings import SearchSettings
+from tuner.backends.sim import SimBackend
+from tuner.search.refusal import MEMORY_REFUSALS, prediction
+from tuner.search.refusal import judge
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -101,7 +105,6 @@ def evaluate_config(backend: Backend, deployment: Deployment, config: ServeConfi
     ``load_kind``, measured with ``settings`` (fields of
     :class:`~tuner.search.settings.SearchSettings`: ``max_replays=``, ``precheck=``, ...):
     one measurement outside a study (tests, benchmarks, the fleet planner)."""
-    from tuner.search.settings import SearchSettings
 
     ctx = TrialContext(backend, deployment, workload, SloSet.of(slo), load_kind, SearchSettings(**settings),
                        observer)
@@ -219,8 +222,6 @@ def planner_precheck(deployment: Deployment, config: ServeConfig, *, start_refus
     a refusal for memory is not raised but returned as the plan's ``predicted_refusal``
     (:func:`tuner.search.refusal.prediction`: its margin and the planner's error), so the
     configuration is started and the start judges the prediction."""
-    from tuner.backends.sim import SimBackend
-    from tuner.search.refusal import MEMORY_REFUSALS, prediction
 
     try:
         return SimBackend().precheck(deployment, config)
@@ -235,7 +236,6 @@ def planner_precheck(deployment: Deployment, config: ServeConfig, *, start_refus
 def judged(rec: TrialRecord, outcome: ConfigRejected | dict[str, Any], obs: Any) -> TrialRecord:
     """``rec`` with the start's outcome beside a predicted refusal it was started against
     (:func:`tuner.search.refusal.judge`), and a warning where the start proved the prediction wrong."""
-    from tuner.search.refusal import judge
 
     predicted = (rec.run.plan or {}).get("predicted_refusal")
     if not predicted:

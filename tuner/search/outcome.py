@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.serving.config import Deployment
+from tuner.serving.slo import SloSet
 
 if TYPE_CHECKING:
     import optuna
@@ -35,7 +36,6 @@ class SearchOutcome:
 
     def slo_text(self) -> str:
         """``P95 TTFT <= 2 s`` (and the other SLOs of the study)."""
-        from tuner.serving.slo import SloSet
 
         if len(self.slos) > 1:
             return SloSet.of(self.slos).describe()

@@ -28,6 +28,13 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.serving.slo import value_text
 from tuner.study.record import TrialRecord
+from tuner.sim.hardware import get_gpu
+from tuner.sim.model import load_model
+from tuner.backends.sim import SimBackend
+from tuner.search.context import TrialContext
+from tuner.search.settings import SearchSettings
+from tuner.serving.slo import SloSet
+from tuner.search.objective import evaluate
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -95,10 +102,6 @@ class Predictor:
 
     def __init__(self, deployment: Deployment, workload: Workload, slo: float | SloSet, *,
                  load_kind: str = "concurrency", profile: Calibration | None = None) -> None:
-        from tuner.backends.sim import SimBackend
-        from tuner.search.context import TrialContext
-        from tuner.search.settings import SearchSettings
-        from tuner.serving.slo import SloSet
 
         # the same goodput search as a trial's, on the simulator, with replays to spare
         self.ctx = TrialContext(SimBackend(profile=profile), deployment, workload, SloSet.of(slo), load_kind,
@@ -117,7 +120,6 @@ class Predictor:
         return self._cache[key]
 
     def _predict(self, config: ServeConfig) -> Prediction | None:
-        from tuner.search.objective import evaluate
 
         try:
             ev = evaluate(self.ctx, config)
@@ -138,8 +140,6 @@ def sim_predictor(deployment: Deployment, workload: Workload, slo: SloSet,
                   load_kind: str = "concurrency") -> Predictor | None:
     """A predictor for ``deployment``, or None when the simulator cannot model it (a GPU
     or model it does not know)."""
-    from tuner.sim.hardware import get_gpu
-    from tuner.sim.model import load_model
 
     try:
         load_model(deployment.model)

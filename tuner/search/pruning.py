@@ -9,6 +9,8 @@ from tuner.search.constraints import CONSTRAINT, tell_by_name
 from tuner.search.defaults import snapped_grid
 from tuner.serving.config import ServeConfig
 from tuner.study.record import RunFacts, TrialRecord, write
+from tuner.study import best_feasible_trial
+from tuner.search.prediction import advise
 
 if TYPE_CHECKING:
     import optuna
@@ -20,7 +22,6 @@ if TYPE_CHECKING:
 def untried_neighbours(study: optuna.Study, space: SearchSpace) -> list[dict]:
     """The trial params one knob (or the layout) away from the best feasible trial's that
     no trial of ``study`` has, in the space's grid order; empty with no feasible trial."""
-    from tuner.study import best_feasible_trial
 
     incumbent = best_feasible_trial(study)
     if incumbent is None:
@@ -39,7 +40,6 @@ def propose(study: optuna.Study, space: SearchSpace, predictor: Predictor, best:
     """Enqueue, as the next trial, the neighbour of the best trial (one knob or the layout
     changed) that the predictor expects most of, among those it would launch (no predicted
     twin of a measured trial, nothing under the pruning share of the best, not tried)."""
-    from tuner.search.prediction import advise
 
     trials = study.get_trials(deepcopy=False)
     scored = []

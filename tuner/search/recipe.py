@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError, TunerError
+from tuner.sim.calibration import load_calibration
+from tuner.sim.hardware import get_gpu
+from tuner.core.knobs import knob
+from tuner.core.versions import parse_version
+from tuner.search import serve_command
+from tuner.core.files import write_atomic
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig
@@ -43,8 +49,6 @@ def front_end_cap(deployment: Deployment, config: ServeConfig) -> tuple[float, i
     """(seconds a token, API servers a replica, output tokens/s they can stream in all) for
     ``config``: the calibration's per-token front-end cost (the profile's, else the GPU class
     table's) shared by ``--api-server-count`` processes per replica; None where none is known."""
-    from tuner.sim.calibration import load_calibration
-    from tuner.sim.hardware import get_gpu
 
     try:  # a note, never a failure: a run on real vLLM may never have read its profile
         calib = load_calibration(get_gpu(deployment.gpu), deployment.calibration, vllm_version=deployment.vllm_version)
@@ -64,8 +68,6 @@ def front_end_note(deployment: Deployment, config: ServeConfig, output_tokens_pe
     :func:`front_end_cap`): there vLLM's front end, not the GPU, sets the pace, and
     ``--api-server-count`` shares it (benchmarks/h200/campaign6: four servers gave x1.18-1.21
     tokens/s at 256 decode-heavy users on an H100)."""
-    from tuner.core.knobs import knob
-    from tuner.core.versions import parse_version
 
     if not output_tokens_per_s:
         return None
@@ -96,7 +98,6 @@ def serve_params(deployment: Deployment, config: ServeConfig) -> dict[str, Any]:
     """The flags of ``config``'s ``vllm serve`` command (after the model) as one
     serve-params object: ``--max-num-seqs 256`` → ``"max_num_seqs": 256``, ``--enforce-eager``
     → ``true``, ``--no-enable-prefix-caching`` → ``"enable_prefix_caching": false``."""
-    from tuner.search import serve_command
 
     return _params_of(serve_command(deployment, config))
 
@@ -139,8 +140,6 @@ def write_recipe(path: str | Path, deployment: Deployment, config: ServeConfig, 
     """Write the serve-params file ``path`` (JSON or YAML by its extension) and the
     ``vllm serve`` command beside it (``path`` with ``.sh``: the command, with the ``header``
     lines and the :func:`output_notes` as comments); returns both paths."""
-    from tuner.core.files import write_atomic
-    from tuner.search import serve_command
 
     target = Path(path)
     fmt = FORMATS.get(target.suffix.lower())

@@ -9,6 +9,10 @@ from tuner.core.errors import InputError
 from tuner.core.urls import redact
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.study.record import RunFacts, StudyRecord, TrialRecord, write
+from tuner.study.recovery import failure
+from tuner.sim.hardware import get_gpu
+from tuner.core.errors import EnvironmentFault
+from tuner.runtime.processes import stale_servers, stop_group
 
 if TYPE_CHECKING:
     import optuna
@@ -25,7 +29,6 @@ def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFa
     interrupted, environment or crash; :mod:`tuner.study.recovery`), the run facts, the
     seconds its servers held the GPUs (``gpu_s``: thrown away, nothing was measured) and how
     its failure was judged (``blame``, :mod:`tuner.search.blame`)."""
-    from tuner.study.recovery import failure
 
     reason = redact(reason)  # a message may name an endpoint with its credentials
     write(trial.set_user_attr, TrialRecord(config=config, run=run_facts, gpu_s=gpu_s, blame=blame,
@@ -36,7 +39,6 @@ def mark_trial_failed(trial: optuna.Trial, config: ServeConfig, run_facts: RunFa
 def check_gpu(space: SearchSpace, backend: Backend, obs: Observer) -> None:
     """A GPU tuner's catalog does not know: the simulator cannot run it (bad input, with
     the space file's line); a real vLLM can, without pre-check or prediction (a warning)."""
-    from tuner.sim.hardware import get_gpu
 
     try:
         get_gpu(space.deployment.gpu)
@@ -54,8 +56,6 @@ def report_stale_servers(obs: Observer, kill: bool = True) -> None:
     stop is :class:`~tuner.core.errors.EnvironmentFault` ``stale_server`` (exit 2): the run
     refuses to start beside it. ``kill`` is kept for callers of the old ``--kill-stale``;
     servers of runs still alive are never touched."""
-    from tuner.core.errors import EnvironmentFault
-    from tuner.runtime.processes import stale_servers, stop_group
 
     for server in stale_servers():
         if not stop_group(server.pgid):

@@ -26,6 +26,7 @@ import yaml
 from tuner.core.errors import ConfigRejected
 from tuner.core.urls import redact
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.sim.memory import plan_memory
 
 #: Refusals the planner predicts from its memory arithmetic (the rest are vLLM's fixed
 #: rules: heads that TP does not divide, a dtype or quantisation the GPU lacks).
@@ -51,7 +52,6 @@ def prediction(deployment: Deployment, config: ServeConfig, err: ConfigRejected)
     """What the planner predicted for a configuration it says vLLM will refuse for memory:
     the KV memory one max-model-len request needs and the memory predicted for it, the
     shortfall, and where that lies against the planner's measured error."""
-    from tuner.sim.memory import plan_memory
 
     plan = plan_memory(deployment, config, strict=False)
     needed = (math.ceil(plan.config.max_model_len / plan.config.block_size) * plan.page_bytes if err.kind == "max_model_len"  # noqa: E501

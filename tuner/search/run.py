@@ -15,6 +15,7 @@ from tuner.serving.config import ServeConfig
 from tuner.study import top_feasible_trials
 from tuner.study.race import FEASIBILITY
 from tuner.study.storage import guard_storage
+from tuner.study import trial_config
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend
@@ -109,7 +110,6 @@ def warm_start_configs(space: SearchSpace, workload: Workload, *, k: int = 3, bu
                        ) -> list[ServeConfig]:
     """Run (or reuse) a simulator study of the same space and workload and return its
     ``k`` best feasible configurations, to enqueue as the first real trials."""
-    from tuner.study import trial_config
 
     outcome = run_search(space, backend="sim", workload=workload, budget=budget, seed=seed,
                          storage=storage, observer=observer)

@@ -22,6 +22,8 @@ from tuner.serving.config import ServeConfig
 from tuner.serving.slo import OBJECTIVES as OBJECTIVE_UNITS
 from tuner.study import count_finished, open_study, study_name
 from tuner.study.record import RunFacts, StudyRecord, TrialRecord
+from tuner.study.workers import worker_seed
+from tuner.space import space_difference
 
 if TYPE_CHECKING:
     import optuna
@@ -117,7 +119,6 @@ def _open(name: str, storage: str | None, space: SearchSpace, ctx: TrialContext,
           fingerprint: str) -> tuple[optuna.Study, SearchSpace, bool]:
     """The study, its space as the study stores it, and whether its trials tell their
     constraints by name; stamped when new, checked against what it was made for."""
-    from tuner.study.workers import worker_seed
 
     s = ctx.settings
     st = open_study(name, storage)
@@ -162,7 +163,6 @@ def _check_made_for(name: str, record: StudyRecord, ctx: TrialContext) -> None:
 def _check_space(name: str, record: StudyRecord, space: SearchSpace, resume_anyway: bool, obs: Observer) -> None:
     """The space is part of the study's identity: the same name with another space is
     refused (its best trial may lie outside the new space), unless ``resume_anyway``."""
-    from tuner.space import space_difference
 
     if record.space_fingerprint in (None, space.fingerprint()):
         return

@@ -24,6 +24,8 @@ from tuner.search.records import mark_trial_failed, same_config
 from tuner.search.verdict import copy_source
 from tuner.serving.config import ServeConfig
 from tuner.study.record import QUEUED, TrialRecord, write
+from tuner.search.prediction import advise
+from tuner.search.verdict import settle, study_ttft_sd
 
 if TYPE_CHECKING:
     import optuna
@@ -86,7 +88,6 @@ class TrialObjective:
 
     def _measure(self, trial: optuna.Trial, config: ServeConfig) -> tuple[Evaluation, Advice | None]:
         """The configuration measured (or pruned on the predictor's word: ``TrialPruned``)."""
-        from tuner.search.prediction import advise
 
         setup, s, ctx = self.setup, self.ctx.settings, self.ctx
         incumbent = sure_incumbent(trial.study)  # a lucky pass does not set it (tuner.search.boundary)
@@ -144,7 +145,6 @@ class TrialObjective:
     def _settle(self, trial: optuna.Trial, config: ServeConfig, ev: Evaluation, tail: float | None) -> Evaluation:
         """``ev``, or where its verdict lies within the study's own TTFT noise band of the target,
         that verdict weighed with a second fresh start's (:func:`tuner.search.verdict.settle`)."""
-        from tuner.search.verdict import settle, study_ttft_sd
 
         ctx, rec = self.ctx, ev.record
 

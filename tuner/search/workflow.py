@@ -23,6 +23,11 @@ from tuner.search.settings import SearchSettings
 from tuner.serving.config import Deployment
 from tuner.serving.slo import SloSet
 from tuner.space.workload import WorkloadSpec
+from tuner.space import SearchSpace, load_space
+from tuner.backends import backend_class
+from tuner.runtime.progress import observer_or_headless
+from tuner.study.record import TrialRecord
+from tuner.study import study_name
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer
@@ -43,7 +48,6 @@ class Prepared:
 
     def study_name(self, backend: str) -> str:
         """The study's default name (:func:`tuner.study.study_name`)."""
-        from tuner.study import study_name
 
         slo = self.space.workload.slo
         return study_name(self.space.deployment, self.workload.fingerprint(), self.space.name, backend,
@@ -69,7 +73,6 @@ def prepare(space: str | Path | SearchSpace = "default", *, deployment: Deployme
 
     Raises :class:`~tuner.core.errors.InputError` naming the argument (``deployment``,
     ``workload``, ``slo``) that is not what it should be."""
-    from tuner.space import SearchSpace, load_space
 
     trace = workload.get("trace") if isinstance(workload, Mapping) else getattr(workload, "trace", None)
     sp = space if isinstance(space, SearchSpace) else load_space(space, trace=trace)
@@ -118,7 +121,6 @@ def backend_for(backend: Backend | str, study: str, options: Mapping[str, Any] |
     token's gap (``record_itl``) does where an SLO bounds the inter-token latency."""
     if not isinstance(backend, str):
         return backend
-    from tuner.backends import backend_class
 
     cls = backend_class(backend)
     takes = inspect.signature(cls).parameters
@@ -140,7 +142,6 @@ def search(space: str | Path | SearchSpace = "default", *, deployment: Deploymen
     """Run (or resume) the study of ``space`` and confirm its winner: :func:`tuner.search`,
     whose docstring says what each argument is (:func:`prepare` reads ``deployment``,
     ``workload``, ``slo``, ``requests`` and ``pin``)."""
-    from tuner.runtime.progress import observer_or_headless
 
     if settings is not None and not isinstance(settings, SearchSettings):
         raise InputError(f"settings must be a SearchSettings, got {type(settings).__name__}", argument="settings",
@@ -181,7 +182,6 @@ def _idle_layouts(space: SearchSpace) -> str | None:
 
 def _idle_winner(outcome: SearchOutcome) -> list[str]:
     """A note when the winner's layout leaves a GPU idle (the auto layouts of 3 GPUs hold TP2 x 1)."""
-    from tuner.study.record import TrialRecord
 
     config = None if outcome.best is None else TrialRecord.from_trial(outcome.best).config
     note = None if config is None or outcome.deployment is None else \

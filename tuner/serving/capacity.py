@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError
 from tuner.core.jsonsafe import json_safe
 from tuner.serving.slo import MAX_ERROR_RATE, monotone_crossing, monotone_fit, within
+from tuner.core.units import parse_seconds
 
 if TYPE_CHECKING:
     import optuna
@@ -299,7 +300,6 @@ def stored_plan(study: optuna.Study, *, trial: int | None = None,
                 target_ttft_s: float | str | None = None) -> CapacityEstimate | None:
     """The newest plan stored in ``study`` for ``trial`` at ``target_ttft_s`` (either may be
     left out), or ``None``."""
-    from tuner.core.units import parse_seconds
 
     target = None if target_ttft_s is None else parse_seconds(target_ttft_s, what="target")
     found = [e for e in list_plans(study).values()

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 from tuner.core.errors import InputError
+from tuner.serving.load import Concurrency, Poisson, parse_load
 
 PERCENTILES = (50, 90, 95, 99)
 #: Error kinds of requests a stopped run never finished (never sent, or cancelled in
@@ -216,7 +217,6 @@ def bench_fields(summary: Mapping[str, Any], load: Any = None) -> dict[str, floa
     A statistic the summary does not hold is ``None``, never guessed: ``std_*`` of a run
     recorded before tuner kept it, ``*_itl_ms`` of a run without per-token times, and
     ``request_goodput`` of a study without SLOs besides throughput."""
-    from tuner.serving.load import Concurrency, Poisson, parse_load
 
     if isinstance(load, str):
         try:

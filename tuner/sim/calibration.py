@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError, TunerWarning
 from tuner.core.values import is_number, shown
 from tuner.core.versions import same_version
+from tuner.core.yamlfile import read_yaml
+from tuner.sim.hardware import get_gpu
 
 if TYPE_CHECKING:
     from tuner.core.yamlfile import YamlDoc
@@ -144,7 +146,6 @@ EXTRA_SECTIONS = ("memory", "match", "fit", "fit_error", "errors", "notes", "met
 
 
 def _read_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    from tuner.core.yamlfile import read_yaml
 
     doc = read_yaml(path, what="calibration profile")
     raw = doc.data
@@ -250,7 +251,6 @@ def profile_dirs() -> list[Path]:
 
 
 def _gpu_key(name: str) -> str:
-    from tuner.sim.hardware import get_gpu
 
     try:
         return get_gpu(str(name)).name.lower()
@@ -260,7 +260,6 @@ def _gpu_key(name: str) -> str:
 
 @lru_cache(maxsize=128)
 def _profile_doc(path: str, mtime: float) -> YamlDoc:
-    from tuner.core.yamlfile import read_yaml
 
     return read_yaml(path, what="calibration profile")
 

@@ -10,6 +10,10 @@ from aiohttp import web
 
 from tuner.core.knobs import KNOBS
 from tuner.sim.server import SimServer
+from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
+from tuner.sim.engine import EngineCore
+from tuner.sim.memory import plan_memory
+from tuner.core.errors import ConfigRejected, TunerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,9 +62,6 @@ def _log(line: str, stream=sys.stdout) -> None:
 
 def build_server(args: argparse.Namespace) -> SimServer:
     """Plan memory and build the engine for parsed flags; raises ConfigRejected/InputError."""
-    from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
-    from tuner.sim.engine import EngineCore
-    from tuner.sim.memory import plan_memory
 
     version = args.vllm_version or DEFAULT_VLLM_VERSION
     prefix = args.enable_prefix_caching
@@ -90,7 +91,6 @@ def build_server(args: argparse.Namespace) -> SimServer:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``tuner sim-serve``, ``python -m tuner.sim.command`` and ``python -m tuner.sim.server``."""
-    from tuner.core.errors import ConfigRejected, TunerError
 
     args = build_parser().parse_args(argv)  # bad flags: argparse's message, exit 2, like vLLM
     if not args.speed > 0:

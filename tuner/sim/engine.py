@@ -29,6 +29,7 @@ from tuner.serving.load import Concurrency, arrival_times
 from tuner.serving.result import RunResult
 from tuner.sim.calibration import Calibration, load_calibration
 from tuner.sim.scheduler import EngineCore, StepOutput  # noqa: F401  (EngineCore is part of this module's API)
+from tuner.sim.memory import plan_memory
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig
@@ -46,7 +47,6 @@ def simulate(deployment: Deployment, config: ServeConfig, workload: Workload, lo
              fast: bool = True) -> RunResult:
     """Replay ``workload`` under ``load`` against the simulated deployment, in virtual time.
     Raises :class:`ConfigRejected` where vLLM would refuse to start."""
-    from tuner.sim.memory import plan_memory
 
     if config.gpus_needed > deployment.gpu_count:
         raise ConfigRejected(

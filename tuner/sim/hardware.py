@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.core.values import is_int, is_number, shown
+from tuner.core.yamlfile import read_yaml
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -201,7 +202,6 @@ def _gpu_from_entry(name: str, entry: Any, path: str, doc: YamlDoc | None = None
 
 def load_catalog(path: str | Path) -> dict[str, GPU]:
     """Read one catalog YAML: ``{name: {field: value}}``. Raises InputError naming file and line."""
-    from tuner.core.yamlfile import read_yaml
 
     doc = read_yaml(path, what="GPU catalog")
     data = doc.data

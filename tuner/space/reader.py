@@ -18,6 +18,9 @@ from tuner.space.knob_values import as_float, numeric, own_message, whole
 from tuner.space.parameters import parse_layouts, parse_parameters
 from tuner.space.search_space import SearchSpace
 from tuner.space.workload import WorkloadSpec
+from tuner.sim.calibration import load_calibration, memory_overrides
+from tuner.sim.hardware import get_gpu
+from tuner.sim.model import load_model
 
 _TOP_KEYS = ("name", "description", "deployment", "workload", "parameters", "layouts")
 _DEPLOYMENT_KEYS = {f.name for f in fields(Deployment)} | {"gpus"}
@@ -191,9 +194,6 @@ def _parse_workload(space: SearchSpace, data: Any) -> WorkloadSpec:
 def _check_references(space: SearchSpace, deployment: Deployment, workload: WorkloadSpec) -> None:
     """The files and names the space refers to exist: model, GPU, calibration profile and
     trace (a problem inside one of those files is reported at that file's own line)."""
-    from tuner.sim.calibration import load_calibration, memory_overrides
-    from tuner.sim.hardware import get_gpu
-    from tuner.sim.model import load_model
 
     def check(key: tuple[str, str], call: Any) -> Any:
         try:

@@ -15,6 +15,7 @@ from tuner.space.param import (
     LAYOUT_PINS, MISSING, Param, choice_param, index_key, layout_name, parse_layout, pin_layout_value,
 )
 from tuner.space.workload import WorkloadSpec
+from tuner.core.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     import optuna
@@ -105,7 +106,6 @@ class SearchSpace:
     def content(self) -> dict[str, Any]:
         """What the space searches, as data: each knob's kind and range or choices, the fixed
         values and the layouts (not its name, comments, order or file). Part of a study's identity."""
-        from tuner.core.jsonsafe import json_safe
 
         knobs = {}
         for p in sorted(self.params, key=lambda p: p.name):

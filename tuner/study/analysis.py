@@ -27,6 +27,12 @@ from tuner.serving.slo import SloSet
 from tuner.study import Recommendation, best_feasible_trial, load_study_by_name, own_studies
 from tuner.study import recommendation as study_recommendation
 from tuner.study.record import StudyRecord, TrialRecord
+from tuner.study.storage import opened
+from tuner.study.storage import storage_of
+from tuner.study.effective import trial_group
+from tuner.serving.config import ServeConfig
+from tuner.study.effective import ANY, caveat
+from tuner.serving.capacity import stored_plan
 
 if TYPE_CHECKING:
     import optuna
@@ -83,7 +89,6 @@ def _only_study(url: str, where: str, prefer: str | None) -> optuna.Study:
     else:
         raise InputError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'})",
                          hint="pass the study name and --storage with the URL")
-    from tuner.study.storage import opened
 
     store = optuna.storages.RDBStorage(url)  # what optuna.load_study makes of the URL, kept as the study's handle
     return opened(optuna.load_study(study_name=name, storage=store), store)
@@ -91,7 +96,6 @@ def _only_study(url: str, where: str, prefer: str | None) -> optuna.Study:
 
 def study_location(study: optuna.Study) -> Path | None:
     """The SQLite file behind ``study``, or ``None`` (another database, in memory)."""
-    from tuner.study.storage import storage_of
 
     url = str(getattr(storage_of(study), "url", "") or "")  # an RDBStorage's URL (None: not opened by tuner)
     if url.startswith("sqlite:///") and not url.endswith(":memory:"):
@@ -157,7 +161,6 @@ def _number(value: Any) -> Any:
 
 def _folded(rec: TrialRecord, status: str) -> tuple[str | None, dict[str, str]]:
     """The trial's group key and its folded knobs with why (:mod:`tuner.study.effective`)."""
-    from tuner.study.effective import trial_group
 
     return trial_group(rec, started=status in ("feasible", "infeasible"))  # measured, so vLLM started
 
@@ -285,8 +288,6 @@ def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None =
 
     import pandas as pd
 
-    from tuner.serving.config import ServeConfig
-    from tuner.study.effective import ANY, caveat
 
     frame = trials_frame(study) if frame is None else frame
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -336,7 +337,6 @@ def plan_sweep(study: optuna.Study, *, trial: int | None = None,
     several SLOs) ``slos``, the set as typed, P95 TTFT first."""
     import pandas as pd
 
-    from tuner.serving.capacity import stored_plan
 
     est = stored_plan(study, trial=trial, target_ttft_s=target_ttft_s)
     if est is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.study.record import TrialRecord
+from tuner.study.recovery import not_measured
 
 if TYPE_CHECKING:
     import optuna
@@ -34,7 +35,6 @@ def count_finished(study: optuna.Study) -> int:
 def counts_toward_budget(trial: Any) -> bool:
     """Whether one finished trial is counted by :func:`count_finished` before the copies
     it lets go free (:func:`free_copies`)."""
-    from tuner.study.recovery import not_measured
 
     return not not_measured(trial) and not is_confirmation(trial)
 

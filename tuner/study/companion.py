@@ -9,6 +9,8 @@ from tuner.study.budget import count_finished, is_confirmation
 from tuner.study.naming import companion_name, name_objective
 from tuner.study.record import StudyRecord
 from tuner.study.storage import opened, storage_of
+from tuner.study.record import write_confirmation
+from tuner.study.race import Confirmation
 
 if TYPE_CHECKING:
     import optuna
@@ -39,7 +41,6 @@ def confirmation_study(study: optuna.Study, *, create: bool = False, storage: An
     first repeat. ``storage``: see :func:`storage_handle`."""
     import optuna
 
-    from tuner.study.record import write_confirmation
 
     linked = StudyRecord.from_study(study).confirmation_study
     if linked is None and not create:
@@ -71,7 +72,6 @@ def repeats(study: optuna.Study, storage: Any = None) -> list[FrozenTrial]:
 def confirmation(study: optuna.Study) -> Any:
     """The study's :class:`~tuner.study.race.Confirmation`, or None when it has none or
     trials finished after it was made (it no longer covers them)."""
-    from tuner.study.race import Confirmation
 
     data = StudyRecord.from_study(study).confirmation
     if not data or int(data.get("finished", -1)) != count_finished(study):

@@ -23,6 +23,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.values import is_int, is_number
+from tuner.core.errors import TunerError
+from tuner.core.versions import parse_version
+from tuner.sim.hardware import get_gpu
+from tuner.sim.memory import uses_v1_engine
 
 if TYPE_CHECKING:
     from tuner.study.record import TrialRecord
@@ -44,10 +48,6 @@ KV_SPARE = 0.25
 
 def _engine(run: Mapping[str, Any]) -> str | None:
     """``"v1"`` or ``"v0"``: the vLLM engine the trial ran; None when that is not known."""
-    from tuner.core.errors import TunerError
-    from tuner.core.versions import parse_version
-    from tuner.sim.hardware import get_gpu
-    from tuner.sim.memory import uses_v1_engine
 
     version, gpu = run.get("vllm_version"), (run.get("hardware") or {}).get("gpu")
     if not version or not gpu:

@@ -20,6 +20,7 @@ from tuner.study.storage import (
     storage_open_error,
 )
 from tuner.study.trials import best_feasible_trial, is_feasible
+from tuner.core.urls import redact
 
 if TYPE_CHECKING:
     import optuna
@@ -41,7 +42,6 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     """Create the study, or load it when it exists (resume)."""
     import optuna
 
-    from tuner.core.urls import redact
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_study_name(name)

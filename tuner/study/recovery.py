@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.study.record import NOT_MEASURED, TrialRecord, write
+from tuner.study.storage import trial_id
 
 if TYPE_CHECKING:
     import optuna
@@ -49,7 +50,6 @@ def fail_leftovers(study: optuna.Study, storage: Any) -> list[int]:
     the study's (:func:`tuner.study.storage.storage_of`). Returns their numbers."""
     from optuna.trial import TrialState
 
-    from tuner.study.storage import trial_id
 
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import EnvironmentFault
+from tuner.study.locks import sqlite_path
 
 #: The first 16 bytes of every SQLite database file.
 HEADER = b"SQLite format 3\x00"
@@ -116,7 +117,6 @@ def file_fault(text: str, where: str) -> EnvironmentFault | None:
     an I/O error); None for anything else."""
     import resource
 
-    from tuner.study.locks import sqlite_path
 
     path = sqlite_path(where) if where.startswith("sqlite") else None
     files = [path] if path is not None else sorted(Path(where).glob("*.db")) if Path(where).is_dir() else []

@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import EnvironmentFault, InputError, TunerError
 from tuner.study.locks import StudyLock, driver_url, sqlite_path
 from tuner.study.record import TrialRecord
+from tuner.study import sqlite_file
+from tuner.core.urls import redact, unreachable
+from tuner.study.sqlite_file import lost
+from tuner.study.sqlite_file import file_fault
 
 if TYPE_CHECKING:
     import optuna
@@ -96,7 +100,6 @@ def optuna_storage(storage: str | None, name: str) -> Any:
     """An Optuna storage for the URL (the default SQLite file when ``None``)."""
     import optuna
 
-    from tuner.study import sqlite_file
 
     url = storage or default_storage(name)
     path = sqlite_path(url)
@@ -263,7 +266,6 @@ def storage_open_error(err: BaseException, shown: str, url: str | None = None) -
     (the URL itself) a server that could not be reached is told apart from one that answered,
     by trying it (:func:`tuner.core.urls.unreachable`): an unknown host, a refused or
     unanswered connection, or the server's own answer (bad credentials, no such database)."""
-    from tuner.core.urls import redact, unreachable
 
     lines = str(err).splitlines() or [type(err).__name__]
     if isinstance(err, ImportError):
@@ -314,7 +316,6 @@ def guard_storage(fn: Any) -> Any:
     else the SQLite files under ``studies/``) becomes the one-line :func:`storage_fault`."""
     import functools
 
-    from tuner.study.sqlite_file import lost
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -359,8 +360,6 @@ def _read_only_file(where: str) -> bool:
 def storage_fault(err: BaseException, where: str) -> EnvironmentFault | None:
     """The :class:`EnvironmentFault` behind ``err`` when its chain holds a database that
     cannot be written (a full disk, a read-only file, a lost server), else None."""
-    from tuner.core.urls import redact
-    from tuner.study.sqlite_file import file_fault
 
     seen: set[int] = set()
     e: BaseException | None = err

@@ -8,6 +8,7 @@ from tuner.core.errors import InputError
 from tuner.study.budget import is_confirmation
 from tuner.study.companion import confirmation
 from tuner.study.record import TrialRecord
+from tuner.core.urls import redact
 
 if TYPE_CHECKING:
     import optuna
@@ -108,7 +109,6 @@ def gpu_time(study: optuna.Study) -> dict[str, float]:
 def miss_explanation(trial: FrozenTrial) -> str:
     """One line: why this trial was infeasible, and by how much it missed (for one that
     errors failed: how many requests failed, of which kinds)."""
-    from tuner.core.urls import redact
 
     rec = TrialRecord.from_trial(trial)
     target = rec.target_ttft_s

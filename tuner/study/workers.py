@@ -48,6 +48,10 @@ from typing import TYPE_CHECKING, Any
 from tuner.study.locks import StudyBusy, StudyLock, process_label, sqlite_path
 from tuner.study.record import TrialRecord, write
 from tuner.study.storage import GRACE_FACTOR, RUN_STATE_PREFIX, heartbeat_s, is_shared, storage_fault
+from tuner.study import free_copies, is_copy
+from tuner.study.recovery import not_measured
+from tuner.study.storage import default_storage, storage_of
+from tuner.study.storage import trial_id
 
 if TYPE_CHECKING:
     import optuna
@@ -98,8 +102,6 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
     On SQLite a RUNNING trial is a leftover of a killed process and does not count."""
     from optuna.trial import TrialState
 
-    from tuner.study import free_copies, is_copy
-    from tuner.study.recovery import not_measured
 
     now = dt.datetime.now()  # Optuna stamps trials with naive local time
     trials = study.get_trials(deepcopy=False)
@@ -127,7 +129,6 @@ class Worker:
 
     def __init__(self, study: optuna.Study, storage: str | None, *, budget: int,
                  timeout_s: float | None = None, gpus: Any = None, tags: dict[str, Any] | None = None) -> None:
-        from tuner.study.storage import default_storage, storage_of
 
         self.study = study
         self.url = storage or default_storage(study.study_name)
@@ -273,7 +274,6 @@ class Worker:
 
     def _id_of(self, number: int) -> int:
         """The storage's id of the study's trial ``number``."""
-        from tuner.study.storage import trial_id
 
         if number not in self._trial_ids:
             self._trial_ids[number] = trial_id(self.storage, self.study, number)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import InputError
+from tuner.traffic.workload import Workload
 
 SKIP_HINT = "use --skip-bad to skip bad rows"
 
@@ -211,7 +212,6 @@ class Collected:
     def workload(self, path: str, bad: BadRows, *, block_tokens: int = 512, estimated: bool = False,
                  notes: tuple[str, ...] = (), rebase: bool = True, source: str | None = None,
                  keep_hash_ids: bool | None = None):
-        from tuner.traffic.workload import Workload
 
         if not self.t:
             raise InputError(

@@ -8,6 +8,7 @@ from typing import Any
 
 from tuner.serving.config import Deployment
 from tuner.sim.hardware import GiB
+from tuner.sim.calibration import memory_overrides
 
 
 MiB = 1 << 20
@@ -77,7 +78,6 @@ def empirical_for(deployment: Deployment) -> dict[str, Any]:
     """:data:`EMPIRICAL` with the overrides of the calibration profile that applies to the
     deployment (``Deployment.calibration``, else a fitted profile matching GPU and vLLM
     version; see :func:`tuner.sim.calibration.memory_overrides`)."""
-    from tuner.sim.calibration import memory_overrides
 
     over = memory_overrides(deployment.gpu, deployment.vllm_version, deployment.calibration)
     return {**EMPIRICAL, **{k: v for k, v in over.items() if k in EMPIRICAL}}
