@@ -208,3 +208,24 @@ def test_only_tests_use_tuner_testing_and_only_it_imports_pytest():
             wrong += [f"{name}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "pytest"
                       or n.startswith("tuner.testing")]
     assert not wrong, "\n".join(wrong)
+
+
+#: Imports of tuner's own modules inside functions, outside tuner/cli (where a command module loads its
+#: subsystem when its command runs, so that --help stays fast: benchmarks/cli_startup.py): the API's lazy
+#: names, the backend factory's choice, and a few whose name a module or function also binds. A new one
+#: goes to the top of its module.
+MAX_FUNCTION_LEVEL_IMPORTS = 29
+
+
+def test_tuners_own_imports_are_at_the_top_of_their_modules_but_a_counted_few():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE.parent).as_posix()
+        if name.startswith("tuner/cli/"):
+            continue
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [f"{name}:{n.lineno}" for n in ast.walk(fn)
+                          if isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").startswith("tuner")
+                          or isinstance(n, ast.Import) and any(a.name.startswith("tuner") for a in n.names)]
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, "move these to the top of their module:\n" + "\n".join(found)
