@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "tests" / "faults"))
 
 import scenarios  # noqa: E402
 
-
 #: An environment fault's words, as tuner writes them (tuner/backends/vllm_args.py, tuner/search/blame.py):
 #: a trial stored infeasible with one of them would be the machine's fault learnt as a configuration's.
 ENV_WORDS = re.compile(r"before vLLM's engine started|which tuner did not send|not a server of this run|"

@@ -27,12 +27,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the tests' LateWatch: the vLLM backend reading sim-serve's /debug/loop
 
+from fakes import LateWatch  # noqa: E402
+
 from tuner.backends import get_backend  # noqa: E402
 from tuner.plan import Sweep, plan_capacity  # noqa: E402
 from tuner.search import run_search  # noqa: E402
 from tuner.space import parse_space  # noqa: E402
 from tuner.traffic.workload import Workload  # noqa: E402
-from fakes import LateWatch  # noqa: E402
 
 SPACE = """\
 name: sim-serve-agreement

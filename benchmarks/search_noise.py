@@ -68,6 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from tuner.backends.sim import SimBackend
+from tuner.calibrate.probes import TRACES, TRACES_DIR
 from tuner.core.errors import ConfigRejected
 from tuner.search import evaluate_config, num_heads, run_search
 from tuner.search.inputs import build_workload
@@ -78,7 +79,6 @@ from tuner.space import SearchSpace, WorkloadSpec, choice_param, load_space
 from tuner.study import copy_slots, counts_toward_budget, is_copy, repeats
 from tuner.study.record import TrialRecord
 from tuner.traffic import load_trace
-from tuner.calibrate.probes import TRACES, TRACES_DIR
 
 MOONCAKE = TRACES_DIR / TRACES["mooncake_fast25_synthetic"]
 CACHE = Path("studies")

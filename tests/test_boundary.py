@@ -6,14 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from fakes import Analytic, small_workload
 
 from tuner.search import evaluate_config
 from tuner.search.boundary import edge_slope, objective_sd, study_objective_sd
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.study.race import prior_sd, ttft_sd
 from tuner.study.record import LoadRecord, TrialRecord
-
-from fakes import Analytic, small_workload
 
 
 def _rec(*points: tuple[float, float, float, bool], stopped: float | None = None) -> TrialRecord:

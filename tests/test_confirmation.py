@@ -8,7 +8,9 @@ import math
 import numpy as np
 import optuna
 import pytest
+from fakes import FakeBackend, NoisyBackend, small_workload
 from optuna.trial import TrialState
+from test_search import SPACE, fake_space
 
 from tuner.search import evaluate_config, monotone_crossing, run_search
 from tuner.search.goodput import MAX_REPLAYS
@@ -29,9 +31,6 @@ from tuner.study.race import (
 )
 from tuner.study.record import TrialRecord
 from tuner.traffic.workload import Workload
-
-from fakes import FakeBackend, NoisyBackend, small_workload
-from test_search import SPACE, fake_space
 
 
 def cfg(gmu: float = 0.9, seqs: int = 64, eager: bool = False) -> dict:
@@ -478,9 +477,9 @@ def margin_study(tmp_path, base: dict[int, float], seed: int = 9, feasibility: f
     # max-num-seqs 64 serves 3,000 tok/s per user but its true P95 TTFT at one user is
     # 1.07 s, 7 % over the 1 s target; the TTFT noise is drawn per server START (sd 10 %),
     # so a lucky start passes every replay it makes. Seeds 8 and 9 draw a lucky search start.
-    from tuner.space import parse_space
-
     from fakes import PerStartNoise
+
+    from tuner.space import parse_space
 
     tmp_path.mkdir(exist_ok=True)
     backend = PerStartNoise(base, {16: 50.0, 32: 30.0, 64: 3000.0}, sd=0.10, seed=seed)
@@ -541,9 +540,9 @@ def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_an
         monkeypatch):
     # two trials that differ only in a knob the workload never reached (tuner.study.effective
     # folds them: stood in here), each measured on its own start with its own noise draw
-    import tuner.study.effective
     from optuna.trial import create_trial
 
+    import tuner.study.effective
     from tuner.search.confirm import distinct
 
     config = ServeConfig(max_num_seqs=16, max_model_len=4096)

@@ -94,8 +94,7 @@ def test_the_dashboard_reads_knob_names_real_values_the_objective_and_feasibilit
 
 
 def test_the_dashboard_shows_the_recommendation_every_other_reader_shows(searched):
-    from tuner.study import analysis
-    from tuner.study import open_study
+    from tuner.study import analysis, open_study
 
     url, out = searched
     app = optuna_dashboard.wsgi(url)

@@ -41,8 +41,7 @@ def facts(study: Any) -> dict[str, Any]:
     from tuner.plan import load_plan, summary_rows
     from tuner.search import serve_command
     from tuner.serving.config import Deployment
-    from tuner.study import analysis
-    from tuner.study import trial_config
+    from tuner.study import analysis, trial_config
 
     frame = analysis.trials_frame(study)
     rows = [{k: v for k, v in row.items() if k not in _TIMING} for row in frame.to_dict("records")]
@@ -152,8 +151,7 @@ def test_plan_replays_a_0_1_0_study_on_the_requests_and_configuration_it_recorde
 
 
 def test_the_repeats_a_0_1_0_study_kept_among_its_trials_are_read_as_repeats(old_study):
-    from tuner.study import analysis
-    from tuner.study import confirmation_study, count_finished, recommendation, repeats
+    from tuner.study import analysis, confirmation_study, count_finished, recommendation, repeats
 
     expected = json.loads((FIXTURE / "facts.json").read_text())
     kept = repeats(old_study)  # no companion: the old study's own trials with confirm_of

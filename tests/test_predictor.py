@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import optuna
 import pytest
+from fakes import FakeBackend, small_workload
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
-from fakes import FakeBackend, small_workload
 from test_search import fake_space
 
 from tuner.backends.sim import SimBackend

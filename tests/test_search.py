@@ -11,7 +11,6 @@ from tuner.serving.config import Deployment, ServeConfig
 from tuner.space import parse_space
 from tuner.study import best_feasible_trial, closest_miss, trial_config
 
-
 SPACE = """\
 name: fake
 deployment: {model: qwen2.5-7b, gpu: H100-SXM, gpus: 2}

@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
+from fakes import Analytic, small_workload
 
 from tuner.search import evaluate_config, run_search
 from tuner.search.verdict import copy_source, settle, study_ttft_sd
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.study.noise import PRIOR_DOF, TTFT_PRIOR_SD
 from tuner.study.record import TrialRecord
-
-from fakes import Analytic, small_workload
 
 SPACE = """\
 name: flat

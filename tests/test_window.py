@@ -8,10 +8,10 @@ import optuna
 import pytest
 from fakes import FakeBackend, small_workload
 from optuna.trial import TrialState
+from test_blame import space
 
 from tuner.search import driver, run_search
 from tuner.study.record import RunFacts, TrialRecord
-from test_blame import space
 
 
 def test_a_trial_that_would_not_fit_is_not_started_and_the_next_run_goes_on(tmp_path, monkeypatch):

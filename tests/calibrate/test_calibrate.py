@@ -10,6 +10,7 @@ import pytest
 
 from tuner.backends.sim import SimBackend
 from tuner.calibrate import (
+    FitResult,
     GiB,
     LoadPoint,
     Startup,
@@ -24,7 +25,6 @@ from tuner.calibrate import (
     read_measurements,
     startups,
     write_profile,
-    FitResult,
 )
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.runtime.progress import Observer

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import optuna
 from cli_runner import run_cli
+from trace_data import AZURE_CONV as AZURE
 
 from tuner.plan import load_plan
 from tuner.search import run_search
 from tuner.space import load_space
 from tuner.study import best_feasible_trial
 
-from trace_data import AZURE_CONV as AZURE
 LOG_ROWS = 300  # the "original log": the first 300 requests of the Azure conversation trace
 SAMPLE = 60  # the converted file the study searches on: 60 of them
 

@@ -117,7 +117,6 @@ def test_importances_name_the_knobs_as_the_search_space_does(sim_study_db):
 
 def test_the_verify_run_is_in_the_capacity_legend_as_drawn(sim_study_db):
     import matplotlib.colors as mcolors
-
     import pandas as pd
 
     sweep = plan_sweep(open_study(sim_study_db))

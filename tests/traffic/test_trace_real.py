@@ -8,12 +8,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from trace_data import AZURE_CONV as AZURE
+from trace_data import MOONCAKE
 
 from tuner.cli import main
 from tuner.traffic import load_trace, native, trace_stats
-
-from trace_data import AZURE_CONV as AZURE
-from trace_data import MOONCAKE
 
 
 def run(*args: str) -> int:

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from tuner.backends.local_server import _http
 from tuner.core.errors import BackendError, EndpointFault, InputError, connection_cause
 from tuner.core.urls import redact
-from tuner.runtime.control import StopHook
 from tuner.replay.client import bad_stream_fault, replay
-from tuner.replay.endpoints import _endpoints
-from tuner.replay.endpoints import _denied
+from tuner.replay.endpoints import _denied, _endpoints
 from tuner.replay.metrics import parse_prometheus, snapshot
+from tuner.runtime.control import StopHook
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig

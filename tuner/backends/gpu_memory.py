@@ -16,6 +16,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import psutil
+
 from tuner.runtime.processes import is_ours
 
 #: How long ``nvidia-smi`` may take (a GPU in a bad state can hang it).

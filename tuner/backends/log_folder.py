@@ -8,7 +8,6 @@ from pathlib import Path
 
 from tuner.core.errors import EnvironmentFault
 
-
 #: A start is refused as an environment fault when the log folder has less free space.
 MIN_FREE_BYTES = 64 * 2**20
 

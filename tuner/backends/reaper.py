@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+
 from tuner.runtime.processes import stop_group, stop_marked
 
 #: Seconds between SIGTERM and SIGKILL when the reaper stops a group.

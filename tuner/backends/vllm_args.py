@@ -22,10 +22,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends.vllm_cpu import classify_failure as cpu_refusal
 from tuner.core.errors import ConfigRejected, EnvironmentFault
 from tuner.core.knobs import KNOBS
 from tuner.core.versions import parse_version
-from tuner.backends.vllm_cpu import classify_failure as cpu_refusal
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig

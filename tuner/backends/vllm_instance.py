@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends.local_server import _http
 from tuner.backends.vllm_args import classify_failure
 from tuner.backends.vllm_replica import _Replica
 from tuner.core.errors import BackendError, Disrupted, EnvironmentFault
-from tuner.runtime.control import StopHook
 from tuner.replay.client import bad_stream_fault, replay
-from tuner.backends.local_server import _http
+from tuner.runtime.control import StopHook
 
 if TYPE_CHECKING:
     from tuner.backends.vllm import VllmBackend

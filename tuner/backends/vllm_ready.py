@@ -15,9 +15,9 @@ from tuner.backends.local_server import _http
 from tuner.backends.vllm_args import classify_failure
 from tuner.backends.vllm_replica import _Replica
 from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault
+from tuner.replay.metrics import parse_prometheus, snapshot
 from tuner.runtime import processes
 from tuner.runtime.interrupts import current_deadline
-from tuner.replay.metrics import parse_prometheus, snapshot
 
 
 def wait_healthy(r: _Replica, t_start: float, startup_timeout_s: float, stop_grace_s: float) -> None:

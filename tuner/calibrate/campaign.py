@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.calibrate.measurements import MEASUREMENTS, read_measurements
+from tuner.calibrate.probes import build, load_from
 from tuner.calibrate.trials import Probe, Trial, calibration_workload, requests_for
 from tuner.core.errors import BackendError, ConfigRejected, EnvironmentFault
 from tuner.core.jsonsafe import json_safe
+from tuner.plan.sweep import rescale
 from tuner.runtime.progress import Observer, observer_or_headless
 from tuner.serving.config import Deployment, ServeConfig
-from tuner.serving.load import Concurrency
-from tuner.calibrate.probes import build, load_from
-from tuner.serving.load import Poisson, TraceReplay
-from tuner.plan.sweep import rescale
+from tuner.serving.load import Concurrency, Poisson, TraceReplay
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend

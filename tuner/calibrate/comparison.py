@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from tuner.calibrate.points import METRICS, REPORTED, LoadPoint, Startup, point_name
+from tuner.calibrate.probes import build
 from tuner.calibrate.trials import calibration_workload
 from tuner.core.errors import ConfigRejected
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.load import Concurrency
 from tuner.sim.engine import simulate
-from tuner.calibrate.probes import build
 from tuner.sim.memory import plan_memory
 
 

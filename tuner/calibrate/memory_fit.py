@@ -10,14 +10,12 @@ import numpy as np
 
 from tuner.calibrate.points import Startup
 from tuner.core.errors import InputError
-from tuner.serving.config import Deployment
 from tuner.core.versions import parse_version
+from tuner.serving.config import Deployment
 from tuner.sim.hardware import get_gpu
-from tuner.sim.memory import EMPIRICAL
-from tuner.sim.model import load_model
-from tuner.sim.memory import default_batch_limits
+from tuner.sim.memory import EMPIRICAL, default_batch_limits
 from tuner.sim.memory.planner import _cudagraph_sizes
-
+from tuner.sim.model import load_model
 
 GiB = 1 << 30
 #: The memory fit's loss: residuals past vLLM's log resolution (it prints GiB to 0.01) count

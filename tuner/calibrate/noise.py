@@ -11,7 +11,6 @@ import numpy as np
 
 from tuner.calibrate.points import METRICS, LoadPoint, load_points, point_name
 
-
 #: Run-to-run noise of each metric (sd of its log) when no replicate runs say otherwise:
 #: the H200 replicate (``h200-vllm-0.26.0/replicate.jsonl``) gave 0.08-0.10.
 DEFAULT_NOISE = {"output_tokens_per_s": 0.08, "ttft_p95_s": 0.08, "tpot_mean_s": 0.08}

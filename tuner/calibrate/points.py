@@ -7,9 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.serving.config import ServeConfig
 from tuner.calibrate.probes import label
-
+from tuner.serving.config import ServeConfig
 
 #: The metrics fitted and checked per load point (RunResult.summary() keys).
 METRICS = ("output_tokens_per_s", "ttft_p95_s", "tpot_mean_s")

@@ -27,8 +27,8 @@ import numpy as np
 
 from tuner.core.errors import InputError
 from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
-from tuner.traffic.workload import Workload
 from tuner.traffic import load_trace
+from tuner.traffic.workload import Workload
 
 #: Where the traces tuner ships live: inside the package (``tuner/data/traces``, with their sources and licences).
 TRACES_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"

@@ -13,11 +13,11 @@ from tuner.calibrate.comparison import compare_loads, compare_startups, summariz
 from tuner.calibrate.memory_fit import fit_memory
 from tuner.calibrate.points import load_points, point_name, startups
 from tuner.calibrate.step_time import fit_step_time
+from tuner.core.files import write_atomic
 from tuner.runtime.progress import Observer
 from tuner.serving.config import Deployment
 from tuner.sim.calibration import load_calibration
 from tuner.sim.hardware import get_gpu
-from tuner.core.files import write_atomic
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from tuner.calibrate.noise import DEFAULT_NOISE
 from tuner.calibrate.points import METRICS, LoadPoint
 from tuner.serving.config import Deployment
 
-
 #: Step-time constants the fit moves: (name, scale of x, lower, upper, prior sd in units of
 #: x). The prior's centre is the GPU class table's value (``tuner/data/calibration/<class>.yaml``,
 #: whose sources say where each comes from); its sd says how far we would believe the data

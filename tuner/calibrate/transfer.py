@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from tuner.calibrate.comparison import compare_loads, compare_startups
-from tuner.calibrate.points import LoadPoint, Startup, point_name
-from tuner.core.errors import InputError
-from tuner.serving.config import Deployment
 from tuner.calibrate.noise import measurement_noise, replicate_pairs
-from tuner.calibrate.points import load_points
+from tuner.calibrate.points import LoadPoint, Startup, load_points, point_name
 from tuner.calibrate.profile import fit
+from tuner.core.errors import InputError
 from tuner.core.yamlfile import read_yaml
+from tuner.serving.config import Deployment
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "calibration"
 #: The committed result of the check, and the two profiles it compared.

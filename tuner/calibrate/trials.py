@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tuner.calibrate.probes import label, synthetic
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.serving.config import Deployment, ServeConfig
-from tuner.calibrate.probes import synthetic
 from tuner.sim.memory import plan_memory
 from tuner.sim.model import load_model
-from tuner.calibrate.probes import label
 
 if TYPE_CHECKING:
     from tuner.traffic.workload import Workload

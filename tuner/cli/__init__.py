@@ -14,6 +14,7 @@ from tuner.cli.app import app
 from tuner.core.errors import TunerError, TunerWarning
 from tuner.runtime.interrupts import handle_signals, hold_signals
 
+
 def _register(argv: list[str] | None = None) -> None:
     """Each module adds its commands to `app` on import: the one ``argv`` names, else all."""
     from tuner.cli.commands import register

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import typer
+
 from tuner.serving.config import DEFAULT_VLLM_VERSION
 
 app = typer.Typer(

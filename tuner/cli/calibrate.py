@@ -11,8 +11,8 @@ from tuner.cli.app import app
 from tuner.cli.options import CalibrationBackend, backend_option, old_spelling, renamed, vllm_cmd_option
 from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
-from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment
 from tuner.core.units import parse_seconds
+from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment
 
 
 class _Lines(Bar):

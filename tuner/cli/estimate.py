@@ -13,13 +13,13 @@ from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed, trace_option
 from tuner.core.errors import ConfigRejected, InputError
+from tuner.runtime.progress import observer_or_headless
 from tuner.search.refusal import MEMORY_REFUSALS, prediction
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.serving.load import Concurrency, Load, Poisson
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
 from tuner.traffic.workload import Request, Workload
-from tuner.runtime.progress import observer_or_headless
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer

@@ -7,12 +7,11 @@ from enum import Enum
 
 import typer
 
-from tuner.cli.options import storage_option
-
 from tuner.cli.app import app
-from tuner.report.export import TABLES, formats
+from tuner.cli.options import storage_option
 from tuner.cli.storage import study_argument
 from tuner.core.errors import InputError
+from tuner.report.export import TABLES, formats
 
 #: The formats this installation can write (Parquet needs pyarrow), as --format's choices.
 Format = Enum("Format", {f: f for f in formats()}, type=str)  # type: ignore[misc]

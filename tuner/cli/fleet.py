@@ -7,9 +7,9 @@ import json
 import math
 from typing import Any
 
+from tuner.cli._knobs import pins
 from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
-from tuner.cli._knobs import pins
 from tuner.serving.demand import parse_fraction
 
 #: Options of ``tuner plan`` that describe one configuration or a study; a fleet file says

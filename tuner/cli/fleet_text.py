@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any
-from tuner.cli.output import fit, table
-from tuner.cli.output import console
+
+from tuner.cli.output import console, fit, table
 
 if TYPE_CHECKING:
     from tuner.fleet.record import FleetPlan, KindPlan

@@ -15,11 +15,9 @@ from tuner.cli.options import (
     trace_option,
     vllm_cmd_option,
 )
+from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
 from tuner.core.units import parse_seconds
-from tuner.cli.progress import Bar
-
-
 
 #: ``tuner nightly --help`` (a constant: the docstring would make the command longer than it reads).
 NIGHTLY_HELP = """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from tuner.core.errors import InputError
 
+from tuner.core.errors import InputError
 
 
 class Backend(str, Enum):

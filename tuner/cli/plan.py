@@ -8,11 +8,11 @@ from typing import Any
 
 import typer
 
-from tuner.cli._knobs import SET_HELP, pins, with_knob_options
+from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import (
-    Backend,
     OUTPUT_HELP,
+    Backend,
     Output,
     backend_option,
     old_spelling,
@@ -21,14 +21,13 @@ from tuner.cli.options import (
     trace_option,
     vllm_cmd_option,
 )
+from tuner.cli.output import console, fit, table
+from tuner.cli.progress import Runs
+from tuner.cli.storage import readable_storage
 from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS
-from tuner.cli._knobs import build_deployment_config
 from tuner.serving.config import DEFAULT_VLLM_VERSION
-from tuner.cli.storage import readable_storage
 from tuner.serving.demand import parse_fraction
-from tuner.cli.progress import Runs
-from tuner.cli.output import console, fit, table
 
 #: The options that describe a configuration (a deployment and every knob of tuner.core.knobs).
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))  # noqa: E501

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from tuner.runtime.progress import Observer
 from tuner.core.urls import redact
+from tuner.runtime.progress import Observer
 
 
 def shown() -> bool:
@@ -41,7 +41,6 @@ class Bar(Observer):
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
-
         from rich.table import Column
 
         def kept() -> Column:  # a column the terminal's width never cuts

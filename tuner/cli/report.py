@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import typer
 
-from tuner.cli.options import storage_option
-
 from tuner.cli.app import app
-from tuner.cli.storage import study_argument
+from tuner.cli.options import storage_option
 from tuner.cli.progress import Bar
+from tuner.cli.storage import study_argument
 
 
 @app.command("report", short_help="Write a study's HTML report and its figures as PNG files.")

@@ -17,15 +17,15 @@ from tuner.cli.options import (
     trace_option,
     vllm_cmd_option,
 )
+from tuner.cli.output import console
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
-from tuner.study.record import TrialRecord
 from tuner.core.units import parse_seconds
-from tuner.core.urls import read_api_key
+from tuner.core.urls import read_api_key, redact, redact_value
 from tuner.runtime.interrupts import alarm
-from tuner.core.urls import redact, redact_value
-from tuner.cli.output import console
+from tuner.study.record import TrialRecord
+
 
 def deployment_changes(*, model: str | None = None, quantization: str | None = None,
                        gpu: str | None = None, gpus: str | None = None) -> dict[str, Any]:

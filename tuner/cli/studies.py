@@ -10,12 +10,11 @@ import typer
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 from tuner.cli.output import console, fit, print_json, table
+from tuner.cli.storage import readable_storage
+from tuner.core.urls import redact, redact_value
+from tuner.serving.config import Deployment
 from tuner.serving.slo import OBJECTIVES, value_text
 from tuner.study.record import StudyRecord, TrialRecord
-from tuner.serving.config import Deployment
-from tuner.cli.storage import readable_storage
-from tuner.core.urls import redact
-from tuner.core.urls import redact_value
 
 if TYPE_CHECKING:
     import optuna

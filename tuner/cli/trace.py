@@ -11,11 +11,11 @@ import typer
 
 from tuner.cli.app import app
 from tuner.cli.options import Output
+from tuner.cli.output import console, fit
+from tuner.cli.output import table as make_table
 from tuner.core.errors import InputError
 from tuner.traffic import READERS, load_trace, trace_stats
 from tuner.traffic.workload import Workload
-from tuner.cli.output import console, fit
-from tuner.cli.output import table as make_table
 
 trace_app = typer.Typer(
     help=(

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
+
 from tuner.core.errors import InputError
 
 #: ``scheme://user:password@host`` or ``scheme://token@host``.

@@ -6,6 +6,7 @@ import dataclasses
 import reprlib
 from collections.abc import Mapping
 from typing import Any, TypeVar
+
 from tuner.core.errors import InputError
 
 T = TypeVar("T")

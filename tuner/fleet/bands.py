@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.core.errors import InputError
 from tuner.calibrate.transfer import read_transfer
-from tuner.sim.calibration import profile_section
-from tuner.sim.calibration import DATA_DIR, find_profile, gpu_class, load_calibration
+from tuner.core.errors import InputError
+from tuner.sim.calibration import DATA_DIR, find_profile, gpu_class, load_calibration, profile_section
 from tuner.sim.hardware import get_gpu
 
 #: Volta's table fitted on article 004: tokens/s within -18 % .. +5 % of the article's seven

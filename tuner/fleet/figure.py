@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from tuner.core.files import write_atomic
 from tuner.fleet.record import units_of
 from tuner.fleet.solver import cheapest
-from tuner.core.files import write_atomic
 from tuner.plots import png_bytes
 
 if TYPE_CHECKING:

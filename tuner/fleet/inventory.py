@@ -25,9 +25,9 @@ from typing import Any
 
 from tuner.core.errors import InputError
 from tuner.core.values import is_int, is_number, shown
-from tuner.serving.config import DEFAULT_VLLM_VERSION, DTYPES, QUANTIZATIONS
-from tuner.core.yamlfile import read_yaml
 from tuner.core.versions import parse_version
+from tuner.core.yamlfile import read_yaml
+from tuner.serving.config import DEFAULT_VLLM_VERSION, DTYPES, QUANTIZATIONS
 from tuner.sim.hardware import get_gpu
 
 #: Shipped fleet files (``--fleet NAME``), beside the shipped search spaces.

@@ -11,28 +11,26 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends.sim import SimBackend
 from tuner.core.errors import ConfigRejected
 from tuner.fleet.bands import band_for
 from tuner.fleet.inventory import Fleet, Kind
 from tuner.fleet.record import KindPlan
 from tuner.fleet.truth import CURRENT, ceiling, facts, lines_for, refusals, serves_instead, wheels_run
+from tuner.plan import Figures, Sweep, plan_capacity
+from tuner.runtime.progress import observer_or_headless
+from tuner.search import SearchSettings, evaluate_config, serve_command
+from tuner.search import workflow as search_pkg
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.serving.load import Concurrency
+from tuner.serving.slo import SloSet
+from tuner.sim.engine import simulate
+from tuner.sim.hardware import get_gpu
+from tuner.sim.memory import plan_memory
 from tuner.sim.model import load_model
 from tuner.space import load_space
 from tuner.space.param import choice_param
-from tuner.sim.memory import plan_memory
-from tuner.runtime.progress import observer_or_headless
-from tuner.sim.hardware import get_gpu
-from tuner.search import workflow as search_pkg
-from tuner.search import SearchSettings
 from tuner.study import closest_miss, miss_explanation, trial_config
-from tuner.backends.sim import SimBackend
-from tuner.search import evaluate_config
-from tuner.serving.slo import SloSet
-from tuner.plan import Figures, Sweep, plan_capacity
-from tuner.search import serve_command
-from tuner.serving.load import Concurrency
-from tuner.sim.engine import simulate
 from tuner.traffic.synth import default_workload
 
 if TYPE_CHECKING:

@@ -17,10 +17,10 @@ from tuner.fleet.inventory import Fleet, read_fleet
 from tuner.fleet.kinds import Traffic, plan_kind
 from tuner.fleet.record import FleetPlan, KindPlan, units_of, write_fleet
 from tuner.fleet.solver import most_capacity, options
-from tuner.study.storage import STUDIES_DIR
 from tuner.runtime.progress import observer_or_headless
 from tuner.serving.demand import parse_demand
 from tuner.serving.slo import SloSet, split_slos
+from tuner.study.storage import STUDIES_DIR
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.core.errors import InputError
+from tuner.core.files import write_atomic
 from tuner.core.jsonsafe import json_safe
 from tuner.fleet.bands import Band
 from tuner.fleet.solver import Mix, Unit
 from tuner.fleet.truth import Ceiling, LineSupport, Refusal
-from tuner.core.files import write_atomic
 
 SCHEMA_VERSION = 1
 RECORD = "fleet-plan.json"

@@ -21,13 +21,11 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import ConfigRejected
 from tuner.core.versions import parse_version
 from tuner.serving.config import Deployment, ServeConfig
-from tuner.sim.memory.support import NO_SM70_WHEELS_SINCE
-from tuner.sim.memory.defaults import uses_v1_engine
-from tuner.sim.memory.support import attention_backend
-from tuner.sim.model import load_model, preset_names
 from tuner.sim.hardware import get_gpu
 from tuner.sim.memory import plan_memory
-from tuner.sim.memory.support import MIN_CAPABILITY
+from tuner.sim.memory.defaults import uses_v1_engine
+from tuner.sim.memory.support import MIN_CAPABILITY, NO_SM70_WHEELS_SINCE, attention_backend
+from tuner.sim.model import load_model, preset_names
 
 if TYPE_CHECKING:
     from tuner.sim.hardware import GPU

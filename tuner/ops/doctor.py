@@ -25,11 +25,11 @@ from typing import Any
 
 import psutil
 
+from tuner.core.urls import redact
 from tuner.runtime.processes import ServerProcess, marked_processes, stop_group
+from tuner.study import own_studies
 from tuner.study.locks import StudyLock
 from tuner.study.sqlite_file import StudyFileFault, check
-from tuner.core.urls import redact
-from tuner.study import own_studies
 from tuner.study.storage import optuna_storage
 
 #: Free space under which the studies' disk is reported (a trial writes a few kB; logs more).

@@ -41,15 +41,14 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError, TunerError
 from tuner.ops.night import LIKE_FACTOR, NIGHTS_ATTR, Night, nights, workload_difference
 from tuner.ops.nightly_report import write_nightly_report
-from tuner.study.record import TrialRecord
-from tuner.traffic.shape import window
 from tuner.search import backend_for, run_search
-from tuner.study import open_study, repeats
+from tuner.search.settings import check_seed
+from tuner.study import is_feasible, open_study, repeats
 from tuner.study.locks import StudyBusy, StudyLock
+from tuner.study.record import TrialRecord
 from tuner.study.storage import default_storage, is_shared
 from tuner.study.workers import budget_used
-from tuner.search.settings import check_seed
-from tuner.study import is_feasible
+from tuner.traffic.shape import window
 
 if TYPE_CHECKING:
 

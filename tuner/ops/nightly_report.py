@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuner.ops.night import Night, workload_difference
 from tuner.core.files import write_atomic
+from tuner.ops.night import Night, workload_difference
 
 if TYPE_CHECKING:
     import optuna

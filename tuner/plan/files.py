@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tuner.core.files import write_atomic
+from tuner.plots import png_bytes
 from tuner.serving.capacity import CapacityEstimate, ReplayedWorkload, SweepPoint
 from tuner.serving.slo import monotone_fit
 from tuner.study.storage import STUDIES_DIR
-from tuner.core.files import write_atomic
-from tuner.plots import png_bytes
+
 
 # -- reports ------------------------------------------------------------------------------
 def _fmt_range(est: CapacityEstimate, key: str, value: float | None, fmt: str) -> str:

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError, NoFeasibleConfig
+from tuner.core.units import parse_seconds
 from tuner.plan.sweep import Sweep, Sweeper, figures_at, sweep_growing
 from tuner.plan.workload import PLAN_REQUESTS, Chosen, Studied, find_newest_study, given, resample, study_workload
 from tuner.runtime.progress import observer_or_headless
+from tuner.search import EDGE_TOLERANCE, edge_width, get_backend_by_name
 from tuner.serving.capacity import (
     MATCHES,
     RANGED,
@@ -25,14 +27,10 @@ from tuner.serving.capacity import (
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.demand import Demand, parse_demand, requests_per_conversation
 from tuner.serving.slo import SloSet, split_slos
+from tuner.study import best_feasible_trial, is_feasible, load_study_by_name, trial_config
 from tuner.study.record import StudyRecord, TrialRecord
-from tuner.study import best_feasible_trial, is_feasible
-from tuner.search import get_backend_by_name
-from tuner.study import load_study_by_name, trial_config
-from tuner.core.units import parse_seconds
-from tuner.traffic.synth import default_workload
 from tuner.study.storage import storage_fault
-from tuner.search import EDGE_TOLERANCE, edge_width
+from tuner.traffic.synth import default_workload
 
 if TYPE_CHECKING:
     import optuna

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.core.errors import InputError, NoFeasibleConfig
+from tuner.search import EDGE_TOLERANCE, edge_width, load_for
 from tuner.serving.capacity import SweepPoint, max_load_meeting
 from tuner.serving.demand import Demand, conversations_per_min, cost_figures, replicas_needed
 from tuner.serving.slo import MAX_ERROR_RATE
-from tuner.search import EDGE_TOLERANCE, edge_width
-from tuner.search import load_for
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer

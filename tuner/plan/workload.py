@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tuner.core.errors import InputError
+from tuner.search import build_workload
+from tuner.space import LOAD_KINDS, load_space
+from tuner.study import own_studies
 from tuner.study.record import StudyRecord, TrialRecord
 from tuner.study.storage import STUDIES_DIR
-from tuner.study import own_studies
-from tuner.space import LOAD_KINDS, load_space
 from tuner.traffic import load_trace
-from tuner.search import build_workload
 from tuner.traffic.synth import default_workload
 
 if TYPE_CHECKING:

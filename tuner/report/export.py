@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.core.errors import InputError
-from tuner.plan import list_plans
-from tuner.study.analysis import SLO_COLUMNS, SWEEP_COLUMNS, plan_sweep
-from tuner.core.urls import redact
-from tuner.study.analysis import trials_frame
-from tuner.report.html import default_report_dir
 from tuner.core.files import write_atomic
+from tuner.core.urls import redact
+from tuner.plan import list_plans
+from tuner.report.html import default_report_dir
+from tuner.study.analysis import SLO_COLUMNS, SWEEP_COLUMNS, plan_sweep, trials_frame
 
 if TYPE_CHECKING:
     import optuna

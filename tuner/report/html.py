@@ -23,18 +23,18 @@ import numpy as np
 from tuner.core.files import write_atomic
 from tuner.core.knobs import KNOBS
 from tuner.core.urls import redact
+from tuner.plan import load_plan, summary_rows
 from tuner.plots import CAPTIONS, plan_command, png_bytes, study_plots, study_slos
+from tuner.search import serve_command
 from tuner.serving.result import describe_errors
 from tuner.serving.slo import OBJECTIVES, SloSet
-from tuner.study import error_totals, repeats as confirmation_repeats, storage_handle
+from tuner.study import closest_miss, confirmation, error_totals, miss_explanation, storage_handle, trial_config
+from tuner.study import repeats as confirmation_repeats
 from tuner.study.analysis import best_trial, study_location, target_ttft_s, top_groups, trials_frame
 from tuner.study.effective import ANY
+from tuner.study.race import confirmation_rows
 from tuner.study.record import StudyRecord, TrialRecord
 from tuner.study.storage import STUDIES_DIR
-from tuner.search import serve_command
-from tuner.study import closest_miss, confirmation, miss_explanation, trial_config
-from tuner.study.race import confirmation_rows
-from tuner.plan import load_plan, summary_rows
 
 if TYPE_CHECKING:
     import optuna

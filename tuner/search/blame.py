@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import BackendError, ConfigRejected, Disrupted, EnvironmentFault
 from tuner.core.knobs import KNOBS
-from tuner.study.record import TrialRecord
-from tuner.search.boundary import incumbent
 from tuner.replay.disruption import disruption
+from tuner.search.boundary import incumbent
 from tuner.serving.load import Concurrency
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna

@@ -31,9 +31,9 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from tuner.study import is_confirmation, is_feasible
 from tuner.study.race import feasibility, prior_sd, ttft_sd, upper_p95
 from tuner.study.record import TrialRecord
-from tuner.study import is_confirmation, is_feasible
 
 
 def lowest_p95(rec: Any) -> float | None:

@@ -1,9 +1,10 @@
 """The ``vllm serve`` command line a user copies."""
 from __future__ import annotations
 
-from tuner.serving.config import Deployment, ServeConfig
 from tuner.backends.vllm_args import render_flags
+from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.model import serve_model_name
+
 
 def serve_command(deployment: Deployment, config: ServeConfig) -> str:
     """The ``vllm serve`` command line of ``config`` for the deployment's vLLM version

@@ -13,17 +13,12 @@ from tuner.search.boundary import doubtful, lowest_p95, study_objective_sd
 from tuner.search.objective import CONSTRAINT, evaluate, rejected
 from tuner.search.verdict import start_p95, start_p95s, study_ttft_sd
 from tuner.serving.config import ServeConfig
-from tuner.study.headroom import kv_filled
-from tuner.study.race import Candidate, candidates, race
-from tuner.study.record import RunFacts, TrialRecord, write_confirmation
+from tuner.study import confirmation, confirmation_study, count_finished, is_feasible, repeats
 from tuner.study.effective import trial_group
-from tuner.study import repeats
-from tuner.study.race import noise_floor
-from tuner.study import confirmation
-from tuner.study import is_feasible
+from tuner.study.headroom import kv_filled
+from tuner.study.race import Candidate, candidates, noise_floor, race
+from tuner.study.record import RunFacts, TrialRecord, write_confirmation
 from tuner.study.workers import identity
-from tuner.study import confirmation_study
-from tuner.study import count_finished
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -5,8 +5,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.serving.config import ServeConfig
-from tuner.space import parse_layout
 from tuner.sim.memory import plan_memory
+from tuner.space import parse_layout
 
 if TYPE_CHECKING:
     from tuner.space import SearchSpace

@@ -25,12 +25,11 @@ from tuner.search.progress import quiet_optuna
 from tuner.search.trial import TrialObjective
 from tuner.search.window import trial_estimate
 from tuner.study import best_feasible_trial, confirmation, count_finished
+from tuner.study.locks import StudyLock
 from tuner.study.record import TrialRecord
-from tuner.study.workers import Worker
 from tuner.study.recovery import requeue
 from tuner.study.sqlite_file import lost
-from tuner.study.locks import StudyLock
-from tuner.study.workers import budget_used
+from tuner.study.workers import Worker, budget_used
 
 if TYPE_CHECKING:
     import optuna

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.serving.config import Deployment
 from tuner.backends import get_backend
-from tuner.traffic.synth import article_mix, default_workload
-from tuner.sim.model import load_model
 from tuner.core.errors import InputError
+from tuner.serving.config import Deployment
+from tuner.sim.model import load_model
+from tuner.traffic.synth import article_mix, default_workload
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend

@@ -12,20 +12,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends.sim import SimBackend
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.core.jsonsafe import json_safe
 from tuner.core.urls import redact, redact_value
 from tuner.search.constraints import CONSTRAINT
 from tuner.search.context import TrialContext
 from tuner.search.goodput import LoadPoint, edge_width, goodput_search, max_users
+from tuner.search.refusal import MEMORY_REFUSALS, judge, prediction
+from tuner.search.settings import SearchSettings
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.serving.slo import OBJECTIVES as OBJECTIVE_UNITS
 from tuner.serving.slo import SloSet
 from tuner.study.record import Edge, LoadRecord, RunFacts, TrialRecord
-from tuner.search.settings import SearchSettings
-from tuner.backends.sim import SimBackend
-from tuner.search.refusal import MEMORY_REFUSALS, prediction
-from tuner.search.refusal import judge
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer

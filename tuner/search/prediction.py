@@ -25,16 +25,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends.sim import SimBackend
 from tuner.core.errors import ConfigRejected, InputError
-from tuner.serving.slo import value_text
-from tuner.study.record import TrialRecord
+from tuner.search.context import TrialContext
+from tuner.search.objective import evaluate
+from tuner.search.settings import SearchSettings
+from tuner.serving.slo import SloSet, value_text
 from tuner.sim.hardware import get_gpu
 from tuner.sim.model import load_model
-from tuner.backends.sim import SimBackend
-from tuner.search.context import TrialContext
-from tuner.search.settings import SearchSettings
-from tuner.serving.slo import SloSet
-from tuner.search.objective import evaluate
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

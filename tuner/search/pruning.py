@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from tuner.core.jsonsafe import json_safe
 from tuner.search.constraints import CONSTRAINT, tell_by_name
 from tuner.search.defaults import snapped_grid
-from tuner.serving.config import ServeConfig
-from tuner.study.record import RunFacts, TrialRecord, write
-from tuner.study import best_feasible_trial
 from tuner.search.prediction import advise
+from tuner.serving.config import ServeConfig
+from tuner.study import best_feasible_trial
+from tuner.study.record import RunFacts, TrialRecord, write
 
 if TYPE_CHECKING:
     import optuna

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError, TunerError
-from tuner.sim.calibration import load_calibration
-from tuner.sim.hardware import get_gpu
+from tuner.core.files import write_atomic
 from tuner.core.knobs import knob
 from tuner.core.versions import parse_version
 from tuner.search import serve_command
-from tuner.core.files import write_atomic
+from tuner.sim.calibration import load_calibration
+from tuner.sim.hardware import get_gpu
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.errors import InputError
+from tuner.core.errors import EnvironmentFault, InputError
 from tuner.core.urls import redact
+from tuner.runtime.processes import stale_servers, stop_group
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.sim.hardware import get_gpu
 from tuner.study.record import RunFacts, StudyRecord, TrialRecord, write
 from tuner.study.recovery import failure
-from tuner.sim.hardware import get_gpu
-from tuner.core.errors import EnvironmentFault
-from tuner.runtime.processes import stale_servers, stop_group
 
 if TYPE_CHECKING:
     import optuna

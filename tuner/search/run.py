@@ -12,10 +12,9 @@ from tuner.search.outcome import SearchOutcome
 from tuner.search.settings import CONFIRM_MAX_ROUNDS, CONFIRM_ROUNDS, SearchSettings
 from tuner.search.setup import open_search
 from tuner.serving.config import ServeConfig
-from tuner.study import top_feasible_trials
+from tuner.study import top_feasible_trials, trial_config
 from tuner.study.race import FEASIBILITY
 from tuner.study.storage import guard_storage
-from tuner.study import trial_config
 
 if TYPE_CHECKING:
     from tuner.search.backend import Backend

@@ -20,10 +20,10 @@ from tuner.search.samplers import make_sampler
 from tuner.search.window import fit_to_window, replay_cost
 from tuner.serving.config import ServeConfig
 from tuner.serving.slo import OBJECTIVES as OBJECTIVE_UNITS
+from tuner.space import space_difference
 from tuner.study import count_finished, open_study, study_name
 from tuner.study.record import RunFacts, StudyRecord, TrialRecord
 from tuner.study.workers import worker_seed
-from tuner.space import space_difference
 
 if TYPE_CHECKING:
     import optuna

@@ -19,13 +19,12 @@ from tuner.search.boundary import lowest_p95, sampler_constraint
 from tuner.search.confirm import study_noise
 from tuner.search.constraints import CONSTRAINT, tell_by_name, told
 from tuner.search.objective import evaluate, rejected
+from tuner.search.prediction import advise
 from tuner.search.pruning import explore, propose, prune
 from tuner.search.records import mark_trial_failed, same_config
-from tuner.search.verdict import copy_source
+from tuner.search.verdict import copy_source, settle, study_ttft_sd
 from tuner.serving.config import ServeConfig
 from tuner.study.record import QUEUED, TrialRecord, write
-from tuner.search.prediction import advise
-from tuner.search.verdict import settle, study_ttft_sd
 
 if TYPE_CHECKING:
     import optuna

@@ -14,20 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends import backend_class
 from tuner.core.errors import InputError
 from tuner.core.values import replaced
+from tuner.runtime.progress import observer_or_headless
 from tuner.search.inputs import build_workload, num_heads
 from tuner.search.outcome import SearchOutcome
 from tuner.search.run import run_settings, warm_start_configs
 from tuner.search.settings import SearchSettings
 from tuner.serving.config import Deployment
 from tuner.serving.slo import SloSet
-from tuner.space.workload import WorkloadSpec
 from tuner.space import SearchSpace, load_space
-from tuner.backends import backend_class
-from tuner.runtime.progress import observer_or_headless
-from tuner.study.record import TrialRecord
+from tuner.space.workload import WorkloadSpec
 from tuner.study import study_name
+from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     from tuner.runtime.progress import Observer

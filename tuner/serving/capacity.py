@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.core.jsonsafe import json_safe
-from tuner.serving.slo import MAX_ERROR_RATE, monotone_crossing, monotone_fit, within
 from tuner.core.units import parse_seconds
+from tuner.serving.slo import MAX_ERROR_RATE, monotone_crossing, monotone_fit, within
 
 if TYPE_CHECKING:
     import optuna

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tuner.core.errors import InputError
 
+
 # -- conversations, demand, replicas, cost -----------------------------------------------
 def requests_per_conversation(sessions: Sequence[str | None] | None) -> float | None:
     """Requests / distinct conversations, from per-request conversation ids (a request

@@ -8,12 +8,12 @@ import time
 
 from aiohttp import web
 
+from tuner.core.errors import ConfigRejected, TunerError
 from tuner.core.knobs import KNOBS
-from tuner.sim.server import SimServer
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.sim.engine import EngineCore
 from tuner.sim.memory import plan_memory
-from tuner.core.errors import ConfigRejected, TunerError
+from tuner.sim.server import SimServer
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,8 +28,8 @@ from tuner.runtime.routing import Router
 from tuner.serving.load import Concurrency, arrival_times
 from tuner.serving.result import RunResult
 from tuner.sim.calibration import Calibration, load_calibration
-from tuner.sim.scheduler import EngineCore, StepOutput  # noqa: F401  (EngineCore is part of this module's API)
 from tuner.sim.memory import plan_memory
+from tuner.sim.scheduler import EngineCore, StepOutput  # noqa: F401  (EngineCore is part of this module's API)
 
 if TYPE_CHECKING:
     from tuner.serving.config import Deployment, ServeConfig

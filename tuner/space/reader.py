@@ -13,14 +13,14 @@ from tuner.core.values import is_number, shown
 from tuner.core.yamlfile import YamlDoc, parse_yaml, read_yaml
 from tuner.serving.config import Deployment
 from tuner.serving.slo import SloSet
+from tuner.sim.calibration import load_calibration, memory_overrides
+from tuner.sim.hardware import get_gpu
+from tuner.sim.model import load_model
 from tuner.space.checks import check_keys, kind
 from tuner.space.knob_values import as_float, numeric, own_message, whole
 from tuner.space.parameters import parse_layouts, parse_parameters
 from tuner.space.search_space import SearchSpace
 from tuner.space.workload import WorkloadSpec
-from tuner.sim.calibration import load_calibration, memory_overrides
-from tuner.sim.hardware import get_gpu
-from tuner.sim.model import load_model
 
 _TOP_KEYS = ("name", "description", "deployment", "workload", "parameters", "layouts")
 _DEPLOYMENT_KEYS = {f.name for f in fields(Deployment)} | {"gpus"}

@@ -7,15 +7,22 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
+from tuner.core.jsonsafe import json_safe
 from tuner.core.values import shown
 from tuner.core.yamlfile import line_of
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.space.knob_values import KNOB_TYPES, pin_value
 from tuner.space.param import (
-    LAYOUT_PINS, MISSING, Param, choice_param, index_key, layout_name, parse_layout, pin_layout_value,
+    LAYOUT_PINS,
+    MISSING,
+    Param,
+    choice_param,
+    index_key,
+    layout_name,
+    parse_layout,
+    pin_layout_value,
 )
 from tuner.space.workload import WorkloadSpec
-from tuner.core.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     import optuna

@@ -22,17 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.core.urls import redact, redact_value
+from tuner.serving.capacity import stored_plan
+from tuner.serving.config import ServeConfig
 from tuner.serving.result import bench_fields, describe_errors
 from tuner.serving.slo import SloSet
 from tuner.study import Recommendation, best_feasible_trial, load_study_by_name, own_studies
 from tuner.study import recommendation as study_recommendation
+from tuner.study.effective import ANY, caveat, trial_group
 from tuner.study.record import StudyRecord, TrialRecord
-from tuner.study.storage import opened
-from tuner.study.storage import storage_of
-from tuner.study.effective import trial_group
-from tuner.serving.config import ServeConfig
-from tuner.study.effective import ANY, caveat
-from tuner.serving.capacity import stored_plan
+from tuner.study.storage import opened, storage_of
 
 if TYPE_CHECKING:
     import optuna

@@ -7,10 +7,9 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError
 from tuner.study.budget import count_finished, is_confirmation
 from tuner.study.naming import companion_name, name_objective
-from tuner.study.record import StudyRecord
-from tuner.study.storage import opened, storage_of
-from tuner.study.record import write_confirmation
 from tuner.study.race import Confirmation
+from tuner.study.record import StudyRecord, write_confirmation
+from tuner.study.storage import opened, storage_of
 
 if TYPE_CHECKING:
     import optuna

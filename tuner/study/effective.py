@@ -22,8 +22,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.values import is_int, is_number
 from tuner.core.errors import TunerError
+from tuner.core.values import is_int, is_number
 from tuner.core.versions import parse_version
 from tuner.sim.hardware import get_gpu
 from tuner.sim.memory import uses_v1_engine

@@ -14,6 +14,7 @@ from typing import Any
 
 from tuner.core.errors import InputError
 
+
 class StudyBusy(InputError):
     """Another process holds the study (a SQLite search, or a nightly run)."""
 

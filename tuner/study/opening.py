@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError, TunerError
+from tuner.core.urls import redact
 from tuner.study.budget import count_finished, counts_toward_budget, finished_states, is_copy
 from tuner.study.companion import confirmation_study, storage_handle
 from tuner.study.naming import name_objective, own_studies
@@ -20,7 +21,6 @@ from tuner.study.storage import (
     storage_open_error,
 )
 from tuner.study.trials import best_feasible_trial, is_feasible
-from tuner.core.urls import redact
 
 if TYPE_CHECKING:
     import optuna

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import EnvironmentFault, InputError, TunerError
+from tuner.core.urls import redact, unreachable
+from tuner.study import sqlite_file
 from tuner.study.locks import StudyLock, driver_url, sqlite_path
 from tuner.study.record import TrialRecord
-from tuner.study import sqlite_file
-from tuner.core.urls import redact, unreachable
-from tuner.study.sqlite_file import lost
-from tuner.study.sqlite_file import file_fault
+from tuner.study.sqlite_file import file_fault, lost
 
 if TYPE_CHECKING:
     import optuna

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuner.core.errors import InputError
+from tuner.core.urls import redact
 from tuner.study.budget import is_confirmation
 from tuner.study.companion import confirmation
 from tuner.study.record import TrialRecord
-from tuner.core.urls import redact
 
 if TYPE_CHECKING:
     import optuna

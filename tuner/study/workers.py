@@ -45,13 +45,20 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner.study import free_copies, is_copy
 from tuner.study.locks import StudyBusy, StudyLock, process_label, sqlite_path
 from tuner.study.record import TrialRecord, write
-from tuner.study.storage import GRACE_FACTOR, RUN_STATE_PREFIX, heartbeat_s, is_shared, storage_fault
-from tuner.study import free_copies, is_copy
 from tuner.study.recovery import not_measured
-from tuner.study.storage import default_storage, storage_of
-from tuner.study.storage import trial_id
+from tuner.study.storage import (
+    GRACE_FACTOR,
+    RUN_STATE_PREFIX,
+    default_storage,
+    heartbeat_s,
+    is_shared,
+    storage_fault,
+    storage_of,
+    trial_id,
+)
 
 if TYPE_CHECKING:
     import optuna

@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from tuner.traffic._prefix import chat_block_ids
 from tuner.traffic._rows import (
     BAD_VALUE,
     MISSING,
@@ -33,7 +34,6 @@ from tuner.traffic._rows import (
     to_length,
     to_number,
 )
-from tuner.traffic._prefix import chat_block_ids
 from tuner.traffic._text import MESSAGE_HEAD, REPLY_PRIMER, TokenCounter, content_text
 from tuner.traffic.workload import Workload
 

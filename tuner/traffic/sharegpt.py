@@ -13,8 +13,8 @@ in conversation order, for closed-loop replay or a rate chosen at run time.
 """  # noqa: E501
 from __future__ import annotations
 
-from tuner.traffic._rows import BAD_VALUE, MISSING, BadRows, Collected, SkipRow, iter_records, read_text
 from tuner.traffic._prefix import chat_block_ids
+from tuner.traffic._rows import BAD_VALUE, MISSING, BadRows, Collected, SkipRow, iter_records, read_text
 from tuner.traffic._text import MESSAGE_HEAD, MESSAGE_OVERHEAD, REPLY_PRIMER, TokenCounter, content_text
 from tuner.traffic.workload import Workload
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from tuner.sim.hardware import GPU, GiB
 
-
 #: Version where gpu_memory_utilization's default became 0.92. vllm-facts.md reads 0.92 in
 #: 0.33.0 and 0.9 in older releases; the first release with 0.92 is NOT verified. We assume it
 #: arrived with the CUDA-graph memory estimate (0.21.0), which took graphs out of the KV share.

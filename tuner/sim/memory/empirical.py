@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.serving.config import Deployment
-from tuner.sim.hardware import GiB
 from tuner.sim.calibration import memory_overrides
-
+from tuner.sim.hardware import GiB
 
 MiB = 1 << 20
 

@@ -11,7 +11,6 @@ from tuner.serving.config import ServeConfig
 from tuner.sim.hardware import GPU, GiB
 from tuner.sim.model import ModelSpec
 
-
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(ServeConfig))
 
 

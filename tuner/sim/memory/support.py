@@ -10,7 +10,6 @@ from tuner.sim.hardware import GPU
 from tuner.sim.memory.defaults import uses_v1_engine
 from tuner.sim.model import ModelSpec
 
-
 #: ``get_min_capability`` of vLLM's quantisation methods (model_executor/layers/quantization/,
 #: read from vLLM 0.33.0; see vllm-facts.md section 4).
 MIN_CAPABILITY = {
