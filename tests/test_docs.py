@@ -79,11 +79,36 @@ def test_runnable_blocks_run_as_pasted(tmp_path):
             assert "Traceback" not in done.stderr, f"{where}: {done.stderr[-2000:]}"
 
 
+#: The pages whose transcripts run in one folder, in reading order: a later page's commands use the study an
+#: earlier one made (the quick start's, resumed, planned); each other page stands alone, so the groups run
+#: side by side (pytest-xdist) and every page is in one of them (:func:`transcript_groups`).
+CHAINED = ("README.md", "docs/study.md", "docs/capacity.md", "docs/traffic.md")
+
+
+def transcript_groups() -> dict[str, list[str]]:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import readme_outputs
+
+    with_transcripts = [name(p.path) for p in readme_outputs.pages() if p.transcripts]
+    groups = {"quick start, study, capacity, traffic": [p for p in with_transcripts if p in CHAINED]}
+    groups.update({page: [page] for page in with_transcripts if page not in CHAINED})
+    return groups
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_every_pasted_transcript_is_what_the_code_prints_now():
+@pytest.mark.parametrize("group", transcript_groups())
+def test_every_pasted_transcript_is_what_the_code_prints_now(group):
     """Each ``$ command`` of a ``text`` block runs, in reading order in one folder, and prints what the page
     shows (run times masked); a page out of date names the command (regenerate: readme_outputs.py --write)."""
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "readme_outputs.py"), "--check"],
+    pages = [arg for page in transcript_groups()[group] for arg in ("--page", page)]
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "readme_outputs.py"), "--check", *pages],
                           cwd=REPO, capture_output=True, text=True, timeout=1400)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_every_page_with_transcripts_is_checked_once_and_the_chain_in_reading_order():
+    groups = transcript_groups()
+    checked = [page for pages in groups.values() for page in pages]
+    assert len(checked) == len(set(checked)) and set(CHAINED) <= set(checked)
+    assert list(groups["quick start, study, capacity, traffic"]) == list(CHAINED)

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 # The search fixture (3 vLLM starts) runs inside the first test: well over pytest's 300 s default.
-pytestmark = [pytest.mark.live_vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
+# host_wide: each test checks that nothing new is left in /tmp or running, which other tests' servers would be
+pytestmark = [pytest.mark.live_vllm, pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.host_wide]
 
 HERE = Path(__file__).resolve().parent
 VLLM_PYTHON = os.environ.get("TUNER_VLLM_PYTHON", "")
