@@ -542,7 +542,6 @@ def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_an
     # folds them: stood in here), each measured on its own start with its own noise draw
     from optuna.trial import create_trial
 
-    import tuner.study.effective
     from tuner.search.confirm import distinct
 
     config = ServeConfig(max_num_seqs=16, max_model_len=4096)
@@ -551,7 +550,9 @@ def test_trials_of_one_effective_configuration_enter_the_race_with_their_mean_an
     for number, t in enumerate(trials):
         t.number = number
     records = {t.number: TrialRecord.from_trial(t) for t in trials}
-    monkeypatch.setattr(tuner.study.effective, "trial_group", lambda rec, started: ("one server", {}))
+    from tuner.search import confirm as confirm_module  # the module (tuner.search is the verb)
+
+    monkeypatch.setattr(confirm_module, "trial_group", lambda rec, started: ("one server", {}))  # where it is used
     (entrant, members, mean), = distinct(trials, records)
     assert entrant.number == 0 and members == [0, 1]  # named by its best-measured trial
     assert mean == pytest.approx(math.sqrt(1800.0 * 1400.0))  # but entering with the pair's mean, not the luckier

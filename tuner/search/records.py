@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import EnvironmentFault, InputError
 from tuner.core.urls import redact
-from tuner.runtime.processes import stale_servers, stop_group
+from tuner.runtime import processes
 from tuner.serving.config import Deployment, ServeConfig
 from tuner.sim.hardware import get_gpu
 from tuner.study.record import RunFacts, StudyRecord, TrialRecord, write
@@ -56,8 +56,8 @@ def report_stale_servers(obs: Observer, kill: bool = True) -> None:
     refuses to start beside it. ``kill`` is kept for callers of the old ``--kill-stale``;
     servers of runs still alive are never touched."""
 
-    for server in stale_servers():
-        if not stop_group(server.pgid):
+    for server in processes.stale_servers():
+        if not processes.stop_group(server.pgid):
             raise EnvironmentFault("stale_server", f"a server left by a dead run did not stop: {server.describe()}; "
                                    f"stop it (kill -KILL -- -{server.pgid}, or tuner doctor --kill-stale) and rerun")
         obs.on_warning(f"stopped a server left by a dead run: {server.describe()}")
