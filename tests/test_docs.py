@@ -95,20 +95,24 @@ def transcript_groups() -> dict[str, list[str]]:
     return groups
 
 
+#: Computed once, at collection (the pages' parse and benchmarks/ on sys.path: once per run).
+GROUPS = transcript_groups()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("group", transcript_groups())
+@pytest.mark.parametrize("group", GROUPS)
 def test_every_pasted_transcript_is_what_the_code_prints_now(group):
     """Each ``$ command`` of a ``text`` block runs, in reading order in one folder, and prints what the page
     shows (run times masked); a page out of date names the command (regenerate: readme_outputs.py --write)."""
-    pages = [arg for page in transcript_groups()[group] for arg in ("--page", page)]
+    pages = [arg for page in GROUPS[group] for arg in ("--page", page)]
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "readme_outputs.py"), "--check", *pages],
                           cwd=REPO, capture_output=True, text=True, timeout=1400)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_every_page_with_transcripts_is_checked_once_and_the_chain_in_reading_order():
-    groups = transcript_groups()
+    groups = GROUPS
     checked = [page for pages in groups.values() for page in pages]
     assert len(checked) == len(set(checked)) and set(CHAINED) <= set(checked)
     assert list(groups["quick start, study, capacity, traffic"]) == list(CHAINED)
