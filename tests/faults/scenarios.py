@@ -259,12 +259,13 @@ def sigkill(folder: Path) -> Outcome:
                    {"rerun_stderr": rerr, "counts": counts})
 
 
-def wrapper(folder: Path) -> str:
+def wrapper(folder: Path, cleanup_s: float = 0) -> str:
     """A launcher script that does not ``exec`` the server (it waits, then reports), as
-    site launchers do: the server is tuner's grandchild, the shell its direct child."""
+    site launchers do: the server is tuner's grandchild, the shell its direct child. With
+    ``cleanup_s``, it cleans up that long before it reports (as a busy host delays any launcher)."""
     script = folder / "launch.sh"
-    script.write_text(f"#!/bin/bash\n{SIM} \"$@\"\nstatus=$?\necho \"launch.sh: server exited $status\"\n"
-                      "exit $status\n")
+    script.write_text(f"#!/bin/bash\n{SIM} \"$@\"\nstatus=$?\nsleep {cleanup_s:g}\n"
+                      "echo \"launch.sh: server exited $status\"\nexit $status\n")
     script.chmod(0o755)
     return str(script)
 
@@ -293,13 +294,14 @@ def wrapper_sigkill(folder: Path) -> Outcome:
                    "measured", before, finished(folder), left, ok, {"rerun_stderr": rerr, "counts": counts})
 
 
-def killed_from_outside(folder: Path, times: int, sampler: str = "grid") -> Outcome:
-    """The server (behind a wrapper that does not exec) is SIGKILLed by someone else mid-trial,
-    ``times`` times in a row: once, the trial is measured again and the run ends 0 with every
-    configuration measured; twice, the run stops with exit 2 and one line naming the signal.
-    Never stored infeasible, never counted."""
+def killed_from_outside(folder: Path, times: int, sampler: str = "grid", cleanup_s: float = 0) -> Outcome:
+    """The server (behind a wrapper that does not exec, which reports ``cleanup_s`` after its
+    server ended) is SIGKILLed by someone else mid-trial, ``times`` times in a row: once, the
+    trial is measured again and the run ends 0 with every configuration measured; twice, the
+    run stops with exit 2 and one line naming the signal. Never stored infeasible, never counted."""
     prepare(folder)
-    proc = tuner(folder, *[a if a != "grid" else sampler for a in search_args(vllm_cmd=wrapper(folder))])
+    launcher = wrapper(folder, cleanup_s)
+    proc = tuner(folder, *[a if a != "grid" else sampler for a in search_args(vllm_cmd=launcher)])
     killed: list[int] = []
 
     def serving(server: psutil.Process) -> bool:  # mid-trial: the replay holds a connection to it now
@@ -1160,22 +1162,24 @@ ALL = [
 import staged  # noqa: E402
 import staged_ops  # noqa: E402
 
+# every entry looks its scenario up when it runs: staged.py imports this module, and may be imported first
+
 ALL += [
     ("launcher_timeout", lambda f: staged.launcher(f, "timeout")),
     ("launcher_daemon", lambda f: staged.launcher(f, "daemon")),
-    ("paused", staged.paused),
-    ("terminated", staged.terminated),
-    ("warming_up", staged.warming_up),
-    ("knob_failure", staged.knob_failure),
-    ("hexid_failure", staged.hexid_failure),
-    ("transient", staged.transient),
-    ("study_deleted", staged.study_deleted),
-    ("broken_nightly_study", staged.broken_nightly_study),
-    ("efbig", staged.efbig),
-    ("quiet_night", staged_ops.quiet_night),
-    ("password_everywhere", staged_ops.password_everywhere),
-    ("bad_seed", staged_ops.bad_seed),
-    ("huge_trace", staged_ops.huge_trace),
-    ("impossible_request", staged_ops.impossible_request),
-    ("endpoint_command", staged_ops.endpoint_command),
+    ("paused", lambda f: staged.paused(f)),
+    ("terminated", lambda f: staged.terminated(f)),
+    ("warming_up", lambda f: staged.warming_up(f)),
+    ("knob_failure", lambda f: staged.knob_failure(f)),
+    ("hexid_failure", lambda f: staged.hexid_failure(f)),
+    ("transient", lambda f: staged.transient(f)),
+    ("study_deleted", lambda f: staged.study_deleted(f)),
+    ("broken_nightly_study", lambda f: staged.broken_nightly_study(f)),
+    ("efbig", lambda f: staged.efbig(f)),
+    ("quiet_night", lambda f: staged_ops.quiet_night(f)),
+    ("password_everywhere", lambda f: staged_ops.password_everywhere(f)),
+    ("bad_seed", lambda f: staged_ops.bad_seed(f)),
+    ("huge_trace", lambda f: staged_ops.huge_trace(f)),
+    ("impossible_request", lambda f: staged_ops.impossible_request(f)),
+    ("endpoint_command", lambda f: staged_ops.endpoint_command(f)),
 ]

@@ -114,6 +114,15 @@ def test_a_server_killed_from_outside_twice_in_a_row_stops_the_run(tmp_path):
     assert o.details["code"] == 2 and o.ok, o
 
 
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_kill_is_told_by_the_launchers_report_even_when_it_comes_seconds_late(tmp_path, times):
+    """A launcher that cleans up for 4 s before it reports its server's SIGKILL (as a busy
+    host delays any launcher): the kill is still the machine's, not a disruption for the referee."""
+    o = sc.killed_from_outside(tmp_path, times, cleanup_s=4)
+    assert o.details["code"] == (0 if times == 1 else 2) and o.details["env_faults"] == times, o
+    assert o.ok, o
+
+
 def test_vllm_serve_with_flags_gets_the_model_first_and_a_refusal_before_the_engine_is_the_machines(tmp_path):
     o = sc.positional_model(tmp_path)
     assert o.ok, o.details

@@ -8,6 +8,8 @@ search decides whose fault it was by experiment (:mod:`tuner.search.blame`). A s
 outside (the OOM killer, an operator's SIGKILL) is the machine's (``killed``)."""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner.backends.local_server import _http
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
 
 #: Seconds a replica has to answer ``/health`` after a replay that lost connections.
 SILENT_S = 5.0
+#: Seconds a replica that no longer answers is given to be seen ended: a process that is
+#: exiting closes its socket before it ends, and a busy host lets that moment last.
+ENDING_S = 3.0
 
 
 class VllmInstance:
@@ -74,12 +79,15 @@ class VllmInstance:
         if dead:
             r = dead[0]
             code = r.exit_code()
-            cause = classify_failure(1 if code is None else code, r.log_text(), log_path=str(r.log_path))
+            if code is None:  # a daemonized server: how it ended is not known
+                raise Disrupted(f"vLLM replica at {r.url} exited {when} (its launcher runs on, so how is not "
+                                f"known), which tuner did not ask: {r.last_line()} [log: {r.log_path}]",
+                                path=str(r.log_path))
+            cause = classify_failure(code, r.log_text(), log_path=str(r.log_path))
             if isinstance(cause, EnvironmentFault):  # killed from outside: the machine's, not the config's
                 raise EnvironmentFault(cause.kind, f"vLLM replica at {r.url} died {when}: {cause.message}",
                                        path=cause.path)
-            shown = "its launcher still runs" if code is None else f"code {code}"
-            raise Disrupted(f"vLLM replica at {r.url} exited {when} ({shown}), which tuner did not ask: "
+            raise Disrupted(f"vLLM replica at {r.url} exited {when} (code {code}), which tuner did not ask: "
                             f"{cause.message} [log: {r.log_path}]", path=str(r.log_path))
 
     def _raise_if_silent(self) -> None:
@@ -91,6 +99,8 @@ class VllmInstance:
                 status = _http(f"{r.url}/health", timeout=SILENT_S)[0]
             except OSError:
                 status = 0
+            if status != 200:  # a server that is exiting refuses connections before it has ended
+                _wait_until(r.exited, ENDING_S)
             self._raise_if_dead("during the run")
             if status != 200:
                 raise Disrupted(f"vLLM replica at {r.url} stopped answering during the run (/health: "
@@ -117,3 +127,13 @@ class VllmInstance:
                 self.close()
             except Exception:
                 pass
+
+
+def _wait_until(done: Callable[[], bool], limit_s: float) -> bool:
+    """Whether ``done()`` became true within ``limit_s`` (looked at every 50 ms)."""
+    end = time.monotonic() + limit_s
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True

@@ -39,6 +39,11 @@ def server_tmpdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="tuner-vllm-", dir=parent if len(parent) <= 50 else "/tmp"))
 
 
+#: How long a launcher that waits on its server (a shell, coreutils ``timeout``) is given to
+#: report the server's end: it may clean up first, and a busy host schedules it late. A
+#: launcher the server is not a descendant of (it daemonized) reports nothing: not waited for.
+REPORT_S = 30.0
+
 #: Every replica this process started and has not stopped yet (see :func:`stop_all`).
 _LIVE: set[_Replica] = set()
 
@@ -67,6 +72,7 @@ class _Replica:
         self.port = port
         self.tmpdir = tmpdir  # its TMPDIR (vLLM's ipc sockets): removed once it is stopped
         self.server: psutil.Process | None = None  # what listens on the port, once it does
+        self.reports = False  # the launcher waits on that server, so its exit code will say how it ended
         _LIVE.add(self)
         reaper.watch(self.pgid)  # stopped with this process however it ends (a wrapper that does not exec)
 
@@ -80,12 +86,18 @@ class _Replica:
         except OSError:
             return ""
 
+    def last_line(self) -> str:
+        """The log's last line that is not blank ("(empty log)" when there is none)."""
+        lines = [ln.strip() for ln in self.log_text(20_000).splitlines() if ln.strip()]
+        return lines[-1] if lines else "(empty log)"
+
     def found_server(self) -> None:
         """Note the process listening on the replica's port (its server, whatever launched it)."""
         pid = processes.listener_pid(self.port)
         if pid is not None:
             with contextlib.suppress(psutil.Error):
                 self.server = psutil.Process(pid)
+                self.reports = pid == self.proc.pid or self.proc.pid in {p.pid for p in self.server.parents()}
 
     def exited(self) -> bool:
         """The server is gone: the process that listened on the port has ended, or (before
@@ -99,12 +111,12 @@ class _Replica:
             return False
         return not processes.processes_of(self.token)
 
-    def exit_code(self, wait_s: float = 2.0) -> int | None:
-        """The launcher's exit code, given ``wait_s`` to end after its server did (a shell
-        that waits on it reports its code, ``128+N`` for a signal); None while it runs on (a
-        daemonized server's own code is not known)."""
+    def exit_code(self) -> int | None:
+        """The launcher's exit code: the server's own, or ``128+N`` for a signal from a shell
+        that waits on it (given :data:`REPORT_S` to end after its server did); None while a
+        launcher runs on that does not wait on the server (a daemonized server's code is not known)."""
         try:
-            return self.proc.wait(timeout=wait_s) if self.server is not None else self.proc.poll()
+            return self.proc.wait(timeout=REPORT_S) if self.server is not None and self.reports else self.proc.poll()
         except subprocess.TimeoutExpired:
             return None
 
