@@ -98,15 +98,36 @@ def test_a_trace_one_trial_cannot_replay_in_the_window_is_sampled_with_one_line(
 
     same, note = fit_to_window(big, None, 5, 0, cost)
     assert same is big and note is None and not asked  # no window: nothing to fit, nothing timed
-    assert fit_to_window(big, 1000.0, 5, 0, cost) == (big, None)  # 500 s fit in 80 % of 1000 s
+    assert fit_to_window(big, 1000.0, 5, 0, cost) == (big, None)  # 500 s fit in half of 1000 s
     sample, note = fit_to_window(big, 30.0, 5, 7, cost)
-    # 0.8 x 30 s / (5 x 1 ms) = 4,800 requests fit: the round count under it
+    # 0.5 x 30 s / (5 x 1 ms) = 3,000 requests fit: the round count under it
     assert len(sample) == 2000 and "100,000 requests" in note and "2,000 of them" in note and "seed 7" in note
     again, _ = fit_to_window(big, 30.0, 5, 7, cost)
     assert np.array_equal(again.arrival_s, sample.arrival_s)  # the study's seed draws the same sample
     with pytest.raises(InputError) as err:
         fit_to_window(big, 0.5, 5, 0, cost)  # not even 200 requests fit
     assert "--timeout" in str(err.value)
+
+
+def test_the_pilot_times_the_spaces_smallest_batch_which_the_simulator_takes_longest_over():
+    """A batch of 16 needs 16 times the simulator's steps of one of 256 for the same requests:
+    the pilot that sizes the sample runs the space's fewest sequences (a CI run once sized
+    it on vLLM's default 256, and a trial of 16 took 8 times the estimate, cut by --timeout)."""
+    from dataclasses import replace
+
+    from tuner.search.window import costliest
+    from tuner.serving.config import ServeConfig
+    from tuner.space import SearchSpace
+    from tuner.space.param import Param
+
+    def with_seqs(param: Param | None = None, fixed: int | None = None) -> SearchSpace:
+        return replace(space(), params=(param,) if param else (), fixed=(("max_num_seqs", fixed),) if fixed else ())
+
+    assert costliest(None) == ServeConfig()
+    assert costliest(with_seqs(Param("max_num_seqs", "ordinal", choices=(16, 64, 256)))).max_num_seqs == 16
+    assert costliest(with_seqs(Param("max_num_seqs", "int", low=8, high=512, log=True))).max_num_seqs == 8
+    assert costliest(with_seqs(fixed=48)).max_num_seqs == 48
+    assert costliest(with_seqs()) == ServeConfig()
 
 
 def test_a_request_no_max_model_len_holds_is_named_with_its_line(tmp_path):

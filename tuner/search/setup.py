@@ -87,7 +87,7 @@ def open_search(space: SearchSpace, backend: Backend | str, workload: Workload |
     s = settings
     # a trace one trial cannot replay within --timeout: a seeded sample of it (the study keeps its name)
     fitted, sampled = fit_to_window(workload, s.timeout_s, s.max_replays, s.seed,
-                                    lambda: replay_cost(backend, deployment, workload, st))
+                                    lambda: replay_cost(backend, deployment, workload, st, space))
     facts = RunFacts(
         workload_fingerprint=fingerprint, workload_source=json_safe(workload.source),
         workload_file=workload_file(space, workload), workload_requests=len(fitted), **workload_facts(workload),

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.search.blame import started
+from tuner.serving.config import ServeConfig
 from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
 
+    from tuner.space.search_space import SearchSpace
     from tuner.traffic.workload import Workload
 
 
@@ -39,28 +41,45 @@ def trial_estimate(study: optuna.Study) -> float | None:
 
 
 
-#: Of the window (``--timeout``), what one trial's replays may take before the trace is sampled.
-TRIAL_SHARE = 0.8
+#: Of the window (``--timeout``), what one trial's replays may take before the trace is sampled:
+#: half, since the pilot is timed once and a host as busy again runs the trial at half its speed.
+TRIAL_SHARE = 0.5
 #: Requests a pilot replays to time the embedded simulator, and the fewest a sample keeps.
 PILOT, MIN_SAMPLE = 2000, 200
 
 
-def replay_cost(backend: Any, deployment: Any, workload: Workload, study: optuna.Study) -> float | None:
+def replay_cost(backend: Any, deployment: Any, workload: Workload, study: optuna.Study,
+                space: SearchSpace | None = None) -> float | None:
     """Wall seconds one request of ``workload`` costs a replay: timed on a pilot of
     :data:`PILOT` requests for a backend that costs no GPU time (the embedded simulator),
-    else the slowest load of the study's own measured trials; None when nothing tells."""
+    on the space's costliest configuration to simulate (:func:`costliest`), else the
+    slowest load of the study's own measured trials; None when nothing tells."""
     if not backend.measures_gpu_time:
-        from tuner.serving.config import ServeConfig
         from tuner.serving.load import Concurrency
 
+        config = costliest(space)
         pilot = workload.take(slice(0, min(PILOT, len(workload))))
         t0 = time.perf_counter()
-        with backend.start(deployment, ServeConfig()) as inst:
-            inst.run(pilot, Concurrency(256))
+        with backend.start(deployment, config) as inst:
+            inst.run(pilot, Concurrency(config.max_num_seqs or 256))
         return (time.perf_counter() - t0) / len(pilot)
     costs = [p.duration_s / rec.run.workload_requests for rec in map(TrialRecord.from_trial, study.get_trials(
         deepcopy=False)) for p in rec.loads if p.duration_s and rec.run.workload_requests]
     return max(costs) if costs else None
+
+
+def costliest(space: SearchSpace | None) -> ServeConfig:
+    """The configuration of ``space`` the simulator takes longest to replay a request on: its
+    fewest sequences a step (every step costs about the same wall time, and a batch of 16
+    needs 16 times the steps of one of 256); vLLM's defaults without a space."""
+    from tuner.serving.config import ServeConfig
+
+    if space is None:
+        return ServeConfig()
+    lows = [min(p.choices) if p.choices else p.low for p in space.params if p.name == "max_num_seqs"]
+    fixed = dict(space.fixed).get("max_num_seqs")
+    fewest = int(lows[0]) if lows else fixed
+    return ServeConfig() if fewest is None else ServeConfig(max_num_seqs=int(fewest))
 
 
 def fit_to_window(workload: Workload, window_s: float | None, max_replays: int, seed: int,
@@ -93,4 +112,4 @@ def fit_to_window(workload: Workload, window_s: float | None, max_replays: int, 
         "trace convert, to replay more)")
 
 
-__all__ = ["fit_to_window", "replay_cost", "trial_estimate"]
+__all__ = ["costliest", "fit_to_window", "replay_cost", "trial_estimate"]
