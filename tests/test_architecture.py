@@ -210,19 +210,17 @@ def test_only_tests_use_tuner_testing_and_only_it_imports_pytest():
     assert not wrong, "\n".join(wrong)
 
 
-#: Imports of tuner's own modules inside functions, outside tuner/cli (where a command module loads its
-#: subsystem when its command runs, so that --help stays fast: benchmarks/cli_startup.py): the API's lazy
-#: names, the backend factory's choice, and a few whose name a module or function also binds. A new one
-#: goes to the top of its module.
-MAX_FUNCTION_LEVEL_IMPORTS = 29
+#: Imports of tuner's own modules inside functions, tuner/cli included: the API's verbs (``import tuner``
+#: stays cheap), the backend factory's choice, ``tuner sim-serve``'s implementation (the command started once
+#: per trial), the CLI's study-database error path, and a few whose name a module or function also binds.
+#: A new one goes to the top of its module (--help with every command module hoisted: benchmarks/cli_startup.py).
+MAX_FUNCTION_LEVEL_IMPORTS = 22
 
 
 def test_tuners_own_imports_are_at_the_top_of_their_modules_but_a_counted_few():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         name = path.relative_to(PACKAGE.parent).as_posix()
-        if name.startswith("tuner/cli/"):
-            continue
         for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 found += [f"{name}:{n.lineno}" for n in ast.walk(fn)

@@ -42,7 +42,7 @@ def server_tmpdir() -> Path:
 #: How long a launcher that waits on its server (a shell, coreutils ``timeout``) is given to
 #: report the server's end: it may clean up first, and a busy host schedules it late. A
 #: launcher the server is not a descendant of (it daemonized) reports nothing: not waited for.
-REPORT_S = 30.0
+REPORT_S = 10.0
 
 #: Every replica this process started and has not stopped yet (see :func:`stop_all`).
 _LIVE: set[_Replica] = set()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.backends.vllm_args import parse_startup
 from tuner.calibrate.measurements import MEASUREMENTS, read_measurements
 from tuner.calibrate.probes import build, load_from
 from tuner.calibrate.trials import Probe, Trial, calibration_workload, requests_for
@@ -170,7 +171,6 @@ class _Campaign:
         info = {k: v for k, v in instance.info.items() if k not in ("argv", "endpoints")}
         if "available_kv_gib" not in info and info.get("log_lines"):
             # the simulator hands its startup lines over instead of a log file
-            from tuner.backends.vllm_args import parse_startup
 
             info = {**parse_startup("\n".join(info["log_lines"])), **info}
         self.emit({"kind": "startup", "trial": trial.name, "config": trial.config.to_dict(), "ok": True,

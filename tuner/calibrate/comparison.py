@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tuner.calibrate.points import METRICS, REPORTED, LoadPoint, Startup, point_name
-from tuner.calibrate.probes import build
+from tuner.calibrate.probes import build, load_from
 from tuner.calibrate.trials import calibration_workload
 from tuner.core.errors import ConfigRejected
 from tuner.serving.config import Deployment, ServeConfig
@@ -27,8 +27,6 @@ def simulate_point(point: LoadPoint, deployment: Deployment, calib: Any = None) 
     if point.load is None:
         work, load = calibration_workload(point.requests, offset=point.offset), Concurrency(point.users)
     else:
-        from tuner.calibrate.probes import load_from
-
         work, load = _built(point.workload), load_from(point.load)
     return simulate(_dep_model(deployment, point.model), point.config, work, load, profile=calib)
 

@@ -28,6 +28,7 @@ import numpy as np
 from tuner.core.errors import InputError
 from tuner.serving.load import Concurrency, Load, Poisson, TraceReplay
 from tuner.traffic import load_trace
+from tuner.traffic.synth import default_workload
 from tuner.traffic.workload import Workload
 
 #: Where the traces tuner ships live: inside the package (``tuner/data/traces``, with their sources and licences).
@@ -52,8 +53,6 @@ def synthetic(kind: str, n: int, seed: int = 0, offset: int = 0) -> Any:
     """Rows ``offset .. offset+n`` of one seeded sequence of shape ``kind``; arrivals 0."""
 
     if kind == "mix":
-        from tuner.traffic.synth import default_workload
-
         w = default_workload(seed=seed, n=offset + n)
         return w.take(slice(offset, offset + n))
     rng = np.random.default_rng(seed)

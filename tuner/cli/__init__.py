@@ -11,14 +11,15 @@ import sys
 import typer
 
 from tuner.cli.app import app
+from tuner.cli.commands import register
+from tuner.cli.options import as_flag
 from tuner.core.errors import TunerError, TunerWarning
+from tuner.core.urls import redact
 from tuner.runtime.interrupts import handle_signals, hold_signals
 
 
 def _register(argv: list[str] | None = None) -> None:
     """Each module adds its commands to `app` on import: the one ``argv`` names, else all."""
-    from tuner.cli.commands import register
-
     register(argv)
 
 
@@ -46,8 +47,6 @@ def main(argv: list[str] | None = None) -> None:
         except TunerError as err:
             if os.environ.get("TUNER_DEBUG"):
                 raise
-            from tuner.cli.options import as_flag
-            from tuner.core.urls import redact
 
             print(f"tuner: {redact(str(as_flag(err)))}", file=sys.stderr)
             code = err.exit_code
@@ -56,12 +55,11 @@ def main(argv: list[str] | None = None) -> None:
         except BrokenPipeError:
             code = _PIPE
         except Exception as err:  # a study database that cannot be read or written, anywhere
-            from tuner.study.storage import storage_fault
+            from tuner.study.storage import storage_fault  # the study package, on this error path only
 
             fault = storage_fault(err, _storage_arg(argv))
             if fault is None or os.environ.get("TUNER_DEBUG"):
                 raise
-            from tuner.core.urls import redact
 
             print(f"tuner: {redact(str(fault))}", file=sys.stderr)
             code = fault.exit_code

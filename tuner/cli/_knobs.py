@@ -19,6 +19,7 @@ import typer
 from tuner.core.errors import InputError
 from tuner.core.knobs import KNOBS, knob
 from tuner.serving.config import Deployment, ServeConfig
+from tuner.space import pin_layout_value, pin_value
 
 #: Knob (a :class:`ServeConfig` field, a row of :data:`tuner.core.knobs.KNOBS`) → its ``vllm serve``
 #: flag (booleans take ``--no-<flag>`` too) and what it does.
@@ -78,7 +79,6 @@ def pins(flags: Mapping[str, Any], sets: Iterable[str] | None = None,
     messages). A knob given twice with two values is refused. With ``layout`` (``tuner
     search``: ``--tensor-parallel-size``, ``--replicas``, by :data:`LAYOUT_FLAGS` name → value
     or None), those are pins too, and ``--set`` takes them."""
-    from tuner.space import pin_layout_value, pin_value
 
     known = {name: flag for name, (flag, _) in KNOB_FLAGS.items()}
     if layout is not None:

@@ -5,6 +5,7 @@ import os
 
 import typer
 
+from tuner import __version__
 from tuner.serving.config import DEFAULT_VLLM_VERSION
 
 app = typer.Typer(
@@ -38,7 +39,6 @@ def _version(shown: bool) -> None:
     import platform
     from importlib.metadata import version
 
-    from tuner import __version__
 
     typer.echo(f"tuner {__version__} (simulates vLLM {DEFAULT_VLLM_VERSION} by default; Python "
                f"{platform.python_version()}, optuna {version('optuna')})")

@@ -7,12 +7,28 @@ from typing import Any
 
 import typer
 
+from tuner.backends import backend_class
+from tuner.backends.vllm_command import detect_version
+from tuner.calibrate import (
+    campaign_rows,
+    design_trials,
+    fit,
+    measure,
+    measurement_noise,
+    read_measurements,
+    read_names,
+    replicate_pairs,
+    write_profile,
+)
+from tuner.calibrate.profile import rewrite_report
 from tuner.cli.app import app
 from tuner.cli.options import CalibrationBackend, backend_option, old_spelling, renamed, vllm_cmd_option
 from tuner.cli.progress import Bar
 from tuner.core.errors import InputError
 from tuner.core.units import parse_seconds
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment
+from tuner.sim.calibration import profile_section
+from tuner.sim.hardware import get_gpu
 
 
 class _Lines(Bar):
@@ -92,19 +108,6 @@ def calibrate(
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.calibrate import (
-        campaign_rows,
-        design_trials,
-        fit,
-        measure,
-        measurement_noise,
-        read_measurements,
-        read_names,
-        replicate_pairs,
-        write_profile,
-    )
-    from tuner.sim.calibration import profile_section
-    from tuner.sim.hardware import get_gpu
 
 
     timeout = renamed(timeout, budget_s, "--budget-s")
@@ -114,8 +117,6 @@ def calibrate(
     gpu_name = get_gpu(gpu).name
     version = vllm_version
     if version is None and backend == "vllm" and not fit_only:
-        from tuner.backends.vllm_command import detect_version
-
         version = detect_version(vllm_cmd)
         if version is None:
             raise InputError(f"cannot tell the vLLM version of {vllm_cmd!r}", hint="pass --vllm-version")
@@ -130,8 +131,6 @@ def calibrate(
             raise InputError(f"unknown trial(s) {', '.join(unknown)}", hint=f"known: {', '.join(t.name for t in design)}")  # noqa: E501
         design = [t for t in design if t.name in keep]
     if report_only is not None:
-        from tuner.calibrate.profile import rewrite_report
-
         if not (folder / "profile.yaml").is_file():
             raise InputError(f"no profile to report on: {folder / 'profile.yaml'}", hint="fit one first (--fit-only)")
         errors = rewrite_report(folder, campaign_rows(folder), dep, why=report_only)
@@ -206,7 +205,6 @@ def _runner(backend: str, **options: Any) -> Any:
     (the simulator takes none of vLLM's command, version, logs and flags)."""
     import inspect
 
-    from tuner.backends import backend_class
 
     cls = backend_class(backend)
     takes = inspect.signature(cls).parameters

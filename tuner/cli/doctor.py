@@ -11,6 +11,7 @@ from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 from tuner.cli.output import console, fit, table
 from tuner.core.urls import redact
+from tuner.ops.doctor import diagnose, stop_stale
 
 
 @app.command("doctor", short_help="Show what tuner left running and whether studies are sound.")
@@ -31,7 +32,6 @@ def doctor_cmd(
       tuner doctor
       tuner doctor --kill-stale
     """  # noqa: E501
-    from tuner.ops.doctor import diagnose, stop_stale
 
     d = diagnose(storage=storage)
     stopped = stop_stale(d) if kill_stale else []

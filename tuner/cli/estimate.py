@@ -12,13 +12,18 @@ import typer
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.app import app
 from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed, trace_option
+from tuner.cli.progress import Runs
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.runtime.progress import observer_or_headless
+from tuner.search.recipe import FRONT_END_BOUND, front_end_cap, front_end_note
 from tuner.search.refusal import MEMORY_REFUSALS, prediction
 from tuner.serving.config import DEFAULT_VLLM_VERSION, Deployment, ServeConfig
 from tuner.serving.load import Concurrency, Load, Poisson
+from tuner.serving.result import bench_fields
+from tuner.sim.engine import simulate
 from tuner.sim.hardware import GiB
 from tuner.sim.memory import MemoryPlan, plan_memory
+from tuner.traffic import load_trace
 from tuner.traffic.workload import Request, Workload
 
 if TYPE_CHECKING:
@@ -48,8 +53,6 @@ def build_workload(trace: str | None, input_len: int | None, output_len: int | N
     with range ratio 0), else the built-in mix of article 004; ``num_requests`` defaults to
     1000 for the last two."""
     if trace:
-        from tuner.traffic import load_trace
-
         workload = load_trace(trace, skip_bad=skip_bad)
         return workload.take(slice(0, num_requests)) if num_requests else workload
     num_requests = num_requests or 1000
@@ -69,8 +72,6 @@ def run_loads(deployment: Deployment, config: ServeConfig, workload: Workload,
     """One simulated run per load; rows with tuner's aggregates (seconds) and the same under
     ``vllm bench serve``'s names (:func:`tuner.serving.result.bench_fields`, milliseconds).
     ``observer`` sees a phase a load (``None``: headless)."""
-    from tuner.serving.result import bench_fields
-    from tuner.sim.engine import simulate  # the engine module arrives separately
 
     obs = observer_or_headless(observer)
     rows = []
@@ -165,7 +166,6 @@ def render_loads(rows: list[dict[str, Any]]) -> list[str]:
 def front_end_notes(deployment: Deployment, config: ServeConfig, rows: list[dict[str, Any]]) -> list[str]:
     """One note where loads' output tokens/s reach what the API server processes can stream
     (:func:`tuner.search.recipe.front_end_note`, for the fastest of them)."""
-    from tuner.search.recipe import FRONT_END_BOUND, front_end_cap, front_end_note
 
     cap = front_end_cap(deployment, config) if rows else None
     if cap is None:
@@ -249,7 +249,6 @@ def estimate_cmd(
     if error is None and (users or rates):
         workload = build_workload(trace, input_len, output_len, num_requests, skip_bad=skip_bad)
         loads: list[Load] = [Concurrency(u) for u in users] + [Poisson(r) for r in rates]
-        from tuner.cli.progress import Runs
 
         with Runs(len(loads)) as progress:
             rows = run_loads(deployment, config, workload, loads, observer=progress)

@@ -11,7 +11,7 @@ from tuner.cli.app import app
 from tuner.cli.options import storage_option
 from tuner.cli.storage import study_argument
 from tuner.core.errors import InputError
-from tuner.report.export import TABLES, formats
+from tuner.report.export import TABLES, export, formats, table, to_bytes
 
 #: The formats this installation can write (Parquet needs pyarrow), as --format's choices.
 Format = Enum("Format", {f: f for f in formats()}, type=str)  # type: ignore[misc]
@@ -51,7 +51,6 @@ def export_cmd(
       tuner export NAME --format json --out trials.json
       tuner export --out - | head
     """
-    from tuner.report.export import export, table, to_bytes
 
     kind, fmt_name = what.value, fmt.value
     st = study_argument(study, storage, "export")

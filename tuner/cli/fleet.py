@@ -8,9 +8,15 @@ import math
 from typing import Any
 
 from tuner.cli._knobs import pins
+from tuner.cli.estimate import build_workload
+from tuner.cli.fleet_text import print_plan
 from tuner.cli.progress import Bar
-from tuner.core.errors import InputError
+from tuner.core.errors import InputError, NoFeasibleConfig
+from tuner.core.units import parse_seconds
+from tuner.fleet.inventory import read_fleet
+from tuner.fleet.planner import plan_fleet
 from tuner.serving.demand import parse_fraction
+from tuner.serving.slo import split_slos
 
 #: Options of ``tuner plan`` that describe one configuration or a study; a fleet file says
 #: those per kind. Option -> what to do instead.
@@ -57,9 +63,6 @@ class FleetBar(Bar):
 
 def fleet_cmd(fleet: str, values: dict[str, Any], knob_flags: dict[str, Any]) -> None:
     """``tuner plan --fleet``: ``values`` are ``tuner plan``'s options as given."""
-    from tuner.fleet.inventory import read_fleet
-    from tuner.fleet.planner import plan_fleet
-    from tuner.serving.slo import split_slos
 
     for name, why in _CONFLICTS.items():
         given = values.get(name)
@@ -72,14 +75,10 @@ def fleet_cmd(fleet: str, values: dict[str, Any], knob_flags: dict[str, Any]) ->
         raise InputError("--fleet needs --demand: the traffic to serve (3000/min conversations, 20req/s)")
     ttft, others = split_slos(list(values.get("slo") or []))
     if values.get("target_ttft") and ttft is None:
-        from tuner.core.units import parse_seconds
-
         ttft = parse_seconds(values["target_ttft"], what="--target-ttft")
     knobs, _ = pins(knob_flags, values.get("set_"))
     trace = None
     if values.get("trace"):
-        from tuner.cli.estimate import build_workload
-
         trace = build_workload(values["trace"], None, None, values.get("num_requests"),
                                skip_bad=bool(values.get("skip_bad")))
     fl = read_fleet(fleet)
@@ -99,12 +98,8 @@ def fleet_cmd(fleet: str, values: dict[str, Any], knob_flags: dict[str, Any]) ->
     if output == "json":
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        from tuner.cli.fleet_text import print_plan
-
         print_plan(plan)
     if not plan.options:
-        from tuner.core.errors import NoFeasibleConfig
-
         raise NoFeasibleConfig(plan.notes[0] if plan.notes else "no deployment meets the demand")
 
 

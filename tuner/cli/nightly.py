@@ -16,8 +16,18 @@ from tuner.cli.options import (
     vllm_cmd_option,
 )
 from tuner.cli.progress import Bar
+from tuner.cli.search import backend_options, deployment_changes
+from tuner.cli.trace import bad_rows_advice
 from tuner.core.errors import InputError
 from tuner.core.units import parse_seconds
+from tuner.core.urls import redact
+from tuner.ops.nightly import (
+    RegressionDetected,
+    latest_window,
+    parse_threshold,
+    run_nightly,
+)
+from tuner.search import prepare
 
 #: ``tuner nightly --help`` (a constant: the docstring would make the command longer than it reads).
 NIGHTLY_HELP = """Tune tonight on the latest traffic, compare with earlier nights, exit 4 on a regression.
@@ -58,15 +68,6 @@ def nightly_cmd(
     seed: int = typer.Option(0, "--seed", help="Sampler seed."),
     output: Output = typer.Option(Output.text, "--output", "-o", help="text: the verdict line and the report path; json: nightly.json on stdout."),  # noqa: E501
 ) -> None:
-    from tuner.cli.search import backend_options, deployment_changes
-    from tuner.cli.trace import bad_rows_advice
-    from tuner.ops.nightly import (
-        RegressionDetected,
-        latest_window,
-        parse_threshold,
-        run_nightly,
-    )
-    from tuner.search import prepare
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     limit = parse_threshold(threshold)
@@ -99,7 +100,6 @@ def nightly_cmd(
     else:
         night = outcome.verdict.night
         repeats = f" and {night.repeats} confirmation repeats" if night.repeats else ""
-        from tuner.core.urls import redact
 
         print(f"study {outcome.name} ({redact(outcome.storage)}): {night.new_trials} trials{repeats} tonight "
               f"in {outcome.wall_s:.1f} s")

@@ -116,8 +116,6 @@ def renamed(value: Any, old_value: Any, old: str) -> Any:
     new = RENAMED[old]
     print(f"tuner: note: {old} is now spelled {new} (the old spelling still works)", file=sys.stderr)
     if value is not None and value != old_value:
-        from tuner.core.errors import InputError
-
         raise InputError(f"{old} and {new} are the same option, given two values", hint=f"give {new} once")
     return old_value
 

@@ -8,8 +8,11 @@ from typing import Any
 
 import typer
 
+import tuner
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.app import app
+from tuner.cli.estimate import build_workload, parse_list
+from tuner.cli.fleet import fleet_cmd
 from tuner.cli.options import (
     OUTPUT_HELP,
     Backend,
@@ -23,18 +26,23 @@ from tuner.cli.options import (
 )
 from tuner.cli.output import console, fit, table
 from tuner.cli.progress import Runs
+from tuner.cli.search import backend_options
 from tuner.cli.storage import readable_storage
+from tuner.cli.trace import bad_rows_advice
 from tuner.core.errors import InputError
+from tuner.core.files import write_fault
 from tuner.core.knobs import KNOBS
+from tuner.plan import Figures, Sweep, summary_rows, sweep_rows, workload_line, write_plan_files
 from tuner.serving.config import DEFAULT_VLLM_VERSION
 from tuner.serving.demand import parse_fraction
+from tuner.serving.slo import parse_slo
+from tuner.sim.hardware import get_gpu
 
 #: The options that describe a configuration (a deployment and every knob of tuner.core.knobs).
 _KNOBS = ("gpu", "gpus", "model", "quantization", "dtype", "vllm_version", "tensor_parallel_size", "replicas", *(k.name for k in KNOBS))  # noqa: E501
 
 
 def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
-    from tuner.sim.hardware import get_gpu
 
     tp, replicas = (1 if v[k] is None else v[k] for k in ("tensor_parallel_size", "replicas"))
     return build_deployment_config(
@@ -147,13 +155,8 @@ def plan_cmd(
           --max-num-seqs 128
     """
     if fleet is not None:  # across GPU kinds (tuner.cli.fleet)
-        from tuner.cli.fleet import fleet_cmd
 
         return fleet_cmd(fleet, dict(locals()), knob_flags)
-    import tuner
-    from tuner.cli.estimate import parse_list
-    from tuner.cli.search import backend_options
-    from tuner.plan import Figures, Sweep
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
@@ -175,11 +178,8 @@ def plan_cmd(
                       headroom=parse_fraction(headroom), gpu_hour_cost=gpu_hour_cost)
     workload = None
     if trace:
-        from tuner.cli.estimate import build_workload
-
         workload = build_workload(trace, None, None, num_requests, skip_bad=skip_bad)
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, api_key_file=api_key_file)
-    from tuner.cli.trace import bad_rows_advice
 
 
     # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions and
@@ -204,14 +204,11 @@ def _write_files(est: Any, out: str | None) -> Any:
     import errno
     from pathlib import Path
 
-    from tuner.plan import write_plan_files
 
     try:
         return write_plan_files(est, out)
     except OSError as err:
         if out is not None or err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            from tuner.core.files import write_fault
-
             raise write_fault(Path(err.filename or out or "."), err) from None
         print(f"tuner: warning: {err.filename or 'the study folder'} is read-only: the plan's files were not "
               "written (give --out DIR)", file=sys.stderr)
@@ -219,8 +216,6 @@ def _write_files(est: Any, out: str | None) -> Any:
 
 
 def _print(est: Any, paths: Any) -> None:
-    from tuner.plan import summary_rows, sweep_rows, workload_line
-    from tuner.serving.slo import parse_slo
 
     out = console()
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731

@@ -11,6 +11,7 @@ from typing import Any
 
 from tuner.core.urls import redact
 from tuner.runtime.progress import Observer
+from tuner.serving.slo import value_text
 
 
 def shown() -> bool:
@@ -103,7 +104,6 @@ class Bar(Observer):
         self._set(phase=text)
 
     def on_trial(self, trial: Any, best: Any, finished: int) -> None:
-        from tuner.serving.slo import value_text
 
         text = "-" if best is None else f"{value_text(best.value, self.objective)} (#{best.number})"
         total = self.progress.tasks[0].total

@@ -7,6 +7,8 @@ from tuner.cli.app import app
 from tuner.cli.options import storage_option
 from tuner.cli.progress import Bar
 from tuner.cli.storage import study_argument
+from tuner.plots import CAPTIONS
+from tuner.report.html import write_report
 
 
 @app.command("report", short_help="Write a study's HTML report and its figures as PNG files.")
@@ -37,8 +39,6 @@ def report_cmd(
       tuner report NAME --out /tmp/report
       tuner report NAME --storage postgresql://db/tuner
     """
-    from tuner.plots import CAPTIONS
-    from tuner.report.html import write_report
 
 
     st = study_argument(study, storage, "report")

@@ -20,10 +20,17 @@ from tuner.cli.options import (
 from tuner.cli.output import console
 from tuner.cli.progress import Bar
 from tuner.cli.studies import RECIPE_HELP, best_record, confirmation_record, print_best, write_recipe_of
+from tuner.cli.trace import bad_rows_advice
 from tuner.core.errors import InputError, NoFeasibleConfig, WindowClosed
 from tuner.core.units import parse_seconds
 from tuner.core.urls import read_api_key, redact, redact_value
 from tuner.runtime.interrupts import alarm
+from tuner.search import SearchSettings
+from tuner.search.workflow import search as run_search
+from tuner.serving.result import describe_errors
+from tuner.serving.slo import SloSet
+from tuner.sim.hardware import get_gpu
+from tuner.study import closest_miss, error_totals, miss_explanation, recommendation
 from tuner.study.record import TrialRecord
 
 
@@ -36,8 +43,6 @@ def deployment_changes(*, model: str | None = None, quantization: str | None = N
     if quantization:
         changes["quantization"] = quantization_flag(quantization)
     if gpu:
-        from tuner.sim.hardware import get_gpu
-
         changes["gpu"] = get_gpu(gpu).name
     if gpus:
         changes["gpu_count"], changes["gpu_ids"] = parse_gpus(gpus)
@@ -150,10 +155,6 @@ def search_cmd(
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
-    from tuner.cli.trace import bad_rows_advice
-    from tuner.search import SearchSettings
-    from tuner.search.workflow import search as run_search
-    from tuner.serving.slo import SloSet
 
     backend, sampler, output = backend.value, sampler.value, output.value  # type: ignore[assignment]
     if warm_start not in (None, "sim"):
@@ -190,7 +191,6 @@ def search_cmd(
 
 def _report(outcome: Any, objective: str) -> dict[str, Any]:
     """What ``tuner search`` says of a run: its study, trials, the best (or the closest miss)."""
-    from tuner.study import closest_miss, error_totals, miss_explanation, recommendation
 
     dep, best = outcome.deployment, outcome.best
     recommended = recommendation(outcome.study)
@@ -240,7 +240,6 @@ def _raise_for_end(outcome: Any, report: dict[str, Any], budget: int, confirm: i
 
 
 def _print_report(report: dict[str, Any]) -> None:
-    from tuner.serving.result import describe_errors
 
     out = console()
     say = lambda text: out.print(text, markup=False, highlight=False)  # noqa: E731

@@ -7,6 +7,10 @@ from typing import TYPE_CHECKING
 
 from tuner.core.errors import InputError
 from tuner.core.urls import redact
+from tuner.plan import newest_study
+from tuner.study.analysis import open_study
+from tuner.study.locks import driver_url, sqlite_path
+from tuner.study.storage import storage_open_error
 
 if TYPE_CHECKING:
     import optuna
@@ -20,8 +24,6 @@ def readable_storage(storage: str | None) -> None:
         return
     import optuna
 
-    from tuner.study.locks import driver_url, sqlite_path
-    from tuner.study.storage import storage_open_error
 
     shown = redact(storage)
     if "://" not in storage:
@@ -46,8 +48,6 @@ def study_argument(study: str | None, storage: str | None, command: str) -> optu
     studies/NAME.db file or a storage URL, in ``storage`` when given; the newest study
     when ``study`` is None. A missing study or storage is one line naming what to give
     ``command``."""
-    from tuner.plan import newest_study
-    from tuner.study.analysis import open_study
 
     readable_storage(storage)
     if study is not None and "://" in study:

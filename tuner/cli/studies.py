@@ -12,15 +12,34 @@ from tuner.cli.options import OUTPUT_HELP, Output, storage_option
 from tuner.cli.output import console, fit, print_json, table
 from tuner.cli.storage import readable_storage
 from tuner.core.urls import redact, redact_value
+from tuner.plan import list_plans
+from tuner.search import serve_command
+from tuner.search.recipe import front_end_note, output_notes, write_recipe
 from tuner.serving.config import Deployment
-from tuner.serving.slo import OBJECTIVES, value_text
+from tuner.serving.result import bench_fields, describe_errors
+from tuner.serving.slo import OBJECTIVES, SloSet, value_text
+from tuner.study import (
+    best_feasible_trial,
+    closest_miss,
+    confirmation,
+    error_totals,
+    gpu_time,
+    list_studies,
+    load_study_by_name,
+    miss_explanation,
+    recommendation,
+    repeats,
+    trial_config,
+)
+from tuner.study.budget import count_finished, counts_toward_budget, finished_states, free_copies, is_copy
+from tuner.study.race import confirmation_rows
 from tuner.study.record import StudyRecord, TrialRecord
+from tuner.study.recovery import not_measured
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from tuner.serving.config import Deployment
 
 studies_app = typer.Typer(
     help="List the studies in studies/ (or in --storage), or show one.\n\n"
@@ -44,10 +63,6 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
     requests and ``vllm serve`` command, and beside them the same measurement under
     ``vllm bench serve``'s names (:func:`tuner.serving.result.bench_fields`: ``total_token_throughput``,
     ``p95_ttft_ms``, ``max_concurrency``, ...)."""
-    from tuner.search import serve_command
-    from tuner.search.recipe import front_end_note, output_notes
-    from tuner.serving.result import bench_fields
-    from tuner.study import trial_config
 
     config = trial_config(best)
     rec = TrialRecord.from_trial(best)
@@ -68,7 +83,6 @@ def best_record(best: FrozenTrial, deployment: Deployment) -> dict[str, Any]:
 def slo_readings(rec: TrialRecord) -> dict[str, Any]:
     """Each SLO of the trial's study with what the chosen load measured:
     ``{"p99:tpot<=30ms": {"measured_s": 0.027, "margin": 0.1}}`` (margin: 1 - measured/bound)."""
-    from tuner.serving.slo import SloSet
 
     if not rec.slos and rec.target_ttft_s is None:
         return {}
@@ -106,8 +120,6 @@ def print_best(best: dict[str, Any], target_ttft_s: float | None, conf: dict[str
     """The best trial's table (:func:`best_record`; ``conf``: :func:`confirmation_record`,
     told in the study's ``objective`` unit), the recommendation and the ``vllm serve``
     command, unwrapped so that it can be copied."""
-    from tuner.serving.result import describe_errors
-    from tuner.study.race import confirmation_rows
 
     out = console()
     tbl = table(f"best feasible trial #{best['trial']}")
@@ -164,8 +176,6 @@ RECIPE_HELP = ("Write the recommended configuration to FILE as a serve-params fi
 def write_recipe_of(path: str, best: Any, deployment: Deployment, study: str) -> None:
     """``--recipe FILE`` of ``tuner search`` and ``tuner studies show``: the best trial's
     configuration through :func:`tuner.search.recipe.write_recipe`, and one line saying where."""
-    from tuner.search.recipe import write_recipe
-    from tuner.study import trial_config
 
     rec = TrialRecord.from_trial(best)
     header = [f"tuner study {study}, trial {best.number}: "
@@ -196,7 +206,6 @@ def studies_list(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from tuner.study import list_studies
 
     readable_storage(storage)
     rows = list_studies(storage)
@@ -221,8 +230,6 @@ def studies_list(
 
 def _settings(study: optuna.Study, counts: dict[str, int]) -> list[tuple[str, str]]:
     """The study's stamp (what ``tuner search`` recorded) as rows a person reads."""
-    from tuner.plan import list_plans
-    from tuner.study import repeats
 
     stamp = StudyRecord.from_study(study)
     dep = stamp.deployment
@@ -259,8 +266,6 @@ def budget_counts(study: optuna.Study) -> dict[str, int]:
     """The study's finished trials as ``--budget`` (and ``tuner studies``) counts them, and
     those it does not count: copies of a configuration measured before (free up to
     ``FREE_COPIES``) and trials that measured nothing (interrupted, failed by the environment)."""
-    from tuner.study.budget import count_finished, counts_toward_budget, finished_states, free_copies, is_copy
-    from tuner.study.recovery import not_measured
 
     finished = study.get_trials(deepcopy=False, states=finished_states())
     copies = sum(1 for t in finished if counts_toward_budget(t) and is_copy(t))
@@ -304,18 +309,6 @@ def studies_show(
 ) -> None:
     from optuna.trial import TrialState
 
-    from tuner.serving.result import describe_errors
-    from tuner.study import (
-        best_feasible_trial,
-        closest_miss,
-        confirmation,
-        error_totals,
-        gpu_time,
-        load_study_by_name,
-        miss_explanation,
-        recommendation,
-        repeats,
-    )
 
     readable_storage(storage)
     st = load_study_by_name(name, storage)

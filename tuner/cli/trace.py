@@ -14,7 +14,8 @@ from tuner.cli.options import Output
 from tuner.cli.output import console, fit
 from tuner.cli.output import table as make_table
 from tuner.core.errors import InputError
-from tuner.traffic import READERS, load_trace, trace_stats
+from tuner.traffic import READERS, load_trace, native, shape, trace_stats
+from tuner.traffic._rows import SKIP_HINT
 from tuner.traffic.workload import Workload
 
 trace_app = typer.Typer(
@@ -48,7 +49,6 @@ def bad_rows_advice(trace: str | None) -> Iterator[None]:
     records the file it read, and ``tuner plan`` replays that file whole): a bad row's
     message advises what that command can do, a cleaned copy to give as ``--trace``,
     instead of a ``--skip-bad`` it does not take."""
-    from tuner.traffic._rows import SKIP_HINT
 
     try:
         yield
@@ -158,7 +158,6 @@ def convert_cmd(
     max_model_len: int = typer.Option(None, "--max-model-len",
                                       help="Cut prompts so that prompt + output fit this many tokens."),
 ) -> None:
-    from tuner.traffic import native, shape
 
     w = _load(file, fmt, skip_bad, mapping, tokenizer)
     if start is not None or end is not None:

@@ -113,8 +113,6 @@ def band_for(gpu_name: str, vllm_version: str, *, calibration: str | None = None
     if path is not None and shipped not in Path(path).resolve().parents:
         return _user_band(path)
     if path is not None:
-        from tuner.sim.calibration import profile_section
-
         tok, ttft, n = _gate_band(Path(path).parent, eager=eager, closed=closed)
         kv = float((profile_section(path, "fit").get("errors") or {}).get("kv", {}).get("max_abs_error_pct") or 0)
         return Band(tok, ttft, kv / 100, f"leave-one-shape-out on {n} real {gpu.name} points (fidelity gate)",

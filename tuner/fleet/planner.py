@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.core.errors import InputError
 from tuner.fleet.bands import HINT, overlap
+from tuner.fleet.figure import write_figure
 from tuner.fleet.inventory import Fleet, read_fleet
 from tuner.fleet.kinds import Traffic, plan_kind
 from tuner.fleet.record import FleetPlan, KindPlan, units_of, write_fleet
@@ -75,8 +76,6 @@ def plan_fleet(fleet: Fleet | str | Path, demand: str | float, *, slos: Sequence
                                folder=str(where) if files else None, storage=url,
                                created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     if files:
-        from tuner.fleet.figure import write_figure
-
         write_fleet(plan, where)
         write_figure(plan, where / "fleet-plan.png")
     return plan

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from tuner.core.files import write_atomic
 from tuner.ops.night import Night, workload_difference
+from tuner.report.html import write_report
 
 if TYPE_CHECKING:
     import optuna
@@ -62,8 +63,6 @@ def write_nightly_report(study: optuna.Study, verdict: Verdict, history: list[Ni
     }, indent=2))
     study_report = ""
     try:
-        from tuner.report.html import write_report
-
         write_report(study, folder)
         study_report = '<p><a href="report.html">The full study report</a></p>'
     except ImportError:  # tuner.report.html absent from this build: the Markdown stands alone

@@ -21,6 +21,7 @@ from tuner.core.errors import InputError
 from tuner.search import build_workload
 from tuner.space import LOAD_KINDS, load_space
 from tuner.study import own_studies
+from tuner.study.locks import driver_url  # postgresql:// with the driver that is installed
 from tuner.study.record import StudyRecord, TrialRecord
 from tuner.study.storage import STUDIES_DIR
 from tuner.traffic import load_trace
@@ -45,8 +46,6 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
-        from tuner.study.locks import driver_url  # postgresql:// with the driver that is installed
-
         names = own_studies(optuna.get_all_study_names(driver_url(storage)))
         if not names:
             raise InputError(f"no study in {storage}", hint="run tuner search first, or give --study")

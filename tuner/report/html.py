@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tuner.core.files import write_atomic
+from tuner.core.files import write_atomic, write_fault
 from tuner.core.knobs import KNOBS
 from tuner.core.urls import redact
 from tuner.plan import load_plan, summary_rows
@@ -305,7 +305,6 @@ def write_report(study: optuna.Study, out_dir: str | Path | None = None, storage
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # a read-only studies/ folder: one line, pointing at --out
-        from tuner.core.files import write_fault
 
         raise write_fault(folder, err) from None
     page, pngs = render_report(study, storage)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError
 from tuner.search.blame import started
 from tuner.serving.config import ServeConfig
+from tuner.serving.load import Concurrency
 from tuner.study.record import TrialRecord
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def replay_cost(backend: Any, deployment: Any, workload: Workload, study: optuna
     on the space's costliest configuration to simulate (:func:`costliest`), else the
     slowest load of the study's own measured trials; None when nothing tells."""
     if not backend.measures_gpu_time:
-        from tuner.serving.load import Concurrency
-
         config = costliest(space)
         pilot = workload.take(slice(0, min(PILOT, len(workload))))
         t0 = time.perf_counter()
@@ -72,7 +71,6 @@ def costliest(space: SearchSpace | None) -> ServeConfig:
     """The configuration of ``space`` the simulator takes longest to replay a request on: its
     fewest sequences a step (every step costs about the same wall time, and a batch of 16
     needs 16 times the steps of one of 256); vLLM's defaults without a space."""
-    from tuner.serving.config import ServeConfig
 
     if space is None:
         return ServeConfig()

@@ -13,8 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from tuner.core.errors import InputError
 from tuner.core.units import parse_seconds
 from tuner.serving.result import PERCENTILES
@@ -288,6 +286,8 @@ class SloSet:
         most one token; ``request_goodput = good_completed / dur_s``). ITL is not a
         per-request figure and vLLM's ``--goodput`` takes no ``itl``: an ITL SLO bounds
         the percentile only. A metric with two SLOs is held to the tighter bound."""
+        import numpy as np  # heavy: not loaded by what only reads SLOs (a command's --help)
+
         dur = result.duration_s
         if not len(result) or not dur > 0:
             return math.nan
