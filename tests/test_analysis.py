@@ -13,7 +13,9 @@ from optuna.trial import TrialState, create_trial
 from sim_study import STUDY, TARGET_S, sim_study_db  # noqa: F401  (session fixture)
 
 from tuner.core.errors import InputError
-from tuner.study import trial_config
+from tuner.plan import load_plan
+from tuner.report.export import table
+from tuner.study import recommendation, trial_config
 from tuner.study.analysis import (
     BASE_COLUMNS,
     GROUP_COLUMNS,
@@ -25,6 +27,7 @@ from tuner.study.analysis import (
     top_groups,
     trials_frame,
 )
+from tuner.study.tables import PlanSweep, TopGroups, TrialsTable
 
 pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to build once
 
@@ -63,7 +66,8 @@ def test_open_study_errors_name_what_exists(tmp_path, monkeypatch):
 
 def test_trials_frame_has_every_trial_its_config_and_metrics(sim_study_db):
     study = open_study(sim_study_db)
-    frame = trials_frame(study)
+    trials = trials_frame(study)
+    frame = trials.frame
     assert list(frame["number"]) == [t.number for t in study.trials]
     assert set(BASE_COLUMNS) <= set(frame.columns)
     for trial in study.trials:
@@ -82,7 +86,7 @@ def test_trials_frame_has_every_trial_its_config_and_metrics(sim_study_db):
     assert others["reason"].notna().all()
     refused = frame[frame["status"] == "refused"]
     assert refused["tokens_per_s"].isna().all()  # never measured, not "0 tokens/s"
-    assert frame.attrs["target_ttft_s"] == TARGET_S
+    assert trials.target_ttft_s == TARGET_S and trials.study == STUDY and len(trials) == len(study.trials)
 
 
 def test_failed_pruned_and_running_trials_are_rows_with_reasons():
@@ -97,7 +101,7 @@ def test_failed_pruned_and_running_trials_are_rows_with_reasons():
     study.add_trial(create_trial(value=0.0, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
         "config": config, "feasible": False, "infeasible_reason": "P95 TTFT 9 s over the 2 s target even at 1 users",
         "summary": {"ttft_p95_s": 9.0, "tokens_per_s": 120.0}}))
-    frame = trials_frame(study)
+    frame = trials_frame(study).frame
     assert list(frame["status"]) == ["failed", "pruned", "running", "infeasible"]
     assert frame.loc[0, "reason"] == "BackendError: server died"
     assert "pruned" in frame.loc[1, "reason"] and "running" in frame.loc[2, "reason"]
@@ -107,13 +111,52 @@ def test_failed_pruned_and_running_trials_are_rows_with_reasons():
 
 
 def test_trials_frame_of_an_empty_study_has_the_columns():
-    frame = trials_frame(optuna.create_study())
-    assert frame.empty and set(BASE_COLUMNS) <= set(frame.columns)
+    trials = trials_frame(optuna.create_study())
+    assert trials.empty and not len(trials) and set(BASE_COLUMNS) <= set(trials.frame.columns)
+    assert trials.recommended is None and trials.target_ttft_s is None
+
+
+def test_the_typed_results_are_the_only_carriers_of_what_a_table_means(sim_study_db):
+    """No DataFrame tuner.study.analysis (or tuner export) hands out carries ``.attrs`` (untyped,
+    lost in a file): the typed fields of the result say what the table means."""
+    study = open_study(sim_study_db)
+    results = {"trials": trials_frame(study), "top": top_groups(study), "sweep": plan_sweep(study),
+               "no plan": plan_sweep(optuna.create_study())}
+    assert [type(r) for r in results.values()] == [TrialsTable, TopGroups, PlanSweep, PlanSweep]
+    frames = {name: r.frame for name, r in results.items()}
+    frames |= {name: r.to_frame() for name, r in results.items()}
+    frames |= {f"export {what}": table(study, what) for what in ("trials", "plan")}
+    assert all(isinstance(f, pd.DataFrame) and len(f) for name, f in frames.items() if name != "no plan")
+    assert {name: f.attrs for name, f in frames.items() if f.attrs} == {}
+
+
+def test_a_notebook_reads_the_recommended_trial_and_sees_the_table(sim_study_db):
+    study = open_study(sim_study_db)
+    trials = trials_frame(study)  # as a notebook cell does
+    chosen = trials.frame[trials.frame["recommended"]]
+    assert list(chosen["number"]) == [trials.recommended] == [recommendation(study).trial]
+    assert chosen["feasible"].item() and chosen["ttft_p95_s"].item() <= trials.target_ttft_s
+    assert trials.frame.loc[trials.frame["number"] != trials.recommended, "recommended"].eq(False).all()
+    # a cell ending in the result shows the table, under a line of what it means
+    shown = trials._repr_html_()
+    assert shown.count("<table") == 1 and f"trial {trials.recommended} recommended" in shown
+    assert f"target P95 TTFT {TARGET_S:g} s" in shown and len(trials) == len(study.trials)
+    assert repr(trials).splitlines()[0] == trials.describe()
+    # to_frame is a copy to change; the result itself cannot be changed
+    mine = trials.to_frame()
+    mine["tokens_per_s"] = 0.0
+    assert trials.frame["tokens_per_s"].max() > 0
+    with pytest.raises(AttributeError):
+        trials.recommended = 0  # type: ignore[misc]
+    # anything but a table or a DataFrame is refused by name
+    with pytest.raises(InputError, match="frame must be a table of tuner.study.analysis or a pandas DataFrame"):
+        pareto_mask(trials.frame.to_dict("records"))  # type: ignore[arg-type]
+    assert list(pareto_mask(trials)) == list(pareto_mask(trials.frame))
 
 
 def test_best_trial_is_the_fastest_feasible(sim_study_db):
     study = open_study(sim_study_db)
-    frame = trials_frame(study)
+    frame = trials_frame(study).frame
     best = best_trial(study)
     assert best is not None and best.user_attrs["feasible"]
     assert best.value == frame.loc[frame["feasible"], "tokens_per_s"].max()
@@ -135,20 +178,27 @@ def test_pareto_mask_hand_worked():
 def test_plan_sweep_is_the_stored_plan(sim_study_db):
     study = open_study(sim_study_db)
     sweep = plan_sweep(study)
-    assert len(sweep) >= 3
-    assert sweep.attrs["target_ttft_s"] == TARGET_S
-    assert list(sweep["meets"]) == [bool(p <= TARGET_S) for p in sweep["ttft_p95_s"]]
+    runs = sweep.frame
+    assert len(sweep) == len(runs) >= 3
+    est = load_plan(study)
+    assert sweep.target_ttft_s == est.target_ttft_s == TARGET_S
+    assert (sweep.plan, sweep.trial) == (f"trial {est.trial} at {TARGET_S:g} s", est.trial)
+    assert (sweep.max_load, sweep.bound, sweep.load_kind) == (est.max_load, est.bound, est.load_kind)
+    assert (sweep.tokens_per_s, sweep.max_concurrency, sweep.slos) == (est.tokens_per_s, est.max_concurrency, ())
+    assert list(runs["meets"]) == [bool(p <= TARGET_S) for p in runs["ttft_p95_s"]]
     # the capacity lies between the loads that met the target and the first that did not
-    met = sweep.loc[sweep["meets"], "level"]
-    missed = sweep.loc[~sweep["meets"], "level"]
-    assert met.max() <= sweep.attrs["max_load"] + 1e-9
-    if len(missed) and sweep.attrs["bound"] == "interpolated":
-        assert sweep.attrs["max_load"] < missed.min()
+    met = runs.loc[runs["meets"], "level"]
+    missed = runs.loc[~runs["meets"], "level"]
+    assert met.max() <= sweep.max_load + 1e-9
+    if len(missed) and sweep.bound == "interpolated":
+        assert sweep.max_load < missed.min()
 
 
 def test_plan_sweep_without_a_plan_is_empty():
     sweep = plan_sweep(optuna.create_study())
-    assert sweep.empty and "ttft_p95_s" in sweep.columns and sweep.attrs["plan"] is None
+    assert sweep.empty and "ttft_p95_s" in sweep.frame.columns and sweep.plan is None
+    assert (sweep.max_load, sweep.trial, sweep.slos) == (None, None, ())
+    assert "no capacity plan" in repr(sweep)
 
 
 def test_the_study_stays_readable_by_plain_optuna(sim_study_db):
@@ -187,7 +237,7 @@ def test_trials_frame_shows_the_error_kinds_beside_the_reason_and_masks_keys():
     from tuner.study import error_totals
 
     study = _errors_study()
-    frame = trials_frame(study)
+    frame = trials_frame(study).frame
     assert list(frame["errors"])[:2] == ["http_429 x24", "timeout x1"] and pd.isna(frame.loc[2, "errors"])
     assert frame.loc[0, "failed_by"] == "errors" and "http_429 x24" in frame.loc[0, "reason"]
     assert "sk-old-secret" not in frame.to_csv() and "http://***@h:8000" in frame.loc[2, "reason"]
@@ -232,7 +282,7 @@ def prefix_study_db(tmp_path_factory) -> str:
 
 def test_trials_differing_only_in_knobs_without_effect_are_one_group(prefix_study_db):
     study = open_study(prefix_study_db)
-    frame = trials_frame(study)
+    frame = trials_frame(study).frame
     assert len(frame) == 8 and frame["feasible"].all()
     assert not any(t.user_attrs["run"]["workload_shares_prefixes"] for t in study.trials)
     assert frame.groupby("group")["number"].count().tolist() == [4, 4]
@@ -242,7 +292,8 @@ def test_trials_differing_only_in_knobs_without_effect_are_one_group(prefix_stud
         assert set(members["max_model_len"]) == {4096, 8192}
     assert frame["folded"].str.contains("enable_prefix_caching: no shared prefixes").all()
 
-    top = top_groups(study)
+    groups = top_groups(study)
+    top = groups.frame
     assert len(top) == 2 and list(top["trials"]) == [4, 4] and list(top["missed"]) == [0, 0]
     assert sorted(n for row in top["members"] for n in row) == list(range(8))
     # max-num-seqs 16 placed its edge at its cap (kept); 32 never met more users than it holds
@@ -259,7 +310,7 @@ def test_trials_differing_only_in_knobs_without_effect_are_one_group(prefix_stud
         assert row["tokens_per_s_min"] == members["tokens_per_s"].min()
         assert frame.loc[frame["number"] == row["number"], "tokens_per_s"].item() == row["tokens_per_s"]
     assert top["tokens_per_s"].is_monotonic_decreasing
-    assert top.attrs["caveat"] is None
+    assert groups.caveat is None and groups.study == "prefix-test"
     assert len(top_groups(study, n=1)) == 1
 
 
@@ -274,26 +325,28 @@ def test_top_groups_of_a_study_without_workload_facts_keeps_every_configuration(
         study.add_trial(create_trial(value=value, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
             "config": {**config, "enable_prefix_caching": caching}, "feasible": True, "run": old_run,
             "server": {"num_preemptions": 0}, "summary": {"tokens_per_s": value, "ttft_p95_s": 0.5}}))
-    top = top_groups(study)
+    groups = top_groups(study)
+    top = groups.frame
     assert list(top["number"]) == [0, 1] and list(top["trials"]) == [1, 1]
     assert list(top["enable_prefix_caching"]) == [True, False] and top["folded"].isna().all()
-    assert top.attrs["caveat"] is None
+    assert groups.caveat is None
     # a run of trial 0's configuration that missed the target is counted beside it, not in it
     study.add_trial(create_trial(value=0.0, params={"layout": "tp1x1"}, distributions=dist, user_attrs={
         "config": {**config, "enable_prefix_caching": True}, "feasible": False, "run": old_run,
         "infeasible_reason": "P95 TTFT 1.2 s over the 1 s target", "server": {"num_preemptions": 0},
         "summary": {"tokens_per_s": 700.0, "ttft_p95_s": 1.2}}))
-    top = top_groups(study)
+    top = top_groups(study).frame
     assert list(top["trials"]) == [1, 1] and list(top["missed"]) == [1, 0] and top.loc[0, "tokens_per_s_min"] == 900
     endpoint = optuna.create_study(direction="maximize")  # all facts known, but nothing was applied
     run = {**old_run, "backend": "endpoint", "workload_shares_prefixes": False, "workload_longest_tokens": 10}
     for trial in study.trials[:2]:
         endpoint.add_trial(create_trial(value=trial.value, params=trial.params, distributions=dist,
                                         user_attrs={**trial.user_attrs, "run": run}))
-    top = top_groups(endpoint)
-    assert list(top["trials"]) == [1, 1] and "endpoint" in top.attrs["caveat"]
+    groups = top_groups(endpoint)
+    assert list(groups.frame["trials"]) == [1, 1] and "endpoint" in groups.caveat
+    assert groups.caveat in groups.describe() and groups.caveat in groups._repr_html_()
 
 
 def test_top_groups_of_an_empty_study_has_the_columns():
     top = top_groups(optuna.create_study())
-    assert top.empty and set(GROUP_COLUMNS) <= set(top.columns)
+    assert top.empty and set(GROUP_COLUMNS) <= set(top.frame.columns) and top.caveat is None

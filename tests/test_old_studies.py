@@ -20,6 +20,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "study-0.1.0"
 STUDY = "release-0.1.0"
 #: Columns of the trials frame that are the study's facts (not timings of this machine).
 _TIMING = ("datetime_start", "duration_s")
+#: The fields of a plan sweep (tuner.study.tables.PlanSweep) that 0.1.0 wrote as the frame's attrs.
+_PLAN_FIELDS = ("bound", "load_kind", "max_concurrency", "max_load", "plan", "target_ttft_s", "tokens_per_s", "trial")
 
 
 def _clean(value: Any) -> Any:
@@ -43,9 +45,9 @@ def facts(study: Any) -> dict[str, Any]:
     from tuner.serving.config import Deployment
     from tuner.study import analysis, trial_config
 
-    frame = analysis.trials_frame(study)
+    frame = analysis.trials_frame(study).frame
     rows = [{k: v for k, v in row.items() if k not in _TIMING} for row in frame.to_dict("records")]
-    top = analysis.top_groups(study)
+    top = analysis.top_groups(study).frame
     sweep = analysis.plan_sweep(study)
     best = analysis.best_trial(study)
     dep = study.user_attrs["deployment"]
@@ -54,8 +56,9 @@ def facts(study: Any) -> dict[str, Any]:
         "target_ttft_s": analysis.target_ttft_s(study),
         "trials": rows,
         "top": top[["number", "trials", "members", "tokens_per_s", "folded"]].to_dict("records"),
-        "sweep": sweep.to_dict("records"),
-        "sweep_attrs": {k: v for k, v in sweep.attrs.items()},
+        "sweep": sweep.frame.to_dict("records"),
+        # what 0.1.0 kept in the sweep frame's attrs: the plan's fields now (no SLOs besides P95 TTFT then)
+        "sweep_attrs": {k: getattr(sweep, k) for k in _PLAN_FIELDS} | ({"slos": sweep.slos} if sweep.slos else {}),
         "best": best.number,
         "best_value": best.value,
         "config": trial_config(best).to_dict(),
@@ -159,7 +162,7 @@ def test_the_repeats_a_0_1_0_study_kept_among_its_trials_are_read_as_repeats(old
     assert {t.number for t in kept} <= {t.number for t in old_study.trials}
     configurations = len(old_study.trials) - len(kept)
     assert count_finished(old_study) == configurations == len(analysis.trials_frame(old_study))
-    assert recommendation(old_study).trial == analysis.trials_frame(old_study).attrs["recommended"] == expected["best"]
+    assert recommendation(old_study).trial == analysis.trials_frame(old_study).recommended == expected["best"]
 
 
 def test_a_0_1_0_study_resumes_in_the_encoding_its_trials_hold(old_study, tmp_path):

@@ -114,7 +114,7 @@ def test_two_starts_that_miss_within_the_noise_tell_the_sampler_how_near_and_the
     # a notebook's table still scores it 0: it met nothing
     from tuner.study.analysis import trials_frame
 
-    frame = trials_frame(out.study)
+    frame = trials_frame(out.study).frame
     assert frame.loc[frame["number"] == miss.number, "value"].item() == 0.0
     # proposed again, it is measured again (a third start), not copied
     assert copy_source(out.study, miss) is None

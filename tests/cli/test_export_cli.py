@@ -17,7 +17,7 @@ def test_the_trials_round_trip_through_pandas(sim_study_db, tmp_path, capsys):  
     out = tmp_path / "trials.csv"
     code, text, err = run_cli(["export", str(sim_study_db), "--out", str(out)], capsys)
     assert code == 0, err
-    frame = trials_frame(open_study(sim_study_db))
+    frame = trials_frame(open_study(sim_study_db)).frame
     back = pd.read_csv(out)
     assert f"wrote {out} ({len(frame):,} trials)" in text
     assert list(back.columns) == list(frame.columns) and len(back) == len(frame)
@@ -36,9 +36,10 @@ def test_the_plan_sweeps_name_their_plan(sim_study_db, tmp_path, capsys):  # noq
     back = pd.read_csv(out)
     sweep = plan_sweep(open_study(sim_study_db))
     assert len(back) == len(sweep) > 0
-    assert set(back["trial"]) == {sweep.attrs["trial"]} and set(back["max_load"]) == {sweep.attrs["max_load"]}
-    assert back["level"].tolist() == pytest.approx(sweep["level"].tolist())
-    assert back["meets"].tolist() == sweep["meets"].tolist()
+    assert set(back["trial"]) == {sweep.trial} and set(back["max_load"]) == {sweep.max_load}
+    assert set(back["bound"]) == {sweep.bound} and set(back["load_kind"]) == {sweep.load_kind}
+    assert back["level"].tolist() == pytest.approx(sweep.frame["level"].tolist())
+    assert back["meets"].tolist() == sweep.frame["meets"].tolist()
 
 
 def test_a_study_without_plans_exports_the_header_only(tmp_path, monkeypatch, capsys):

@@ -288,8 +288,9 @@ def test_the_study_holds_the_budget_its_companion_the_repeats_and_every_reader_r
     assert code == 0 and f"#{trial}" in out and ".confirm" not in out  # the companion is not a study of its own
     opened = analysis.open_study(tmp_path / "studies" / f"{name}.db")  # tuner.open_study: a file of two studies
     assert opened.study_name == name
-    frame = analysis.trials_frame(opened)
-    assert len(frame) == 2 and frame.attrs["recommended"] == trial
+    trials = analysis.trials_frame(opened)
+    frame = trials.frame
+    assert len(trials) == len(frame) == 2 and trials.recommended == trial
     assert frame.loc[frame["recommended"], "number"].tolist() == [trial]
     assert analysis.recommendation(opened).to_dict() == said and analysis.best_trial(opened).number == trial
     page, _ = render_report(opened)

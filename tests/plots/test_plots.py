@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib
 import matplotlib.pyplot as plt
 import optuna
@@ -23,6 +25,7 @@ from tuner.plots import (
     study_plots,
 )
 from tuner.study.analysis import best_trial, open_study, plan_sweep, trials_frame
+from tuner.study.tables import PlanSweep
 
 pytestmark = pytest.mark.slow  # the shared simulator study takes ~10-20 s to build once
 
@@ -47,9 +50,9 @@ def _star(fig):
 
 def test_tradeoff_marks_the_best_feasible_trial_and_the_target(sim_study_db):
     study = open_study(sim_study_db)
-    frame = trials_frame(study)
+    trials = trials_frame(study)
     best = best_trial(study)
-    fig = plot_tradeoff(frame, best=best.number)
+    fig = plot_tradeoff(trials)  # the table's own target and recommended trial
     label, (x, y) = _star(fig)
     assert label == f"best feasible (#{best.number})"
     assert y == pytest.approx(best.value) and x == pytest.approx(best.user_attrs["summary"]["ttft_p95_s"])
@@ -60,7 +63,7 @@ def test_tradeoff_marks_the_best_feasible_trial_and_the_target(sim_study_db):
 
 def test_tradeoff_stars_the_recommended_trial_not_a_luckier_measurement(sim_study_db):
     study = open_study(sim_study_db)
-    frame = trials_frame(study)
+    frame = trials_frame(study).to_frame()
     best = best_trial(study).number
     lucky = frame[frame["feasible"] & (frame["number"] != best)].index[0]  # measured more, not recommended
     frame.loc[lucky, "tokens_per_s"] = frame["tokens_per_s"].max() * 1.05
@@ -73,10 +76,10 @@ def test_tradeoff_stars_the_recommended_trial_not_a_luckier_measurement(sim_stud
 
 
 def test_layouts_has_one_box_per_layout_the_study_ran(sim_study_db):
-    frame = trials_frame(open_study(sim_study_db))
-    fig = plot_layouts(frame)
+    trials = trials_frame(open_study(sim_study_db))
+    fig = plot_layouts(trials)
     labels = [t.get_text().split("\n")[0] for t in fig.axes[0].get_xticklabels()]
-    assert sorted(labels) == sorted(frame["layout"].unique())
+    assert sorted(labels) == sorted(trials.frame["layout"].unique())
 
 
 def test_capacity_curve_crosses_the_target_at_the_plan_capacity(sim_study_db):
@@ -84,7 +87,13 @@ def test_capacity_curve_crosses_the_target_at_the_plan_capacity(sim_study_db):
     fig = plot_capacity(sweep)
     ax = fig.axes[0]
     capacity = [line for line in ax.get_lines() if line.get_label().startswith("capacity")]
-    assert capacity[0].get_xdata()[0] == sweep.attrs["max_load"]
+    assert capacity[0].get_xdata()[0] == sweep.max_load
+    target = [line for line in ax.get_lines() if line.get_label().startswith("target")]
+    assert target[0].get_ydata()[0] == sweep.target_ttft_s == TARGET_S
+    assert ax.get_title().startswith(f"capacity curve ({sweep.plan}): ")
+    # the frame alone does not say the plan's target and capacity: refused by name
+    with pytest.raises(InputError, match="sweep must be the PlanSweep"):
+        plot_capacity(sweep.frame)
 
 
 def test_an_empty_study_skips_every_figure_with_a_reason():
@@ -120,10 +129,11 @@ def test_the_verify_run_is_in_the_capacity_legend_as_drawn(sim_study_db):
     import pandas as pd
 
     sweep = plan_sweep(open_study(sim_study_db))
+    runs = sweep.frame
     # whether a plan ends in a verify run depends on where its sweep crosses the target:
     # here the sweep's highest point, measured again as the verify run
-    sweep = pd.concat([sweep[sweep["role"] != "verify"], sweep.iloc[[-1]].assign(role="verify")], ignore_index=True)
-    fig = plot_capacity(sweep)
+    runs = pd.concat([runs[runs["role"] != "verify"], runs.iloc[[-1]].assign(role="verify")], ignore_index=True)
+    fig = plot_capacity(dataclasses.replace(sweep, frame=runs))
     legend = next(a.get_legend() for a in fig.axes if a.get_legend() is not None)
     texts = [t.get_text() for t in legend.get_texts()]
     handle = legend.legend_handles[texts.index("verify run")]
@@ -134,7 +144,7 @@ def test_the_verify_run_is_in_the_capacity_legend_as_drawn(sim_study_db):
 
 
 def test_layouts_need_more_than_one_layout(sim_study_db):
-    frame = trials_frame(open_study(sim_study_db))
+    frame = trials_frame(open_study(sim_study_db)).frame
     one = frame[frame["layout"] == frame["layout"].iloc[0]]
     with pytest.raises(InputError, match="only one layout was tried"):
         plot_layouts(one)
@@ -171,8 +181,8 @@ def test_the_capacity_curve_colours_each_run_by_the_slo_that_limits_it():
         "level": [2.0, 8.0, 16.0, 24.0, 20.0], "repeat": [0] * 5, "role": ["sweep"] * 4 + ["verify"],
         "ttft_p95_s": [0.2, 0.27, 0.8, 1.07, 0.9], "tokens_per_s": [130.0, 460.0, 740.0, 970.0, 860.0],
         "binding_slo": ["p99:tpot<=60ms", "p99:tpot<=60ms", "p95:ttft<=1s", "p95:ttft<=1s", "p95:ttft<=1s"]})
-    sweep.attrs.update(plan="trial 2 at 1 s", target_ttft_s=1.0, max_load=20.0, bound="interpolated",
-                       load_kind="concurrency", tokens_per_s=860.0, slos=("p95:ttft<=1s", "p99:tpot<=60ms"))
+    sweep = PlanSweep(sweep, "s", plan="trial 2 at 1 s", target_ttft_s=1.0, max_load=20.0, bound="interpolated",
+                      load_kind="concurrency", tokens_per_s=860.0, slos=("p95:ttft<=1s", "p99:tpot<=60ms"))
     labels = [t.get_text() for t in plot_capacity(sweep).axes[1].get_legend().get_texts()]
     assert "p95:ttft<=1s limits (3)" in labels and "p99:tpot<=60ms limits (2)" in labels  # the verify run counts
     assert "verify run" in labels
@@ -190,7 +200,7 @@ def test_ttft_by_load_draws_the_best_configurations_at_the_loads_they_ran(sim_st
     fig = _plot(study, "ttft_by_load").figure
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    groups = top_groups(study, 5)
+    groups = top_groups(study, 5).frame
     named = [label for label in labels if label.startswith("#")]
     assert 1 <= len(named) <= 5 and [int(n[1:].split()[0]) for n in named] == list(groups["number"][:len(named)])
     best = best_trial(study).number

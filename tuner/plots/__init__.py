@@ -34,6 +34,7 @@ from tuner.plots._tradeoff import plot_layouts, plot_tradeoff
 from tuner.serving.slo import SloSet
 from tuner.study.analysis import best_trial, plan_sweep, target_ttft_s, top_groups, trials_frame
 from tuner.study.record import StudyRecord
+from tuner.study.tables import TrialsTable, as_frame
 
 if TYPE_CHECKING:
     import optuna
@@ -74,20 +75,21 @@ def plan_command(study: optuna.Study) -> str:
     return f"tuner plan --study {study.study_name}" + (f" --target-ttft {target:g}s" if target else "")
 
 
-def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[StudyPlot]:
+def study_plots(study: optuna.Study, frame: TrialsTable | pd.DataFrame | None = None) -> list[StudyPlot]:
     """Every figure of :data:`CAPTIONS`, in that order, each with the caption of this
-    study's values (skipped ones carry the reason)."""
-    df = frame if frame is not None else trials_frame(study)
+    study's values (skipped ones carry the reason). ``frame`` reuses a
+    :func:`~tuner.study.analysis.trials_frame` of ``study``."""
+    df = as_frame(frame) if frame is not None else trials_frame(study).frame
     target, slos, best = target_ttft_s(study), study_slos(study), _best_number(study)
     facts = Facts(target_s=target, slos=slos, objective=StudyRecord.from_study(study).objective)
     points = load_points(study)
-    groups = top_groups(study, TOP_CONFIGS, frame=df)
+    groups = top_groups(study, TOP_CONFIGS, frame=df).frame
     # each configuration's trials, the one that names it (its best measurement) first
     top = [(int(n), *[m for m in members if m != n]) for n, members in zip(groups["number"], groups["members"])]
     sweep = plan_sweep(study)
 
     def capacity() -> Figure:
-        if sweep.empty:
+        if sweep.plan is None:
             raise InputError("the study holds no capacity plan", hint=f"run {plan_command(study)}")
         return plot_capacity(sweep)
 
@@ -102,9 +104,9 @@ def study_plots(study: optuna.Study, frame: pd.DataFrame | None = None) -> list[
         "per_user": (lambda: plot_per_user_front(points, best),
                      replace(facts, missed=not per_user_front(points)["passed"].all())),
         "layouts": (lambda: plot_layouts(df), facts),
-        "capacity": (capacity, replace(facts, slos=tuple(sweep.attrs.get("slos") or ()) or slos,
-                                       target_s=sweep.attrs.get("target_ttft_s") or target,
-                                       verify_runs=int(((sweep["role"] == "verify") & (sweep["repeat"] == 0)).sum()))),
+        "capacity": (capacity, replace(facts, slos=sweep.slos or slos, target_s=sweep.target_ttft_s or target,
+                                       verify_runs=int(((sweep.frame["role"] == "verify")
+                                                        & (sweep.frame["repeat"] == 0)).sum()))),
     }
     out = []
     for name, (make, said) in makers.items():

@@ -5,26 +5,33 @@ from typing import TYPE_CHECKING
 
 from tuner.core.errors import InputError
 from tuner.plots._style import SLO_COLORS, figure, styled
+from tuner.study.tables import PlanSweep
 
 if TYPE_CHECKING:
-    import pandas as pd
     from matplotlib.figure import Figure
 
 
 @styled
-def plot_capacity(sweep: pd.DataFrame) -> Figure:
+def plot_capacity(sweep: PlanSweep) -> Figure:
     """The capacity curve of ``tuner plan``: P95 TTFT (left axis) and tokens/s (right
     axis) against load, the target line, and the largest load meeting it; for a plan of
     several SLOs each run's marker is in the colour of the SLO that limits it. ``sweep`` is
-    :func:`tuner.study.analysis.plan_sweep`."""
-    if sweep.empty:
+    :func:`tuner.study.analysis.plan_sweep` (its rows may be filtered:
+    ``dataclasses.replace(sweep, frame=...)``)."""
+    if not isinstance(sweep, PlanSweep):
+        raise InputError(f"sweep must be the PlanSweep of tuner.study.analysis.plan_sweep, got "
+                         f"{type(sweep).__name__}", argument="sweep",
+                         hint="its frame alone does not say the plan's target and capacity")
+    if sweep.plan is None or sweep.target_ttft_s is None or sweep.max_load is None:
         raise InputError("the study holds no capacity plan", hint="run tuner plan on the study")
-    at = sweep.attrs
-    rows = sweep[sweep["repeat"] == 0].sort_values("level")
+    if sweep.empty:
+        raise InputError(f"the sweep of plan {sweep.plan} has no runs to draw", argument="sweep",
+                         hint="keep some of the rows of analysis.plan_sweep(study)")
+    rows = sweep.frame[sweep.frame["repeat"] == 0].sort_values("level")
     curve = rows[rows["role"] != "verify"]
     fig = figure(8.0, 4.8)
     ax = fig.add_subplot()
-    slos = tuple(at.get("slos") or ()) if "binding_slo" in rows else ()
+    slos = sweep.slos if "binding_slo" in rows else ()
     verify = rows[rows["role"] == "verify"]
     if len(slos) > 1:
         # the curve, and each run in the colour of the SLO that limits it there (tuner plan's "limit")
@@ -45,10 +52,10 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
         # filled and outlined, so that the legend shows it as clearly as the plot does
         ax.plot(verify["level"], verify["ttft_p95_s"], "D", color="tab:orange", mec="black", ms=8,
                 linestyle="none", zorder=5, label="verify run")
-    ax.axhline(at["target_ttft_s"], color="red", linestyle="--", label=f"target {at['target_ttft_s']:g} s")
-    unit = "users" if at.get("load_kind") == "concurrency" else "req/s"
-    ax.axvline(at["max_load"], color="grey", linestyle=":",
-               label=f"capacity {'≥ ' if at.get('bound') == 'at_least' else ''}{at['max_load']:g} {unit}")
+    ax.axhline(sweep.target_ttft_s, color="red", linestyle="--", label=f"target {sweep.target_ttft_s:g} s")
+    unit = "users" if sweep.load_kind == "concurrency" else "req/s"
+    ax.axvline(sweep.max_load, color="grey", linestyle=":",
+               label=f"capacity {'≥ ' if sweep.bound == 'at_least' else ''}{sweep.max_load:g} {unit}")
     ax.set_xlabel("concurrent users" if unit == "users" else "requests/s")
     ax.set_ylabel("P95 TTFT (s)")
     ax.set_ylim(bottom=0)
@@ -62,6 +69,7 @@ def plot_capacity(sweep: pd.DataFrame) -> Figure:
     # on the twin axes, which are drawn last: no line of either axes crosses the legend
     ax2.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", fontsize=8, framealpha=1.0,
                facecolor="white")
-    ax.set_title(f"capacity curve ({at.get('plan')}): {at['tokens_per_s']:,.0f} tokens/s at the target")
+    held = "" if sweep.tokens_per_s is None else f": {sweep.tokens_per_s:,.0f} tokens/s at the target"
+    ax.set_title(f"capacity curve ({sweep.plan}){held}")
     fig.tight_layout()
     return fig

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.core.errors import InputError
 from tuner.plots._style import SLO_COLORS, STATUS_COLORS, figure, styled
 from tuner.study.analysis import pareto_mask
+from tuner.study.tables import TrialsTable, as_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,15 +36,20 @@ def _by_binding_slo(ax: Any, measured: pd.DataFrame, slos: Sequence[str]) -> Non
 
 
 @styled
-def plot_tradeoff(frame: pd.DataFrame, target_s: float | None = None, best: int | None = None,
+def plot_tradeoff(frame: TrialsTable | pd.DataFrame, target_s: float | None = None, best: int | None = None,
                   slos: Sequence[str] = ()) -> Figure:
     """tokens/s against P95 TTFT, one marker per measured trial (colour: status; for a
     study of several SLOs, ``slos`` as typed, the SLO that binds it), the target as a
     vertical line, the Pareto front as a step line, the best feasible trial
     starred: trial ``best`` (the study's recommendation, :func:`tuner.study.analysis.best_trial`,
     which a confirmation may have chosen over a luckier single measurement), or the
-    fastest feasible one. ``frame`` is :func:`tuner.study.analysis.trials_frame`."""
-    target = target_s if target_s is not None else frame.attrs.get("target_ttft_s")
+    fastest feasible one. ``frame`` is :func:`tuner.study.analysis.trials_frame` (whose target
+    and recommended trial are drawn where ``target_s`` / ``best`` are not given) or a
+    DataFrame of its rows."""
+    if isinstance(frame, TrialsTable):
+        target_s = frame.target_ttft_s if target_s is None else target_s
+        best = frame.recommended if best is None else best
+    target, frame = target_s, as_frame(frame)
     measured = frame[frame["tokens_per_s"].notna() & frame["ttft_p95_s"].notna()]
     if measured.empty:
         raise InputError("no trial measured P95 TTFT and throughput yet", hint="run tuner search")
@@ -91,10 +97,12 @@ def _layout_key(name: str) -> tuple[int, int]:
 
 
 @styled
-def plot_layouts(frame: pd.DataFrame) -> Figure:
+def plot_layouts(frame: TrialsTable | pd.DataFrame) -> Figure:
     """tokens/s of the feasible trials by layout (``tp<TP>x<replicas>``): one box per
     layout with every trial as a dot; under each box, how many trials ran it and how many
-    were infeasible or refused. InputError when the study tried one layout only."""
+    were infeasible or refused. InputError when the study tried one layout only. ``frame``
+    is :func:`tuner.study.analysis.trials_frame` or a DataFrame of its rows."""
+    frame = as_frame(frame)
     if frame.empty:
         raise InputError("the study has no trials yet", hint="run tuner search")
     layouts = sorted(frame["layout"].dropna().unique(), key=_layout_key)

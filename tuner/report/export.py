@@ -52,11 +52,10 @@ def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
     frames = []
     for key, est in sorted(list_plans(study).items(), key=lambda kv: kv[1].created):
         sweep = plan_sweep(study, trial=est.trial, target_ttft_s=est.target_ttft_s)
-        at = sweep.attrs
         keys = {"plan": key, "trial": est.trial, "target_ttft_s": est.target_ttft_s,
-                "max_load": at.get("max_load"), "bound": at.get("bound"), "load_kind": at.get("load_kind")}
-        extra = [c for c in SLO_COLUMNS if c in sweep.columns]  # a plan with SLOs besides P95 TTFT
-        frames.append(sweep.assign(**keys)[[*PLAN_KEY_COLUMNS, *SWEEP_COLUMNS, *extra]])
+                "max_load": sweep.max_load, "bound": sweep.bound, "load_kind": sweep.load_kind}
+        extra = [c for c in SLO_COLUMNS if c in sweep.frame.columns]  # a plan with SLOs besides P95 TTFT
+        frames.append(sweep.frame.assign(**keys)[[*PLAN_KEY_COLUMNS, *SWEEP_COLUMNS, *extra]])
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in (*PLAN_KEY_COLUMNS, *SWEEP_COLUMNS)})
     return pd.concat(frames, ignore_index=True)
@@ -67,11 +66,10 @@ def table(study: optuna.Study, what: str = "trials") -> pd.DataFrame:
 
     if what not in TABLES:
         raise InputError(f"cannot export {what!r}", hint=f"choose one of {', '.join(TABLES)}")
-    frame = trials_frame(study) if what == "trials" else plan_sweeps(study)
+    frame = trials_frame(study).frame if what == "trials" else plan_sweeps(study)
     for column in frame.columns:  # a last pass, as report.html has: no credential leaves in a file
         if frame[column].dtype == object or str(frame[column].dtype) in ("str", "string"):
             frame[column] = frame[column].map(lambda v: redact(v) if isinstance(v, str) else v)
-    frame.attrs["study"] = study.study_name
     return frame
 
 

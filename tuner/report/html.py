@@ -182,10 +182,10 @@ def _plan_section(study: optuna.Study) -> str:
 def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial | None) -> list[str]:
     """The ten best effective configurations: one row per group of trials, with its count
     and the spread of its throughput; ★ marks the one of ``chosen``, the recommended trial."""
-    top = top_groups(study, 10, frame=frame)
-    if not len(top):
+    groups = top_groups(study, 10, frame=frame)
+    if not len(groups):
         return []
-    top = top.copy()
+    top = groups.to_frame()
     # the spread of a configuration's trials under its best: one column, not two, on a narrow page
     top["tokens/s"] = [_fmt(best) + (f"\n{_fmt(lo)}–{_fmt(hi)}" if n > 1 else "") for best, lo, hi, n in
                        zip(top["tokens_per_s"], top["tokens_per_s_min"], top["tokens_per_s_max"], top["trials"])]
@@ -221,8 +221,8 @@ def _top_section(study: optuna.Study, frame: pd.DataFrame, chosen: FrozenTrial |
         note += f"; ★ marks the configuration of the recommended trial #{chosen.number}"
     note += "."
     out = ["<h2>Top feasible configurations</h2>"]
-    if top.attrs.get("caveat"):
-        out.append(f"<p class='skipped'>{html.escape(top.attrs['caveat'])}.</p>")
+    if groups.caveat:
+        out.append(f"<p class='skipped'>{html.escape(groups.caveat)}.</p>")
     out.append(f"<p class='meta'>{note}</p>")
     if same:
         alike = ", ".join(f"{c} {_fmt(top[c].iloc[0])}" for c in same)
@@ -240,7 +240,7 @@ def render_report(study: optuna.Study, storage: Any = None) -> tuple[str, dict[s
     repeats are read (:func:`tuner.study.storage_handle`)."""
     if storage is not None:
         storage_handle(study, storage)
-    frame = trials_frame(study)
+    frame = trials_frame(study).frame
     plots = study_plots(study, frame)
     pngs = {p.name: png_bytes(p.figure) for p in plots if p.figure is not None}
     target = target_ttft_s(study)

@@ -25,7 +25,7 @@ The study's records and where it lives, each imported by its own path: ``record`
 (:class:`~tuner.study.record.TrialRecord`, :class:`~tuner.study.record.StudyRecord`), ``race``
 (the confirmation race) and ``noise`` (run-to-run noise), ``effective`` (knobs without effect),
 ``storage`` and ``locks`` (the storage handle, named locks), ``recovery`` (trials that measured
-nothing), ``workers`` (several workers on one study) and ``analysis`` (a study as tables).
+nothing), ``workers`` (several workers on one study) and ``analysis`` (a study as tables, typed by ``tables``).
 """
 from __future__ import annotations
 

@@ -11,6 +11,10 @@ and ``tuner report`` share.
 * :func:`top_groups` — the best feasible configurations, trials that differ only in knobs
   without effect on the study's workload (:mod:`tuner.study.effective`) counted as one.
 
+The tables come as small typed results (:mod:`tuner.study.tables`): ``result.frame`` is a
+plain DataFrame, and what the whole table means is a field (``TrialsTable.recommended``,
+``TopGroups.caveat``, ``PlanSweep.max_load``), never ``DataFrame.attrs``.
+
 Everything here reads only; the study stays an ordinary Optuna study that
 ``optuna.load_study`` and optuna-dashboard open (``optuna-dashboard sqlite:///studies/NAME.db``).
 """
@@ -31,6 +35,7 @@ from tuner.study import recommendation as study_recommendation
 from tuner.study.effective import ANY, caveat, trial_group
 from tuner.study.record import StudyRecord, TrialRecord
 from tuner.study.storage import opened, storage_of
+from tuner.study.tables import PlanSweep, Table, TopGroups, TrialsTable, as_frame
 
 if TYPE_CHECKING:
     import optuna
@@ -210,8 +215,10 @@ def trial_row(trial: FrozenTrial) -> dict[str, Any]:
     return row
 
 
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """Every trial of ``study`` as a row (see :func:`trial_row`), by trial number.
+def trials_frame(study: optuna.Study) -> TrialsTable:
+    """Every trial of ``study`` as a row (see :func:`trial_row`), by trial number, in the
+    :attr:`~tuner.study.tables.Table.frame` of a :class:`~tuner.study.tables.TrialsTable`
+    (with the study's ``target_ttft_s`` and the ``recommended`` trial's number).
 
     ``status`` is one of :data:`STATUSES`; ``reason`` says why a trial did not count
     (vLLM's refusal, the TTFT miss with its numbers, the requests that failed, the crash);
@@ -223,7 +230,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     objective (0 for infeasible trials) while ``tokens_per_s`` / ``ttft_p95_s`` are what
     the trial measured at its chosen load (at its lowest load when infeasible).
     ``recommended`` marks the study's recommendation (:func:`recommendation`; its number is
-    ``frame.attrs["recommended"]``, None when it has none). The rows are the study's
+    the table's ``recommended``, None when it has none). The rows are the study's
     configurations: the confirmation's repeats live in its companion study (those a study
     written before kept among its trials are left out too: :func:`tuner.study.repeats`).
     """
@@ -237,20 +244,20 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
             frame[col] = pd.Series(dtype=object)
     if len(frame):
         frame = frame.sort_values("number").reset_index(drop=True)
-    frame.attrs["study"] = study.study_name
-    frame.attrs["target_ttft_s"] = target_ttft_s(study)
     rec = study_recommendation(study)
-    frame.attrs["recommended"] = None if rec is None else rec.trial
-    frame["recommended"] = frame["number"] == frame.attrs["recommended"]
-    return frame
+    chosen = None if rec is None else rec.trial
+    frame["recommended"] = (frame["number"] == chosen).astype(bool)
+    return TrialsTable(frame, study.study_name, target_ttft_s=target_ttft_s(study), recommended=chosen)
 
 
-def pareto_mask(frame: pd.DataFrame, x: str = "ttft_p95_s", y: str = "tokens_per_s") -> pd.Series:
+def pareto_mask(frame: pd.DataFrame | TrialsTable, x: str = "ttft_p95_s", y: str = "tokens_per_s") -> pd.Series:
     """Rows on the Pareto front of low ``x`` and high ``y``: no other row has ``x`` <= and
     ``y`` >= with one strictly better. Rows with NaN in either are never on it; repeated
-    configurations (``repeat_of``) are left to their first trial."""
+    configurations (``repeat_of``) are left to their first trial. ``frame``: a DataFrame of
+    trials or a :func:`trials_frame`."""
     import pandas as pd
 
+    frame = as_frame(frame)
     mask = pd.Series(False, index=frame.index)
     ok = frame[x].notna() & frame[y].notna()
     if "repeat_of" in frame.columns:
@@ -269,7 +276,7 @@ GROUP_COLUMNS = ("number", "trials", "missed", "tokens_per_s", "tokens_per_s_min
                  "ttft_p95_s", "chosen_load", "errors", "layout", "folded", "members", "group")
 
 
-def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None = None) -> pd.DataFrame:
+def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | TrialsTable | None = None) -> TopGroups:
     """The ``n`` best effective configurations among the feasible trials, one row each, by
     throughput: trials whose configurations differ only in knobs without effect on this
     study's workload (``group`` of :func:`trials_frame`) are one configuration.
@@ -280,14 +287,13 @@ def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None =
     target; ``tokens_per_s_min`` / ``_max`` is the spread of its feasible trials (noise
     between repeats, or what the folded knobs did after all). The knob columns hold the
     best trial's values, a folded knob ``any (why)``; ``folded`` lists them with why.
-    ``frame`` reuses a :func:`trials_frame` of ``study``. ``frame.attrs["caveat"]`` says
+    ``frame`` reuses a :func:`trials_frame` of ``study``. The result's ``caveat`` says
     when the configurations were never applied (an endpoint study), else ``None``."""
     import dataclasses
 
     import pandas as pd
 
-
-    frame = trials_frame(study) if frame is None else frame
+    frame = trials_frame(study).frame if frame is None else as_frame(frame)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     knobs = [f.name for f in dataclasses.fields(ServeConfig) if f.name in frame.columns]
     ok = frame["feasible"].astype(bool) & frame["group"].notna() if len(frame) else frame["number"].notna()
@@ -311,9 +317,7 @@ def top_groups(study: optuna.Study, n: int = 10, *, frame: pd.DataFrame | None =
     if len(out):
         out = out.sort_values(["tokens_per_s", "number"], ascending=[False, True]).head(n).reset_index(drop=True)
     runs = [TrialRecord.from_trial(t).run.to_dict() for t in study.get_trials(deepcopy=False)]
-    out.attrs["caveat"] = next((c for c in map(caveat, runs) if c), None)
-    out.attrs["study"] = study.study_name
-    return out
+    return TopGroups(out, study.study_name, caveat=next((c for c in map(caveat, runs) if c), None))
 
 
 #: Columns of :func:`plan_sweep`.
@@ -326,38 +330,35 @@ SLO_COLUMNS = ("goodput_requests_per_s", "binding_slo", "slo_ratio")
 
 
 def plan_sweep(study: optuna.Study, *, trial: int | None = None,
-               target_ttft_s: float | str | None = None) -> pd.DataFrame:
+               target_ttft_s: float | str | None = None) -> PlanSweep:
     """The load sweep of the newest capacity plan ``tuner plan`` stored in ``study`` (for
     ``trial`` / ``target_ttft_s`` when given), one row per run, by load; ``meets`` says
     whether the run met the plan's target. Empty (same columns) when the study holds no
-    plan. ``frame.attrs`` carries the plan's ``target_ttft_s``, ``max_load``, ``bound``,
-    ``load_kind``, ``trial``, ``tokens_per_s``, ``max_concurrency`` and (for a plan of
-    several SLOs) ``slos``, the set as typed, P95 TTFT first."""
+    plan. The :class:`~tuner.study.tables.PlanSweep` carries the plan's ``target_ttft_s``,
+    ``max_load``, ``bound``, ``load_kind``, ``trial``, ``tokens_per_s``, ``max_concurrency``
+    and (for a plan of several SLOs) ``slos``, the set as typed, P95 TTFT first; its ``plan``
+    is ``None`` when the study holds no plan."""
     import pandas as pd
-
 
     est = stored_plan(study, trial=trial, target_ttft_s=target_ttft_s)
     if est is None:
-        frame = pd.DataFrame({c: pd.Series(dtype=object) for c in SWEEP_COLUMNS})
-        frame.attrs.update(plan=None)
-        return frame
+        return PlanSweep(pd.DataFrame({c: pd.Series(dtype=object) for c in SWEEP_COLUMNS}), study.study_name)
     rows = []
     for p in sorted(est.sweep, key=lambda p: (p.repeat, p.level, p.role)):
         row = p.to_dict()
         row["meets"] = p.meets(est.target_ttft_s)
         rows.append({k: _number(v) if k not in ("load", "role", "binding_slo") else v for k, v in row.items()})
     frame = pd.DataFrame(rows, columns=list(SWEEP_COLUMNS) + list(SLO_COLUMNS if est.slos else ()))
-    frame.attrs.update(
-        plan=f"trial {est.trial} at {est.target_ttft_s:g} s", target_ttft_s=est.target_ttft_s,
-        max_load=est.max_load, bound=est.bound, load_kind=est.load_kind, trial=est.trial,
+    return PlanSweep(
+        frame, study.study_name, plan=f"trial {est.trial} at {est.target_ttft_s:g} s", trial=est.trial,
+        target_ttft_s=est.target_ttft_s, max_load=est.max_load, bound=est.bound, load_kind=est.load_kind,
         tokens_per_s=est.tokens_per_s, max_concurrency=est.max_concurrency,
+        slos=SloSet.of((f"p95:ttft<={est.target_ttft_s}s", *est.slos)).texts if est.slos else (),
     )
-    if est.slos:
-        frame.attrs["slos"] = SloSet.of((f"p95:ttft<={est.target_ttft_s}s", *est.slos)).texts
-    return frame
 
 
 __all__ = [
-    "BASE_COLUMNS", "GROUP_COLUMNS", "STATUSES", "best_trial", "open_study", "pareto_mask", "plan_sweep", "recommendation",  # noqa: E501
-    "study_location", "target_ttft_s", "top_groups", "trial_row", "trials_frame",
+    "BASE_COLUMNS", "GROUP_COLUMNS", "SLO_COLUMNS", "STATUSES", "SWEEP_COLUMNS", "PlanSweep", "Table", "TopGroups",
+    "TrialsTable", "best_trial", "open_study", "pareto_mask", "plan_sweep", "recommendation", "study_location",
+    "target_ttft_s", "top_groups", "trial_row", "trials_frame",
 ]
