@@ -389,8 +389,9 @@ def test_timeout_does_what_search_help_says(tmp_path, monkeypatch, capsys):
     assert "exits normally" not in text
     assert "124 --timeout ended the run before the budget was used" in text
     assert "--timeout stops one still running at the limit" in text and "exits 124 while" in text
-    # budget 400: a machine busy enough to sample the trace (fit_to_window) still cannot finish it in 2 s
-    code, out, err = run_cli(["search", "--budget", "400", "--timeout", "2", "--study", "t", "-o", "json"], capsys)
+    # budget 400 in 10 s: a window that holds a trial (a 2 s one, on a busy machine, is refused: not even 200
+    # requests replay 5 times in half of it) and not the budget (a trial takes 0.1 s at the very least)
+    code, out, err = run_cli(["search", "--budget", "400", "--timeout", "10", "--study", "t", "-o", "json"], capsys)
     report = json.loads(out)  # the report is printed, as a finished run prints it
     assert code == 124 and report["timed_out"] and report["finished_trials"] < 400, err
     code, out, _ = run_cli(["search", "--budget", str(max(report["finished_trials"], 1)), "--study", "t",

@@ -104,10 +104,15 @@ def fit_to_window(workload: Workload, window_s: float | None, max_replays: int, 
     n = max(m * k for m in (1, 2, 5) if m * k <= fits)
     rows = np.sort(np.random.default_rng(seed).choice(len(workload), n, replace=False))
     return workload.take(rows, rebase=False), (
-        f"the trace holds {len(workload):,} requests: replaying them all would take about {per_load:.0f} s a load, "
+        f"the trace holds {len(workload):,} requests: replaying them all would take about {_secs(per_load)} s a load, "
         f"up to {max_replays} loads a trial, more than --timeout {window_s:g} s holds; each load replays {n:,} of "
         f"them drawn at random (seed {seed}), of the same shape (give --timeout more time, or cut the log with tuner "
         "trace convert, to replay more)")
+
+
+def _secs(x: float) -> str:
+    """Seconds as a reader wants them: 143, 3.2, 0.41."""
+    return f"{x:.0f}" if x >= 10 else f"{x:.2g}"
 
 
 __all__ = ["costliest", "fit_to_window", "replay_cost", "trial_estimate"]
