@@ -5,8 +5,9 @@ modules (tuner's own and all) Python imports for them, for this checkout beside 
     python benchmarks/cli_startup.py --against REF    # any commit (a temporary git worktree of it)
 
 Each command runs --runs times (fresh interpreter each time); the median wall time is printed with the ratio
-to the other commit (below 1: this checkout starts faster). Function-level imports exist so that a command
-imports only what it needs: this is the figure they are for.
+to the other commit (below 1: this checkout starts faster). tuner's own imports sit at the top of their modules
+(tests/test_architecture.py counts the few that do not); ``tuner CMD`` still imports CMD's command module alone
+(tuner/cli/commands.py) and ``tuner --version`` none: this is what that costs.
 """
 from __future__ import annotations
 
