@@ -15,9 +15,6 @@ MAX_COMPLEXITY = 20
 #: The simulator's event loop (``tuner/sim/engine.py:_event_loop``, one function of local names for speed:
 #: benchmarks/sim_speed.py) stays the one exception for good; the others are being split.
 LONG: frozenset[str] = frozenset({
-    "tuner/cli/calibrate.py:calibrate",
-    "tuner/cli/estimate.py:estimate_cmd",
-    "tuner/cli/plan.py:plan_cmd",
     "tuner/sim/engine.py:_event_loop",
 })
 #: ``path:qualified name`` of the functions still over :data:`MAX_COMPLEXITY`.
@@ -25,9 +22,7 @@ COMPLEX: frozenset[str] = frozenset({
     "tuner/backends/vllm_args.py:classify_failure",
     "tuner/calibrate/profile.py:_report",
     "tuner/calibrate/profile.py:fit",
-    "tuner/cli/calibrate.py:calibrate",
     "tuner/cli/doctor.py:doctor_cmd",
-    "tuner/cli/estimate.py:estimate_cmd",
     "tuner/cli/fleet.py:fleet_cmd",
     "tuner/cli/studies.py:print_best",
     "tuner/core/yamlfile.py:_compose",

@@ -274,6 +274,19 @@ def test_report_only_without_a_profile_says_so(tmp_path, capsys):
     assert code != 0 and "no profile to report on" in out + err and "profile.yaml" in out + err
 
 
+def test_a_bad_starts_is_refused_before_anything_is_measured(tmp_path, capsys):
+    """--starts is read with the other flags: a run that would measure for minutes and then
+    refuse to fit stops at once, with nothing written."""
+    from tuner.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["calibrate", "--model", "qwen2.5-7b", "--gpu", "L4", "--backend", "sim", "--trials", "base",
+              "--starts", "0", "--out", str(tmp_path / "profile")])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and "--starts must be >= 1" in out + err
+    assert not (tmp_path / "profile").exists()
+
+
 def test_a_server_faster_than_real_time_is_measured_in_its_gpus_time(tmp_path):
     """tuner sim-serve --speed N runs N times faster than the GPU it simulates: calibrate's rows
     hold the GPU's times (N times what the clock read), as tuner plan reports them."""

@@ -5,13 +5,32 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tuner.cli._knobs import SET_HELP, build_deployment_config, pins, with_knob_options
 from tuner.cli.app import app
-from tuner.cli.options import OUTPUT_HELP, Output, old_spelling, renamed, trace_option
+from tuner.cli.options import (
+    Output,
+    concurrency_option,
+    dtype_option,
+    gpu_option,
+    gpus_option,
+    model_option,
+    num_requests_option,
+    old_spelling,
+    output_option,
+    quantization_option,
+    rate_option,
+    renamed,
+    replicas_option,
+    set_option,
+    skip_bad_option,
+    tensor_parallel_size_option,
+    trace_option,
+    vllm_version_option,
+)
 from tuner.cli.progress import Runs
 from tuner.core.errors import ConfigRejected, InputError
 from tuner.runtime.progress import observer_or_headless
@@ -179,104 +198,120 @@ def front_end_notes(deployment: Deployment, config: ServeConfig, rows: list[dict
     return [f"note: {note}"] if note else []
 
 
-@app.command("estimate", short_help="vLLM's memory plan and a load table for one configuration.")
+#: ``tuner estimate --help`` (a constant: the docstring would make the command longer than it reads).
+ESTIMATE_HELP = """What would vLLM do with this GPU, model and flags?
+
+Prints the startup memory plan (weights, activations, CUDA graphs, KV bytes,
+blocks, "GPU KV cache size", max concurrency) or vLLM's refusal in vLLM's words
+(exit 1), and with --concurrency or --rate a simulated load table. No study is
+read or written.
+
+\b
+Examples:
+  tuner estimate --gpu H200 --model qwen2.5-7b -c 1,16,64
+  tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
+      --max-model-len 8192 --enforce-eager --vllm-version 0.6.3"""
+
+# The options of tuner estimate, as it explains them (the flags are spelt in tuner.cli.options).
+GpuOpt = gpu_option("GPU from the catalog (case-insensitive; `tuner.sim.hardware.list_gpus()`), e.g. H200, "
+                    "V100-32GB-SXM2, T4, L4.")
+GpusOpt = gpus_option("GPUs in the machine: a count (8) or device ids (0-7). Default: tp x replicas. vLLM cannot "
+                      "start if tp x replicas exceeds it.")
+ModelOpt = model_option("Preset (qwen2.5-7b, llama-3.1-70b, gemma-2-27b-awq, ...) or a folder with a Hugging Face "
+                        "config.json.")
+QuantizationOpt = quantization_option("awq, gptq, fp8, ... Default: whatever the checkpoint's config.json says.")
+DtypeOpt = dtype_option("auto, float16/half, bfloat16. bfloat16 needs compute capability 8.0 (vLLM refuses it on "
+                        "V100/T4).")
+VllmVersionOpt = vllm_version_option("vLLM release whose defaults and messages to follow (e.g. 0.6.3, 0.26.0).")
+TensorParallelSizeOpt = tensor_parallel_size_option("Tensor-parallel size: GPUs per replica; must divide the "
+                                                    "attention heads. Default 1.")
+ReplicasOpt = replicas_option("Independent engines (data parallel).")
+SetOpt = set_option(SET_HELP)
+ConcurrencyOpt = concurrency_option("Closed-loop load table: comma-separated users in flight, e.g. 5,10,20.")
+RateOpt = rate_option("Open-loop load table: comma-separated Poisson request rates in req/s, e.g. 1,2,4.")
+SkipBadOpt = skip_bad_option()
+InputLenOpt = Annotated[int | None, typer.Option("--input-len", help="Fixed prompt tokens (like vllm bench "
+                                                 "--dataset-name random); replaces the built-in mix.")]
+OutputLenOpt = Annotated[int | None, typer.Option("--output-len", help="Fixed output tokens per request.")]
+NumRequestsOpt = num_requests_option("Requests per load level: 1000 of the built-in mix or fixed lengths by "
+                                     "default; with --trace, its first N rows (default: all).")
+OutputOpt = output_option()
+
+
+@app.command("estimate", short_help="vLLM's memory plan and a load table for one configuration.", help=ESTIMATE_HELP)
 @with_knob_options()
 def estimate_cmd(
-    gpu: str = typer.Option("H100-SXM", "--gpu", help="GPU from the catalog (case-insensitive; "
-                            "`tuner.sim.hardware.list_gpus()`), e.g. H200, V100-32GB-SXM2, T4, L4."),
-    gpus: str = typer.Option(None, "--gpus", help="GPUs in the machine: a count (8) or device ids (0-7). "
-                             "Default: tp x replicas. vLLM cannot start if tp x replicas exceeds it."),
-    model: str = typer.Option("qwen2.5-7b", "--model", help="Preset (qwen2.5-7b, llama-3.1-70b, "
-                              "gemma-2-27b-awq, ...) or a folder with a Hugging Face config.json."),
-    quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... "
-                                     "Default: whatever the checkpoint's config.json says."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto, float16/half, bfloat16. bfloat16 "
-                              "needs compute capability 8.0 (vLLM refuses it on V100/T4)."),
-    vllm_version: str = typer.Option(DEFAULT_VLLM_VERSION, "--vllm-version", help="vLLM release "
-                                     "whose defaults and messages to follow (e.g. 0.6.3, 0.26.0)."),
-    tensor_parallel_size: int = typer.Option(None, "--tensor-parallel-size", help="Tensor-parallel size: "
-                                             "GPUs per replica; must divide the attention heads. Default 1."),
-    tp: int = old_spelling("--tp"),
-    replicas: int = typer.Option(1, "--replicas", help="Independent engines (data parallel)."),
-    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP),
-    concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop load table: "
-                                    "comma-separated users in flight, e.g. 5,10,20."),
-    rate: str = typer.Option(None, "--rate", help="Open-loop load table: comma-separated Poisson "
-                             "request rates in req/s, e.g. 1,2,4."),
+    gpu: GpuOpt = "H100-SXM", gpus: GpusOpt = None, model: ModelOpt = "qwen2.5-7b",
+    quantization: QuantizationOpt = None, dtype: DtypeOpt = "auto", vllm_version: VllmVersionOpt = DEFAULT_VLLM_VERSION,
+    tensor_parallel_size: TensorParallelSizeOpt = None, tp: int = old_spelling("--tp"), replicas: ReplicasOpt = 1,
+    set_: SetOpt = None, concurrency: ConcurrencyOpt = None, rate: RateOpt = None,
     trace: str = trace_option(help="Request log to replay (any format `tuner trace stats` reads). Default: "
                                    "the built-in 40/40/20 mix of article 004."),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
-                                  "stopping at the first (a note says how many and why)."),
-    input_len: int = typer.Option(None, "--input-len", help="Fixed prompt tokens (like vllm bench "
-                                  "--dataset-name random); replaces the built-in mix."),
-    output_len: int = typer.Option(None, "--output-len", help="Fixed output tokens per request."),
-    num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per load level: "
-                                     "1000 of the built-in mix or fixed lengths by default; with "
-                                     "--trace, its first N rows (default: all)."),
-    output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
+    skip_bad: SkipBadOpt = False, input_len: InputLenOpt = None, output_len: OutputLenOpt = None,
+    num_requests: NumRequestsOpt = None, output: OutputOpt = Output.text,
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
-    """What would vLLM do with this GPU, model and flags?
-
-    Prints the startup memory plan (weights, activations, CUDA graphs, KV bytes,
-    blocks, "GPU KV cache size", max concurrency) or vLLM's refusal in vLLM's words
-    (exit 1), and with --concurrency or --rate a simulated load table. No study is
-    read or written.
-
-    \b
-    Examples:
-      tuner estimate --gpu H200 --model qwen2.5-7b -c 1,16,64
-      tuner estimate --gpu V100-16GB --model gemma-2-27b-gptq \\
-          --max-model-len 8192 --enforce-eager --vllm-version 0.6.3
-    """
     knobs, _ = pins(knob_flags, set_)
     tp = renamed(tensor_parallel_size, tp, "--tp")
     deployment, config = build_deployment_config(
         model=model, gpu=gpu, gpus=gpus, vllm_version=vllm_version, dtype=dtype, quantization=quantization,
         tp=1 if tp is None else tp, replicas=replicas, knobs=knobs,
     )
-    users = parse_list(concurrency, int, "--concurrency")
-    rates = parse_list(rate, float, "--rate")
-    plan: MemoryPlan | None = None
-    error: ConfigRejected | None = None
-    try:
-        plan = plan_memory(deployment, config, strict=False)
-        error = plan.error
-    except ConfigRejected as err:
-        error = err
+    loads: list[Load] = [Concurrency(u) for u in parse_list(concurrency, int, "--concurrency")]
+    loads += [Poisson(r) for r in parse_list(rate, float, "--rate")]
+    plan, error = _memory_plan(deployment, config)
     rows: list[dict[str, Any]] = []
-    if error is None and (users or rates):
+    if error is None and loads:
         workload = build_workload(trace, input_len, output_len, num_requests, skip_bad=skip_bad)
-        loads: list[Load] = [Concurrency(u) for u in users] + [Poisson(r) for r in rates]
-
         with Runs(len(loads)) as progress:
             rows = run_loads(deployment, config, workload, loads, observer=progress)
-
-    idle = deployment.idle_devices(config.tensor_parallel_size, config.replicas)  # as tuner search says it
     if output is Output.json:
-        memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {
-            "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
-        memory["error"] = None if error is None else error.message
-        memory["error_kind"] = None if error is None else error.kind
-        if error is not None and error.kind in MEMORY_REFUSALS:
-            memory["predicted_refusal"] = prediction(deployment, config, error)
-        typer.echo(json.dumps({"memory": memory, "load": rows, "idle_gpus": list(idle)}, indent=2))
+        _print_json(deployment, config, plan, error, rows)
     else:
-        if plan is not None:
-            typer.echo("\n".join(render_plan(plan)))
-        if idle:
-            typer.echo(f"note: {deployment.idle_note(config.tensor_parallel_size, config.replicas)}")
-        if plan is None or plan.error is None:
-            if error is not None:
-                typer.echo(f"vLLM refuses to start ({error.kind}): {error.message}")
-        if error is not None and error.kind in MEMORY_REFUSALS:  # how sure: the margin against the planner's error
-            typer.echo(f"the prediction's margin: {prediction(deployment, config, error)['text']}; to put it to the "
-                       "test on the GPU: tuner search --backend vllm --start-refused")
-        if rows:
-            typer.echo("")
-            typer.echo("\n".join(render_loads(rows)))
-            for line in front_end_notes(deployment, config, rows):
-                typer.echo(line)
+        _print_text(deployment, config, plan, error, rows)
     if error is not None:
         sys.exit(1)
+
+
+def _memory_plan(deployment: Deployment, config: ServeConfig) -> tuple[MemoryPlan | None, ConfigRejected | None]:
+    """vLLM's startup memory plan and its refusal, if any (no plan where even the plan is refused)."""
+    try:
+        plan = plan_memory(deployment, config, strict=False)
+    except ConfigRejected as err:
+        return None, err
+    return plan, plan.error
+
+
+def _print_json(deployment: Deployment, config: ServeConfig, plan: MemoryPlan | None,
+                error: ConfigRejected | None, rows: list[dict[str, Any]]) -> None:
+    """``--output json``: the memory plan (or vLLM's refusal and the prediction's margin), the load
+    table and the GPUs the layout leaves idle, as one JSON object."""
+    memory = dict(plan.summary(), decode_ceiling_tokens_per_s=decode_ceiling(plan)) if plan is not None else {
+        "kv_cache_tokens": None, "num_gpu_blocks": None, "max_concurrency": None}
+    memory["error"] = None if error is None else error.message
+    memory["error_kind"] = None if error is None else error.kind
+    if error is not None and error.kind in MEMORY_REFUSALS:
+        memory["predicted_refusal"] = prediction(deployment, config, error)
+    idle = deployment.idle_devices(config.tensor_parallel_size, config.replicas)  # as tuner search says it
+    typer.echo(json.dumps({"memory": memory, "load": rows, "idle_gpus": list(idle)}, indent=2))
+
+
+def _print_text(deployment: Deployment, config: ServeConfig, plan: MemoryPlan | None,
+                error: ConfigRejected | None, rows: list[dict[str, Any]]) -> None:
+    """The memory plan, a note on idle GPUs, vLLM's refusal with the prediction's margin, and the
+    load table with its front-end notes, for a person."""
+    if plan is not None:
+        typer.echo("\n".join(render_plan(plan)))
+    if deployment.idle_devices(config.tensor_parallel_size, config.replicas):
+        typer.echo(f"note: {deployment.idle_note(config.tensor_parallel_size, config.replicas)}")
+    if plan is None and error is not None:  # a refusal the plan holds is among its lines already
+        typer.echo(f"vLLM refuses to start ({error.kind}): {error.message}")
+    if error is not None and error.kind in MEMORY_REFUSALS:  # how sure: the margin against the planner's error
+        typer.echo(f"the prediction's margin: {prediction(deployment, config, error)['text']}; to put it to the "
+                   "test on the GPU: tuner search --backend vllm --start-refused")
+    if rows:
+        typer.echo("")
+        typer.echo("\n".join(render_loads(rows)))
+        for line in front_end_notes(deployment, config, rows):
+            typer.echo(line)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -90,6 +90,120 @@ def trace_option(help: str = TRACE_HELP) -> Any:  # noqa: A002
 
 
 OUTPUT_HELP = "text: tables for a person; json: one JSON object on stdout, for scripts."
+SKIP_BAD_HELP = "Skip malformed rows of --trace instead of stopping at the first (a note says how many and why)."
+
+
+# The options that several commands take and that each command explains in its own words:
+# each returns the typed alias a command declares its parameter with, the flag spelt here once
+# and the default kept in the signature (``Gpus = gpus_option("...")``, then ``gpus: Gpus = None``).
+def gpu_option(help: str) -> Any:  # noqa: A002
+    """``--gpu NAME``: a GPU of tuner's catalog."""
+    return Annotated[str, typer.Option("--gpu", help=help)]
+
+
+def gpus_option(help: str) -> Any:  # noqa: A002
+    """``--gpus``: a count (8) or device ids (0-7)."""
+    return Annotated[str | None, typer.Option("--gpus", help=help)]
+
+
+def model_option(help: str) -> Any:  # noqa: A002
+    """``--model``: a preset or a folder holding config.json."""
+    return Annotated[str, typer.Option("--model", help=help)]
+
+
+def quantization_option(help: str) -> Any:  # noqa: A002
+    """``-q/--quantization``: awq, gptq, fp8, ..."""
+    return Annotated[str | None, typer.Option("--quantization", "-q", help=help)]
+
+
+def dtype_option(help: str) -> Any:  # noqa: A002
+    """``--dtype``: auto, float16/half, bfloat16."""
+    return Annotated[str | None, typer.Option("--dtype", help=help)]
+
+
+def vllm_version_option(help: str) -> Any:  # noqa: A002
+    """``--vllm-version``: the vLLM release whose behaviour to follow."""
+    return Annotated[str | None, typer.Option("--vllm-version", help=help)]
+
+
+def tensor_parallel_size_option(help: str) -> Any:  # noqa: A002
+    """``--tensor-parallel-size``: GPUs per replica (vLLM's own flag)."""
+    return Annotated[int | None, typer.Option("--tensor-parallel-size", help=help)]
+
+
+def replicas_option(help: str) -> Any:  # noqa: A002
+    """``--replicas``: independent engines (data parallel)."""
+    return Annotated[int | None, typer.Option("--replicas", help=help)]
+
+
+def set_option(help: str) -> Any:  # noqa: A002
+    """``--set KNOB=VALUE``, repeatable: a knob pinned at a value."""
+    return Annotated[list[str] | None, typer.Option("--set", metavar="KNOB=VALUE", help=help)]
+
+
+def skip_bad_option(help: str = SKIP_BAD_HELP) -> Any:  # noqa: A002
+    """``--skip-bad``: skip a request log's malformed rows."""
+    return Annotated[bool, typer.Option("--skip-bad", help=help)]
+
+
+def num_requests_option(help: str) -> Any:  # noqa: A002
+    """``-n/--num-requests``: requests per run."""
+    return Annotated[int | None, typer.Option("--num-requests", "-n", help=help)]
+
+
+def concurrency_option(help: str) -> Any:  # noqa: A002
+    """``-c/--concurrency``: closed-loop users, comma-separated."""
+    return Annotated[str | None, typer.Option("--concurrency", "-c", help=help)]
+
+
+def rate_option(help: str) -> Any:  # noqa: A002
+    """``--rate``: open-loop Poisson rates in req/s, comma-separated."""
+    return Annotated[str | None, typer.Option("--rate", help=help)]
+
+
+def seed_option(help: str) -> Any:  # noqa: A002
+    """``--seed``: the seed of what the command draws."""
+    return Annotated[int, typer.Option("--seed", help=help)]
+
+
+def output_option(help: str = OUTPUT_HELP) -> Any:  # noqa: A002
+    """``-o/--output``: text for a person, json for a script."""
+    return Annotated[Output, typer.Option("--output", "-o", help=help)]
+
+
+def out_option(help: str, metavar: str = "DIR") -> Any:  # noqa: A002
+    """``--out``: where a command writes its files (a folder; export's, a file)."""
+    return Annotated[str | None, typer.Option("--out", metavar=metavar, help=help)]
+
+
+def timeout_option(help: str) -> Any:  # noqa: A002
+    """``--timeout``: how long to go on starting trials (2h, 45m, 3600)."""
+    return Annotated[str | None, typer.Option("--timeout", help=help)]
+
+
+def target_ttft_option(help: str) -> Any:  # noqa: A002
+    """``--target-ttft``: the P95 time-to-first-token target (5s, 500ms, 5)."""
+    return Annotated[str | None, typer.Option("--target-ttft", help=help)]
+
+
+def slo_option(help: str) -> Any:  # noqa: A002
+    """``--slo``, repeatable: a service level (p99:tpot<=30ms)."""
+    return Annotated[list[str] | None, typer.Option("--slo", help=help)]
+
+
+def study_option(help: str) -> Any:  # noqa: A002
+    """``--study``: a study's name."""
+    return Annotated[str | None, typer.Option("--study", help=help)]
+
+
+def endpoint_option(help: str) -> Any:  # noqa: A002
+    """``--endpoint``: base URL(s) of a running server, comma-separated."""
+    return Annotated[str | None, typer.Option("--endpoint", help=help)]
+
+
+def api_key_file_option(help: str) -> Any:  # noqa: A002
+    """``--api-key-file``: a file holding the endpoint's API key."""
+    return Annotated[str | None, typer.Option("--api-key-file", help=help)]
 
 #: One spelling per concept, in every command: the spellings commands used before, each
 #: with the one that replaced it. The old ones still work, hidden from --help

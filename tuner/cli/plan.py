@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -14,15 +14,35 @@ from tuner.cli.app import app
 from tuner.cli.estimate import build_workload, parse_list
 from tuner.cli.fleet import fleet_cmd
 from tuner.cli.options import (
-    OUTPUT_HELP,
     Backend,
     Output,
+    api_key_file_option,
     backend_option,
+    concurrency_option,
+    dtype_option,
+    endpoint_option,
+    gpu_option,
+    gpus_option,
+    model_option,
+    num_requests_option,
     old_spelling,
+    out_option,
+    output_option,
+    quantization_option,
+    rate_option,
     renamed,
+    replicas_option,
+    seed_option,
+    set_option,
+    skip_bad_option,
+    slo_option,
     storage_option,
+    study_option,
+    target_ttft_option,
+    tensor_parallel_size_option,
     trace_option,
     vllm_cmd_option,
+    vllm_version_option,
 )
 from tuner.cli.output import console, fit, table
 from tuner.cli.progress import Runs
@@ -53,149 +73,156 @@ def _config_from_flags(v: dict[str, Any]) -> tuple[Any, Any]:
     )
 
 
-@app.command("plan", short_help="How much traffic a configuration holds at a P95 TTFT target.")
+#: ``tuner plan --help`` (a constant: the docstring would make the command longer than it reads).
+PLAN_HELP = """How much traffic does this configuration hold at a P95 TTFT target?
+
+Sweeps the load on the study's best feasible configuration (or --trial, or a
+configuration given with tuner estimate's flags), finds the largest load meeting the
+target by monotone interpolation, verifies it with a run there and runs between the
+last load that held and the first that broke until the two are within 5 % (one
+user), as the search locates a trial's edge, and reports max concurrency,
+requests/s, tokens/s, conversations/min, replicas for --demand, cost. On a study's
+trial a note sets the plan beside the search's figure for it.
+It replays the requests the study searched on (the file it read, or more requests
+of its synthetic mix), checked by fingerprint; --trace FILE replays another
+workload on purpose. The plan records which workload it replayed.
+
+Exit codes: 0 ok, 2 bad input or no study, 3 no feasible trial / even the lowest load misses.
+
+\b
+Examples:
+  tuner plan --target-ttft 5s
+  tuner plan --target-ttft 5s --demand 1200/min --gpu-hour-cost 1.2
+  tuner plan --fleet mixed-room --demand 3000/min --slo 'p95:ttft<=5s'
+  tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
+      --model llama-2-7b --dtype float16 --tensor-parallel-size 8 \\
+      --max-num-seqs 128"""
+
+# The options of tuner plan, as it explains them (shared flags are spelt in tuner.cli.options).
+TargetTtftOpt = target_ttft_option("P95 time-to-first-token target: 5s, 500ms or 5 (seconds). Default: the "
+                                   "study's target (5s for a config given here).")
+SloOpt = slo_option("A service level each load must meet besides P95 TTFT, repeatable: p99:tpot<=30ms, "
+                    "p95:itl<=50ms, p90:e2el<=20s (p95:ttft<=X is --target-ttft X). Default: the study's. The sweep "
+                    "names the one that limits each load.")
+StudyOpt = study_option("Study to plan from (see tuner studies). Default: the newest in studies/ (or in --storage).")
+TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number to plan. Default: the study's best "
+                                              "feasible trial.")]
+GpuOpt = gpu_option("Plan a configuration given here instead of a study: GPU from the catalog (as in tuner "
+                    "estimate; default H100-SXM).")
+GpusOpt = gpus_option("GPUs in the machine: a count (8) or device ids (0-7). Default: tp x replicas.")
+ModelOpt = model_option("Model preset or folder with config.json (default qwen2.5-7b).")
+QuantizationOpt = quantization_option("awq, gptq, fp8, ... or none.")
+DtypeOpt = dtype_option("auto, float16/half, bfloat16 (V100/T4 need float16).")
+VllmVersionOpt = vllm_version_option("vLLM release whose behaviour to follow.")
+TensorParallelSizeOpt = tensor_parallel_size_option("GPUs per replica (must divide the heads).")
+ReplicasOpt = replicas_option("Independent engines of the configuration (data parallel).")
+SetOpt = set_option(SET_HELP + " Describes a configuration, as the knob flags do (not with --study/--trial).")
+SkipBadOpt = skip_bad_option()
+NumRequestsOpt = num_requests_option(
+    "Requests per run: the first N rows of --trace or of the study's file (a subset, noted in the plan), or N of "
+    "the synthetic mix (default max(study's, 1000): a larger sample of the same distribution, doubled up to 16,000 "
+    "while the target holds at half of it).")
+EndpointOpt = endpoint_option("Base URL(s) of a running server, comma-separated (endpoint backend).")
+ApiKeyFileOpt = api_key_file_option("endpoint backend: a file holding the server's API key (sent as a bearer token; "
+                                    "never stored or printed). Default: $OPENAI_API_KEY, else $VLLM_API_KEY.")
+TimeScaleOpt = Annotated[float | None, typer.Option("--time-scale", help="Multiply measured times by this (a server "
+                                                    "running N times faster than real time). Default: sim-serve's "
+                                                    "--speed.")]
+ConcurrencyOpt = concurrency_option("Closed-loop users to sweep, comma-separated; all are run. Default: the "
+                                    "article's 5,10,20,50,80,120,160, stopping at the first level over the target, "
+                                    "or extended x1.5 until the target breaks.")
+RateOpt = rate_option("Sweep open-loop Poisson rates (req/s) instead, comma-separated, e.g. 2,4,8,16 (as tuner "
+                      "estimate --rate).")
+TokensPerConversationOpt = Annotated[float | None, typer.Option(
+    "--tokens-per-conversation", help="Tokens (in+out) of one conversation, as the article's 300. Default: requests "
+    "per conversation from the trace's session ids, else the workload's mean tokens per request.")]
+DemandOpt = Annotated[str | None, typer.Option("--demand", help="Traffic to serve: 1200/min, 20/s, 72000/h "
+                                               "conversations (write 20req/s for requests); gives the replicas "
+                                               "needed.")]
+HeadroomOpt = Annotated[str, typer.Option("--headroom", help="Spare capacity on top of --demand: 20% provisions "
+                                          "1.2x the demand.")]
+GpuHourCostOpt = Annotated[float | None, typer.Option("--gpu-hour-cost", help="Price of one GPU-hour; gives cost "
+                                                      "per hour and per million tokens.")]
+RepeatsOpt = Annotated[int, typer.Option("--repeats", help="Repeat the sweep with other seeds; figures get min-max "
+                                         "ranges.")]
+SeedOpt = seed_option("Seed of the workload sample and open-loop arrivals.")
+OutputOpt = output_option()
+OutOpt = out_option("Folder for plan-<target>.md and .png. Default: studies/<study>/ (studies/plans/ for a config "
+                    "given here).")
+FilesOpt = Annotated[bool, typer.Option("--files/--no-files", help="Write the Markdown and PNG report.")]
+StoreOpt = Annotated[bool, typer.Option("--store/--no-store", help="Store the plan in the study (load_plan reads it).")]
+FleetOpt = Annotated[str | None, typer.Option(
+    "--fleet", metavar="FLEET", help="Plan across GPU kinds instead: a fleet file (or a shipped one: "
+    "article-004-room, article-000-box, mixed-room) of kinds, counts, prices and vLLM versions; with --demand, the "
+    "cheapest deployment within it (docs/fleet.md).")]
+
+
+@app.command("plan", short_help="How much traffic a configuration holds at a P95 TTFT target.", help=PLAN_HELP)
 @with_knob_options()
 def plan_cmd(
-    target_ttft: str = typer.Option(None, "--target-ttft", help="P95 time-to-first-token target: 5s, 500ms or 5 "
-                                    "(seconds). Default: the study's target (5s for a config given here)."),
-    slo: list[str] = typer.Option(None, "--slo", help="A service level each load must meet besides P95 TTFT, "
-                                  "repeatable: p99:tpot<=30ms, p95:itl<=50ms, p90:e2el<=20s (p95:ttft<=X is "
-                                  "--target-ttft X). Default: the study's. The sweep names the one that limits each load."),  # noqa: E501
-    study: str = typer.Option(None, "--study", help="Study to plan from (see tuner studies). Default: the newest "
-                              "in studies/ (or in --storage)."),
-    storage: str = storage_option(help="Optuna storage URL of the study. Default: "
-                                       "sqlite:///studies/<study>.db."),
-    trial: int = typer.Option(None, "--trial", help="Trial number to plan. Default: the study's best feasible trial."),
-    gpu: str = typer.Option(None, "--gpu", help="Plan a configuration given here instead of a study: GPU from the "
-                            "catalog (as in tuner estimate; default H100-SXM)."),
-    gpus: str = typer.Option(None, "--gpus", help="GPUs in the machine: a count (8) or device ids (0-7). "
-                             "Default: tp x replicas."),
-    model: str = typer.Option(None, "--model", help="Model preset or folder with config.json (default qwen2.5-7b)."),
-    quantization: str = typer.Option(None, "--quantization", "-q", help="awq, gptq, fp8, ... or none."),
-    dtype: str = typer.Option(None, "--dtype", help="auto, float16/half, bfloat16 (V100/T4 need float16)."),
-    vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM release whose behaviour to follow."),
-    tensor_parallel_size: int = typer.Option(None, "--tensor-parallel-size", help="GPUs per replica (must divide "
-                                             "the heads)."),
-    tp: int = old_spelling("--tp"),
-    replicas: int = typer.Option(None, "--replicas", help="Independent engines of the configuration (data parallel)."),
-    set_: list[str] | None = typer.Option(None, "--set", metavar="KNOB=VALUE", help=SET_HELP + " Describes a configuration, as the "  # noqa: E501
-                                          "knob flags do (not with --study/--trial)."),
+    target_ttft: TargetTtftOpt = None, slo: SloOpt = None, study: StudyOpt = None,
+    storage: str = storage_option(help="Optuna storage URL of the study. Default: sqlite:///studies/<study>.db."),
+    trial: TrialOpt = None, gpu: GpuOpt = None, gpus: GpusOpt = None, model: ModelOpt = None,
+    quantization: QuantizationOpt = None, dtype: DtypeOpt = None, vllm_version: VllmVersionOpt = None,
+    tensor_parallel_size: TensorParallelSizeOpt = None, tp: int = old_spelling("--tp"), replicas: ReplicasOpt = None,
+    set_: SetOpt = None,
     trace: str = trace_option(help="Request log to replay instead of the study's workload (any format tuner "
                                    "trace reads), on purpose: when it is not the study's, plan says so in "
                                    "one warning line and replays it. Default: the requests the study "
                                    "searched on (the file it read, checked by fingerprint: plan refuses, "
                                    "exit 2, when that file now holds other requests), or its synthetic mix; "
                                    "the built-in 40/40/20 mix of article 004 for a configuration given here."),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed rows of --trace instead of "
-                                  "stopping at the first (a note says how many and why)."),
-    num_requests: int = typer.Option(None, "--num-requests", "-n", help="Requests per run: the first N rows of "
-                                     "--trace or of the study's file (a subset, noted in the plan), or N of the "
-                                     "synthetic mix (default max(study's, 1000): a larger sample of the same "
-                                     "distribution, doubled up to 16,000 while the target holds at half of it)."),
-    backend: Backend = backend_option(),
-    vllm_cmd: str = vllm_cmd_option(),
-    endpoint: str = typer.Option(None, "--endpoint", help="Base URL(s) of a running server, comma-separated "
-                                 "(endpoint backend)."),
-    api_key_file: str = typer.Option(None, "--api-key-file", help="endpoint backend: a file holding the server's "
-                                     "API key (sent as a bearer token; never stored or printed). Default: "
-                                     "$OPENAI_API_KEY, else $VLLM_API_KEY."),
-    time_scale: float = typer.Option(None, "--time-scale", help="Multiply measured times by this (a server "
-                                     "running N times faster than real time). Default: sim-serve's --speed."),
-    concurrency: str = typer.Option(None, "--concurrency", "-c", help="Closed-loop users to sweep, comma-"
-                                    "separated; all are run. Default: the article's 5,10,20,50,80,120,160, "
-                                    "stopping at the first level over the target, or extended x1.5 until the "
-                                    "target breaks."),
-    rate: str = typer.Option(None, "--rate", help="Sweep open-loop Poisson rates (req/s) instead, comma-separated, "
-                             "e.g. 2,4,8,16 (as tuner estimate --rate)."),
-    rates: str = old_spelling("--rates"),
-    tokens_per_conversation: float = typer.Option(None, "--tokens-per-conversation", help="Tokens (in+out) of "
-        "one conversation, as the article's 300. Default: requests per conversation from the trace's session ids, "
-        "else the workload's mean tokens per request."),
-    demand: str = typer.Option(None, "--demand", help="Traffic to serve: 1200/min, 20/s, 72000/h conversations "
-                               "(write 20req/s for requests); gives the replicas needed."),
-    headroom: str = typer.Option("20%", "--headroom", help="Spare capacity on top of --demand: 20% provisions "
-                                 "1.2x the demand."),
-    gpu_hour_cost: float = typer.Option(None, "--gpu-hour-cost", help="Price of one GPU-hour; gives cost per "
-                                        "hour and per million tokens."),
-    repeats: int = typer.Option(1, "--repeats", help="Repeat the sweep with other seeds; figures get min-max ranges."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the workload sample and open-loop arrivals."),
-    output: Output = typer.Option(Output.text, "--output", "-o", help=OUTPUT_HELP),
-    out: str = typer.Option(None, "--out", metavar="DIR", help="Folder for plan-<target>.md and .png. Default: studies/<study>/ "  # noqa: E501
-                            "(studies/plans/ for a config given here)."),
-    files: bool = typer.Option(True, "--files/--no-files", help="Write the Markdown and PNG report."),
-    store: bool = typer.Option(True, "--store/--no-store", help="Store the plan in the study (load_plan reads it)."),
-    fleet: str = typer.Option(None, "--fleet", metavar="FLEET", help="Plan across GPU kinds instead: a fleet file (or "
-                              "a shipped one: article-004-room, article-000-box, mixed-room) of kinds, counts, prices "
-                              "and vLLM versions; with --demand, the cheapest deployment within it (docs/fleet.md)."),
+    skip_bad: SkipBadOpt = False, num_requests: NumRequestsOpt = None,
+    backend: Backend = backend_option(), vllm_cmd: str = vllm_cmd_option(), endpoint: EndpointOpt = None,
+    api_key_file: ApiKeyFileOpt = None, time_scale: TimeScaleOpt = None,
+    concurrency: ConcurrencyOpt = None, rate: RateOpt = None, rates: str = old_spelling("--rates"),
+    tokens_per_conversation: TokensPerConversationOpt = None, demand: DemandOpt = None, headroom: HeadroomOpt = "20%",
+    gpu_hour_cost: GpuHourCostOpt = None, repeats: RepeatsOpt = 1, seed: SeedOpt = 0,
+    output: OutputOpt = Output.text, out: OutOpt = None, files: FilesOpt = True, store: StoreOpt = True,
+    fleet: FleetOpt = None,
     *,
     knob_flags: dict[str, Any],  # the knobs' options (with_knob_options)
 ) -> None:
-    """How much traffic does this configuration hold at a P95 TTFT target?
-
-    Sweeps the load on the study's best feasible configuration (or --trial, or a
-    configuration given with tuner estimate's flags), finds the largest load meeting the
-    target by monotone interpolation, verifies it with a run there and runs between the
-    last load that held and the first that broke until the two are within 5 % (one
-    user), as the search locates a trial's edge, and reports max concurrency,
-    requests/s, tokens/s, conversations/min, replicas for --demand, cost. On a study's
-    trial a note sets the plan beside the search's figure for it.
-    It replays the requests the study searched on (the file it read, or more requests
-    of its synthetic mix), checked by fingerprint; --trace FILE replays another
-    workload on purpose. The plan records which workload it replayed.
-
-    Exit codes: 0 ok, 2 bad input or no study, 3 no feasible trial / even the lowest load misses.
-
-    \b
-    Examples:
-      tuner plan --target-ttft 5s
-      tuner plan --target-ttft 5s --demand 1200/min --gpu-hour-cost 1.2
-      tuner plan --fleet mixed-room --demand 3000/min --slo 'p95:ttft<=5s'
-      tuner plan --target-ttft 5s --gpu V100-32GB-SXM2 --gpus 8 \\
-          --model llama-2-7b --dtype float16 --tensor-parallel-size 8 \\
-          --max-num-seqs 128
-    """
     if fleet is not None:  # across GPU kinds (tuner.cli.fleet)
-
         return fleet_cmd(fleet, dict(locals()), knob_flags)
 
     backend, output = backend.value, output.value  # type: ignore[assignment]
     readable_storage(storage)
     tensor_parallel_size = renamed(tensor_parallel_size, tp, "--tp")
-    values = dict(locals())
-    knobs, _ = pins(knob_flags, set_)
-    values.update({k.name: knobs.get(k.name) for k in KNOBS})
-    given = [k for k in _KNOBS if values[k] is not None]
-    deployment = config = None
-    if given:
-        if study or trial is not None:
-            raise InputError(f"--{given[0].replace('_', '-')} describes a configuration; --study/--trial pick one "
-                             "from a study", hint="give one or the other")
-        deployment, config = _config_from_flags(values)
+    deployment, config = _configuration(dict(locals()), knob_flags)
     sweep = Sweep(levels=parse_list(concurrency, int, "--concurrency") or None,
                   rates=parse_list(renamed(rate, rates, "--rates"), float, "--rate") or None, repeats=repeats, seed=seed,  # noqa: E501
                   requests=num_requests, time_scale=time_scale)
     figures = Figures(tokens_per_conversation=tokens_per_conversation, demand=demand,
                       headroom=parse_fraction(headroom), gpu_hour_cost=gpu_hour_cost)
-    workload = None
-    if trace:
-        workload = build_workload(trace, None, None, num_requests, skip_bad=skip_bad)
+    workload = build_workload(trace, None, None, num_requests, skip_bad=skip_bad) if trace else None
     options = backend_options(backend, vllm_cmd=vllm_cmd, endpoint=endpoint, api_key_file=api_key_file)
-
-
     # a repeat runs its levels (the default ones stop one past the target) and verifies; extensions and
-    # the runs between the last load that held and the first that broke grow the total
-    runs = repeats * (len(sweep.grid) + 1)
-    with bad_rows_advice(None), Runs(runs) as progress:  # the study's own file, read whole (--skip-bad is for --trace)
+    # the runs between the last load that held and the first that broke grow the total. The study's own
+    # file is read whole (--skip-bad is for --trace).
+    with bad_rows_advice(None), Runs(repeats * (len(sweep.grid) + 1)) as progress:
         est = tuner.plan(target_ttft, study=study, storage=storage, trial=trial, config=config, deployment=deployment,
                          requests=workload, backend=backend, backend_options=options, sweep=sweep, figures=figures,
                          store=store, observer=progress, slo=list(slo) if slo else None)
     paths = _write_files(est, out) if files else None
     if output == "json":
-        data = est.to_dict()
-        data["files"] = None if paths is None else [str(p) for p in paths]
-        print(json.dumps(data, indent=2))
+        print(json.dumps(dict(est.to_dict(), files=None if paths is None else [str(p) for p in paths]), indent=2))
         return
     _print(est, paths)
+
+
+def _configuration(values: dict[str, Any], knob_flags: dict[str, Any]) -> tuple[Any, Any]:
+    """The deployment and serve config that the configuration flags describe (``--gpu``, ``--model``,
+    the knobs, ``--set``), or ``(None, None)`` where none is given: the study's trial is planned."""
+    knobs, _ = pins(knob_flags, values["set_"])
+    values = {**values, **{k.name: knobs.get(k.name) for k in KNOBS}}
+    given = [k for k in _KNOBS if values[k] is not None]
+    if not given:
+        return None, None
+    if values["study"] or values["trial"] is not None:
+        raise InputError(f"--{given[0].replace('_', '-')} describes a configuration; --study/--trial pick one "
+                         "from a study", hint="give one or the other")
+    return _config_from_flags(values)
 
 
 def _write_files(est: Any, out: str | None) -> Any:
