@@ -87,3 +87,20 @@ def test_every_plan_option_has_help():
     assert "instead of the study's workload" in trace.help and "warning" in trace.help
     for param in command.params:
         assert getattr(param, "help", None), f"plan {param.name} has no help"
+
+
+def test_configuration_flags_beside_a_study_say_they_do_not_plan_its_best(tmp_path, monkeypatch, capsys):
+    """`tuner plan --gpus 8` where a study sits in studies/ plans vLLM's defaults on 8 GPUs, not the study's
+    winner (--gpus is one of the flags that describe a configuration): one warning line says so and how to
+    plan the study instead; with no study there is nothing to point at."""
+    monkeypatch.chdir(tmp_path)
+    plan = ["plan", "--gpus", "2", "-c", "5", "--no-files", "--no-store", "--output", "json"]
+    code, _, err = run_cli(plan, capsys)
+    assert code == 0 and "warning" not in err
+    code, out, _ = run_cli(["search", "--budget", "1", "--study", "mine", "--output", "json"], capsys)
+    assert code == 0, out
+    code, out, err = run_cli(plan, capsys)
+    lines = [ln for ln in err.splitlines() if "warning" in ln]
+    assert code == 0 and len(lines) == 1 and "--gpus describes a configuration given here" in lines[0], err
+    assert "give --study mine without --gpus" in lines[0]
+    assert json.loads(out)["trial"] is None  # what was planned is the configuration given here

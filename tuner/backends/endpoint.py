@@ -117,7 +117,6 @@ class EndpointBackend:
         import http.client
         import json
 
-
         try:
             status, body = _http(f"{url}/v1/models", timeout=self._probe_s, headers=headers)
         except (OSError, http.client.HTTPException) as err:  # refused, reset, timed out, not HTTP

@@ -72,7 +72,6 @@ def main() -> int:
     and what carries the marker of the process that started it."""
     import os
 
-
     owner = os.getppid()  # the tuner process, read before it can die
     groups: set[int] = set()
     for line in sys.stdin:

@@ -178,6 +178,8 @@ def killed_from_outside(exit_code: int | None) -> str | None:
 def engine_started(log_text: str) -> bool:
     """The log shows vLLM's engine began loading the model (see :data:`_ENGINE_STARTED`)."""
     return _ENGINE_STARTED.search(log_text) is not None
+
+
 _EXC_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception)|AssertionError|torch\.OutOfMemoryError): (.+)$")
 
 

@@ -258,7 +258,6 @@ def _faster(load: Any, scale: float) -> Any:
     than real time (its arrivals in the measured GPU's time stay the probe's)."""
     import dataclasses
 
-
     if scale == 1.0:
         return load
     if isinstance(load, Poisson):

@@ -49,7 +49,6 @@ def _built(ref: dict[str, Any] | None) -> Any:
     """:func:`tuner.calibrate.probes.build`, once per reference (a fit simulates each point often)."""
     import json
 
-
     key = json.dumps(ref, sort_keys=True)
     if key not in _BUILT:
         _BUILT[key] = build(ref or {})
@@ -109,7 +108,6 @@ def summarize(table: Sequence[dict[str, Any]]) -> dict[str, float]:
         rho = spearmanr([r[f"{thr}_measured"] for r in table], [r[f"{thr}_predicted"] for r in table])
         out["throughput_spearman_all"] = float(rho.statistic)
     return out
-
 
 
 def compare_startups(points: Sequence[Startup], deployment: Deployment) -> list[dict[str, Any]]:

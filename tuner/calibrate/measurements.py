@@ -33,7 +33,6 @@ def read_measurements(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-
 def read_names(path: str | Path) -> list[str]:
     """Point or trial names, one a line (``#`` starts a comment; the text after `` # `` on a
     line is a reason, kept out of the name): ``fit_points.txt``, ``excluded_points.txt``."""
@@ -43,7 +42,6 @@ def read_names(path: str | Path) -> list[str]:
         if line and not line.startswith("#"):
             out.append(line)
     return out
-
 
 
 def campaign_rows(folder: str | Path) -> list[dict[str, Any]]:

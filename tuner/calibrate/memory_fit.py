@@ -144,7 +144,6 @@ def _solve(a: np.ndarray, target: np.ndarray, graph_fraction: float | None) -> A
     then graphs; ``graph_fraction`` fixes the last)."""
     from scipy.optimize import least_squares
 
-
     scale = np.array([GiB, 1.0, 1.0, 1.0, 1.0, 1.0])
 
     def resid(x: np.ndarray) -> np.ndarray:

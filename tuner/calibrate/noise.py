@@ -18,7 +18,6 @@ DEFAULT_NOISE = {"output_tokens_per_s": 0.08, "ttft_p95_s": 0.08, "tpot_mean_s":
 MIN_NOISE = 0.02
 
 
-
 def replicate_pairs(rows: Iterable[dict[str, Any]], exclude: Iterable[str] = ()) -> list[tuple[LoadPoint, LoadPoint]]:
     """Load points measured twice on separate starts of the same configuration (a trial
     started again under another name, e.g. ``q7-base`` and ``q7-base-again``). A point named

@@ -144,7 +144,6 @@ def load_rows(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if r.get("kind") == "load" and r.get("ok") and not r.get("stopped_early")}
 
 
-
 def point_name(p: LoadPoint) -> str:
     """``trial: probe label``, how a profile names one load point in ``fit_points``."""
     return f"{p.trial}: {p.label}"

@@ -145,7 +145,6 @@ def _cached(ref: dict[str, Any]) -> Any:
     import json
     import os
 
-
     folder = os.environ.get(CACHE_ENV)
     if not folder or not ref.get("fingerprint"):
         return None

@@ -35,7 +35,6 @@ class FitResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-
 def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: Sequence[str] | None = None,
         fit_points: Sequence[str] | None = None, noise: dict[str, float] | None = None, starts: int = 1,
         max_nfev: int | None = None, graph_fraction: float | None = None, exclude: Sequence[str] = (),
@@ -53,7 +52,6 @@ def fit(rows: Sequence[dict[str, Any]], deployment: Deployment, *, fit_trials: S
     import tempfile
 
     log = None if observer is None else observer.on_phase
-
 
     dropped = set(exclude)
     loads, started = [p for p in load_points(rows) if point_name(p) not in dropped], startups(rows)
@@ -121,7 +119,6 @@ def rewrite_report(folder: str | Path, rows: Sequence[dict[str, Any]], deploymen
     rest. The same points are fit and check as in the fit the profile records. Returns the errors."""
     import yaml
 
-
     path = Path(folder) / "profile.yaml"
     doc = yaml.safe_load(path.read_text())
     record = doc.get("fit") or {}
@@ -182,6 +179,7 @@ def _write_yaml(path: Path, calib: Any, memory: dict[str, Any], *, match: dict[s
         launch["determined"] = {m: v["determined"] for m, v in modes.items()}
     launch["source"] = src.get("launch_per_layer_s", calib.sources.get("launch_per_layer_s", ""))
     doc["launch_per_layer_s"] = launch
+
     def plain(v: Any) -> Any:  # numbers (and the per-model mapping of them) as YAML writes them
         if isinstance(v, dict):
             return {str(m): plain(b) for m, b in v.items()}

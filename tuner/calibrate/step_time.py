@@ -36,7 +36,6 @@ STEP_PARAMS = (
 )
 
 
-
 #: Relative finite-difference step of the Jacobian: the simulator is a discrete-event
 #: model, so its outputs move in small jumps; 3 % steps see the trend, not the jumps.
 DIFF_STEP = 0.03
@@ -69,7 +68,6 @@ def step_params(prior: Any) -> list[Param]:
     ``prior`` (a :class:`~tuner.sim.calibration.Calibration`, normally the class table)."""
     return [Param(name, scale, lo, hi, float(x), sd)
             for (name, scale, lo, hi, sd), x in zip(STEP_PARAMS, _params_of(prior))]
-
 
 
 def fit_step_time(points: Sequence[LoadPoint], deployment: Deployment, base: Any, *,

@@ -23,7 +23,6 @@ OUTPUT_RANGE = (32, 256)
 WORKLOAD_SEED = 2026
 
 
-
 @dataclass(frozen=True, slots=True)
 class Probe:
     """One measured load on a started configuration: a workload reference and the load
@@ -77,7 +76,6 @@ def requests_for(users: int, eager: bool) -> int:
     if users == 1:
         return 5 if eager else 10
     return 4 * users if users <= 64 else 2 * users
-
 
 
 def _gmu_for_kv(deployment: Deployment, config: ServeConfig, kv_bytes: float) -> float:

@@ -39,7 +39,6 @@ def _version(shown: bool) -> None:
     import platform
     from importlib.metadata import version
 
-
     typer.echo(f"tuner {__version__} (simulates vLLM {DEFAULT_VLLM_VERSION} by default; Python "
                f"{platform.python_version()}, optuna {version('optuna')})")
     raise typer.Exit()

@@ -259,7 +259,6 @@ def _runner(backend: str, **options: Any) -> Any:
     (the simulator takes none of vLLM's command, version, logs and flags)."""
     import inspect
 
-
     cls = backend_class(backend)
     takes = inspect.signature(cls).parameters
     return cls(**{k: v for k, v in options.items() if k in takes})

@@ -205,6 +205,7 @@ def api_key_file_option(help: str) -> Any:  # noqa: A002
     """``--api-key-file``: a file holding the endpoint's API key."""
     return Annotated[str | None, typer.Option("--api-key-file", help=help)]
 
+
 #: One spelling per concept, in every command: the spellings commands used before, each
 #: with the one that replaced it. The old ones still work, hidden from --help
 #: (:func:`old_spelling`), and print a one-line note; tests/cli/test_flags.py checks that no

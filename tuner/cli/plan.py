@@ -45,7 +45,7 @@ from tuner.cli.options import (
     vllm_version_option,
 )
 from tuner.cli.output import console, fit, table
-from tuner.cli.progress import Runs
+from tuner.cli.progress import Runs, warn
 from tuner.cli.search import backend_options
 from tuner.cli.storage import readable_storage
 from tuner.cli.trace import bad_rows_advice
@@ -53,6 +53,7 @@ from tuner.core.errors import InputError
 from tuner.core.files import write_fault
 from tuner.core.knobs import KNOBS
 from tuner.plan import Figures, Sweep, summary_rows, sweep_rows, workload_line, write_plan_files
+from tuner.plan.workload import find_newest_study
 from tuner.serving.config import DEFAULT_VLLM_VERSION
 from tuner.serving.demand import parse_fraction
 from tuner.serving.slo import parse_slo
@@ -219,10 +220,22 @@ def _configuration(values: dict[str, Any], knob_flags: dict[str, Any]) -> tuple[
     given = [k for k in _KNOBS if values[k] is not None]
     if not given:
         return None, None
+    flag = f"--{given[0].replace('_', '-')}"
     if values["study"] or values["trial"] is not None:
-        raise InputError(f"--{given[0].replace('_', '-')} describes a configuration; --study/--trial pick one "
-                         "from a study", hint="give one or the other")
+        raise InputError(f"{flag} describes a configuration; --study/--trial pick one from a study",
+                         hint="give one or the other")
+    if (name := _a_study(values["storage"])) is not None:
+        warn(f"{flag} describes a configuration given here (vLLM's defaults for every knob not given), not the best "
+             f"of study {name}: to plan that, give --study {name} without {flag}")
     return _config_from_flags(values)
+
+
+def _a_study(storage: str | None) -> str | None:
+    """The newest study plan would have picked without configuration flags, if any."""
+    try:
+        return find_newest_study(storage=storage)[0]
+    except Exception:  # noqa: BLE001 - no study, or one that cannot be read: nothing to point at
+        return None
 
 
 def _write_files(est: Any, out: str | None) -> Any:
@@ -230,7 +243,6 @@ def _write_files(est: Any, out: str | None) -> Any:
     still printed, and one warning says where to write them (``--out``)."""
     import errno
     from pathlib import Path
-
 
     try:
         return write_plan_files(est, out)

@@ -40,7 +40,6 @@ def report_cmd(
       tuner report NAME --storage postgresql://db/tuner
     """
 
-
     st = study_argument(study, storage, "report")
     with Bar("report", None) as progress:  # no hooks inside: a spinner and the time spent
         progress.on_phase(f"writing the figures and report.html of {st.study_name}")

@@ -24,7 +24,6 @@ def readable_storage(storage: str | None) -> None:
         return
     import optuna
 
-
     shown = redact(storage)
     if "://" not in storage:
         raise InputError(f"--storage {shown!r} is not a storage URL",

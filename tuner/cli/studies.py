@@ -309,7 +309,6 @@ def studies_show(
 ) -> None:
     from optuna.trial import TrialState
 
-
     readable_storage(storage)
     st = load_study_by_name(name, storage)
     trials = st.get_trials(deepcopy=False)

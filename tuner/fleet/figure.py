@@ -24,7 +24,6 @@ def fleet_figure(plan: FleetPlan, points: int = 60) -> Figure:
     """Cost an hour (y) against demand a minute (x) per kind and for the cheapest mix."""
     from matplotlib.figure import Figure
 
-
     units = units_of(plan.kinds, plan.demand_unit)
     top = max(plan.demand_per_min * 2.0, 1.0)
     demand = np.linspace(top / points, top, points)

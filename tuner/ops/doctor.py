@@ -181,7 +181,6 @@ def check_storage(url: str) -> StudyHealth:
     """A server database: can it be reached, and which studies does it hold."""
     import optuna
 
-
     health = StudyHealth(path=redact(url), ok=True, integrity="server database")
     try:
         store = optuna_storage(url, "")

@@ -226,8 +226,6 @@ def run_nightly(
     ``backend_options``) or a backend."""
     import time
 
-
-
     if trials < 1:
         raise InputError(f"--trials must be >= 1, got {trials}")
     check_seed(seed)  # before the study is opened: bad input writes nothing

@@ -24,6 +24,7 @@ def _fmt_range(est: CapacityEstimate, key: str, value: float | None, fmt: str) -
         text += f" ({format(lo, fmt)}–{format(hi, fmt)})"
     return text
 
+
 def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
     """The capacity summary as (label, value) rows; ranges over repeats in brackets."""
     axis = "users" if est.load_kind == "concurrency" else "req/s"
@@ -63,9 +64,11 @@ def summary_rows(est: CapacityEstimate) -> list[tuple[str, str]]:
                         else f" (output tokens only: {est.cost_per_million_output_tokens:,.3f})")))
     return rows
 
+
 def sweep_rows(est: CapacityEstimate, repeat: int = 0) -> list[SweepPoint]:
     """The points of one repeat, by load."""
     return sorted((p for p in est.sweep if p.repeat == repeat), key=lambda p: (p.level, p.role))
+
 
 def workload_line(w: ReplayedWorkload | None) -> str:
     """The replayed workload in one line: source, requests, fingerprint, and the study's."""
@@ -77,6 +80,7 @@ def workload_line(w: ReplayedWorkload | None) -> str:
     if w.study_fingerprint is not None:
         line += f"; the study searched on {w.study_requests or '?'} requests, fingerprint {w.study_fingerprint}"
     return line
+
 
 def render_markdown(est: CapacityEstimate) -> str:
     axis = "concurrency" if est.load_kind == "concurrency" else "req/s"
@@ -104,6 +108,7 @@ def render_markdown(est: CapacityEstimate) -> str:
     if est.notes:
         lines += ["", "Notes:", ""] + [f"- {n}" for n in est.notes]
     return "\n".join(lines) + "\n"
+
 
 def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     """PNG: tokens/s and P95 TTFT against load, the target line and the chosen point."""
@@ -145,9 +150,11 @@ def plot_plan(est: CapacityEstimate, path: str | Path) -> Path:
     plt.close(fig)
     return write_atomic(Path(path), data)
 
+
 def default_out_dir(est: CapacityEstimate) -> Path:
     """``studies/<study>/`` beside the study's database, else ``studies/plans/``."""
     return STUDIES_DIR / (est.study or "plans")
+
 
 def write_plan_files(est: CapacityEstimate, out_dir: str | Path | None = None) -> tuple[Path, Path]:
     """``plan-<target>.md`` and ``plan-<target>.png`` in ``out_dir`` (default :func:`default_out_dir`)."""

@@ -106,6 +106,7 @@ def rescale(result: RunResult, factor: float) -> RunResult:
                                ttft_kernel_s=s(result.ttft_kernel_s),
                                duration_s=result.duration_s * factor)
 
+
 class Sweeper:
     """Runs load levels on one started instance, for one repeat."""
 
@@ -134,8 +135,10 @@ class Sweeper:
     def measured(self, level: float) -> SweepPoint | None:
         return next((p for p in self.points if p.level == level), None)
 
+
 def _snap(level: float, kind: str) -> float:
     return float(max(1, math.floor(level + 1e-9))) if kind == "concurrency" else float(level)
+
 
 def sweep_once(sw: Sweeper, levels: Sequence[float], target: float, *, max_extensions: int,
                cap: float, notes: list[str], stop_at_miss: bool = False,

@@ -36,13 +36,13 @@ if TYPE_CHECKING:
 #: Requests in the built-in mix for a plan (a study's own count when larger).
 PLAN_REQUESTS = 1000
 
+
 # -- where the configuration comes from ---------------------------------------------------
 def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> tuple[str, str | None]:
     """``(name, storage)`` of the newest study: the last one created in the most recently
     written ``studies/*.db`` (storage ``None`` when the file is ``studies/<name>.db``,
     the default), or the last created in ``storage``. InputError when there is none."""
     import optuna
-
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage is not None:
@@ -59,12 +59,15 @@ def find_newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = No
     raise InputError(f"no study in {folder}/",
                      hint="run tuner search first, give --study/--storage, or a config with --gpu/--model/--tensor-parallel-size ...")  # noqa: E501
 
+
 def newest_study(folder: Path | str = STUDIES_DIR, storage: str | None = None) -> str:
     """Name of the newest study (see :func:`find_newest_study`, which also gives its storage)."""
     return find_newest_study(folder, storage)[0]
 
+
 #: What to do when plan cannot replay the study's own requests.
 FIX = "give --trace FILE to plan on another workload on purpose"
+
 
 @dataclass(frozen=True, slots=True)
 class Studied:
@@ -92,6 +95,7 @@ class Studied:
         count = "?" if self.requests is None else f"{self.requests:,}"
         return f"{count} requests (fingerprint {self.fingerprint})"
 
+
 @dataclass(frozen=True, slots=True)
 class Chosen:
     """The workload plan replays: ``base`` (the first repeat), ``build(seed)`` for another
@@ -107,10 +111,12 @@ class Chosen:
     match: str = "unchecked"
     notes: tuple[str, ...] = ()
 
+
 def _refuse(studied: Studied, replays: Workload, why: str = "") -> InputError:
     return InputError(f"study {studied.study!r} was searched on {studied.described()}, but plan would replay "
                       f"{len(replays):,} requests of {replays.source} (fingerprint {replays.fingerprint()})"
                       f"{why}", hint=FIX)
+
 
 def _study_spec(study: optuna.Study, studied: Studied) -> tuple[WorkloadSpec | None, str | None]:
     """The study's search space's workload section with the load kind the study ran
@@ -128,6 +134,7 @@ def _study_spec(study: optuna.Study, studied: Studied) -> tuple[WorkloadSpec | N
     if studied.load_kind in LOAD_KINDS and studied.load_kind != spec.load:
         spec = dataclasses.replace(spec, load=studied.load_kind)
     return spec, str(path)
+
 
 def _from_file(studied: Studied, candidates: Sequence[str], num_requests: int | None) -> Chosen:
     """The study's file: the first candidate whose rows (all, or the first
@@ -155,6 +162,7 @@ def _from_file(studied: Studied, candidates: Sequence[str], num_requests: int | 
                          "a subset, on purpose")
             return Chosen(part, file=str(Path(path).resolve()), match="first-rows", notes=tuple(notes))
     raise _refuse(studied, first)
+
 
 def study_workload(study: optuna.Study, trial: Any, num_requests: int | None, seed: int = 0) -> Chosen:
     """The study's workload, checked against the trial's fingerprint.
@@ -213,6 +221,7 @@ def study_workload(study: optuna.Study, trial: Any, num_requests: int | None, se
         return Chosen(base, build, sized, notes=(said + "; the study recorded no fingerprint to check)",))
     return Chosen(base, build, sized, match="same-mix", notes=(said + f", fingerprint {studied.fingerprint})",))
 
+
 def given(workload: Workload, studied: Studied | None, warn: Callable[[str], None]) -> Chosen:
     """A workload given on purpose (``--trace``): replayed as it is, with a warning when
     it is not the study's."""
@@ -225,6 +234,7 @@ def given(workload: Workload, studied: Studied | None, warn: Callable[[str], Non
             f"requests of {workload.source} (fingerprint {workload.fingerprint()}), as given with --trace")
     warn(text)
     return Chosen(workload, file=file, match="other", notes=(text,))
+
 
 def resample(workload: Workload, seed: int, share: float = 0.9) -> Workload:
     """Another sample of a given workload for a repeat: ``share`` of its rows, in order."""

@@ -48,7 +48,6 @@ def plan_sweeps(study: optuna.Study) -> pd.DataFrame:
     the study holds no plan."""
     import pandas as pd
 
-
     frames = []
     for key, est in sorted(list_plans(study).items(), key=lambda kv: kv[1].created):
         sweep = plan_sweep(study, trial=est.trial, target_ttft_s=est.target_ttft_s)

@@ -13,7 +13,6 @@ def serve_command(deployment: Deployment, config: ServeConfig) -> str:
     server; max-num-seqs applies per replica there too)."""
     import shlex
 
-
     flags = render_flags(deployment, config, deployment.vllm_version, host="0.0.0.0", port=8000)
     argv = ["vllm", "serve", serve_model_name(deployment.model)]
     skip = False

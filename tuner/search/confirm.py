@@ -108,7 +108,6 @@ def study_noise(study: optuna.Study, simulated: bool, prior: float | None = None
     earlier trial are left out (no start of their own)."""
     from optuna.trial import TrialState
 
-
     groups: dict[str, list[float]] = {}
     records = [(t, TrialRecord.from_trial(t)) for t in study.get_trials(deepcopy=False)]
     searched = [(t, rec) for t, rec in records if not rec.is_confirmation]
@@ -211,7 +210,6 @@ class ConfirmRace:
         """(trial, round) -> the repeat an earlier run stored (the companion's trials)."""
         from optuna.trial import TrialState
 
-
         return {(int(rec.confirm_of), int(rec.confirm_round or 0)): (t, rec)
                 for t, rec in ((t, TrialRecord.from_trial(t)) for t in repeats(self.study))
                 if rec.is_confirmation and t.state in (TrialState.COMPLETE, TrialState.FAIL)}
@@ -265,7 +263,6 @@ class ConfirmRace:
         self.ctx.obs.on_phase(f"confirming trial {c.number}: repeat {r}/{self.rounds_of(r)}")
         from optuna.trial import TrialState
 
-
         edge = self.records[c.number].edge
         start = edge.level if edge is not None and self.ctx.load_kind == "concurrency" else None
         config = ServeConfig.from_dict(c.config)
@@ -313,7 +310,6 @@ class ConfirmRace:
         """The repeat as a trial of the companion study, with its constraints (by name, through
         ``create_trial``'s documented ``constraints``; no sampler reads the companion)."""
         from optuna.trial import TrialState, create_trial
-
 
         trial = self.by_number[c.number]
         complete = state == TrialState.COMPLETE

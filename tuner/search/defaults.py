@@ -11,6 +11,7 @@ from tuner.space import parse_layout
 if TYPE_CHECKING:
     from tuner.space import SearchSpace
 
+
 def default_trials(space: SearchSpace) -> list[dict[str, Any]]:
     """Trial params of vLLM's own defaults at each layout of the space (knobs left unset,
     resolved by the memory planner for this GPU and vLLM version, then snapped to the

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tuner.space import SearchSpace, WorkloadSpec
     from tuner.traffic.workload import Workload
 
+
 def get_backend_by_name(name: str, **options: Any) -> Backend:
     """``sim`` (default), ``vllm`` or ``endpoint`` (:func:`tuner.backends.get_backend`)."""
 
@@ -86,7 +87,6 @@ def check_requests_fit(workload: Workload, space: SearchSpace) -> None:
     import re
 
     import numpy as np
-
 
     limit = longest_context(space)
     if limit is None or not len(workload):

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tuner.serving.slo import SloSet
     from tuner.space import SearchSpace
 
+
 def untried_neighbours(study: optuna.Study, space: SearchSpace) -> list[dict]:
     """The trial params one knob (or the layout) away from the best feasible trial's that
     no trial of ``study`` has, in the space's grid order; empty with no feasible trial."""

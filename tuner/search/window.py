@@ -40,8 +40,6 @@ def trial_estimate(study: optuna.Study) -> float | None:
     return max(took) if took else None
 
 
-
-
 #: Of the window (``--timeout``), what one trial's replays may take before the trace is sampled:
 #: half, since the pilot is timed once and a host as busy again runs the trial at half its speed.
 TRIAL_SHARE = 0.5

@@ -36,6 +36,7 @@ _INT_LIMITS = {
 }
 _VERSION_RE = re.compile(r"\s*v?\d{1,6}(\.\d{1,6}){0,2}\b")
 
+
 def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` as keyword arguments of dataclass ``cls``; InputError naming unknown keys."""
     names = {f.name for f in dataclasses.fields(cls)}

@@ -31,6 +31,7 @@ def requests_per_conversation(sessions: Sequence[str | None] | None) -> float | 
     conversations = len(set(named)) + (len(sessions) - len(named))
     return len(sessions) / conversations
 
+
 def conversations_per_min(*, tokens_per_s: float, requests_per_s: float,
                           tokens_per_conversation: float | None = None,
                           requests_per_conversation: float | None = None) -> float:
@@ -43,6 +44,7 @@ def conversations_per_min(*, tokens_per_s: float, requests_per_s: float,
     if requests_per_conversation is None or not requests_per_conversation > 0:
         raise InputError("need tokens or requests per conversation to count conversations")
     return requests_per_s * 60.0 / requests_per_conversation
+
 
 @dataclass(frozen=True, slots=True)
 class Demand:
@@ -57,9 +59,11 @@ class Demand:
         if self.unit not in ("conversations", "requests"):
             raise InputError(f"demand unit must be conversations or requests, got {self.unit!r}")
 
+
 _DEMAND_RE = re.compile(
     r"\s*([0-9]*\.?[0-9]+(?:e\d+)?)\s*(conversations?|convs?|requests?|reqs?)?\s*"
     r"(?:/|per\s*)?\s*(s|sec|second|m|min|minute|h|hr|hour)?\s*")
+
 
 def parse_demand(text: str | float, unit: str = "conversations") -> Demand:
     """``"1200/min"``, ``"20/s"``, ``"72000/h"``, ``"1200"`` (per minute), ``"20 req/s"``,
@@ -78,6 +82,7 @@ def parse_demand(text: str | float, unit: str = "conversations") -> Demand:
         unit = "conversations"
     return Demand(float(m.group(1)) * per, unit)
 
+
 def replicas_needed(demand_per_min: float, capacity_per_min: float, headroom: float = 0.2) -> int:
     """Deployments needed to serve ``demand_per_min`` with ``headroom`` spare:
     ceil(demand x (1 + headroom) / capacity); 0 for no demand."""
@@ -89,6 +94,7 @@ def replicas_needed(demand_per_min: float, capacity_per_min: float, headroom: fl
         raise InputError("capacity is 0 per minute: no number of replicas serves the demand")
     need = demand_per_min * (1.0 + headroom) / capacity_per_min
     return max(1, math.ceil(need * (1 - 1e-12)))  # 2500 x 1.2 / 1000 is 3.0000000000000004 in floats
+
 
 def parse_fraction(text: str | float, what: str = "--headroom") -> float:
     """``"20%"``, ``"0.2"`` or ``0.2`` → 0.2."""
@@ -103,6 +109,7 @@ def parse_fraction(text: str | float, what: str = "--headroom") -> float:
     if not value >= 0 or not math.isfinite(value):
         raise InputError(f"{what} must be >= 0, got {text!r}")
     return value
+
 
 def cost_figures(gpu_hour_cost: float, gpus: int, tokens_per_s: float, output_tokens_per_s: float,
                  replicas: int | None = None) -> dict[str, float | None]:

@@ -55,6 +55,7 @@ class StartupInfo(TypedDict, total=False):
     cudagraph_gib: float
     host_memory_gib: float          # the CPU build's node memory
 
+
 class ServerReadings(TypedDict, total=False):
     """What the server side said of one run (:attr:`RunResult.server`): vLLM's ``/metrics``
     polled during the replay (:class:`tuner.replay.metrics.MetricsPoller`), or the simulator's

@@ -67,6 +67,7 @@ def pin_value(name: str, value: Any, said: str) -> Any:
         raise InputError(f"{said}: {err.message}", hint=err.hint) from err
     return value
 
+
 _EXPONENT = re.compile(r"\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]{1,4}\s*")
 
 

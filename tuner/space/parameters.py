@@ -90,6 +90,8 @@ def _typed(space: SearchSpace, name: str, value: Any, where: tuple[Any, ...]) ->
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
 def parse_layouts(space: SearchSpace, data: Any) -> tuple[tuple[int, int], ...] | None:
     if data is None or data == "auto":
         return None

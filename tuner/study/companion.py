@@ -40,7 +40,6 @@ def confirmation_study(study: optuna.Study, *, create: bool = False, storage: An
     first repeat. ``storage``: see :func:`storage_handle`."""
     import optuna
 
-
     linked = StudyRecord.from_study(study).confirmation_study
     if linked is None and not create:
         return None

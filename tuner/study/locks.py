@@ -18,9 +18,11 @@ from tuner.core.errors import InputError
 class StudyBusy(InputError):
     """Another process holds the study (a SQLite search, or a nightly run)."""
 
+
 def process_label() -> str:
     """This process as ``host:pid``: how locks, trials and servers name who holds them."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
 
 def driver_url(url: str) -> str:
     """``url`` with a PostgreSQL driver that is installed: SQLAlchemy 2.1 reads a bare
@@ -33,6 +35,7 @@ def driver_url(url: str) -> str:
         return "postgresql+psycopg2://" + url[len("postgresql://"):]
     return url
 
+
 def sqlite_path(url: str) -> Path | None:
     """The database file of a ``sqlite:///`` URL (None for in-memory)."""
     if not url.startswith("sqlite:///"):
@@ -40,9 +43,11 @@ def sqlite_path(url: str) -> Path | None:
     path = url[len("sqlite:///"):].split("?", 1)[0]
     return None if path in ("", ":memory:") else Path(path)
 
+
 def _lock_key(purpose: str, study: str) -> int:
     """A signed 64-bit advisory lock key for ``purpose`` on ``study``."""
     return int.from_bytes(hashlib.sha256(f"tuner:{purpose}:{study}".encode()).digest()[:8], "big", signed=True)
+
 
 class StudyLock:
     """A named lock on one study: a PostgreSQL advisory lock (session level, on its own

@@ -42,7 +42,6 @@ def open_study(name: str, storage: str | None = None, *, sampler: Any = None) ->
     """Create the study, or load it when it exists (resume)."""
     import optuna
 
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_study_name(name)
     shown = redact(storage) if storage else f"sqlite:///{STUDIES_DIR / name}.db"

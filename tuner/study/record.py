@@ -289,7 +289,6 @@ class TrialRecord:
         return self.fail_kind in NOT_MEASURED
 
 
-
 #: Fields a trial carries from the queue or its worker, not from its measurement.
 QUEUED = ("warm_start", "vllm_defaults", "proposed_by", "retry_of", "rerun_of_night",
           "worker", "host", "pid", "gpus")

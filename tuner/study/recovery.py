@@ -50,7 +50,6 @@ def fail_leftovers(study: optuna.Study, storage: Any) -> list[int]:
     the study's (:func:`tuner.study.storage.storage_of`). Returns their numbers."""
     from optuna.trial import TrialState
 
-
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         rec = TrialRecord.from_trial(t)

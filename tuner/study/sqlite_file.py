@@ -117,7 +117,6 @@ def file_fault(text: str, where: str) -> EnvironmentFault | None:
     an I/O error); None for anything else."""
     import resource
 
-
     path = sqlite_path(where) if where.startswith("sqlite") else None
     files = [path] if path is not None else sorted(Path(where).glob("*.db")) if Path(where).is_dir() else []
     if any(n in text for n in _CORRUPT):

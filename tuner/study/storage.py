@@ -84,6 +84,7 @@ def default_storage(name: str, folder: Path | str = STUDIES_DIR) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / name}.db"
 
+
 class _WalSqlite(sqlite3.Connection):
     """SQLite connection in WAL mode with ``synchronous=NORMAL``: a commit no longer
     waits for an fsync (18 ms each on this machine's disk, ~15 per trial), and a crash of
@@ -95,10 +96,10 @@ class _WalSqlite(sqlite3.Connection):
         self.execute("PRAGMA journal_mode=WAL")
         self.execute("PRAGMA synchronous=NORMAL")
 
+
 def optuna_storage(storage: str | None, name: str) -> Any:
     """An Optuna storage for the URL (the default SQLite file when ``None``)."""
     import optuna
-
 
     url = storage or default_storage(name)
     path = sqlite_path(url)
@@ -188,6 +189,7 @@ def is_shared(url: str | None) -> bool:
     """True for storages several processes may write at once (anything but SQLite)."""
     return bool(url) and not str(url).startswith("sqlite")
 
+
 def heartbeat_s() -> int:
     """Heartbeat interval in whole seconds (Optuna's unit): ``TUNER_HEARTBEAT_S`` or 60."""
     raw = os.environ.get(HEARTBEAT_ENV, "").strip()
@@ -218,6 +220,7 @@ def shared_storage(url: str) -> optuna.storages.RDBStorage:
         if schema_lock is not None:
             schema_lock.close()
 
+
 def _rdb_storage(url: str, beat: int) -> optuna.storages.RDBStorage:
     import optuna
 
@@ -228,6 +231,7 @@ def _rdb_storage(url: str, beat: int) -> optuna.storages.RDBStorage:
             heartbeat_stale_trial_callback=RetryOnce(),
             engine_kwargs={"pool_pre_ping": True},
         )
+
 
 #: User attrs a retry keeps from the failed trial (what the run itself wrote is dropped).
 KEEP_ON_RETRY = ("warm_start", "rerun_of_night")
@@ -310,11 +314,11 @@ _STORAGE_FAULTS = (
                  "terminating connection", "connection to server")),
 )
 
+
 def guard_storage(fn: Any) -> Any:
     """Decorator: a failure to write the study anywhere inside ``fn`` (keyword ``storage``,
     else the SQLite files under ``studies/``) becomes the one-line :func:`storage_fault`."""
     import functools
-
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -335,6 +339,7 @@ def guard_storage(fn: Any) -> Any:
 
     return wrapper
 
+
 def _disk_full(where: str) -> bool:
     import shutil
 
@@ -344,6 +349,7 @@ def _disk_full(where: str) -> bool:
         return folder is not None and shutil.disk_usage(folder).free < (1 << 20)
     except OSError:
         return False
+
 
 def _read_only_file(where: str) -> bool:
     path = sqlite_path(where) if where.startswith("sqlite") else None

@@ -109,7 +109,6 @@ def budget_used(study: optuna.Study, *, shared: bool, exclude: int | None = None
     On SQLite a RUNNING trial is a leftover of a killed process and does not count."""
     from optuna.trial import TrialState
 
-
     now = dt.datetime.now()  # Optuna stamps trials with naive local time
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}

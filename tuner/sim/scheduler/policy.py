@@ -63,7 +63,6 @@ def prefill_chunk(tokens, threshold: int):
     return np.minimum(tokens, threshold) if threshold > 0 else tokens
 
 
-
 class Scheduler:
     """One engine's KV pool, WAITING queue and running batch, and vLLM's policy over them
     (after ``vllm/v1/core/sched/scheduler.py``: :meth:`schedule` a step,
