@@ -19,7 +19,6 @@ LONG: frozenset[str] = frozenset({
 })
 #: ``path:qualified name`` of the functions still over :data:`MAX_COMPLEXITY`.
 COMPLEX: frozenset[str] = frozenset({
-    "tuner/backends/vllm_args.py:classify_failure",
     "tuner/calibrate/profile.py:_report",
     "tuner/calibrate/profile.py:fit",
     "tuner/cli/doctor.py:doctor_cmd",

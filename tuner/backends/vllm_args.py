@@ -204,6 +204,13 @@ def _vllm_line(lines: list[str], rx: re.Pattern[str] | None) -> str:
     return ""
 
 
+def last_words(log_text: str) -> str:
+    """What a dead server's log ends with: vLLM's own last exception line, else its last
+    line that is not blank ("(empty log)" when there is none)."""
+    lines = [ln for ln in log_text.splitlines() if ln.strip()]
+    return _vllm_line(lines[-400:], None) or (lines[-1].strip() if lines else "(empty log)")
+
+
 def classify_failure(
     exit_code: int | None, log_text: str, *, log_path: str | None = None
 ) -> ConfigRejected | EnvironmentFault:
@@ -236,7 +243,7 @@ def classify_failure(
     if exit_code is None:
         return ConfigRejected("timeout", "server did not answer /health in time; last line: "
                               + (lines[-1].strip() if lines else "(empty log)"), log_path=log_path)
-    message = _vllm_line(lines[-400:], None) or (lines[-1].strip() if lines else "(empty log)")
+    message = last_words(log_text)
     where = f" [log: {log_path}]" if log_path else ""
     if (sig := killed_from_outside(exit_code)) is not None:
         return EnvironmentFault("killed", f"the server was killed by {sig}, which tuner did not send (the OOM "

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tuner.backends.local_server import _http
-from tuner.backends.vllm_args import classify_failure
+from tuner.backends.vllm_args import classify_failure, last_words
 from tuner.backends.vllm_replica import _Replica
 from tuner.core.errors import BackendError, Disrupted, EnvironmentFault
 from tuner.replay.client import bad_stream_fault, replay
@@ -81,7 +81,7 @@ class VllmInstance:
             code = r.exit_code()
             if code is None:  # a daemonized server: how it ended is not known
                 raise Disrupted(f"vLLM replica at {r.url} exited {when} (its launcher runs on, so how is not "
-                                f"known), which tuner did not ask: {r.last_line()} [log: {r.log_path}]",
+                                f"known), which tuner did not ask: {last_words(r.log_text())} [log: {r.log_path}]",
                                 path=str(r.log_path))
             cause = classify_failure(code, r.log_text(), log_path=str(r.log_path))
             if isinstance(cause, EnvironmentFault):  # killed from outside: the machine's, not the config's

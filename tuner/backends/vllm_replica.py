@@ -86,11 +86,6 @@ class _Replica:
         except OSError:
             return ""
 
-    def last_line(self) -> str:
-        """The log's last line that is not blank ("(empty log)" when there is none)."""
-        lines = [ln.strip() for ln in self.log_text(20_000).splitlines() if ln.strip()]
-        return lines[-1] if lines else "(empty log)"
-
     def found_server(self) -> None:
         """Note the process listening on the replica's port (its server, whatever launched it)."""
         pid = processes.listener_pid(self.port)
@@ -116,7 +111,7 @@ class _Replica:
         that waits on it (given :data:`REPORT_S` to end after its server did); None while a
         launcher runs on that does not wait on the server (a daemonized server's code is not known)."""
         try:
-            return self.proc.wait(timeout=REPORT_S) if self.server is not None and self.reports else self.proc.poll()
+            return self.proc.wait(timeout=REPORT_S) if self.reports else self.proc.poll()
         except subprocess.TimeoutExpired:
             return None
 
